@@ -1,0 +1,115 @@
+// Backend: the operations a transformer needs, each with its forward and backward, behind one
+// interface so the CPU (fp32 reference) and CUDA backends share one model description
+// (llama.cpp/ggml style). Pointers passed to ops are memory owned by the backend (host memory for
+// the CPU backend, device memory for CUDA); the model never dereferences them itself.
+//
+// Conventions
+// - Row-major. N = B*T rows (tokens), C = hidden size, V = real vocab, Vp = padded vocab.
+// - Every backward ACCUMULATES (+=) into every gradient it writes (parameter and activation
+//   gradients alike). Callers zero gradient buffers before a backward pass; this makes gradient
+//   accumulation over micro-batches and residual fan-out free.
+// - Ops are deterministic: the same inputs give the same bits for the same thread count.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace keel {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string Name() const = 0;
+  // One-line description for the start-up log (BLAS library, kernel family, threads...).
+  virtual std::string Describe() const = 0;
+
+  // ---- memory -----------------------------------------------------------------------------
+  virtual float* AllocFloats(size_t n) = 0;  // zero-initialised
+  virtual int32_t* AllocInts(size_t n) = 0;  // zero-initialised
+  virtual void Free(void* p) = 0;
+  virtual void CopyToDevice(float* dst, const float* host_src, size_t n) = 0;
+  virtual void CopyToHost(float* host_dst, const float* src, size_t n) = 0;
+  virtual void CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) = 0;
+  virtual void Zero(float* x, size_t n) = 0;
+  virtual void Copy(float* dst, const float* src, size_t n) = 0;  // device to device
+
+  // ---- embeddings -------------------------------------------------------------------------
+  // out[b,t,:] = wte[tokens[b,t],:] + (wpe ? wpe[t,:] : 0)          out (N,C), tokens (N)
+  virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* wte,
+                                const float* wpe, int B, int T, int C) = 0;
+  // dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t,:] += dout[b,t,:] (dwpe may be null)
+  virtual void EmbeddingBackward(float* dwte, float* dwpe, const float* dout,
+                                 const int32_t* tokens, int B, int T, int C) = 0;
+
+  // ---- layer norm ---------------------------------------------------------------------------
+  // y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), var biased.   x,y (N,C); mean,rstd (N)
+  virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                                const float* weight, const float* bias, int N, int C,
+                                float eps) = 0;
+  // dx += rstd * (dy*w - mean(dy*w) - xhat * mean(dy*w*xhat)); dw += sum dy*xhat; db += sum dy
+  virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                 const float* inp, const float* weight, const float* mean,
+                                 const float* rstd, int N, int C) = 0;
+
+  // ---- linear layer -----------------------------------------------------------------------
+  // out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias(OC); bias may be null. Overwrites out.
+  virtual void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
+                             int N, int IC, int OC) = 0;
+  // dinp += dout @ weight; dweight += dout^T @ inp; dbias += sum_rows dout. dinp/dbias may be null.
+  virtual void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                              const float* inp, const float* weight, int N, int IC, int OC) = 0;
+
+  // ---- causal self-attention ------------------------------------------------------------------
+  // qkv (B,T,3C) holds [q | k | v], head h at columns h*hs .. (h+1)*hs of each, hs = C/NH.
+  // q and k are each scaled by hs^-1/4 before the product (numerically stable form), so
+  //   s[i,j] = (q_i hs^-1/4) . (k_j hs^-1/4) - slope_h * (i - j)   for j <= i (ALiBi if slopes)
+  //   p = softmax_j(s) in fp32;  out_i = sum_j p[i,j] v_j            out (B,T,C)
+  // att (B,NH,T,T) keeps p for the backward. alibi_slopes (NH) may be null.
+  virtual void AttentionForward(float* out, float* att, const float* qkv,
+                                const float* alibi_slopes, int B, int T, int C, int NH) = 0;
+  virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
+                                 const float* att, int B, int T, int C, int NH) = 0;
+
+  // ---- pointwise ----------------------------------------------------------------------------
+  // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  virtual void GeluForward(float* out, const float* inp, size_t n) = 0;
+  virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
+  // out = a + b (residual connection). out may alias a.
+  virtual void Add(float* out, const float* a, const float* b, size_t n) = 0;
+  // dst += src
+  virtual void Accumulate(float* dst, const float* src, size_t n) = 0;
+  // x *= s
+  virtual void Scale(float* x, size_t n, float s) = 0;
+
+  // ---- loss -------------------------------------------------------------------------------
+  // Softmax cross-entropy over the first V of Vp logits per row (padding columns never get
+  // probability). losses[i] = -log p[i, targets[i]]. Then, in place, logits becomes the gradient
+  // dlogits[i,:] = (p[i,:] - onehot(targets[i])) * dloss, padding columns set to 0.
+  // Also writes, per row, the log-partition log Z = logsumexp(logits[i,:V]) into logz (nullable).
+  virtual void CrossEntropyForwardBackward(float* losses, float* logz, float* logits,
+                                           const int32_t* targets, int N, int V, int Vp,
+                                           float dloss) = 0;
+  // Softmax of one row's first V logits (for sampling), returned into probs (V), host or device.
+  virtual void Softmax(float* probs, const float* logits, int V, float temperature) = 0;
+
+  // ---- reductions and the optimizer -------------------------------------------------------
+  // sum of x^2 in double, in a fixed order independent of the thread count.
+  virtual double SumSquares(const float* x, size_t n) = 0;
+  // Number of elements exactly equal to 0 (Megatron's "num zeros" for gradients).
+  virtual size_t CountZeros(const float* x, size_t n) = 0;
+  // Number of elements that are NaN or +-Inf.
+  virtual size_t CountNonFinite(const float* x, size_t n) = 0;
+  // AdamW (Loshchilov & Hutter) with bias correction; step is 1-based:
+  //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+  //   p -= lr * ( (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps) + wd * p )
+  virtual void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                           float beta1, float beta2, float eps, float weight_decay,
+                           int64_t step) = 0;
+};
+
+// The CPU backend: fp32, OpenMP and OpenBLAS. `threads` <= 0 means all available cores.
+std::unique_ptr<Backend> MakeCpuBackend(int threads = 0);
+
+}  // namespace keel

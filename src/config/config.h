@@ -1,0 +1,105 @@
+// TrainConfig: every setting of a run, with Megatron-LM's flag names and meanings. The same keys
+// are accepted in a TOML file (`--config run.toml`); flags given on the command line override the
+// file. The built-in defaults are the default job (a small GPT on the embedded Moby-Dick corpus);
+// examples/default.toml spells them out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace keel {
+
+enum class PositionEmbedding { kLearnedAbsolute, kAlibi };
+enum class LrDecayStyle { kConstant, kLinear, kCosine };
+enum class InitMethod { kNormal, kSmallInit, kMegatron530B };
+enum class TokenizerKind { kGpt2, kSentencePiece };
+
+struct TrainConfig {
+  // ---- model ----
+  int num_layers = 4;
+  int hidden_size = 256;
+  int ffn_hidden_size = 0;  // 0: 4 * hidden_size (resolved by Validate, and logged)
+  int num_attention_heads = 4;
+  int seq_length = 128;
+  int max_position_embeddings = 0;  // 0: seq_length
+  PositionEmbedding position_embedding_type = PositionEmbedding::kLearnedAbsolute;
+  bool embed_layernorm = false;  // BLOOM: LayerNorm right after the word embedding
+  int make_vocab_size_divisible_by = 128;
+  float layernorm_epsilon = 1e-5f;
+  InitMethod init_method = InitMethod::kNormal;
+  float init_method_std = 0.02f;  // used by kNormal; the named methods derive std from hidden size
+
+  // ---- batch and length ----
+  int micro_batch_size = 8;
+  int global_batch_size = 0;                // 0: micro_batch_size * data_parallel_size
+  std::vector<int64_t> rampup_batch_size;   // empty, or {start, increment, ramp-up samples}
+  int data_parallel_size = 1;               // set from the communicator, not a flag
+  int64_t train_iters = 300;                // exactly one of train_iters / train_samples is > 0
+  int64_t train_samples = 0;
+
+  // ---- learning rate ----
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  LrDecayStyle lr_decay_style = LrDecayStyle::kCosine;
+  int64_t lr_warmup_samples = 0;
+  int64_t lr_warmup_iters = 30;
+  int64_t lr_decay_samples = 0;  // 0: train_samples (samples-based runs)
+  int64_t lr_decay_iters = 0;    // 0: train_iters (iteration-based runs)
+
+  // ---- optimizer ----
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double weight_decay = 0.1;
+  double clip_grad = 1.0;  // 0 disables clipping
+
+  // ---- run ----
+  uint64_t seed = 1234;
+  int64_t eval_interval = 100;
+  int64_t eval_iters = 10;
+  int64_t log_interval = 10;
+  int threads = 0;  // 0: all cores
+
+  // ---- data ----
+  std::string data_path;           // prefix of a Megatron indexed dataset; empty: default corpus
+  std::string split = "969,30,1";  // train,valid,test weights over documents
+  TokenizerKind tokenizer = TokenizerKind::kSentencePiece;  // default corpus only
+  int vocab_size = 0;              // from the dataset's metadata; padded by Validate
+
+  // ---- output ----
+  std::string save;         // run directory: final weights and the run's files
+  int sample_tokens = 64;   // tokens of text generated at the end of training (0: none)
+  std::string sample_prompt = "Call me";
+
+  // ---- derived by Validate (not settable) ----
+  int padded_vocab_size = 0;
+  int head_dim() const { return hidden_size / num_attention_heads; }
+  // Standard deviation actually used for initialisation.
+  float ResolvedInitStd() const;
+};
+
+// The outcome of parsing: a config, or an error naming the flag, the value, the rule and a fix.
+// `notes` collects the choices keel made on the user's behalf (e.g. FFN size defaulted to 4h);
+// the caller prints them.
+struct ParsedConfig {
+  TrainConfig config;
+  std::vector<std::string> notes;
+};
+
+// Parses `keel train` arguments (argv[0] is the subcommand name), reading --config first and
+// letting explicit flags override the file. Validates everything (see Validate).
+Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out);
+// Parses a TOML document (same keys as the flags, without leading dashes) over `cfg`.
+Status ApplyToml(const std::string& toml_text, const std::string& origin, TrainConfig* cfg);
+// Checks every rule and fills derived values (ffn size, max positions, padded vocab, global batch,
+// decay length). Needs vocab_size > 0 for the vocab rules; call again once the data is known.
+Status Validate(TrainConfig* cfg, std::vector<std::string>* notes);
+// The resolved config as TOML-like "key = value" lines, printed once at start.
+std::string FormatConfig(const TrainConfig& cfg);
+// A stable hash of the resolved config (for run identity and, later, checkpoints).
+uint64_t ConfigHash(const TrainConfig& cfg);
+
+}  // namespace keel

@@ -1,0 +1,63 @@
+// Env: the seam through which keel touches the filesystem and the clock (LevelDB style). Production
+// code uses Env::Default(); tests substitute an Env that injects short writes, ENOSPC, failed fsync
+// or rename, and a fake clock, so crashes and hangs are tested rather than hoped for.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace keel {
+
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  virtual Status Append(std::string_view data) = 0;
+  virtual Status Flush() = 0;
+  virtual Status Sync() = 0;  // fsync: data is durable once this returns OK
+  virtual Status Close() = 0;
+};
+
+// A read-only view of a whole file (mmap in the default Env).
+class ReadOnlyRegion {
+ public:
+  virtual ~ReadOnlyRegion() = default;
+  virtual const char* data() const = 0;
+  virtual size_t size() const = 0;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+  static Env* Default();
+
+  virtual Status NewWritableFile(const std::string& path, std::unique_ptr<WritableFile>* out) = 0;
+  virtual Status NewAppendableFile(const std::string& path, std::unique_ptr<WritableFile>* out) = 0;
+  virtual Status ReadFileToString(const std::string& path, std::string* out) = 0;
+  virtual Status MapReadOnly(const std::string& path, std::unique_ptr<ReadOnlyRegion>* out) = 0;
+  virtual bool FileExists(const std::string& path) = 0;
+  virtual bool IsDirectory(const std::string& path) = 0;
+  virtual Status GetFileSize(const std::string& path, uint64_t* size) = 0;
+  virtual Status GetChildren(const std::string& dir, std::vector<std::string>* names) = 0;
+  virtual Status CreateDirs(const std::string& dir) = 0;  // mkdir -p
+  virtual Status RenameFile(const std::string& from, const std::string& to) = 0;
+  virtual Status RemoveFile(const std::string& path) = 0;
+  virtual Status RemoveDirRecursive(const std::string& dir) = 0;
+  virtual Status SyncDir(const std::string& dir) = 0;  // fsync a directory after a rename
+
+  virtual uint64_t NowMicros() = 0;  // monotonic
+  virtual void SleepForMicros(uint64_t micros) = 0;
+};
+
+// Writes `data` to `path` atomically: temp file in the same directory, fsync, rename, fsync dir.
+// Either the old content or the new content is visible afterwards, never a mix.
+Status WriteFileAtomic(Env* env, const std::string& path, std::string_view data);
+
+// Joins path components with exactly one '/'.
+std::string JoinPath(const std::string& a, const std::string& b);
+
+}  // namespace keel

@@ -1,0 +1,48 @@
+// GptDataset: fixed-length training samples over an IndexedDataset, in a deterministic,
+// seed-keyed order. Documents are split into train/valid/test by the --split weights (whole
+// documents, in order); each split's documents are concatenated (with their EOD tokens) into one
+// stream and cut into samples of seq_length+1 tokens that overlap by one token (inputs and
+// shifted targets). The order of samples within an epoch is a permutation that is a pure
+// function of (seed, split, epoch): sample k of the run is always the same sample.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "data/indexed_dataset.h"
+
+namespace keel {
+
+enum class Split { kTrain = 0, kValid = 1, kTest = 2 };
+
+class GptDataset {
+ public:
+  // split_weights: e.g. "969,30,1". An error if the split would be empty for kTrain, or has fewer
+  // tokens than one sample.
+  static Status Create(const IndexedDataset* data, const std::string& split_weights, Split split,
+                       int seq_length, uint64_t seed, std::unique_ptr<GptDataset>* out);
+
+  // Samples in one epoch of this split.
+  int64_t SamplesPerEpoch() const { return num_samples_; }
+  // Writes sample number `index` (0, 1, 2, ... across epochs) into tokens[seq_length+1].
+  // Epoch e = index / SamplesPerEpoch() uses its own permutation.
+  void GetSample(int64_t index, int32_t* tokens) const;
+  int64_t EpochOf(int64_t index) const { return index / num_samples_; }
+  int64_t NumTokens() const { return stream_end_ - stream_begin_; }
+
+ private:
+  const IndexedDataset* data_ = nullptr;
+  int seq_length_ = 0;
+  uint64_t seed_ = 0;
+  Split split_ = Split::kTrain;
+  int64_t stream_begin_ = 0, stream_end_ = 0;
+  int64_t num_samples_ = 0;
+};
+
+// Parses "969,30,1" into three non-negative weights that are not all zero.
+Status ParseSplit(const std::string& text, double weights[3]);
+
+}  // namespace keel
