@@ -1,1 +1,55 @@
-int main() { return 0; }
+// keel: pretrain GPT-style language models that stay upright.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cli/commands.h"
+#include "core/log.h"
+#include "core/status.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(keel )" KEEL_VERSION R"( - pretrain GPT-style language models
+
+usage: keel <command> [options]
+
+commands:
+  train          train a model (Megatron-LM flags or --config run.toml); no flags: the default job
+  sample         generate text from a run directory written by `keel train --save DIR`
+  data prepare   tokenize text files into a Megatron indexed dataset (.bin/.idx)
+  bench          measure tokens/s, GFLOP/s and MFU against this machine's sgemm peak
+  version        print the version
+
+`keel <command> --help` describes each command's options.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  const char* const* sub = argv + 1;
+  const int subc = argc - 1;
+  try {
+    if (cmd == "train") return keel::cli::TrainCommand(subc, sub);
+    if (cmd == "sample") return keel::cli::SampleCommand(subc, sub);
+    if (cmd == "data") return keel::cli::DataCommand(subc, sub);
+    if (cmd == "bench") return keel::cli::BenchCommand(subc, sub);
+    if (cmd == "version" || cmd == "--version") {
+      std::printf("keel %s\n", KEEL_VERSION);
+      return 0;
+    }
+  } catch (const keel::KeelError& e) {
+    keel::LogError(std::string("error: ") + e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    keel::LogError(std::string("error: ") + e.what());
+    return 1;
+  }
+  keel::LogError("error: unknown command '" + cmd + "'; run `keel --help` for the list");
+  return 2;
+}

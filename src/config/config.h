@@ -87,12 +87,23 @@ struct TrainConfig {
 struct ParsedConfig {
   TrainConfig config;
   std::vector<std::string> notes;
+  // The config as given, before Validate filled derived values (global batch, FFN size, ...). When
+  // the data-parallel size is known and > 1, set it on a copy of this and Validate that copy.
+  TrainConfig as_given;
+  // `--help` / `-h`: nothing else was parsed; the caller prints help_text and exits 0.
+  bool help_requested = false;
+  std::string help_text;
 };
 
 // Parses `keel train` arguments (argv[0] is the subcommand name), reading --config first and
 // letting explicit flags override the file. Validates everything (see Validate).
+// train-iters/train-samples and lr-warmup-iters/lr-warmup-samples are exclusive pairs: a positive
+// value for one zeroes the other (so a flag can switch a file's run between iterations and
+// samples); both positive in the same file or command line is an error. A samples-based run drops
+// the built-in 30-iteration warmup unless lr-warmup-iters was given explicitly.
 Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out);
-// Parses a TOML document (same keys as the flags, without leading dashes) over `cfg`.
+// Parses a TOML document (same keys as the flags, without leading dashes) over `cfg`. Unknown keys
+// and wrong types are errors; `origin` (a file name) prefixes the messages.
 Status ApplyToml(const std::string& toml_text, const std::string& origin, TrainConfig* cfg);
 // Checks every rule and fills derived values (ffn size, max positions, padded vocab, global batch,
 // decay length). Needs vocab_size > 0 for the vocab rules; call again once the data is known.

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# README command 1: set up, build, and train the default model on the embedded Moby-Dick corpus.
+# Extra arguments go to `keel train` (e.g. --train-iters 50).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+exec "${BUILD_DIR:-build}/keel" train --save runs/default "$@"

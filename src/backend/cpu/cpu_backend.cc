@@ -1,0 +1,609 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/blas.h"
+#include "core/status.h"
+
+namespace keel {
+namespace {
+
+// Reductions split their input into chunks of this many elements regardless of the thread count,
+// and combine the chunk results in order, so the bits never depend on scheduling.
+constexpr size_t kReduceChunk = size_t{1} << 16;
+// Column-parallel reductions (parameter gradients summed over rows) give each thread whole blocks
+// of this many channels: a cache line of floats per row, summed over rows in row order.
+constexpr int kChannelBlock = 64;
+// Attention computes its T x T products in row blocks of this size and skips blocks above the
+// diagonal (they are masked anyway), halving the work of the causal products.
+constexpr int kAttBlock = 64;
+// Loops over fewer elements than this run on the calling thread alone.
+constexpr size_t kMinParallelWork = size_t{1} << 15;
+
+void* AllocZeroed(size_t bytes) {
+  // aligned_alloc wants a multiple of the alignment; 64 bytes suits AVX-512 and cache lines.
+  size_t padded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, padded);
+  if (p == nullptr) {
+    throw KeelError(Status::Internal("out of memory allocating " + std::to_string(padded) +
+                                     " bytes of host memory"));
+  }
+  std::memset(p, 0, padded);
+  return p;
+}
+
+// ---- vector kernels ---------------------------------------------------------------------------
+// glibc's expf/tanhf are scalar (7 and 14 ns here), which made softmax rows, the cross-entropy and
+// GELU cost as much as the GEMMs. These loops use a polynomial exp the compiler can vectorise and
+// are compiled for several x86-64 levels with run-time dispatch (binaries must run on any x86-64).
+// Each machine always takes the same clone, so results stay deterministic.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KEEL_VECTOR_CLONES \
+  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define KEEL_VECTOR_CLONES
+#endif
+
+// exp(x) for x <= 88 (Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial in r).
+// Max relative error 8e-8 (about 1 ulp); returns 0 below -87 instead of denormals. Branch-free.
+inline float VecExp(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 = hi + lo
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float xc = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = (xc * kLog2e + kRound) - kRound;
+  const float r = xc - n * kLn2Hi - n * kLn2Lo;
+  float poly = 1.9875691500e-4f;
+  poly = poly * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  const float er = poly * r * r + r + 1.0f;
+  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return x < -87.0f ? 0.0f : er * two_n;
+}
+
+// tanh(u) = 1 - 2 / (1 + exp(2u)); absolute error ~1e-7, saturates correctly at +-1.
+inline float VecTanh(float u) {
+  return 1.0f - 2.0f / (1.0f + VecExp(2.0f * u));
+}
+
+KEEL_VECTOR_CLONES float MaxOf(const float* x, int n) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int j = 0; j < n; j++) mx = std::max(mx, x[j]);
+  return mx;
+}
+
+// x[j] = exp(x[j] - shift); returns sum_j x[j] accumulated in double.
+KEEL_VECTOR_CLONES double ExpShiftSum(float* x, int n, float shift) {
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; j++) {
+    x[j] = VecExp(x[j] - shift);
+    sum += x[j];
+  }
+  return sum;
+}
+
+KEEL_VECTOR_CLONES float Dot(const float* a, const float* b, int n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int j = 0; j < n; j++) s += a[j] * b[j];
+  return s;
+}
+
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluC = 0.044715f;
+
+// y = 0.5 x (1 + tanh(k (x + c x^3)))
+KEEL_VECTOR_CLONES void GeluKernel(float* out, const float* inp, size_t n) {
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + VecTanh(kGeluK * (x + kGeluC * x * x * x)));
+  }
+}
+
+// dx += dy * (0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) k (1 + 3 c x^2)),  u = k (x + c x^3)
+KEEL_VECTOR_CLONES void GeluBackwardKernel(float* dinp, const float* inp, const float* dout,
+                                           size_t n) {
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) {
+    const float x = inp[i];
+    const float th = VecTanh(kGeluK * (x + kGeluC * x * x * x));
+    const float local =
+        0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluK * (1.0f + 3.0f * kGeluC * x * x);
+    dinp[i] += local * dout[i];
+  }
+}
+
+// Pointwise ops on long arrays hand each thread whole chunks of this many elements.
+constexpr size_t kPointwiseChunk = 4096;
+
+}  // namespace
+
+CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_max_threads()) {
+  blas::Init();
+  omp_set_num_threads(threads_);
+  blas::SetNumThreads(threads_);
+}
+
+std::string CpuBackend::Describe() const {
+  return "cpu fp32, " + std::to_string(threads_) + " threads; " + blas::Description();
+}
+
+void CpuBackend::UseThreads() const {
+  if (omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
+}
+
+int CpuBackend::ThreadsFor(size_t work) const {
+  return work >= kMinParallelWork ? threads_ : 1;
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+
+float* CpuBackend::AllocFloats(size_t n) {
+  return static_cast<float*>(AllocZeroed(n * sizeof(float)));
+}
+int32_t* CpuBackend::AllocInts(size_t n) {
+  return static_cast<int32_t*>(AllocZeroed(n * sizeof(int32_t)));
+}
+void CpuBackend::Free(void* p) {
+  std::free(p);
+}
+void CpuBackend::CopyToDevice(float* dst, const float* host_src, size_t n) {
+  std::memcpy(dst, host_src, n * sizeof(float));
+}
+void CpuBackend::CopyToHost(float* host_dst, const float* src, size_t n) {
+  std::memcpy(host_dst, src, n * sizeof(float));
+}
+void CpuBackend::CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) {
+  std::memcpy(dst, host_src, n * sizeof(int32_t));
+}
+void CpuBackend::Zero(float* x, size_t n) {
+  std::memset(x, 0, n * sizeof(float));
+}
+void CpuBackend::Copy(float* dst, const float* src, size_t n) {
+  std::memcpy(dst, src, n * sizeof(float));
+}
+
+// ---- embeddings -----------------------------------------------------------------------------
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]          out (B,T,C), wte (V,C), wpe (maxT,C)
+void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* wte,
+                                  const float* wpe, int B, int T, int C) {
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
+  for (int bt = 0; bt < B * T; bt++) {
+    float* o = out + size_t(bt) * C;
+    const float* e = wte + size_t(tokens[bt]) * C;
+    if (wpe != nullptr) {
+      const float* pos = wpe + size_t(bt % T) * C;
+      for (int c = 0; c < C; c++) o[c] = e[c] + pos[c];
+    } else {
+      std::memcpy(o, e, C * sizeof(float));
+    }
+  }
+}
+
+// dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t,:] += dout[b,t,:]
+// Repeated tokens hit the same row, so threads split channels (not tokens): each element of dwte
+// is summed by one thread in token order. No atomics, same bits every run.
+void CpuBackend::EmbeddingBackward(float* dwte, float* dwpe, const float* dout,
+                                   const int32_t* tokens, int B, int T, int C) {
+  const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
+  for (int blk = 0; blk < nblocks; blk++) {
+    const int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
+    for (int bt = 0; bt < B * T; bt++) {
+      const float* d = dout + size_t(bt) * C;
+      float* dw = dwte + size_t(tokens[bt]) * C;
+      for (int c = c0; c < c1; c++) dw[c] += d[c];
+      if (dwpe != nullptr) {
+        float* dp = dwpe + size_t(bt % T) * C;
+        for (int c = c0; c < c1; c++) dp[c] += d[c];
+      }
+    }
+  }
+}
+
+// ---- layer norm -----------------------------------------------------------------------------
+
+// y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps)    x,y (N,C); w,b (C); mean,rstd (N)
+void CpuBackend::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                                  const float* weight, const float* bias, int N, int C, float eps) {
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * C))
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + size_t(n) * C;
+    float* y = out + size_t(n) * C;
+    // Two passes (mean, then squared deviations) avoid the cancellation of E[x^2] - E[x]^2.
+    float m = 0.0f;
+    for (int c = 0; c < C; c++) m += x[c];
+    m /= C;
+    float var = 0.0f;
+    for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
+    var /= C;
+    const float s = 1.0f / std::sqrt(var + eps);
+    for (int c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    if (mean != nullptr) mean[n] = m;
+    if (rstd != nullptr) rstd[n] = s;
+  }
+}
+
+// xhat = (x - mean) * rstd
+// dx += rstd * (dy*w - mean_c(dy*w) - xhat * mean_c(dy*w*xhat));  dw += sum_n dy*xhat;
+// db += sum_n dy.  Rows are independent for dx; dw/db are summed per channel block in row order.
+void CpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                   const float* inp, const float* weight, const float* mean,
+                                   const float* rstd, int N, int C) {
+  if (dinp != nullptr) {
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * C))
+    for (int n = 0; n < N; n++) {
+      const float* x = inp + size_t(n) * C;
+      const float* dy = dout + size_t(n) * C;
+      float* dx = dinp + size_t(n) * C;
+      const float m = mean[n], s = rstd[n];
+      float dnorm_mean = 0.0f, dnorm_xhat_mean = 0.0f;
+      for (int c = 0; c < C; c++) {
+        const float dnorm = dy[c] * weight[c];
+        dnorm_mean += dnorm;
+        dnorm_xhat_mean += dnorm * (x[c] - m) * s;
+      }
+      dnorm_mean /= C;
+      dnorm_xhat_mean /= C;
+      for (int c = 0; c < C; c++) {
+        const float xhat = (x[c] - m) * s;
+        dx[c] += s * (dy[c] * weight[c] - dnorm_mean - xhat * dnorm_xhat_mean);
+      }
+    }
+  }
+  if (dweight == nullptr && dbias == nullptr) return;
+  const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * C))
+  for (int blk = 0; blk < nblocks; blk++) {
+    const int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
+    float dw[kChannelBlock] = {}, db[kChannelBlock] = {};
+    for (int n = 0; n < N; n++) {
+      const float* x = inp + size_t(n) * C;
+      const float* dy = dout + size_t(n) * C;
+      const float m = mean[n], s = rstd[n];
+      for (int c = c0; c < c1; c++) {
+        dw[c - c0] += dy[c] * (x[c] - m) * s;
+        db[c - c0] += dy[c];
+      }
+    }
+    for (int c = c0; c < c1; c++) {
+      if (dweight != nullptr) dweight[c] += dw[c - c0];
+      if (dbias != nullptr) dbias[c] += db[c - c0];
+    }
+  }
+}
+
+// ---- linear layer ---------------------------------------------------------------------------
+
+// out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias (OC)
+void CpuBackend::MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
+                               int N, int IC, int OC) {
+  UseThreads();
+  // Start from the bias rows and let the GEMM add to them (beta = 1): one pass over out.
+  float beta = 0.0f;
+  if (bias != nullptr) {
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * OC))
+    for (int n = 0; n < N; n++) std::memcpy(out + size_t(n) * OC, bias, OC * sizeof(float));
+    beta = 1.0f;
+  }
+  blas::Sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+}
+
+// dinp (N,IC) += dout (N,OC) @ weight (OC,IC);  dweight (OC,IC) += dout^T @ inp (N,IC);
+// dbias (OC) += sum_n dout[n,:]
+void CpuBackend::MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                const float* inp, const float* weight, int N, int IC, int OC) {
+  UseThreads();
+  if (dinp != nullptr)
+    blas::Sgemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
+  if (dweight != nullptr) {
+    blas::Sgemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  }
+  if (dbias != nullptr) {
+    // Summed in double, per channel block in row order: independent of the thread count.
+    const int nblocks = (OC + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * OC))
+    for (int blk = 0; blk < nblocks; blk++) {
+      const int o0 = blk * kChannelBlock, o1 = std::min(OC, o0 + kChannelBlock);
+      double acc[kChannelBlock] = {};
+      for (int n = 0; n < N; n++) {
+        const float* d = dout + size_t(n) * OC;
+        for (int o = o0; o < o1; o++) acc[o - o0] += d[o];
+      }
+      for (int o = o0; o < o1; o++) dbias[o] += static_cast<float>(acc[o - o0]);
+    }
+  }
+}
+
+// ---- causal self-attention ------------------------------------------------------------------
+//
+// Per (b,h), with q,k,v the (T,hs) head slices of qkv (row stride 3C), a = hs^-1/4:
+//   S = (a q)(a k)^T - slope_h (i - j),  P = softmax_rows(S) over j <= i,  out_h = P v
+// The products run as single-threaded GEMMs on per-thread scratch, with OpenMP over (b,h).
+
+namespace {
+
+// dst (T,hs) = a * src (T,hs) read with row stride ld.
+void ScaleHead(float* dst, const float* src, int T, int hs, int ld, float a) {
+  for (int t = 0; t < T; t++) {
+    for (int i = 0; i < hs; i++) dst[size_t(t) * hs + i] = a * src[size_t(t) * ld + i];
+  }
+}
+
+// Rows [i0, i0+rows) of a causal T x T product only reach columns < i0+rows.
+int BlockRows(int i0, int T) {
+  return std::min(kAttBlock, T - i0);
+}
+
+// Per-thread scratch that persists across calls (OpenMP keeps its threads), so the attention loops
+// neither allocate nor page-fault fresh memory on every call (T x T floats is 4 MiB at T = 1024).
+float* Scratch(int slot, size_t n) {
+  thread_local std::vector<float> buffers[3];
+  std::vector<float>& b = buffers[slot];
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+float HeadScale(int hs) {
+  return static_cast<float>(std::pow(static_cast<double>(hs), -0.25));
+}
+
+}  // namespace
+
+void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
+                                  const float* alibi_slopes, int B, int T, int C, int NH) {
+  UseThreads();  // with one thread the region is inactive and OpenBLAS would use its own count
+  const int hs = C / NH, C3 = 3 * C;
+  const float a = HeadScale(hs);
+#pragma omp parallel num_threads(ThreadsFor(size_t(B) * T * T * C))
+  {
+    float* qs = Scratch(0, size_t(T) * hs);
+    float* ks = Scratch(1, size_t(T) * hs);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+      const int b = bh / NH, h = bh % NH;
+      const float* q = qkv + size_t(b) * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* p = att + size_t(bh) * T * T;
+      float* o = out + size_t(b) * T * C + h * hs;
+      ScaleHead(qs, q, T, hs, C3, a);
+      ScaleHead(ks, k, T, hs, C3, a);
+      // S (T,T) = qs @ ks^T, lower block triangle only
+      for (int i0 = 0; i0 < T; i0 += kAttBlock) {
+        const int rows = BlockRows(i0, T);
+        blas::Sgemm(false, true, rows, i0 + rows, hs, 1.0f, qs + size_t(i0) * hs, hs, ks, hs, 0.0f,
+                    p + size_t(i0) * T, T);
+      }
+      // P = softmax over j <= i of S - slope (i - j), max subtracted; masked entries are 0
+      const float slope = alibi_slopes != nullptr ? alibi_slopes[h] : 0.0f;
+      for (int i = 0; i < T; i++) {
+        float* row = p + size_t(i) * T;
+        if (slope != 0.0f) {
+          for (int j = 0; j <= i; j++) row[j] -= slope * static_cast<float>(i - j);
+        }
+        const double sum = ExpShiftSum(row, i + 1, MaxOf(row, i + 1));
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int j = 0; j <= i; j++) row[j] *= inv;
+        for (int j = i + 1; j < T; j++) row[j] = 0.0f;
+      }
+      // out_h (T,hs) = P @ v, v read in place with row stride 3C
+      for (int i0 = 0; i0 < T; i0 += kAttBlock) {
+        const int rows = BlockRows(i0, T);
+        blas::Sgemm(false, false, rows, hs, i0 + rows, 1.0f, p + size_t(i0) * T, T, v, C3, 0.0f,
+                    o + size_t(i0) * C, C);
+      }
+    }
+  }
+}
+
+// dP = dout_h v^T;  dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik);
+// dq += a dS (a k);  dk += a dS^T (a q);  dv += P^T dout_h.   All accumulate into dqkv.
+void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
+                                   const float* att, int B, int T, int C, int NH) {
+  UseThreads();  // with one thread the region is inactive and OpenBLAS would use its own count
+  const int hs = C / NH, C3 = 3 * C;
+  const float a = HeadScale(hs);
+#pragma omp parallel num_threads(ThreadsFor(size_t(B) * T * T * C))
+  {
+    float* qs = Scratch(0, size_t(T) * hs);
+    float* ks = Scratch(1, size_t(T) * hs);
+    float* ds = Scratch(2, size_t(T) * T);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+      const int b = bh / NH, h = bh % NH;
+      const float* q = qkv + size_t(b) * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* dq = dqkv + size_t(b) * T * C3 + h * hs;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const float* p = att + size_t(bh) * T * T;
+      const float* dy = dout + size_t(b) * T * C + h * hs;
+      ScaleHead(qs, q, T, hs, C3, a);
+      ScaleHead(ks, k, T, hs, C3, a);
+      // dP (T,T) = dout_h @ v^T, lower block triangle only
+      for (int i0 = 0; i0 < T; i0 += kAttBlock) {
+        const int rows = BlockRows(i0, T);
+        blas::Sgemm(false, true, rows, i0 + rows, hs, 1.0f, dy + size_t(i0) * C, C, v, C3, 0.0f,
+                    ds + size_t(i0) * T, T);
+      }
+      // dS in place of dP; entries j > i inside a computed block are zeroed for the GEMMs below
+      for (int i = 0; i < T; i++) {
+        const float* prow = p + size_t(i) * T;
+        float* row = ds + size_t(i) * T;
+        const float dot = Dot(prow, row, i + 1);
+        for (int j = 0; j <= i; j++) row[j] = prow[j] * (row[j] - dot);
+        const int block_end = std::min(T, (i / kAttBlock + 1) * kAttBlock);
+        for (int j = i + 1; j < block_end; j++) row[j] = 0.0f;
+      }
+      for (int i0 = 0; i0 < T; i0 += kAttBlock) {
+        const int rows = BlockRows(i0, T);
+        // dq[i0 block] += a dS[i0 block, :i0+rows] @ ks[:i0+rows]
+        blas::Sgemm(false, false, rows, hs, i0 + rows, a, ds + size_t(i0) * T, T, ks, hs, 1.0f,
+                    dq + size_t(i0) * C3, C3);
+        // Column block j0 = i0 only gets contributions from rows i >= j0.
+        // dk[j0 block] += a dS[j0:, j0 block]^T @ qs[j0:]
+        blas::Sgemm(true, false, rows, hs, T - i0, a, ds + size_t(i0) * T + i0, T,
+                    qs + size_t(i0) * hs, hs, 1.0f, dk + size_t(i0) * C3, C3);
+        // dv[j0 block] += P[j0:, j0 block]^T @ dout_h[j0:]
+        blas::Sgemm(true, false, rows, hs, T - i0, 1.0f, p + size_t(i0) * T + i0, T,
+                    dy + size_t(i0) * C, C, 1.0f, dv + size_t(i0) * C3, C3);
+      }
+    }
+  }
+}
+
+// ---- pointwise ------------------------------------------------------------------------------
+
+// GELU (tanh approximation) over chunks; the math is in GeluKernel / GeluBackwardKernel above.
+void CpuBackend::GeluForward(float* out, const float* inp, size_t n) {
+  const size_t nchunks = (n + kPointwiseChunk - 1) / kPointwiseChunk;
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(n))
+  for (size_t ch = 0; ch < nchunks; ch++) {
+    const size_t i0 = ch * kPointwiseChunk, len = std::min(kPointwiseChunk, n - i0);
+    GeluKernel(out + i0, inp + i0, len);
+  }
+}
+
+void CpuBackend::GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) {
+  const size_t nchunks = (n + kPointwiseChunk - 1) / kPointwiseChunk;
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(n))
+  for (size_t ch = 0; ch < nchunks; ch++) {
+    const size_t i0 = ch * kPointwiseChunk, len = std::min(kPointwiseChunk, n - i0);
+    GeluBackwardKernel(dinp + i0, inp + i0, dout + i0, len);
+  }
+}
+
+void CpuBackend::Add(float* out, const float* a, const float* b, size_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(ThreadsFor(n))
+  for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void CpuBackend::Accumulate(float* dst, const float* src, size_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(ThreadsFor(n))
+  for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+void CpuBackend::Scale(float* x, size_t n, float s) {
+#pragma omp parallel for simd schedule(static) num_threads(ThreadsFor(n))
+  for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+// ---- loss -----------------------------------------------------------------------------------
+
+// Per row i (logits (N,Vp), only the first V are real):
+//   log Z = max + log sum_j exp(l_j - max) (sum in double);  loss_i = log Z - l[target]
+//   dl_j = (exp(l_j - log Z) - [j == target]) * dloss for j < V;  dl_j = 0 for padding j >= V
+void CpuBackend::CrossEntropyForwardBackward(float* losses, float* logz, float* logits,
+                                             const int32_t* targets, int N, int V, int Vp,
+                                             float dloss) {
+  for (int i = 0; i < N; i++) {
+    if (targets[i] < 0 || targets[i] >= V) {
+      throw KeelError(Status::InvalidArgument(
+          "cross-entropy target " + std::to_string(targets[i]) + " at row " + std::to_string(i) +
+          " is outside the vocabulary [0, " + std::to_string(V) + ")"));
+    }
+  }
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * V))
+  for (int i = 0; i < N; i++) {
+    float* row = logits + size_t(i) * Vp;
+    const int t = targets[i];
+    const float mx = MaxOf(row, V);
+    // Keep exp(l_j - max) in the row so the gradient pass needs no second exp.
+    const float target_logit = row[t];
+    const double sum = ExpShiftSum(row, V, mx);
+    const double lz = mx + std::log(sum);
+    losses[i] = static_cast<float>(lz - target_logit);
+    if (logz != nullptr) logz[i] = static_cast<float>(lz);
+    const float scale = static_cast<float>(dloss / sum);
+    for (int j = 0; j < V; j++) row[j] *= scale;
+    row[t] -= dloss;
+    for (int j = V; j < Vp; j++) row[j] = 0.0f;
+  }
+}
+
+// probs = softmax(logits[:V] / temperature), in double for one row.
+void CpuBackend::Softmax(float* probs, const float* logits, int V, float temperature) {
+  const double inv_t = 1.0 / temperature;
+  double mx = -INFINITY;
+  for (int j = 0; j < V; j++) mx = std::max(mx, logits[j] * inv_t);
+  double sum = 0.0;
+  for (int j = 0; j < V; j++) sum += std::exp(logits[j] * inv_t - mx);
+  for (int j = 0; j < V; j++) probs[j] = static_cast<float>(std::exp(logits[j] * inv_t - mx) / sum);
+}
+
+// ---- reductions and the optimizer -----------------------------------------------------------
+
+// Sum of x^2: fixed chunks summed in double, chunk sums added in order (thread-count independent).
+double CpuBackend::SumSquares(const float* x, size_t n) {
+  const size_t nchunks = (n + kReduceChunk - 1) / kReduceChunk;
+  std::vector<double> partial(nchunks);
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(n))
+  for (size_t ch = 0; ch < nchunks; ch++) {
+    const size_t i0 = ch * kReduceChunk, i1 = std::min(n, i0 + kReduceChunk);
+    double s = 0.0;
+    for (size_t i = i0; i < i1; i++) s += double(x[i]) * x[i];
+    partial[ch] = s;
+  }
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+// Integer counts are exact, so an OpenMP reduction is deterministic.
+size_t CpuBackend::CountZeros(const float* x, size_t n) {
+  size_t count = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : count) num_threads(ThreadsFor(n))
+  for (size_t i = 0; i < n; i++) count += (x[i] == 0.0f);
+  return count;
+}
+
+// NaN or +-Inf: all exponent bits set. Tested on the bits so -ffast-math cannot fold it away.
+size_t CpuBackend::CountNonFinite(const float* x, size_t n) {
+  size_t count = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : count) num_threads(ThreadsFor(n))
+  for (size_t i = 0; i < n; i++) {
+    count += ((std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u);
+  }
+  return count;
+}
+
+// m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+// p -= lr (mhat / (sqrt(vhat) + eps) + wd p),  mhat = m / (1-b1^t), vhat = v / (1-b2^t)
+void CpuBackend::AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n,
+                             float lr, float beta1, float beta2, float eps, float weight_decay,
+                             int64_t step) {
+  const float bc1 = static_cast<float>(1.0 - std::pow(double(beta1), double(step)));
+  const float bc2 = static_cast<float>(1.0 - std::pow(double(beta2), double(step)));
+#pragma omp parallel for simd schedule(static) num_threads(ThreadsFor(n))
+  for (size_t i = 0; i < n; i++) {
+    const float g = grad[i];
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi / bc1, vhat = vi / bc2;
+    param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
+  }
+}
+
+std::unique_ptr<Backend> MakeCpuBackend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace keel

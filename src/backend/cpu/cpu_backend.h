@@ -1,0 +1,80 @@
+// The CPU backend: fp32 reference implementation of every op in backend.h (llm.c style), with
+// OpenMP for the loops and OpenBLAS (loaded at run time, see blas.h) for the matrix products.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace keel {
+
+class CpuBackend : public Backend {
+ public:
+  // threads <= 0: omp_get_max_threads(). Sets the OpenMP and OpenBLAS thread counts.
+  explicit CpuBackend(int threads);
+
+  std::string Name() const override { return "cpu"; }
+  std::string Describe() const override;
+  int threads() const { return threads_; }
+
+  float* AllocFloats(size_t n) override;
+  int32_t* AllocInts(size_t n) override;
+  void Free(void* p) override;
+  void CopyToDevice(float* dst, const float* host_src, size_t n) override;
+  void CopyToHost(float* host_dst, const float* src, size_t n) override;
+  void CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) override;
+  void Zero(float* x, size_t n) override;
+  void Copy(float* dst, const float* src, size_t n) override;
+
+  void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                        int B, int T, int C) override;
+  void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                         int T, int C) override;
+
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int N, int C, float eps) override;
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int N, int C) override;
+
+  void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                     int IC, int OC) override;
+  void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                      const float* inp, const float* weight, int N, int IC, int OC) override;
+
+  void AttentionForward(float* out, float* att, const float* qkv, const float* alibi_slopes, int B,
+                        int T, int C, int NH) override;
+  void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                         int T, int C, int NH) override;
+
+  void GeluForward(float* out, const float* inp, size_t n) override;
+  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) override;
+  void Add(float* out, const float* a, const float* b, size_t n) override;
+  void Accumulate(float* dst, const float* src, size_t n) override;
+  void Scale(float* x, size_t n, float s) override;
+
+  void CrossEntropyForwardBackward(float* losses, float* logz, float* logits,
+                                   const int32_t* targets, int N, int V, int Vp,
+                                   float dloss) override;
+  void Softmax(float* probs, const float* logits, int V, float temperature) override;
+
+  double SumSquares(const float* x, size_t n) override;
+  size_t CountZeros(const float* x, size_t n) override;
+  size_t CountNonFinite(const float* x, size_t n) override;
+  void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                   float beta1, float beta2, float eps, float weight_decay, int64_t step) override;
+
+ private:
+  // OpenBLAS's OpenMP build takes its thread count from omp_get_max_threads() of the calling
+  // thread; re-assert ours before a top-level GEMM in case another backend or thread changed it.
+  void UseThreads() const;
+  // Team size for a loop over `work` elements: 1 for small loops, where waking and joining threads
+  // costs more than the loop (and stalls badly when the cores are shared with other processes).
+  int ThreadsFor(size_t work) const;
+
+  int threads_;
+};
+
+}  // namespace keel

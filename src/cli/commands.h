@@ -1,0 +1,12 @@
+// keel's subcommands. Each takes the arguments after its name (argv[0] is the subcommand) and
+// returns the process exit code: 0 success, 1 a runtime failure, 2 a usage or configuration error.
+#pragma once
+
+namespace keel::cli {
+
+int TrainCommand(int argc, const char* const* argv);
+int SampleCommand(int argc, const char* const* argv);
+int DataCommand(int argc, const char* const* argv);
+int BenchCommand(int argc, const char* const* argv);
+
+}  // namespace keel::cli

@@ -1,0 +1,44 @@
+// `keel sample`: generate text from the weights of a run directory.
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "cli/run_files.h"
+#include "core/log.h"
+#include "model/generate.h"
+
+namespace keel::cli {
+
+int SampleCommand(int argc, const char* const* argv) {
+  CLI::App app("Generate text from a run directory written by `keel train --save DIR`", "keel sample");
+  std::string load, prompt = "Call me";
+  GenerateOptions go;
+  int threads = 0;
+  app.add_option("--load", load, "run directory (the --save of keel train)")->required();
+  app.add_option("--prompt", prompt, "text to continue");
+  app.add_option("--tokens", go.max_new_tokens, "tokens to generate")->check(CLI::Range(1, 100000));
+  app.add_option("--temperature", go.temperature, "softmax temperature")->check(CLI::Range(0.0, 100.0));
+  app.add_option("--top-k", go.top_k, "sample among the k most likely tokens (0: all)");
+  app.add_option("--seed", go.seed, "random seed of the draws");
+  app.add_option("--threads", threads, "CPU threads (0: all cores)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  Env* env = Env::Default();
+  auto backend = MakeCpuBackend(threads);
+  LoadedRun run;
+  std::unique_ptr<GptModel> model;
+  Status st = LoadRunFiles(env, load, backend.get(), &run, &model);
+  if (!st.ok()) {
+    LogError("error: " + st.message());
+    return 1;
+  }
+  std::vector<int32_t> ids = run.tokenizer->Encode(prompt);
+  if (ids.empty()) ids.push_back(run.tokenizer->EodId());
+  std::vector<int32_t> out = Generate(*model, ids, go);
+  LogLine(prompt + run.tokenizer->Decode(out));
+  return 0;
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,382 @@
+#include "model/gpt.h"
+
+#include <cmath>
+
+#include "core/rng.h"
+#include "core/status.h"
+
+namespace keel {
+
+// Offsets (in floats) of one layer's tensors inside the parameter buffer.
+struct GptModel::LayerParams {
+  size_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+};
+
+// Everything the backward pass needs from the forward, plus gradient scratch, for one (B,T).
+struct GptModel::Activations {
+  float* emb = nullptr;       // (N,C) embedding sum; the LN input when embed_layernorm
+  float* emb_mean = nullptr;  // (N)
+  float* emb_rstd = nullptr;  // (N)
+  std::vector<float*> res;    // L+1 residual streams (N,C); res[0] is the layer-0 input
+  struct Layer {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+        *fch_gelu;
+  };
+  std::vector<Layer> layers;
+  float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *logz;
+  int32_t *tokens, *targets;
+  // gradient scratch, reused by every layer
+  float *dres_a, *dres_b, *dres2, *dln, *dqkv, *datty, *dfch, *dgelu, *demb;
+  std::vector<float> host_losses;
+};
+
+namespace {
+
+std::vector<float> AlibiSlopesPow2(int n) {
+  std::vector<float> s(n);
+  double start = std::pow(2.0, -std::pow(2.0, -(std::log2(n) - 3)));
+  for (int i = 0; i < n; ++i) s[i] = static_cast<float>(std::pow(start, i + 1));
+  return s;
+}
+
+}  // namespace
+
+std::vector<float> AlibiSlopes(int heads) {
+  int closest = 1;
+  while (closest * 2 <= heads) closest *= 2;
+  std::vector<float> slopes = AlibiSlopesPow2(closest);
+  if (closest != heads) {
+    std::vector<float> extra = AlibiSlopesPow2(2 * closest);
+    for (int i = 0; static_cast<int>(slopes.size()) < heads; i += 2) slopes.push_back(extra[i]);
+  }
+  return slopes;
+}
+
+GptModel::GptModel(Backend* backend, const GptSpec& spec) : backend_(backend), spec_(spec) {
+  KEEL_CHECK(spec.hidden % spec.heads == 0, "hidden size must divide by heads");
+  KEEL_CHECK(spec.padded_vocab >= spec.vocab, "padded vocab smaller than vocab");
+  const int64_t C = spec.hidden, F = spec.ffn_hidden, Vp = spec.padded_vocab;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
+    ParamInfo p;
+    p.name = name;
+    p.shape = std::move(shape);
+    p.numel = 1;
+    for (int64_t d : p.shape) p.numel *= static_cast<size_t>(d);
+    p.offset = num_params_;
+    p.weight_decay = decay;
+    num_params_ += p.numel;
+    params_.push_back(std::move(p));
+  };
+  add("embedding.word_embeddings.weight", {Vp, C}, true);
+  if (!spec.alibi) add("embedding.position_embeddings.weight", {spec.max_positions, C}, true);
+  if (spec.embed_layernorm) {
+    add("embedding.layernorm.weight", {C}, false);
+    add("embedding.layernorm.bias", {C}, false);
+  }
+  for (int l = 0; l < spec.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {C}, false);
+    add(p + "input_layernorm.bias", {C}, false);
+    add(p + "attention.query_key_value.weight", {3 * C, C}, true);
+    add(p + "attention.query_key_value.bias", {3 * C}, false);
+    add(p + "attention.dense.weight", {C, C}, true);
+    add(p + "attention.dense.bias", {C}, false);
+    add(p + "post_attention_layernorm.weight", {C}, false);
+    add(p + "post_attention_layernorm.bias", {C}, false);
+    add(p + "mlp.dense_h_to_4h.weight", {F, C}, true);
+    add(p + "mlp.dense_h_to_4h.bias", {F}, false);
+    add(p + "mlp.dense_4h_to_h.weight", {C, F}, true);
+    add(p + "mlp.dense_4h_to_h.bias", {C}, false);
+  }
+  add("final_layernorm.weight", {C}, false);
+  add("final_layernorm.bias", {C}, false);
+  params_mem_ = backend_->AllocFloats(num_params_);
+  grads_mem_ = backend_->AllocFloats(num_params_);
+  if (spec.alibi) {
+    std::vector<float> slopes = AlibiSlopes(spec.heads);
+    alibi_slopes_ = backend_->AllocFloats(slopes.size());
+    backend_->CopyToDevice(alibi_slopes_, slopes.data(), slopes.size());
+  }
+}
+
+GptModel::~GptModel() {
+  FreeActivations();
+  backend_->Free(params_mem_);
+  backend_->Free(grads_mem_);
+  if (alibi_slopes_) backend_->Free(alibi_slopes_);
+}
+
+const ParamInfo* GptModel::FindParam(const std::string& name) const {
+  for (const ParamInfo& p : params_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+int64_t GptModel::FormulaParamCount(const GptSpec& s) {
+  const int64_t n = s.num_layers, h = s.hidden, v = s.padded_vocab, sq = s.max_positions;
+  return n * (12 * h * h + 13 * h) + v * h + sq * h + 2 * h;
+}
+
+void GptModel::Initialize(uint64_t seed, float std) {
+  const float proj_std = std / std::sqrt(2.0f * static_cast<float>(spec_.num_layers));
+  std::vector<float> host;
+  for (size_t pi = 0; pi < params_.size(); ++pi) {
+    const ParamInfo& p = params_[pi];
+    host.assign(p.numel, 0.0f);
+    const bool is_norm = p.name.find("layernorm") != std::string::npos;
+    const bool is_bias = p.name.size() >= 4 && p.name.compare(p.name.size() - 4, 4, "bias") == 0;
+    if (is_norm && !is_bias) {
+      host.assign(p.numel, 1.0f);
+    } else if (!is_bias) {
+      const bool is_proj = p.name.find("attention.dense.weight") != std::string::npos ||
+                           p.name.find("dense_4h_to_h.weight") != std::string::npos;
+      const float s = is_proj ? proj_std : std;
+      const RngKey key{seed, RngPurpose::kInit, pi};
+#pragma omp parallel for schedule(static)
+      for (size_t i = 0; i < p.numel; ++i) host[i] = s * NormalAt(key, i);
+    }
+    backend_->CopyToDevice(params_mem_ + p.offset, host.data(), p.numel);
+  }
+}
+
+size_t GptModel::ActivationFloats(int B, int T) const {
+  const size_t N = static_cast<size_t>(B) * T, C = spec_.hidden, F = spec_.ffn_hidden;
+  const size_t NH = spec_.heads, L = spec_.num_layers, Vp = spec_.padded_vocab;
+  size_t per_layer = N * C * 4 + N * 4 + N * 3 * C + B * NH * T * T + 2 * N * F;
+  size_t total = L * per_layer + (L + 1) * N * C + N * C + 2 * N + N * C + 2 * N + N * Vp + 2 * N;
+  total += 6 * N * C + N * 3 * C + 2 * N * F;  // gradient scratch
+  return total;
+}
+
+void GptModel::AllocateActivations(int B, int T) {
+  if (acts_ && B == cur_B_ && T == cur_T_) return;
+  FreeActivations();
+  KEEL_CHECK(T <= spec_.max_positions, "sequence longer than max positions");
+  const size_t N = static_cast<size_t>(B) * T, C = spec_.hidden, F = spec_.ffn_hidden;
+  const size_t NH = spec_.heads, Vp = spec_.padded_vocab;
+  Backend* be = backend_;
+  acts_ = new Activations();
+  Activations& a = *acts_;
+  a.emb = be->AllocFloats(N * C);
+  a.emb_mean = be->AllocFloats(N);
+  a.emb_rstd = be->AllocFloats(N);
+  for (int l = 0; l <= spec_.num_layers; ++l) a.res.push_back(be->AllocFloats(N * C));
+  for (int l = 0; l < spec_.num_layers; ++l) {
+    Activations::Layer y;
+    y.ln1 = be->AllocFloats(N * C);
+    y.ln1_mean = be->AllocFloats(N);
+    y.ln1_rstd = be->AllocFloats(N);
+    y.qkv = be->AllocFloats(N * 3 * C);
+    y.att = be->AllocFloats(static_cast<size_t>(B) * NH * T * T);
+    y.atty = be->AllocFloats(N * C);
+    y.res2 = be->AllocFloats(N * C);
+    y.ln2 = be->AllocFloats(N * C);
+    y.ln2_mean = be->AllocFloats(N);
+    y.ln2_rstd = be->AllocFloats(N);
+    y.fch = be->AllocFloats(N * F);
+    y.fch_gelu = be->AllocFloats(N * F);
+    a.layers.push_back(y);
+  }
+  a.lnf = be->AllocFloats(N * C);
+  a.lnf_mean = be->AllocFloats(N);
+  a.lnf_rstd = be->AllocFloats(N);
+  a.logits = be->AllocFloats(N * Vp);
+  a.losses = be->AllocFloats(N);
+  a.logz = be->AllocFloats(N);
+  a.tokens = be->AllocInts(N);
+  a.targets = be->AllocInts(N);
+  a.dres_a = be->AllocFloats(N * C);
+  a.dres_b = be->AllocFloats(N * C);
+  a.dres2 = be->AllocFloats(N * C);
+  a.dln = be->AllocFloats(N * C);
+  a.dqkv = be->AllocFloats(N * 3 * C);
+  a.datty = be->AllocFloats(N * C);
+  a.dfch = be->AllocFloats(N * F);
+  a.dgelu = be->AllocFloats(N * F);
+  a.demb = be->AllocFloats(N * C);
+  a.host_losses.resize(N);
+  cur_B_ = B;
+  cur_T_ = T;
+}
+
+void GptModel::FreeActivations() {
+  if (!acts_) return;
+  Activations& a = *acts_;
+  Backend* be = backend_;
+  for (float* p : {a.emb, a.emb_mean, a.emb_rstd, a.lnf, a.lnf_mean, a.lnf_rstd, a.logits,
+                   a.losses, a.logz, a.dres_a, a.dres_b, a.dres2, a.dln, a.dqkv, a.datty, a.dfch,
+                   a.dgelu, a.demb})
+    be->Free(p);
+  for (float* p : a.res) be->Free(p);
+  for (auto& y : a.layers)
+    for (float* p : {y.ln1, y.ln1_mean, y.ln1_rstd, y.qkv, y.att, y.atty, y.res2, y.ln2,
+                     y.ln2_mean, y.ln2_rstd, y.fch, y.fch_gelu})
+      be->Free(p);
+  be->Free(a.tokens);
+  be->Free(a.targets);
+  delete acts_;
+  acts_ = nullptr;
+}
+
+double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, int T,
+                         float dloss) {
+  AllocateActivations(B, T);
+  Activations& a = *acts_;
+  Backend* be = backend_;
+  const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads;
+  const int N = B * T, V = spec_.vocab, Vp = spec_.padded_vocab;
+  float* P = params_mem_;
+  size_t pi = 0;  // walks params_ in registration order
+  auto next = [&]() { return P + params_[pi++].offset; };
+
+  be->CopyIntsToDevice(a.tokens, tokens, N);
+  const float* wte = next();
+  const float* wpe = spec_.alibi ? nullptr : next();
+  if (spec_.embed_layernorm) {
+    be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C);
+    const float* w = next();
+    const float* b = next();
+    be->LayerNormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, N, C, spec_.layernorm_eps);
+  } else {
+    be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C);
+  }
+  for (int l = 0; l < spec_.num_layers; ++l) {
+    Activations::Layer& y = a.layers[l];
+    const float *ln1w = next(), *ln1b = next(), *qkvw = next(), *qkvb = next();
+    const float *projw = next(), *projb = next(), *ln2w = next(), *ln2b = next();
+    const float *fcw = next(), *fcb = next(), *fcpw = next(), *fcpb = next();
+    float* x = a.res[l];
+    be->LayerNormForward(y.ln1, y.ln1_mean, y.ln1_rstd, x, ln1w, ln1b, N, C, spec_.layernorm_eps);
+    be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, 3 * C);
+    be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH);
+    be->MatmulForward(y.res2, y.atty, projw, projb, N, C, C);  // res2 = attn proj ...
+    be->Add(y.res2, y.res2, x, static_cast<size_t>(N) * C);     // ... + x
+    be->LayerNormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, ln2w, ln2b, N, C,
+                         spec_.layernorm_eps);
+    be->MatmulForward(y.fch, y.ln2, fcw, fcb, N, C, F);
+    be->GeluForward(y.fch_gelu, y.fch, static_cast<size_t>(N) * F);
+    be->MatmulForward(a.res[l + 1], y.fch_gelu, fcpw, fcpb, N, F, C);
+    be->Add(a.res[l + 1], a.res[l + 1], y.res2, static_cast<size_t>(N) * C);
+  }
+  const float *lnfw = next(), *lnfb = next();
+  be->LayerNormForward(a.lnf, a.lnf_mean, a.lnf_rstd, a.res[spec_.num_layers], lnfw, lnfb, N, C,
+                       spec_.layernorm_eps);
+  be->MatmulForward(a.logits, a.lnf, wte, nullptr, N, C, Vp);  // tied output embedding
+  has_targets_ = targets != nullptr;
+  if (!has_targets_) return 0.0;
+  be->CopyIntsToDevice(a.targets, targets, N);
+  be->CrossEntropyForwardBackward(a.losses, a.logz, a.logits, a.targets, N, V, Vp, dloss);
+  be->CopyToHost(a.host_losses.data(), a.losses, N);
+  double sum = 0.0;
+  for (float v : a.host_losses) sum += v;
+  return sum / N;
+}
+
+void GptModel::Backward() {
+  KEEL_CHECK(acts_ && has_targets_, "Backward needs a Forward with targets");
+  Activations& a = *acts_;
+  Backend* be = backend_;
+  const int B = cur_B_, T = cur_T_;
+  const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads;
+  const int N = B * T, Vp = spec_.padded_vocab;
+  const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
+  float *P = params_mem_, *G = grads_mem_;
+  // Walk the parameters backwards through the same registration order as Forward.
+  size_t pi = params_.size();
+  auto prev = [&](float** grad) {
+    --pi;
+    *grad = G + params_[pi].offset;
+    return P + params_[pi].offset;
+  };
+
+  float *dlnfb, *dlnfw;
+  prev(&dlnfb);
+  const float* lnfw = prev(&dlnfw);
+  float* dwte = G + params_[0].offset;
+  const float* wte = P + params_[0].offset;
+
+  // logits = lnf wte^T: the cross-entropy left dlogits in a.logits.
+  float* dres = a.dres_a;    // gradient w.r.t. the current residual stream
+  float* dres_in = a.dres_b;  // gradient w.r.t. the previous one
+  be->Zero(a.dln, NC);
+  be->MatmulBackward(a.dln, dwte, nullptr, a.logits, a.lnf, wte, N, C, Vp);
+  be->Zero(dres, NC);
+  be->LayerNormBackward(dres, dlnfw, dlnfb, a.dln, a.res[spec_.num_layers], lnfw, a.lnf_mean,
+                        a.lnf_rstd, N, C);
+
+  for (int l = spec_.num_layers - 1; l >= 0; --l) {
+    Activations::Layer& y = a.layers[l];
+    float *dfcpb, *dfcpw, *dfcb, *dfcw, *dln2b, *dln2w, *dprojb, *dprojw, *dqkvb, *dqkvw, *dln1b,
+        *dln1w;
+    prev(&dfcpb);
+    const float* fcpw = prev(&dfcpw);
+    prev(&dfcb);
+    const float* fcw = prev(&dfcw);
+    prev(&dln2b);
+    const float* ln2w = prev(&dln2w);
+    prev(&dprojb);
+    const float* projw = prev(&dprojw);
+    prev(&dqkvb);
+    const float* qkvw = prev(&dqkvw);
+    prev(&dln1b);
+    const float* ln1w = prev(&dln1w);
+
+    // res[l+1] = res2 + fcproj(gelu(fc(ln2(res2))))
+    be->Copy(a.dres2, dres, NC);  // skip connection
+    be->Zero(a.dgelu, NF);
+    be->MatmulBackward(a.dgelu, dfcpw, dfcpb, dres, y.fch_gelu, fcpw, N, F, C);
+    be->Zero(a.dfch, NF);
+    be->GeluBackward(a.dfch, y.fch, a.dgelu, NF);
+    be->Zero(a.dln, NC);
+    be->MatmulBackward(a.dln, dfcw, dfcb, a.dfch, y.ln2, fcw, N, C, F);
+    be->LayerNormBackward(a.dres2, dln2w, dln2b, a.dln, y.res2, ln2w, y.ln2_mean, y.ln2_rstd, N,
+                          C);
+    // res2 = x + proj(attn(qkv(ln1(x))))
+    be->Copy(dres_in, a.dres2, NC);  // skip connection
+    be->Zero(a.datty, NC);
+    be->MatmulBackward(a.datty, dprojw, dprojb, a.dres2, y.atty, projw, N, C, C);
+    be->Zero(a.dqkv, NC * 3);
+    be->AttentionBackward(a.dqkv, a.datty, y.qkv, y.att, B, T, C, NH);
+    be->Zero(a.dln, NC);
+    be->MatmulBackward(a.dln, dqkvw, dqkvb, a.dqkv, y.ln1, qkvw, N, C, 3 * C);
+    be->LayerNormBackward(dres_in, dln1w, dln1b, a.dln, a.res[l], ln1w, y.ln1_mean, y.ln1_rstd, N,
+                          C);
+    std::swap(dres, dres_in);
+  }
+  // dres now holds the gradient w.r.t. res[0].
+  float* dwpe = nullptr;
+  const float* demb = dres;
+  if (spec_.embed_layernorm) {
+    float *delnb, *delnw;
+    prev(&delnb);
+    const float* elnw = prev(&delnw);
+    be->Zero(a.demb, NC);
+    be->LayerNormBackward(a.demb, delnw, delnb, dres, a.emb, elnw, a.emb_mean, a.emb_rstd, N, C);
+    demb = a.demb;
+  }
+  if (!spec_.alibi) prev(&dwpe);
+  be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C);
+}
+
+void GptModel::ZeroGrad() { backend_->Zero(grads_mem_, num_params_); }
+
+std::vector<float> GptModel::LogitsAt(int b, int t) {
+  KEEL_CHECK(acts_ && b < cur_B_ && t < cur_T_, "LogitsAt out of range");
+  KEEL_CHECK(!has_targets_, "LogitsAt needs a Forward without targets (logits are gradients)");
+  std::vector<float> row(spec_.vocab);
+  const size_t off = (static_cast<size_t>(b) * cur_T_ + t) * spec_.padded_vocab;
+  backend_->CopyToHost(row.data(), acts_->logits + off, spec_.vocab);
+  return row;
+}
+
+double GptModel::MeanLogZ() {
+  KEEL_CHECK(acts_ && has_targets_, "MeanLogZ needs a Forward with targets");
+  const int N = cur_B_ * cur_T_;
+  std::vector<float> h(N);
+  backend_->CopyToHost(h.data(), acts_->logz, N);
+  double s = 0.0;
+  for (float v : h) s += v;
+  return s / N;
+}
+
+}  // namespace keel

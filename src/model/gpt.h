@@ -1,0 +1,105 @@
+// GptModel: a decoder-only transformer (GPT-2 shape, with the BLOOM options ALiBi and a LayerNorm
+// after the word embedding) described once and executed by any Backend.
+//
+//   x0 = wte[tok] (+ wpe[pos])            (optionally x0 = LN_emb(x0), BLOOM)
+//   for each layer:  x = x + Wo . attn(LN1(x) Wqkv)       (causal, Q,K pre-scaled by hs^-1/4)
+//                    x = x + W2 . gelu(LN2(x) W1)
+//   logits = LN_f(x) wte^T                 (tied input/output embedding, padded vocab masked)
+//
+// All parameters live in one contiguous buffer, all gradients in another, each tensor a named
+// slice (ParamInfo), so the optimizer, clipping, communication and checkpoints see flat memory and
+// topology-free names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace keel {
+
+struct GptSpec {
+  int num_layers = 0;
+  int hidden = 0;      // C
+  int ffn_hidden = 0;  // F
+  int heads = 0;       // NH
+  int max_positions = 0;
+  int vocab = 0;         // V, real vocabulary
+  int padded_vocab = 0;  // Vp, multiple of 128 by default
+  bool alibi = false;    // ALiBi instead of learned absolute positions
+  bool embed_layernorm = false;
+  float layernorm_eps = 1e-5f;
+};
+
+struct ParamInfo {
+  std::string name;  // e.g. "layers.3.mlp.dense_h_to_4h.weight"
+  std::vector<int64_t> shape;
+  size_t offset = 0;  // in floats, into the parameter (and gradient) buffer
+  size_t numel = 0;
+  bool weight_decay = false;  // matrices and embeddings decay; biases and norms do not
+};
+
+class GptModel {
+ public:
+  GptModel(Backend* backend, const GptSpec& spec);
+  ~GptModel();
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
+
+  const GptSpec& spec() const { return spec_; }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const ParamInfo* FindParam(const std::string& name) const;
+  size_t num_params() const { return num_params_; }
+  float* param_data() { return params_mem_; }
+  float* grad_data() { return grads_mem_; }
+  Backend* backend() { return backend_; }
+
+  // The seeds' formula n*(12h^2+13h) + v*h + s*h + 2h (exact for FFN = 4h, learned positions,
+  // no embedding LayerNorm); compare with num_params() to catch a wrong FFN size.
+  static int64_t FormulaParamCount(const GptSpec& spec);
+
+  // Megatron initialisation: weights ~ N(0, std), output projections (attention dense and
+  // dense_4h_to_h) ~ N(0, std / sqrt(2 * num_layers)), biases 0, norms weight 1 bias 0. Each value
+  // is a pure function of (seed, parameter index, element index).
+  void Initialize(uint64_t seed, float std);
+
+  // Runs the forward pass on tokens (B,T) (host memory). With targets (B,T) it also computes the
+  // per-token cross-entropy, writes its gradient scaled by `dloss` (the weight of each token in the
+  // total loss) ready for Backward, and returns the mean loss of this micro-batch. Without targets
+  // it only leaves the logits (see LastLogits) and returns 0.
+  double Forward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss);
+  // Backpropagates the last Forward (which must have had targets); ACCUMULATES into grad_data().
+  void Backward();
+  void ZeroGrad();
+
+  // Host copy of the logits row (first V entries) at position t of sequence b of the last Forward.
+  std::vector<float> LogitsAt(int b, int t);
+  // Mean of log Z over the tokens of the last Forward with targets (a guard signal later).
+  double MeanLogZ();
+  // Floats of activation and gradient-scratch memory a micro-batch of shape (B,T) needs.
+  size_t ActivationFloats(int B, int T) const;
+
+ private:
+  struct LayerParams;
+  struct Activations;
+  void AllocateActivations(int B, int T);
+  void FreeActivations();
+
+  Backend* backend_;
+  GptSpec spec_;
+  std::vector<ParamInfo> params_;
+  size_t num_params_ = 0;
+  float* params_mem_ = nullptr;
+  float* grads_mem_ = nullptr;
+  float* alibi_slopes_ = nullptr;  // (NH) on the backend, if ALiBi
+  Activations* acts_ = nullptr;
+  int cur_B_ = 0, cur_T_ = 0;
+  bool has_targets_ = false;
+};
+
+// ALiBi head slopes (Press et al.): geometric sequence 2^(-8/n * (i+1)) for n a power of two,
+// with the interpolation BLOOM uses for other head counts.
+std::vector<float> AlibiSlopes(int heads);
+
+}  // namespace keel

@@ -1,0 +1,202 @@
+#include "train/trainer.h"
+
+#include <xxhash.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "core/log.h"
+#include "train/flops.h"
+#include "train/iteration_log.h"
+
+namespace keel {
+
+GptSpec SpecFromConfig(const TrainConfig& cfg) {
+  GptSpec s;
+  s.num_layers = cfg.num_layers;
+  s.hidden = cfg.hidden_size;
+  s.ffn_hidden = cfg.ffn_hidden_size;
+  s.heads = cfg.num_attention_heads;
+  s.max_positions = cfg.max_position_embeddings;
+  s.vocab = cfg.vocab_size;
+  s.padded_vocab = cfg.padded_vocab_size;
+  s.alibi = cfg.position_embedding_type == PositionEmbedding::kAlibi;
+  s.embed_layernorm = cfg.embed_layernorm;
+  s.layernorm_eps = cfg.layernorm_epsilon;
+  return s;
+}
+
+Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, Env* env,
+                 SampleFn train_samples, SampleFn valid_samples)
+    : cfg_(cfg),
+      backend_(backend),
+      comm_(comm),
+      env_(env),
+      train_samples_(std::move(train_samples)),
+      valid_samples_(std::move(valid_samples)),
+      rampup_(BatchRampup::FromConfig(cfg)),
+      schedule_(LrSchedule::FromConfig(cfg)) {
+  model_ = std::make_unique<GptModel>(backend_, SpecFromConfig(cfg_));
+  AdamWConfig oc;
+  oc.beta1 = cfg_.adam_beta1;
+  oc.beta2 = cfg_.adam_beta2;
+  oc.eps = cfg_.adam_eps;
+  oc.weight_decay = cfg_.weight_decay;
+  optimizer_ = std::make_unique<AdamW>(backend_, model_->num_params(), oc);
+  total_iters_ = TotalTrainIters(cfg_);
+  const size_t mb = static_cast<size_t>(cfg_.micro_batch_size);
+  batch_tokens_.resize(mb * (cfg_.seq_length + 1));
+  inputs_.resize(mb * cfg_.seq_length);
+  targets_.resize(mb * cfg_.seq_length);
+}
+
+void Trainer::InitializeWeights() { model_->Initialize(cfg_.seed, cfg_.ResolvedInitStd()); }
+
+double Trainer::FlopsPerIteration(int64_t global_batch) const {
+  return TrainingFlopsPerToken(model_->spec(), cfg_.seq_length) * static_cast<double>(global_batch) *
+         cfg_.seq_length;
+}
+
+StepResult Trainer::TrainStep() {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepResult r;
+  const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = comm_->world_size();
+  r.global_batch = rampup_.GlobalBatchAt(counters_.consumed_samples);
+  const int64_t num_micro = r.global_batch / (static_cast<int64_t>(mbs) * dp);
+  // Every token of the global batch weighs the same in the loss: mean over gbs * T tokens.
+  const float dloss = 1.0f / static_cast<float>(r.global_batch * T);
+
+  model_->ZeroGrad();
+  double loss_sum = 0.0;
+  for (int64_t m = 0; m < num_micro; ++m) {
+    // Sample order: micro-batch m of rank r reads global samples (m * dp + r) * mbs + b.
+    const int64_t first =
+        counters_.consumed_samples + (m * dp + comm_->rank()) * static_cast<int64_t>(mbs);
+    for (int b = 0; b < mbs; ++b) {
+      int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
+      train_samples_(first + b, s);
+      std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
+      std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
+    }
+    loss_sum += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
+    model_->Backward();
+  }
+  double reduced[1] = {loss_sum};
+  comm_->AllReduceSumHost(reduced, 1);
+  r.loss = reduced[0] / static_cast<double>(num_micro * dp);
+  comm_->AllReduceSum(model_->grad_data(), model_->num_params());
+
+  const GradStats gs = ComputeGradStats(backend_, model_->grad_data(), model_->num_params());
+  r.grad_norm = gs.norm;
+  r.num_zeros = gs.num_zeros;
+  // The update of this iteration uses the LR at the position after its batch (see lr_schedule.h).
+  r.lr = schedule_.LrAt(counters_.consumed_samples + r.global_batch);
+  if (!gs.finite || !std::isfinite(r.loss)) {
+    // Never let a NaN/Inf reach the weights: skip the update, count it, keep going.
+    r.skipped = true;
+    ++counters_.skipped_iterations;
+    ++counters_.nan_iterations;
+  } else {
+    ClipGradients(backend_, model_->grad_data(), model_->num_params(), gs.norm, cfg_.clip_grad);
+    optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r.lr);
+  }
+  counters_.iteration += 1;
+  counters_.consumed_samples += r.global_batch;
+  counters_.consumed_tokens += r.global_batch * T;
+  r.step_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+double Trainer::Evaluate(int64_t iters) {
+  if (!valid_samples_ || iters <= 0) return NAN;
+  const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = comm_->world_size();
+  const int64_t gbs = rampup_.GlobalBatchAt(counters_.consumed_samples);
+  const int64_t num_micro = gbs / (static_cast<int64_t>(mbs) * dp);
+  double loss_sum = 0.0;
+  int64_t count = 0;
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int64_t m = 0; m < num_micro; ++m) {
+      const int64_t first = (it * num_micro * dp + m * dp + comm_->rank()) * mbs;
+      for (int b = 0; b < mbs; ++b) {
+        int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
+        valid_samples_(first + b, s);
+        std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
+        std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
+      }
+      loss_sum += model_->Forward(inputs_.data(), targets_.data(), mbs, T, 0.0f);
+      ++count;
+    }
+  }
+  double reduced[2] = {loss_sum, static_cast<double>(count)};
+  comm_->AllReduceSumHost(reduced, 2);
+  return reduced[0] / reduced[1];
+}
+
+Status Trainer::Run(const std::function<void(const std::string&)>& log) {
+  double interval_loss = 0.0, interval_ms = 0.0;
+  int64_t interval_iters = 0, interval_ok = 0, interval_skipped = 0, interval_samples = 0;
+  double interval_flops = 0.0;
+  while (counters_.iteration < total_iters_) {
+    const StepResult r = TrainStep();
+    ++interval_iters;
+    interval_ms += r.step_ms;
+    interval_samples += r.global_batch;
+    interval_flops += FlopsPerIteration(r.global_batch);
+    if (r.skipped) {
+      ++interval_skipped;
+      log(fmt::format("WARNING: iteration {}: non-finite {} (loss {}, grad norm {}): update skipped",
+                      counters_.iteration, std::isfinite(r.loss) ? "gradients" : "loss", r.loss,
+                      r.grad_norm));
+    } else {
+      interval_loss += r.loss;
+      ++interval_ok;
+    }
+    const bool last = counters_.iteration == total_iters_;
+    if (counters_.iteration % cfg_.log_interval == 0 || last) {
+      IterationStats s;
+      s.iteration = counters_.iteration;
+      s.train_iters = total_iters_;
+      s.consumed_samples = counters_.consumed_samples;
+      s.consumed_tokens = counters_.consumed_tokens;
+      s.elapsed_ms_per_iter = interval_ms / static_cast<double>(interval_iters);
+      s.learning_rate = r.lr;
+      s.global_batch_size = r.global_batch;
+      s.lm_loss = interval_ok > 0 ? interval_loss / static_cast<double>(interval_ok) : NAN;
+      s.grad_norm = r.grad_norm;
+      s.num_zeros = static_cast<double>(r.num_zeros);
+      s.skipped_iterations = interval_skipped;
+      s.nan_iterations = interval_skipped;
+      const double secs = interval_ms / 1000.0;
+      s.samples_per_second = static_cast<double>(interval_samples) / secs;
+      s.tflops = interval_flops / secs / 1e12;
+      log(FormatIterationLine(s));
+      interval_loss = interval_ms = interval_flops = 0.0;
+      interval_iters = interval_ok = interval_skipped = interval_samples = 0;
+    }
+    if (valid_samples_ && cfg_.eval_iters > 0 &&
+        (counters_.iteration % cfg_.eval_interval == 0 || last)) {
+      log(FormatValidationLine(counters_.iteration, Evaluate(cfg_.eval_iters)));
+    }
+  }
+  return Status::OK();
+}
+
+uint64_t Trainer::StateFingerprint() {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  const size_t n = model_->num_params();
+  std::vector<float> host(n);
+  for (float* buf : {model_->param_data(), optimizer_->exp_avg(), optimizer_->exp_avg_sq()}) {
+    backend_->CopyToHost(host.data(), buf, n);
+    XXH3_64bits_update(st, host.data(), n * sizeof(float));
+  }
+  const int64_t step = optimizer_->step();
+  XXH3_64bits_update(st, &step, sizeof(step));
+  XXH3_64bits_update(st, &counters_, sizeof(counters_));
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+}  // namespace keel

@@ -1,0 +1,96 @@
+// Trainer: the training loop. One iteration = the global batch as micro-batches with gradient
+// accumulation, an all-reduce of the gradients, clipping, and one AdamW update at the learning
+// rate of the schedule. Everything that moves with the step is either a pure function of
+// (config, consumed samples) — learning rate, batch size, which samples are read — or lives in
+// TrainState, so a checkpoint can capture the whole run.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "core/env.h"
+#include "model/gpt.h"
+#include "optim/adamw.h"
+#include "optim/batch_rampup.h"
+#include "optim/lr_schedule.h"
+
+namespace keel {
+
+// Writes sample number `index` (seq_length + 1 tokens: inputs and shifted targets) into `tokens`.
+using SampleFn = std::function<void(int64_t index, int32_t* tokens)>;
+
+// Counters that advance with the run; with the model and optimizer, the whole training state.
+struct TrainCounters {
+  int64_t iteration = 0;         // completed iterations
+  int64_t consumed_samples = 0;  // all samples read (the data cursor and the schedule position)
+  int64_t consumed_tokens = 0;
+  int64_t skipped_iterations = 0;  // updates not applied (non-finite loss or gradients)
+  int64_t nan_iterations = 0;
+};
+
+struct StepResult {
+  double loss = 0;  // mean lm loss over the global batch
+  double grad_norm = 0;
+  size_t num_zeros = 0;
+  double lr = 0;
+  int64_t global_batch = 0;
+  bool skipped = false;
+  double step_ms = 0;
+};
+
+// The complete mutable state of a run, reachable from one place.
+struct TrainState {
+  GptModel* model = nullptr;
+  AdamW* optimizer = nullptr;
+  TrainCounters* counters = nullptr;
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, Env* env,
+          SampleFn train_samples, SampleFn valid_samples);
+
+  // Fresh weights from the config's seed and init method.
+  void InitializeWeights();
+  // One training iteration.
+  StepResult TrainStep();
+  // Mean lm loss over `iters` validation batches (the same samples at every evaluation).
+  double Evaluate(int64_t iters);
+  // The whole run: iterations until the configured length, the Megatron iteration line every
+  // log-interval, validation every eval-interval; every line goes to `log`.
+  Status Run(const std::function<void(const std::string&)>& log);
+
+  int64_t TotalIterations() const { return total_iters_; }
+  GptModel& model() { return *model_; }
+  AdamW& optimizer() { return *optimizer_; }
+  TrainCounters& counters() { return counters_; }
+  TrainState state() { return TrainState{model_.get(), optimizer_.get(), &counters_}; }
+  // xxh3 over parameters, optimizer moments and step, and counters: equal fingerprints mean
+  // bit-identical training state.
+  uint64_t StateFingerprint();
+  double FlopsPerIteration(int64_t global_batch) const;
+
+ private:
+  TrainConfig cfg_;
+  Backend* backend_;
+  Communicator* comm_;
+  Env* env_;
+  SampleFn train_samples_, valid_samples_;
+  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  BatchRampup rampup_;
+  LrSchedule schedule_;
+  TrainCounters counters_;
+  int64_t total_iters_ = 0;
+  std::vector<int32_t> batch_tokens_, inputs_, targets_;
+};
+
+// The model shape a validated config describes.
+GptSpec SpecFromConfig(const TrainConfig& cfg);
+
+}  // namespace keel

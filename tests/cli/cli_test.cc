@@ -1,0 +1,116 @@
+// End-to-end tests of the keel binary: exit codes and messages for bad input, and a short real
+// training run on the default corpus followed by `keel sample` on its saved weights.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+Result RunKeel(const std::string& args) {
+  const std::string cmd = std::string(KEEL_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  Result r{-1, ""};
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string TempDir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("keel_cli_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+TEST(CliTest, HelpAndUnknownCommand) {
+  Result r = RunKeel("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("train"), std::string::npos);
+  r = RunKeel("trian");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("unknown command 'trian'"), std::string::npos);
+  r = RunKeel("train --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("--rampup-batch-size"), std::string::npos);
+}
+
+TEST(CliTest, InvalidShapeIsRefusedBeforeAnyWorkWithFlagAndFix) {
+  Result r = RunKeel("train --hidden-size 250 --num-attention-heads 4");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--hidden-size"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--num-attention-heads"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("iteration"), std::string::npos) << "training started despite the error";
+}
+
+TEST(CliTest, UnknownFlagSuggestsTheClosestOne) {
+  Result r = RunKeel("train --num-layer 2");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--num-layers"), std::string::npos) << r.out;
+}
+
+TEST(CliTest, MissingDataPathIsAClearError) {
+  Result r = RunKeel("train --data-path /nonexistent/corpus --train-iters 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("/nonexistent/corpus"), std::string::npos) << r.out;
+}
+
+TEST(CliTest, TrainsOnDefaultCorpusSavesAndSamples) {
+  const std::string dir = TempDir("run");
+  Result r = RunKeel("train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 32 "
+                     "--micro-batch-size 2 --train-iters 6 --lr-warmup-iters 2 --log-interval 3 "
+                     "--eval-interval 6 --eval-iters 1 --sample-tokens 8 --save " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("note: --ffn-hidden-size not given"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" iteration        6/       6 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("validation loss at iteration 6"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sample"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/model.safetensors"));
+  Result s = RunKeel("sample --load " + dir + " --tokens 5 --prompt Whale");
+  EXPECT_EQ(s.code, 0) << s.out;
+  EXPECT_EQ(s.out.rfind("Whale", 0), 0u) << s.out;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CliTest, SampleFromMissingRunNamesTheFile) {
+  Result r = RunKeel("sample --load /nonexistent/run");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("/nonexistent/run/run.json"), std::string::npos) << r.out;
+}
+
+TEST(CliTest, DataPrepareThenTrainOnIt) {
+  const std::string dir = TempDir("data");
+  for (int d = 0; d < 40; ++d) {
+    FILE* f = std::fopen((dir + "/doc" + std::to_string(d) + ".txt").c_str(), "w");
+    for (int i = 0; i < 20; ++i) std::fprintf(f, "the sea is wide and the whale is white %d. ", i + d);
+    std::fclose(f);
+  }
+  std::string inputs;
+  for (int d = 0; d < 40; ++d) inputs += " " + dir + "/doc" + std::to_string(d) + ".txt";
+  Result r = RunKeel("data prepare --quiet --tokenizer gpt2 --output-prefix " + dir + "/corpus --input" + inputs);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/corpus.bin"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/corpus.idx"));
+  r = RunKeel("train --data-path " + dir + "/corpus --num-layers 1 --hidden-size 32 "
+              "--num-attention-heads 2 --seq-length 16 --micro-batch-size 2 --train-iters 2 "
+              "--lr-warmup-iters 1 --log-interval 1 --eval-iters 1 --sample-tokens 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("vocab 50257"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("50304"), std::string::npos) << r.out;  // padded to a multiple of 128
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace

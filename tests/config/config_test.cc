@@ -1,0 +1,611 @@
+#include "config/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace keel {
+namespace {
+
+Status Parse(std::vector<std::string> args, ParsedConfig* out) {
+  args.insert(args.begin(), "train");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return ParseTrainArgs(static_cast<int>(argv.size()), argv.data(), out);
+}
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool HasNote(const ParsedConfig& p, const std::string& text) {
+  for (const auto& n : p.notes) {
+    if (n.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
+
+// ---- defaults, notes, help ----
+
+TEST(ConfigTest, DefaultsValidateAndResolveDerivedValues) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({}, &p).ok());
+  EXPECT_FALSE(p.help_requested);
+  const TrainConfig& c = p.config;
+  EXPECT_EQ(c.ffn_hidden_size, 1024);
+  EXPECT_EQ(c.max_position_embeddings, 128);
+  EXPECT_EQ(c.global_batch_size, 8);
+  EXPECT_EQ(c.lr_decay_iters, 300);
+  EXPECT_EQ(c.train_iters, 300);
+  EXPECT_EQ(c.lr_warmup_iters, 30);
+  EXPECT_TRUE(HasNote(p, "--ffn-hidden-size not given: using 4 * hidden-size = 1024"));
+  EXPECT_TRUE(HasNote(p, "--max-position-embeddings not given"));
+  EXPECT_TRUE(HasNote(p, "--global-batch-size not given"));
+  EXPECT_TRUE(HasNote(p, "--lr-decay-iters not given"));
+  // as_given keeps the unresolved values for a later Validate with the real data-parallel size.
+  EXPECT_EQ(p.as_given.ffn_hidden_size, 0);
+  EXPECT_EQ(p.as_given.global_batch_size, 0);
+}
+
+TEST(ConfigTest, FfnNoteNamesTheResolvedSize) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--hidden-size", "512", "--num-attention-heads", "8"}, &p).ok());
+  EXPECT_EQ(p.config.ffn_hidden_size, 2048);
+  EXPECT_TRUE(HasNote(p, "--ffn-hidden-size not given: using 4 * hidden-size = 2048"));
+  ASSERT_TRUE(Parse({"--ffn-hidden-size", "1000"}, &p).ok());
+  EXPECT_EQ(p.config.ffn_hidden_size, 1000);
+  EXPECT_FALSE(HasNote(p, "--ffn-hidden-size"));
+}
+
+TEST(ConfigTest, ValidateIsIdempotentAndTakesTheDataParallelSizeLater) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--micro-batch-size", "4"}, &p).ok());
+  TrainConfig c = p.config;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(Validate(&c, &notes).ok());
+  EXPECT_TRUE(notes.empty());
+  EXPECT_EQ(FormatConfig(c), FormatConfig(p.config));
+
+  TrainConfig dp4 = p.as_given;
+  dp4.data_parallel_size = 4;
+  ASSERT_TRUE(Validate(&dp4, &notes).ok());
+  EXPECT_EQ(dp4.global_batch_size, 16);
+}
+
+TEST(ConfigTest, HelpIsRequestedNotAnError) {
+  for (const char* flag : {"--help", "-h"}) {
+    ParsedConfig p;
+    Status st = Parse({flag}, &p);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_TRUE(p.help_requested);
+    EXPECT_CONTAINS(p.help_text, "--num-layers");
+    EXPECT_CONTAINS(p.help_text, "--rampup-batch-size");
+    EXPECT_CONTAINS(p.help_text, "--config");
+    EXPECT_CONTAINS(p.help_text, "default 4");
+    EXPECT_CONTAINS(p.help_text, "{constant,linear,cosine}");
+  }
+}
+
+TEST(ConfigTest, EveryFlagIsAcceptedOnTheCommandLine) {
+  ParsedConfig p;
+  Status st = Parse({"--num-layers",
+                     "2",
+                     "--hidden-size",
+                     "64",
+                     "--ffn-hidden-size",
+                     "100",
+                     "--num-attention-heads",
+                     "2",
+                     "--seq-length",
+                     "32",
+                     "--max-position-embeddings",
+                     "64",
+                     "--position-embedding-type",
+                     "alibi",
+                     "--embed-layernorm",
+                     "--make-vocab-size-divisible-by",
+                     "64",
+                     "--layernorm-epsilon",
+                     "1e-6",
+                     "--init-method",
+                     "small_init",
+                     "--init-method-std",
+                     "0.01",
+                     "--micro-batch-size",
+                     "2",
+                     "--global-batch-size",
+                     "16",
+                     "--rampup-batch-size",
+                     "4",
+                     "4",
+                     "100",
+                     "--train-samples",
+                     "10000",
+                     "--lr",
+                     "3e-4",
+                     "--min-lr",
+                     "0",
+                     "--lr-decay-style",
+                     "linear",
+                     "--lr-warmup-samples",
+                     "100",
+                     "--lr-decay-samples",
+                     "9000",
+                     "--adam-beta1",
+                     "0.8",
+                     "--adam-beta2",
+                     "0.99",
+                     "--adam-eps",
+                     "1e-6",
+                     "--weight-decay",
+                     "0",
+                     "--clip-grad",
+                     "0",
+                     "--seed",
+                     "7",
+                     "--eval-interval",
+                     "5",
+                     "--eval-iters",
+                     "0",
+                     "--log-interval",
+                     "1",
+                     "--threads",
+                     "3",
+                     "--data-path",
+                     "/d/x",
+                     "--split",
+                     "1,0,0",
+                     "--tokenizer",
+                     "gpt2",
+                     "--save",
+                     "/tmp/run",
+                     "--sample-tokens",
+                     "0",
+                     "--sample-prompt",
+                     "Hi \"there\""},
+                    &p);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const TrainConfig& c = p.config;
+  EXPECT_EQ(c.num_layers, 2);
+  EXPECT_EQ(c.ffn_hidden_size, 100);
+  EXPECT_EQ(c.position_embedding_type, PositionEmbedding::kAlibi);
+  EXPECT_TRUE(c.embed_layernorm);
+  EXPECT_EQ(c.make_vocab_size_divisible_by, 64);
+  EXPECT_FLOAT_EQ(c.layernorm_epsilon, 1e-6f);
+  EXPECT_EQ(c.init_method, InitMethod::kSmallInit);
+  EXPECT_EQ(c.rampup_batch_size, (std::vector<int64_t>{4, 4, 100}));
+  EXPECT_EQ(c.train_iters, 0);
+  EXPECT_EQ(c.train_samples, 10000);
+  EXPECT_EQ(c.lr_warmup_iters, 0);
+  EXPECT_EQ(c.lr_decay_style, LrDecayStyle::kLinear);
+  EXPECT_DOUBLE_EQ(c.lr, 3e-4);
+  EXPECT_EQ(c.seed, 7u);
+  EXPECT_EQ(c.threads, 3);
+  EXPECT_EQ(c.tokenizer, TokenizerKind::kGpt2);
+  EXPECT_EQ(c.save, "/tmp/run");
+  EXPECT_EQ(c.sample_prompt, "Hi \"there\"");
+  // The resolved config round-trips through its own TOML form.
+  TrainConfig back;
+  ASSERT_TRUE(ApplyToml(FormatConfig(c), "formatted", &back).ok());
+  back.padded_vocab_size = c.padded_vocab_size;
+  EXPECT_EQ(FormatConfig(back), FormatConfig(c));
+}
+
+// ---- command-line errors ----
+
+TEST(ConfigTest, UnknownFlagSuggestsTheClosestName) {
+  ParsedConfig p;
+  Status st = Parse({"--num-layer", "4"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--num-layer");
+  EXPECT_CONTAINS(st.message(), "did you mean --num-layers?");
+  st = Parse({"--hiden-size=64"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "did you mean --hidden-size?");
+  st = Parse({"stray"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "stray");
+}
+
+TEST(ConfigTest, TypeErrorsNameTheFlagValueAndType) {
+  ParsedConfig p;
+  Status st = Parse({"--num-layers", "four"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--num-layers four");
+  EXPECT_CONTAINS(st.message(), "integer");
+  st = Parse({"--lr", "fast"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--lr fast");
+  EXPECT_CONTAINS(st.message(), "number");
+  st = Parse({"--lr-decay-style", "exponential"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--lr-decay-style exponential");
+  EXPECT_CONTAINS(st.message(), "constant,linear,cosine");
+  st = Parse({"--hidden-size", "99999999999"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--hidden-size 99999999999");
+  st = Parse({"--seed", "-1"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--seed");
+}
+
+TEST(ConfigTest, RampupTakesThreeValues) {
+  ParsedConfig p;
+  Status st = Parse({"--rampup-batch-size", "16", "16", "5859375", "--global-batch-size", "2048",
+                     "--micro-batch-size", "16", "--train-samples", "300000000"},
+                    &p);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(p.config.rampup_batch_size, (std::vector<int64_t>{16, 16, 5859375}));
+  for (auto vals :
+       {std::vector<std::string>{"16", "16"}, std::vector<std::string>{"16", "16", "100", "5"}}) {
+    std::vector<std::string> args = {"--rampup-batch-size"};
+    args.insert(args.end(), vals.begin(), vals.end());
+    args.insert(args.end(), {"--global-batch-size", "2048", "--train-samples", "300000000"});
+    st = Parse(args, &p);
+    ASSERT_FALSE(st.ok());
+    EXPECT_CONTAINS(st.message(), "--rampup-batch-size takes 3 values");
+    EXPECT_CONTAINS(st.message(), "e.g. --rampup-batch-size 16 16 5859375");
+  }
+}
+
+TEST(ConfigTest, TrainSamplesSwitchesARunToSamples) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--train-samples", "4000"}, &p).ok());
+  EXPECT_EQ(p.config.train_iters, 0);
+  EXPECT_EQ(p.config.lr_warmup_iters, 0);  // the built-in iteration warmup does not apply
+  EXPECT_EQ(p.config.lr_decay_samples, 4000);
+
+  ASSERT_TRUE(Parse({"--train-samples", "4000", "--lr-warmup-samples", "400"}, &p).ok());
+  EXPECT_EQ(p.config.lr_warmup_samples, 400);
+  EXPECT_EQ(p.config.lr_warmup_iters, 0);
+
+  Status st = Parse({"--train-iters", "10", "--train-samples", "4000"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--train-iters 10 and --train-samples 4000");
+  EXPECT_CONTAINS(st.message(), "set only one");
+  st = Parse({"--lr-warmup-iters", "10", "--lr-warmup-samples", "40"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--lr-warmup-iters 10 and --lr-warmup-samples 40");
+  // An explicit zero is not a conflict (examples/default.toml lists both keys).
+  ASSERT_TRUE(Parse({"--train-iters", "100", "--train-samples", "0"}, &p).ok());
+}
+
+// ---- TOML ----
+
+TEST(ConfigTest, TomlLoadsAndFlagsOverrideTheFile) {
+  std::string path = WriteTemp("override.toml",
+                               "num-layers = 6\nhidden-size = 512\nnum-attention-heads = 8\n"
+                               "lr = 2e-4\nlr-decay-style = \"linear\"\n");
+  ParsedConfig p;
+  Status st = Parse({"--config", path, "--num-layers", "2", "--lr", "5e-4"}, &p);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(p.config.num_layers, 2);     // flag beats file
+  EXPECT_DOUBLE_EQ(p.config.lr, 5e-4);   // flag beats file
+  EXPECT_EQ(p.config.hidden_size, 512);  // file beats default
+  EXPECT_EQ(p.config.num_attention_heads, 8);
+  EXPECT_EQ(p.config.lr_decay_style, LrDecayStyle::kLinear);
+  EXPECT_EQ(p.config.seq_length, 128);  // default
+  // The flag order does not matter: --config is always read first.
+  ASSERT_TRUE(Parse({"--num-layers", "2", "--config", path}, &p).ok());
+  EXPECT_EQ(p.config.num_layers, 2);
+}
+
+TEST(ConfigTest, FlagSwitchesAFileRunFromIterationsToSamples) {
+  std::string path = WriteTemp("iters.toml", "train-iters = 100\nlr-warmup-iters = 10\n");
+  ParsedConfig p;
+  Status st =
+      Parse({"--config", path, "--train-samples", "8000", "--lr-warmup-samples", "800"}, &p);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(p.config.train_iters, 0);
+  EXPECT_EQ(p.config.lr_warmup_iters, 0);
+  // Without the samples warmup, the file's explicit iteration warmup is reported with the fix.
+  st = Parse({"--config", path, "--train-samples", "8000"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--lr-warmup-iters 10");
+  EXPECT_CONTAINS(st.message(), "use --lr-warmup-samples 80");
+}
+
+TEST(ConfigTest, TomlBothRunLengthsIsAnError) {
+  TrainConfig c;
+  Status st = ApplyToml("train-iters = 100\ntrain-samples = 1000\n", "run.toml", &c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "run.toml");
+  EXPECT_CONTAINS(st.message(), "train-iters 100 and train-samples 1000");
+}
+
+TEST(ConfigTest, TomlUnknownKeySuggestsTheClosestName) {
+  TrainConfig c;
+  Status st = ApplyToml("hiden-size = 8\n", "run.toml", &c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "run.toml:1");
+  EXPECT_CONTAINS(st.message(), "unknown key 'hiden-size'");
+  EXPECT_CONTAINS(st.message(), "did you mean hidden-size?");
+  st = ApplyToml("num_layers = 8\n", "run.toml", &c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "did you mean num-layers?");
+  st = ApplyToml("config = \"other.toml\"\n", "run.toml", &c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--config");
+}
+
+TEST(ConfigTest, TomlTypeErrorsNameKeyValueAndType) {
+  TrainConfig c;
+  Status st = ApplyToml("\nnum-layers = \"four\"\n", "run.toml", &c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "run.toml:2: num-layers = \"four\"");
+  EXPECT_CONTAINS(st.message(), "expected an integer, got a string");
+  st = ApplyToml("num-layers = 4.5\n", "run.toml", &c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "got a float");
+  st = ApplyToml("embed-layernorm = 1\n", "run.toml", &c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "embed-layernorm = 1");
+  EXPECT_CONTAINS(st.message(), "true or false");
+  st = ApplyToml("rampup-batch-size = [1, \"x\", 3]\n", "run.toml", &c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "rampup-batch-size");
+  EXPECT_CONTAINS(st.message(), "list of integers");
+  st = ApplyToml("tokenizer = \"bpe\"\n", "run.toml", &c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "one of gpt2,sentencepiece");
+  st = ApplyToml("num-layers = \n", "run.toml", &c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "invalid TOML");
+  // Integers are fine where floats are expected.
+  ASSERT_TRUE(ApplyToml("lr = 1\n", "run.toml", &c).ok());
+  EXPECT_DOUBLE_EQ(c.lr, 1.0);
+}
+
+TEST(ConfigTest, MissingConfigFileIsAnError) {
+  ParsedConfig p;
+  Status st = Parse({"--config", "/nonexistent/run.toml"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--config /nonexistent/run.toml");
+}
+
+TEST(ConfigTest, DefaultTomlIsExactlyTheBuiltInDefaults) {
+  const std::string text = ReadFile(std::string(KEEL_SOURCE_DIR) + "/examples/default.toml");
+  ASSERT_FALSE(text.empty());
+  TrainConfig c;
+  Status st = ApplyToml(text, "default.toml", &c);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(FormatConfig(c), FormatConfig(TrainConfig{}));
+  // And it spells out every key, so it stays a complete reference.
+  std::istringstream lines(FormatConfig(TrainConfig{}));
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::string key = line.substr(0, line.find(' '));
+    EXPECT_NE(text.find("\n" + key + " = "), std::string::npos) << key << " missing";
+  }
+}
+
+TEST(ConfigTest, ExampleConfigsValidate) {
+  ParsedConfig p;
+  std::string dir = std::string(KEEL_SOURCE_DIR) + "/examples/";
+  Status st = Parse({"--config", dir + "gpt2-124m.toml"}, &p);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(p.config.num_layers, 12);
+  EXPECT_EQ(p.config.hidden_size, 768);
+  EXPECT_EQ(p.config.tokenizer, TokenizerKind::kGpt2);
+  EXPECT_EQ(p.config.lr_warmup_iters, 700);
+
+  st = Parse({"--config", dir + "bloom-tiny-alibi.toml"}, &p);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(p.config.position_embedding_type, PositionEmbedding::kAlibi);
+  EXPECT_TRUE(p.config.embed_layernorm);
+  EXPECT_EQ(p.config.init_method, InitMethod::kMegatron530B);
+  EXPECT_EQ(p.config.train_iters, 0);
+  EXPECT_EQ(p.config.lr_warmup_iters, 0);
+  TrainConfig dp2 = p.as_given;
+  dp2.data_parallel_size = 2;
+  std::vector<std::string> notes;
+  st = Validate(&dp2, &notes);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// ---- validation rules ----
+
+struct Rule {
+  std::vector<std::string> args;
+  std::vector<std::string> expect;  // substrings of the error: the flag, the value, the fix
+};
+
+TEST(ConfigTest, EveryValidationRuleNamesTheFlagAndAFix) {
+  const std::vector<Rule> rules = {
+      {{"--hidden-size", "1000", "--num-attention-heads", "16"},
+       {"--hidden-size 1000 is not divisible by --num-attention-heads 16: hidden size must be a "
+        "multiple of the head count; try --hidden-size 1024 or --num-attention-heads 8"}},
+      {{"--num-layers", "0"}, {"--num-layers 0", "positive", "set --num-layers"}},
+      {{"--hidden-size", "-4"}, {"--hidden-size -4", "positive"}},
+      {{"--num-attention-heads", "0"}, {"--num-attention-heads 0", "positive"}},
+      {{"--seq-length", "0"}, {"--seq-length 0", "positive"}},
+      {{"--micro-batch-size", "0"}, {"--micro-batch-size 0", "positive"}},
+      {{"--ffn-hidden-size", "-1"}, {"--ffn-hidden-size -1", "0 for 4 * hidden-size"}},
+      {{"--max-position-embeddings", "64"},
+       {"--max-position-embeddings 64 is smaller than --seq-length 128",
+        "try --max-position-embeddings 128"}},
+      {{"--global-batch-size", "20"},
+       {"--global-batch-size 20 is not divisible by --micro-batch-size 8",
+        "try --global-batch-size 16 or 24"}},
+      {{"--global-batch-size", "4"}, {"--global-batch-size 4", "try --global-batch-size 8"}},
+      {{"--rampup-batch-size", "8", "8", "100", "--global-batch-size", "32"},
+       {"expected no batch-size rampup for iteration-based training", "--train-samples"}},
+      {{"--rampup-batch-size", "0", "8", "100", "--global-batch-size", "32", "--train-samples",
+        "1000"},
+       {"--rampup-batch-size 0 8 100", "must all be positive", "e.g. --rampup-batch-size 8 8"}},
+      {{"--rampup-batch-size", "8", "0", "100", "--global-batch-size", "32", "--train-samples",
+        "1000"},
+       {"--rampup-batch-size 8 0 100", "must all be positive"}},
+      {{"--rampup-batch-size", "8", "8", "0", "--global-batch-size", "32", "--train-samples",
+        "1000"},
+       {"--rampup-batch-size 8 8 0", "must all be positive"}},
+      {{"--rampup-batch-size", "64", "8", "100", "--global-batch-size", "32", "--train-samples",
+        "1000"},
+       {"start batch 64 is larger than --global-batch-size 32", "at most 32"}},
+      {{"--rampup-batch-size", "8", "16", "100", "--global-batch-size", "32", "--train-samples",
+        "1000"},
+       {"--rampup-batch-size 8 16 100", "not a multiple of the increment 16", "try increment 8"}},
+      {{"--rampup-batch-size", "8", "4", "100", "--global-batch-size", "32", "--train-samples",
+        "1000"},
+       {"ramp-up batch size 12 is not divisible by --micro-batch-size 8", "multiples of 8"}},
+      {{"--rampup-batch-size", "4", "4", "100", "--global-batch-size", "32", "--train-samples",
+        "1000"},
+       {"ramp-up batch size 4 is not divisible"}},
+      {{"--rampup-batch-size", "8", "8", "5000", "--global-batch-size", "32", "--train-samples",
+        "1000"},
+       {"ramp-up samples 5000 exceed --train-samples 1000", "at most 1000"}},
+      {{"--train-iters", "0"}, {"neither --train-iters nor --train-samples", "e.g. --train-iters"}},
+      {{"--train-iters", "-5"}, {"--train-iters -5", "negative"}},
+      {{"--lr-warmup-samples", "800", "--lr-warmup-iters", "0"},
+       {"--lr-warmup-samples 800 is for samples-based runs", "use --lr-warmup-iters 100"}},
+      {{"--lr-decay-samples", "800"},
+       {"--lr-decay-samples 800 is for samples-based runs", "use --lr-decay-iters 100"}},
+      {{"--train-samples", "8000", "--lr-warmup-iters", "5"},
+       {"--lr-warmup-iters 5 is for iteration-based runs", "use --lr-warmup-samples 40"}},
+      {{"--train-samples", "8000", "--lr-decay-iters", "500"},
+       {"--lr-decay-iters 500 is for iteration-based runs", "use --lr-decay-samples 4000"}},
+      {{"--lr-warmup-iters", "300"},
+       {"--lr-warmup-iters 300 is not smaller than --lr-decay-iters 300",
+        "try --lr-warmup-iters 30"}},
+      {{"--lr-warmup-iters", "50", "--lr-decay-iters", "40"},
+       {"--lr-warmup-iters 50 is not smaller than --lr-decay-iters 40"}},
+      {{"--train-samples", "8000", "--lr-warmup-samples", "8000"},
+       {"--lr-warmup-samples 8000 is not smaller than --lr-decay-samples 8000",
+        "try --lr-warmup-samples 800"}},
+      {{"--lr-warmup-iters", "-1"}, {"--lr-warmup-iters -1", "negative"}},
+      {{"--lr", "0"}, {"--lr 0 must be positive", "try --lr"}},
+      {{"--min-lr", "0.01"}, {"--min-lr 0.01 must be between 0 and --lr 0.001", "try --min-lr"}},
+      {{"--min-lr", "-1e-5"}, {"--min-lr -1e-05", "try --min-lr"}},
+      {{"--adam-beta1", "1"}, {"--adam-beta1 1 must be in [0, 1)", "try --adam-beta1 0.9"}},
+      {{"--adam-beta2", "-0.1"}, {"--adam-beta2 -0.1 must be in [0, 1)", "--adam-beta2 0.95"}},
+      {{"--adam-eps", "0"}, {"--adam-eps 0 must be positive", "try --adam-eps"}},
+      {{"--weight-decay", "-0.1"}, {"--weight-decay -0.1", "use 0"}},
+      {{"--clip-grad", "-1"}, {"--clip-grad -1", "use 0"}},
+      {{"--eval-interval", "0"}, {"--eval-interval 0 must be positive", "set --eval-interval"}},
+      {{"--log-interval", "0"}, {"--log-interval 0 must be positive"}},
+      {{"--eval-iters", "-1"}, {"--eval-iters -1", "use 0"}},
+      {{"--threads", "-2"}, {"--threads -2"}},
+      {{"--sample-tokens", "-2"}, {"--sample-tokens -2"}},
+      {{"--split", "90,10"}, {"--split '90,10'", "try --split 969,30,1"}},
+      {{"--split", "0,0,0"}, {"--split '0,0,0'", "not all zero"}},
+      {{"--split", "90,-10,0"}, {"--split '90,-10,0'"}},
+      {{"--split", "a,b,c"}, {"--split 'a,b,c'"}},
+      {{"--layernorm-epsilon", "0"}, {"--layernorm-epsilon 0 must be positive", "try"}},
+      {{"--init-method-std", "0"}, {"--init-method-std 0 must be positive", "try"}},
+      {{"--make-vocab-size-divisible-by", "0"},
+       {"--make-vocab-size-divisible-by 0", "try --make-vocab-size-divisible-by 128"}},
+  };
+  for (const Rule& r : rules) {
+    ParsedConfig p;
+    Status st = Parse(r.args, &p);
+    std::string args;
+    for (const auto& a : r.args) args += a + " ";
+    ASSERT_FALSE(st.ok()) << "accepted: " << args;
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << args;
+    for (const auto& e : r.expect) EXPECT_CONTAINS(st.message(), e) << " for: " << args;
+  }
+}
+
+TEST(ConfigTest, ValidateRejectsBothRunLengths) {
+  TrainConfig c;
+  c.train_samples = 1000;  // train_iters keeps its default 300
+  std::vector<std::string> notes;
+  Status st = Validate(&c, &notes);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--train-iters 300 and --train-samples 1000");
+}
+
+TEST(ConfigTest, RampupStagesMustSplitOverDataParallelRanks) {
+  // tr1-13B: the batch grew by 16, so only DP sizes dividing 16 / micro-batch worked.
+  TrainConfig c;
+  c.train_iters = 0;
+  c.lr_warmup_iters = 0;
+  c.train_samples = 1000000;
+  c.micro_batch_size = 1;
+  c.global_batch_size = 2048;
+  c.rampup_batch_size = {16, 16, 100000};
+  std::vector<std::string> notes;
+  for (int dp : {1, 2, 4, 8, 16}) {
+    TrainConfig d = c;
+    d.data_parallel_size = dp;
+    EXPECT_TRUE(Validate(&d, &notes).ok()) << dp;
+  }
+  TrainConfig d = c;
+  d.data_parallel_size = 32;
+  Status st = Validate(&d, &notes);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "ramp-up batch size 16 is not divisible");
+  EXPECT_CONTAINS(st.message(), "data-parallel size 32");
+}
+
+TEST(ConfigTest, ConstantDecayAllowsWarmupPastDecay) {
+  ParsedConfig p;
+  Status st = Parse({"--lr-decay-style", "constant", "--lr-warmup-iters", "300"}, &p);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+TEST(ConfigTest, VocabIsPaddedWithANote) {
+  TrainConfig c;
+  c.vocab_size = 50257;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(Validate(&c, &notes).ok());
+  EXPECT_EQ(c.padded_vocab_size, 50304);
+  bool found = false;
+  for (const auto& n : notes) found |= n == "vocab 50257 padded to 50304 (multiple of 128)";
+  EXPECT_TRUE(found);
+  c.vocab_size = 256;
+  ASSERT_TRUE(Validate(&c, &notes).ok());
+  EXPECT_EQ(c.padded_vocab_size, 256);
+  c.vocab_size = -1;
+  EXPECT_FALSE(Validate(&c, &notes).ok());
+}
+
+TEST(ConfigTest, ResolvedInitStd) {
+  TrainConfig c;
+  c.hidden_size = 1024;
+  c.init_method_std = 0.006f;
+  EXPECT_FLOAT_EQ(c.ResolvedInitStd(), 0.006f);
+  c.init_method = InitMethod::kSmallInit;
+  EXPECT_FLOAT_EQ(c.ResolvedInitStd(), static_cast<float>(std::sqrt(2.0 / (5.0 * 1024))));
+  c.init_method = InitMethod::kMegatron530B;
+  EXPECT_FLOAT_EQ(c.ResolvedInitStd(), static_cast<float>(std::sqrt(1.0 / (3.0 * 1024))));
+}
+
+TEST(ConfigTest, FormatAndHash) {
+  TrainConfig a;
+  const std::string text = FormatConfig(a);
+  EXPECT_CONTAINS(text, "num-layers = 4\n");
+  EXPECT_CONTAINS(text, "lr = 0.001\n");
+  EXPECT_CONTAINS(text, "clip-grad = 1.0\n");
+  EXPECT_CONTAINS(text, "rampup-batch-size = []\n");
+  EXPECT_CONTAINS(text, "position-embedding-type = \"learned_absolute\"\n");
+  EXPECT_CONTAINS(text, "sample-prompt = \"Call me\"\n");
+  EXPECT_EQ(ConfigHash(a), ConfigHash(TrainConfig{}));
+  TrainConfig b;
+  b.seq_length = 256;
+  EXPECT_NE(ConfigHash(a), ConfigHash(b));
+  TrainConfig c;
+  c.lr = 1.0000001e-3;
+  EXPECT_NE(ConfigHash(a), ConfigHash(c));
+}
+
+}  // namespace
+}  // namespace keel
