@@ -4,29 +4,28 @@
 
 namespace keel {
 
-std::array<uint32_t, 4> Philox(const RngKey& key, uint64_t counter) {
-  // Key: the seed; counter: (counter, purpose, stream). Ten rounds of Philox4x32.
+std::array<uint32_t, 4> Philox4x32x10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  uint32_t k0 = static_cast<uint32_t>(key.seed), k1 = static_cast<uint32_t>(key.seed >> 32);
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
-  uint32_t c2 = static_cast<uint32_t>(key.stream) ^ (static_cast<uint32_t>(key.purpose) << 24);
-  uint32_t c3 = static_cast<uint32_t>(key.stream >> 32) ^ static_cast<uint32_t>(key.purpose);
   for (int round = 0; round < 10; ++round) {
-    uint64_t p0 = static_cast<uint64_t>(kM0) * c0;
-    uint64_t p1 = static_cast<uint64_t>(kM1) * c2;
-    uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-    uint32_t n1 = static_cast<uint32_t>(p1);
-    uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-    uint32_t n3 = static_cast<uint32_t>(p0);
-    c0 = n0;
-    c1 = n1;
-    c2 = n2;
-    c3 = n3;
-    k0 += kW0;
-    k1 += kW1;
+    const uint64_t p0 = static_cast<uint64_t>(kM0) * c[0];
+    const uint64_t p1 = static_cast<uint64_t>(kM1) * c[2];
+    c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
+         static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<uint32_t>(p0)};
+    k[0] += kW0;
+    k[1] += kW1;
   }
-  return {c0, c1, c2, c3};
+  return c;
+}
+
+std::array<uint32_t, 4> Philox(const RngKey& key, uint64_t counter) {
+  // Key words: the seed. Counter words: the counter, then the stream mixed with the purpose.
+  const uint32_t purpose = static_cast<uint32_t>(key.purpose);
+  return Philox4x32x10(
+      {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
+       static_cast<uint32_t>(key.stream) ^ (purpose << 24),
+       static_cast<uint32_t>(key.stream >> 32) ^ purpose},
+      {static_cast<uint32_t>(key.seed), static_cast<uint32_t>(key.seed >> 32)});
 }
 
 float UniformAt(const RngKey& key, uint64_t index) {

@@ -23,6 +23,9 @@ struct RngKey {
   uint64_t stream = 0;
 };
 
+// The raw Philox4x32-10 bijection (Random123's philox4x32 with 10 rounds).
+std::array<uint32_t, 4> Philox4x32x10(std::array<uint32_t, 4> ctr, std::array<uint32_t, 2> key);
+
 // Four 32-bit random words for one 64-bit counter.
 std::array<uint32_t, 4> Philox(const RngKey& key, uint64_t counter);
 

@@ -42,6 +42,8 @@ class IndexedDatasetWriter {
   int vocab_size_;
   uint8_t dtype_code_;
   std::unique_ptr<WritableFile> bin_;
+  std::string buffer_;  // encoded tokens not yet appended to bin_
+  bool finished_ = false;
   std::vector<int32_t> sizes_;
   std::vector<int64_t> pointers_;
   int64_t offset_ = 0;
@@ -68,7 +70,6 @@ class IndexedDataset {
   std::unique_ptr<ReadOnlyRegion> idx_, bin_;
   uint8_t dtype_code_ = 0;
   int elem_size_ = 0;
-  const int32_t* sizes_ptr_ = nullptr;
   std::vector<int32_t> sizes_;
   std::vector<int64_t> pointers_;
   std::vector<int64_t> doc_starts_;

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "backend/backend.h"
@@ -43,7 +44,6 @@ class Buf {
   T& operator[](size_t i) { return p_[i]; }
   std::vector<T> vec() const { return std::vector<T>(p_, p_ + n_); }
   void Set(const std::vector<T>& v) { std::copy(v.begin(), v.end(), p_); }
-  void Zero() { std::fill(p_, p_ + n_, T(0)); }
 
  private:
   Backend* be_;
@@ -98,7 +98,7 @@ void ExpectAllNear(const std::vector<float>& got, const std::vector<double>& wan
   }
 }
 
-// b = 2 a, up to the last bit or so (a backward run twice doubles its gradient).
+// twice == 2 * once to within rounding: a backward run twice doubles its gradient (+= semantics).
 void ExpectDoubled(const std::vector<float>& once, const std::vector<float>& twice,
                    const char* what) {
   ASSERT_EQ(once.size(), twice.size());
@@ -194,7 +194,11 @@ TEST_F(CpuBackendTest, Embedding) {
       return Weighted(out.data(), r);
     };
     ExpectGradMatchesFiniteDiff("dwte", wte.data(), wte.size(), dwte.vec(), loss);
-    if (with_wpe) ExpectGradMatchesFiniteDiff("dwpe", wpe.data(), wpe.size(), dwpe.vec(), loss);
+    if (with_wpe) {
+      ExpectGradMatchesFiniteDiff("dwpe", wpe.data(), wpe.size(), dwpe.vec(), loss);
+    } else {
+      EXPECT_EQ(dwpe.vec(), std::vector<float>(T * C, 0.0f));  // untouched when dwpe is null
+    }
     // Accumulation: a second backward doubles the gradients.
     const std::vector<float> dwte1 = dwte.vec(), dwpe1 = dwpe.vec();
     be_->EmbeddingBackward(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(),
@@ -447,6 +451,27 @@ TEST_F(CpuBackendTest, Gelu) {
   ExpectDoubled(d1, dinp.vec(), "dinp");
 }
 
+// Long arrays (several chunks, both threads) and the saturated tails, against double tanh.
+TEST_F(CpuBackendTest, GeluLongAndExtreme) {
+  std::vector<float> x = RandomVec(50000, -12, 12, 41);
+  const std::vector<float> extremes = {0.0f, -0.0f, 1e-6f, -1e-6f, 30.0f, -30.0f,
+                                       1e3f, -1e3f, 1e13f, -1e13f, 1e-30f};
+  std::copy(extremes.begin(), extremes.end(), x.begin());
+  Floats inp(be(), x), out(be(), x.size()), dinp(be(), x.size()), dout(be(), x.size());
+  std::fill(dout.data(), dout.data() + dout.size(), 1.0f);
+  be_->GeluForward(out.data(), inp.data(), x.size());
+  be_->GeluBackward(dinp.data(), inp.data(), dout.data(), x.size());
+  std::vector<double> want(x.size()), want_grad(x.size());
+  const double k = std::sqrt(2 / M_PI), c = 0.044715;
+  for (size_t i = 0; i < x.size(); i++) {
+    const double v = x[i], th = std::tanh(k * (v + c * v * v * v));
+    want[i] = 0.5 * v * (1 + th);
+    want_grad[i] = 0.5 * (1 + th) + 0.5 * v * (1 - th * th) * k * (1 + 3 * c * v * v);
+  }
+  ExpectAllNear(out.vec(), want, 1e-6, "gelu");
+  ExpectAllNear(dinp.vec(), want_grad, 1e-5, "dgelu");
+}
+
 // ---- loss -----------------------------------------------------------------------------------
 
 TEST_F(CpuBackendTest, CrossEntropy) {
@@ -501,6 +526,31 @@ TEST_F(CpuBackendTest, CrossEntropy) {
   EXPECT_THROW(be_->CrossEntropyForwardBackward(losses.data(), nullptr, work.data(), bad.data(), N,
                                                 V, Vp, dloss),
                KeelError);
+}
+
+// A realistic vocabulary row (vectorised path) against double-precision log-softmax.
+TEST_F(CpuBackendTest, CrossEntropyLargeVocab) {
+  const int N = 3, V = 1003, Vp = 1024;
+  const float dloss = 0.5f;
+  std::vector<float> logits = RandomVec(N * Vp, -20, 20, 42);
+  const std::vector<int32_t> tgt = {0, 500, V - 1};
+  Ints targets(be(), tgt);
+  Floats lg(be(), logits), losses(be(), N), logz(be(), N);
+  be_->CrossEntropyForwardBackward(losses.data(), logz.data(), lg.data(), targets.data(), N, V, Vp,
+                                   dloss);
+  for (int i = 0; i < N; i++) {
+    double mx = -INFINITY, sum = 0;
+    for (int j = 0; j < V; j++) mx = std::max(mx, double(logits[i * Vp + j]));
+    for (int j = 0; j < V; j++) sum += std::exp(logits[i * Vp + j] - mx);
+    const double lz = mx + std::log(sum);
+    EXPECT_NEAR(logz[i], lz, 1e-5 * std::abs(lz));
+    EXPECT_NEAR(losses[i], lz - logits[i * Vp + tgt[i]], 1e-5 * std::max(1.0, std::abs(lz)));
+    for (int j = 0; j < V; j++) {
+      const double p = std::exp(logits[i * Vp + j] - lz);
+      ASSERT_NEAR(lg[i * Vp + j], (p - (j == tgt[i])) * dloss, 1e-6) << i << "," << j;
+    }
+    for (int j = V; j < Vp; j++) EXPECT_EQ(lg[i * Vp + j], 0.0f);
+  }
 }
 
 TEST_F(CpuBackendTest, Softmax) {

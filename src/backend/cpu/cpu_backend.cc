@@ -57,7 +57,8 @@ inline float VecExp(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 = hi + lo
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float xc = std::min(std::max(x, -87.0f), 88.0f);
+  float xc = x > 88.0f ? 88.0f : x;
+  xc = xc < -87.0f ? -87.0f : xc;
   const float n = (xc * kLog2e + kRound) - kRound;
   const float r = xc - n * kLn2Hi - n * kLn2Lo;
   float poly = 1.9875691500e-4f;
@@ -83,13 +84,19 @@ KEEL_VECTOR_CLONES float MaxOf(const float* x, int n) {
   return mx;
 }
 
-// x[j] = exp(x[j] - shift); returns sum_j x[j] accumulated in double.
+// x[j] = exp(x[j] - shift); returns sum_j x[j]: fp32 vector sums over blocks of 256 elements
+// (a double accumulator would keep the loop from vectorising), block sums added in double.
 KEEL_VECTOR_CLONES double ExpShiftSum(float* x, int n, float shift) {
   double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < n; j++) {
-    x[j] = VecExp(x[j] - shift);
-    sum += x[j];
+  for (int j0 = 0; j0 < n; j0 += 256) {
+    const int j1 = std::min(n, j0 + 256);
+    float block = 0.0f;
+#pragma omp simd reduction(+ : block)
+    for (int j = j0; j < j1; j++) {
+      x[j] = VecExp(x[j] - shift);
+      block += x[j];
+    }
+    sum += block;
   }
   return sum;
 }
@@ -138,7 +145,17 @@ CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_m
 }
 
 std::string CpuBackend::Describe() const {
-  return "cpu fp32, " + std::to_string(threads_) + " threads; " + blas::Description();
+  // The clone the ifunc resolver of the KEEL_VECTOR_CLONES loops picks on this CPU.
+  std::string vec = "baseline ISA";
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (__builtin_cpu_supports("x86-64-v4")) {
+    vec = "x86-64-v4 (AVX-512)";
+  } else if (__builtin_cpu_supports("x86-64-v3")) {
+    vec = "x86-64-v3 (AVX2)";
+  }
+#endif
+  return "cpu fp32, " + std::to_string(threads_) + " threads, vector loops " + vec + "; " +
+         blas::Description();
 }
 
 void CpuBackend::UseThreads() const {
@@ -225,10 +242,13 @@ void CpuBackend::LayerNormForward(float* out, float* mean, float* rstd, const fl
     const float* x = inp + size_t(n) * C;
     float* y = out + size_t(n) * C;
     // Two passes (mean, then squared deviations) avoid the cancellation of E[x^2] - E[x]^2.
+    // simd reductions: vector partial sums in an order fixed at compile time (deterministic).
     float m = 0.0f;
+#pragma omp simd reduction(+ : m)
     for (int c = 0; c < C; c++) m += x[c];
     m /= C;
     float var = 0.0f;
+#pragma omp simd reduction(+ : var)
     for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
     var /= C;
     const float s = 1.0f / std::sqrt(var + eps);
@@ -252,6 +272,7 @@ void CpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, co
       float* dx = dinp + size_t(n) * C;
       const float m = mean[n], s = rstd[n];
       float dnorm_mean = 0.0f, dnorm_xhat_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_xhat_mean)
       for (int c = 0; c < C; c++) {
         const float dnorm = dy[c] * weight[c];
         dnorm_mean += dnorm;
@@ -507,7 +528,7 @@ void CpuBackend::Scale(float* x, size_t n, float s) {
 // ---- loss -----------------------------------------------------------------------------------
 
 // Per row i (logits (N,Vp), only the first V are real):
-//   log Z = max + log sum_j exp(l_j - max) (sum in double);  loss_i = log Z - l[target]
+//   log Z = max + log sum_j exp(l_j - max) (block sums in double);  loss_i = log Z - l[target]
 //   dl_j = (exp(l_j - log Z) - [j == target]) * dloss for j < V;  dl_j = 0 for padding j >= V
 void CpuBackend::CrossEntropyForwardBackward(float* losses, float* logz, float* logits,
                                              const int32_t* targets, int N, int V, int Vp,
@@ -557,6 +578,7 @@ double CpuBackend::SumSquares(const float* x, size_t n) {
   for (size_t ch = 0; ch < nchunks; ch++) {
     const size_t i0 = ch * kReduceChunk, i1 = std::min(n, i0 + kReduceChunk);
     double s = 0.0;
+#pragma omp simd reduction(+ : s)
     for (size_t i = i0; i < i1; i++) s += double(x[i]) * x[i];
     partial[ch] = s;
   }

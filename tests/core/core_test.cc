@@ -1,0 +1,83 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/env.h"
+#include "core/rng.h"
+#include "core/status.h"
+
+namespace keel {
+namespace {
+
+// Known-answer vectors of Random123 (kat_vectors, philox4x32 10 rounds).
+TEST(RngTest, PhiloxMatchesRandom123KnownAnswers) {
+  using A4 = std::array<uint32_t, 4>;
+  EXPECT_EQ(Philox4x32x10({0, 0, 0, 0}, {0, 0}), (A4{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(Philox4x32x10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}),
+            (A4{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(Philox4x32x10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
+            (A4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+TEST(RngTest, StreamsAreIndependentOfDrawOrderAndDistinctByKey) {
+  const RngKey a{1, RngPurpose::kInit, 0}, b{1, RngPurpose::kInit, 1}, c{1, RngPurpose::kDataOrder, 0};
+  EXPECT_EQ(U64At(a, 12345), U64At(a, 12345));
+  EXPECT_NE(U64At(a, 0), U64At(b, 0));
+  EXPECT_NE(U64At(a, 0), U64At(c, 0));
+  EXPECT_NE(U64At(a, 0), U64At({2, RngPurpose::kInit, 0}, 0));
+}
+
+TEST(RngTest, UniformAndNormalHaveTheRightMoments) {
+  const RngKey k{7, RngPurpose::kTest, 0};
+  const int n = 200000;
+  double su = 0, sn = 0, sn2 = 0;
+  float umin = 1, umax = 0;
+  for (int i = 0; i < n; ++i) {
+    const float u = UniformAt(k, i);
+    umin = std::min(umin, u);
+    umax = std::max(umax, u);
+    su += u;
+    const double z = NormalAt(k, i);
+    sn += z;
+    sn2 += z * z;
+  }
+  EXPECT_GE(umin, 0.0f);
+  EXPECT_LT(umax, 1.0f);
+  EXPECT_NEAR(su / n, 0.5, 0.005);
+  EXPECT_NEAR(sn / n, 0.0, 0.01);
+  EXPECT_NEAR(std::sqrt(sn2 / n), 1.0, 0.01);
+}
+
+TEST(StatusTest, CarriesCodeAndMessage) {
+  EXPECT_TRUE(Status::OK().ok());
+  Status s = Status::InvalidArgument("--lr -1 must be positive");
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.ToString(), "invalid argument: --lr -1 must be positive");
+}
+
+TEST(EnvTest, AtomicWriteReplacesWholeFileAndLeavesNoTemporary) {
+  Env* env = Env::Default();
+  const std::string dir = ::testing::TempDir() + "/keel_env_test";
+  ASSERT_TRUE(env->CreateDirs(dir).ok());
+  const std::string path = JoinPath(dir, "marker.txt");
+  ASSERT_TRUE(WriteFileAtomic(env, path, "100\n").ok());
+  ASSERT_TRUE(WriteFileAtomic(env, path, "200\n").ok());
+  std::string got;
+  ASSERT_TRUE(env->ReadFileToString(path, &got).ok());
+  EXPECT_EQ(got, "200\n");
+  std::vector<std::string> names;
+  ASSERT_TRUE(env->GetChildren(dir, &names).ok());
+  EXPECT_EQ(names, std::vector<std::string>{"marker.txt"});
+  std::unique_ptr<ReadOnlyRegion> region;
+  ASSERT_TRUE(env->MapReadOnly(path, &region).ok());
+  EXPECT_EQ(std::string(region->data(), region->size()), "200\n");
+  Status missing = env->ReadFileToString(JoinPath(dir, "nope"), &got);
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("nope"), std::string::npos);
+  ASSERT_TRUE(env->RemoveDirRecursive(dir).ok());
+  EXPECT_FALSE(env->FileExists(dir));
+}
+
+}  // namespace
+}  // namespace keel
