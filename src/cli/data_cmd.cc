@@ -23,7 +23,7 @@ int DataCommand(int argc, const char* const* argv) {
   prep->add_option("--tokenizer", opt.tokenizer, "gpt2 (GPT-2 BPE) or sentencepiece (BPE trained on the inputs)")
       ->check(CLI::IsMember({"gpt2", "sentencepiece"}));
   prep->add_option("--vocab-size", opt.vocab_size, "vocabulary size of a trained sentencepiece tokenizer")
-      ->check(CLI::Range(64, 1000000));
+      ->check(CLI::Range(300, 1000000));
   prep->add_option("--gpt2-assets", opt.gpt2_assets_dir, "directory with encoder.json and vocab.bpe");
   prep->add_option("--seed", opt.seed, "seed for sentencepiece training");
   bool quiet = false;

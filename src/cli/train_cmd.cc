@@ -15,6 +15,7 @@
 #include "data/indexed_dataset.h"
 #include "data/prepare.h"
 #include "model/generate.h"
+#include "train/flops.h"
 #include "train/trainer.h"
 
 namespace keel::cli {
@@ -35,13 +36,17 @@ int TrainCommand(int argc, const char* const* argv) {
     return 0;
   }
   if (!st.ok()) return Fail(st);
-  TrainConfig& cfg = parsed.config;
   Env* env = Env::Default();
   Log("keel {} - training", KEEL_VERSION);
+  auto comm = MakeSingleProcessCommunicator();
+  // Validate again once the data-parallel size and the vocabulary are known: the defaults that
+  // depend on them (global batch, padded vocab) are derived from the config as the user gave it.
+  TrainConfig cfg = parsed.as_given;
+  cfg.data_parallel_size = comm->world_size();
 
   // ---- data ----
   std::string prefix = cfg.data_path;
-  std::vector<std::string>& notes = parsed.notes;
+  std::vector<std::string> notes;
   if (prefix.empty()) {
     const std::string tok = cfg.tokenizer == TokenizerKind::kGpt2 ? "gpt2" : "sentencepiece";
     st = EnsureDefaultCorpus(env, tok, 4096, &prefix, &notes);
@@ -76,9 +81,6 @@ int TrainCommand(int argc, const char* const* argv) {
   Log("resolved config:\n{}", FormatConfig(cfg));
   auto backend = MakeCpuBackend(cfg.threads);
   Log("backend: {}", backend->Describe());
-  auto comm = MakeSingleProcessCommunicator();
-  cfg.data_parallel_size = comm->world_size();
-
   int64_t last_epoch = 0;
   SampleFn train_fn = [&](int64_t index, int32_t* tokens) {
     const int64_t epoch = train_set->EpochOf(index);

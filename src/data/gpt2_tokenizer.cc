@@ -4,13 +4,12 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include <nlohmann/json.hpp>
-
 #include <array>
 #include <climits>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string_view>
 #include <unordered_map>
 
@@ -37,8 +36,8 @@ std::array<uint32_t, 256> ByteToCodePoint() {
 }
 
 // Maps a vocabulary string (one GPT-2 "unicode" character per byte) back to raw bytes.
-bool VocabStringToBytes(const std::string& s, const std::unordered_map<uint32_t, uint8_t>& cp_to_byte,
-                        std::string* out) {
+bool VocabStringToBytes(const std::string& s,
+                        const std::unordered_map<uint32_t, uint8_t>& cp_to_byte, std::string* out) {
   out->clear();
   size_t i = 0;
   while (i < s.size()) {
@@ -82,7 +81,8 @@ class Gpt2Tokenizer : public Tokenizer {
     std::unordered_map<uint32_t, uint8_t> cp_to_byte;
     for (int b = 0; b < 256; ++b) cp_to_byte[byte_to_cp[b]] = static_cast<uint8_t>(b);
 
-    nlohmann::json encoder = nlohmann::json::parse(encoder_text, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json encoder =
+        nlohmann::json::parse(encoder_text, nullptr, /*allow_exceptions=*/false);
     if (!encoder.is_object() || encoder.empty()) {
       return Status::Corruption("GPT-2 vocabulary '" + encoder_json_path +
                                 "' is not a JSON object of token -> id; run scripts/setup.sh");
@@ -210,9 +210,9 @@ class Gpt2Tokenizer : public Tokenizer {
     int err = 0;
     PCRE2_SIZE err_offset = 0;
     // MATCH_INVALID_UTF: arbitrary bytes are legal input; invalid sequences just never match.
-    regex_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
-                           PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_offset,
-                           nullptr);
+    regex_ =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_offset, nullptr);
     if (regex_ == nullptr) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));

@@ -20,8 +20,9 @@ enum class Split { kTrain = 0, kValid = 1, kTest = 2 };
 
 class GptDataset {
  public:
-  // split_weights: e.g. "969,30,1". An error if the split would be empty for kTrain, or has fewer
-  // tokens than one sample.
+  // split_weights: e.g. "969,30,1" (documents are divided as Megatron does). An error if the
+  // split is empty (no documents) or has fewer tokens than one sample; callers may treat that as
+  // "no validation set" for kValid/kTest.
   static Status Create(const IndexedDataset* data, const std::string& split_weights, Split split,
                        int seq_length, uint64_t seed, std::unique_ptr<GptDataset>* out);
 
@@ -42,7 +43,13 @@ class GptDataset {
   int64_t num_samples_ = 0;
 };
 
-// Parses "969,30,1" into three non-negative weights that are not all zero.
+// Parses "969,30,1" into three non-negative weights that are not all zero ('/' also separates;
+// missing trailing weights are 0, as in Megatron).
 Status ParseSplit(const std::string& text, double weights[3]);
+
+// Position k of epoch `epoch` maps to sample PermuteSample(...) of [0, n): a permutation that is a
+// pure function of (seed, split, epoch), computed in O(1) memory (Feistel network keyed by Philox
+// with cycle walking), so no n-sized shuffle table is ever stored.
+int64_t PermuteSample(int64_t k, int64_t n, uint64_t seed, Split split, int64_t epoch);
 
 }  // namespace keel

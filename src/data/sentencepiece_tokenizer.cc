@@ -102,7 +102,8 @@ class SentencePieceTokenizer : public Tokenizer {
 
 Status TrainSentencePiece(const std::vector<std::string>& input_files,
                           const std::string& model_prefix, int vocab_size, uint64_t seed) {
-  if (input_files.empty()) return Status::InvalidArgument("SentencePiece training needs input files");
+  if (input_files.empty())
+    return Status::InvalidArgument("SentencePiece training needs input files");
   if (vocab_size < 300) {
     return Status::InvalidArgument("SentencePiece vocabulary size " + std::to_string(vocab_size) +
                                    " is too small: it must hold the 256 byte-fallback pieces, "
@@ -153,7 +154,8 @@ Status TrainSentencePiece(const std::vector<std::string>& input_files,
   // The .vocab file (piece<TAB>score) is for people reading the vocabulary, as spm_train writes it.
   sentencepiece::SentencePieceProcessor sp;
   auto lst = sp.LoadFromSerializedProto(serialized);
-  if (!lst.ok()) return Status::Internal("trained SentencePiece model does not load: " + lst.ToString());
+  if (!lst.ok())
+    return Status::Internal("trained SentencePiece model does not load: " + lst.ToString());
   std::string vocab;
   for (int i = 0; i < sp.GetPieceSize(); ++i) {
     std::string piece = sp.IdToPiece(i);

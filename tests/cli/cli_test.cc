@@ -63,7 +63,7 @@ TEST(CliTest, UnknownFlagSuggestsTheClosestOne) {
 }
 
 TEST(CliTest, MissingDataPathIsAClearError) {
-  Result r = RunKeel("train --data-path /nonexistent/corpus --train-iters 2");
+  Result r = RunKeel("train --data-path /nonexistent/corpus --train-iters 2 --lr-warmup-iters 1");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("/nonexistent/corpus"), std::string::npos) << r.out;
 }

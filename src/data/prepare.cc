@@ -1,0 +1,206 @@
+#include "data/prepare.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+
+namespace keel {
+namespace {
+
+// Documents are read and encoded in batches this large, in parallel within a batch.
+constexpr size_t kBatchBytes = 8 << 20;
+constexpr size_t kBatchDocs = 256;
+constexpr uint64_t kProgressIntervalMicros = 100000;  // at most ~10 redraws per second
+
+std::string DirName(const std::string& path) {
+  auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string BaseName(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string HumanBytes(double bytes) {
+  if (bytes >= 1e9) return fmt::format("{:.2f} GB", bytes / 1e9);
+  if (bytes >= 1e6) return fmt::format("{:.1f} MB", bytes / 1e6);
+  if (bytes >= 1e3) return fmt::format("{:.1f} KB", bytes / 1e3);
+  return fmt::format("{:.0f} B", bytes);
+}
+
+// One-line progress bar redrawn in place with '\r'; Finish() ends the line.
+class ProgressBar {
+ public:
+  ProgressBar(Env* env, bool enabled, int64_t total_bytes)
+      : env_(env), enabled_(enabled), total_bytes_(total_bytes), start_(env->NowMicros()) {}
+
+  void Update(int64_t bytes, int64_t docs, int64_t tokens, bool force) {
+    if (!enabled_) return;
+    const uint64_t now = env_->NowMicros();
+    if (!force && now - last_draw_ < kProgressIntervalMicros) return;
+    last_draw_ = now;
+    const double secs = std::max(1e-6, (now - start_) / 1e6);
+    const double pct = total_bytes_ > 0 ? 100.0 * bytes / total_bytes_ : 100.0;
+    const int width = 24, filled = static_cast<int>(pct / 100.0 * width + 0.5);
+    std::string line =
+        fmt::format("\rprepare [{}{}] {:5.1f}% {} / {} | {} docs | {:.1f}k tokens/s   ",
+                    std::string(filled, '#'), std::string(width - filled, '.'), pct,
+                    HumanBytes(bytes), HumanBytes(total_bytes_), docs, tokens / secs / 1e3);
+    std::fwrite(line.data(), 1, line.size(), stderr);
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+
+  void Finish() {
+    if (enabled_ && drawn_) {
+      std::fputc('\n', stderr);
+      std::fflush(stderr);
+    }
+  }
+
+ private:
+  Env* env_;
+  bool enabled_;
+  int64_t total_bytes_;
+  uint64_t start_;
+  uint64_t last_draw_ = 0;
+  bool drawn_ = false;
+};
+
+}  // namespace
+
+Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* stats) {
+  const uint64_t t0 = env->NowMicros();
+  PrepareStats local;
+  if (stats == nullptr) stats = &local;
+  *stats = PrepareStats();
+  if (options.inputs.empty()) return Status::InvalidArgument("data prepare: no input files given");
+  if (options.output_prefix.empty()) {
+    return Status::InvalidArgument("data prepare: no output prefix given");
+  }
+  if (options.tokenizer != "gpt2" && options.tokenizer != "sentencepiece") {
+    return Status::InvalidArgument("data prepare: unknown tokenizer '" + options.tokenizer +
+                                   "' (expected gpt2 or sentencepiece)");
+  }
+  int64_t total_bytes = 0;
+  for (const std::string& input : options.inputs) {
+    uint64_t size = 0;
+    if (!env->FileExists(input) || env->IsDirectory(input)) {
+      return Status::NotFound("data prepare: input file '" + input + "' not found");
+    }
+    KEEL_RETURN_IF_ERROR(env->GetFileSize(input, &size));
+    total_bytes += static_cast<int64_t>(size);
+  }
+  const std::string& prefix = options.output_prefix;
+  KEEL_RETURN_IF_ERROR(env->CreateDirs(DirName(prefix)));
+
+  std::unique_ptr<Tokenizer> tokenizer;
+  DatasetMeta meta;
+  meta.tokenizer = options.tokenizer;
+  if (options.tokenizer == "gpt2") {
+    const std::string dir =
+        options.gpt2_assets_dir.empty() ? DefaultGpt2AssetsDir() : options.gpt2_assets_dir;
+    KEEL_RETURN_IF_ERROR(
+        LoadGpt2Tokenizer(JoinPath(dir, "encoder.json"), JoinPath(dir, "vocab.bpe"), &tokenizer));
+  } else {
+    if (options.progress) {
+      std::string line =
+          fmt::format("prepare: training SentencePiece BPE (vocab {}) on {} of text\n",
+                      options.vocab_size, HumanBytes(total_bytes));
+      std::fwrite(line.data(), 1, line.size(), stderr);
+      std::fflush(stderr);
+    }
+    KEEL_RETURN_IF_ERROR(
+        TrainSentencePiece(options.inputs, prefix, options.vocab_size, options.seed));
+    KEEL_RETURN_IF_ERROR(LoadSentencePieceTokenizer(prefix + ".model", &tokenizer));
+    meta.tokenizer_model = BaseName(prefix) + ".model";
+  }
+  meta.vocab_size = tokenizer->VocabSize();
+  meta.eod_id = tokenizer->EodId();
+  stats->vocab_size = meta.vocab_size;
+  stats->tokenizer_seconds = (env->NowMicros() - t0) / 1e6;
+
+  IndexedDatasetWriter writer(env, prefix, meta.vocab_size);
+  KEEL_RETURN_IF_ERROR(writer.Open());
+  ProgressBar bar(env, options.progress, total_bytes);
+  bar.Update(0, 0, 0, /*force=*/true);
+  const size_t n = options.inputs.size();
+  std::vector<std::string> texts;
+  std::vector<std::vector<int32_t>> ids;
+  for (size_t first = 0; first < n;) {
+    // Read a batch in order, encode it in parallel, append it in order.
+    texts.clear();
+    size_t batch_bytes = 0;
+    while (first + texts.size() < n && texts.size() < kBatchDocs && batch_bytes < kBatchBytes) {
+      texts.emplace_back();
+      KEEL_RETURN_IF_ERROR(
+          env->ReadFileToString(options.inputs[first + texts.size() - 1], &texts.back()));
+      batch_bytes += texts.back().size();
+    }
+    ids.assign(texts.size(), {});
+    std::vector<std::string> errors(texts.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < texts.size(); ++i) {
+      try {
+        ids[i] = tokenizer->Encode(texts[i]);
+        ids[i].push_back(meta.eod_id);
+      } catch (const std::exception& e) {  // exceptions must not escape an OpenMP region
+        errors[i] = e.what();
+      }
+    }
+    for (size_t i = 0; i < texts.size(); ++i) {
+      if (!errors[i].empty()) {
+        return Status::Internal("data prepare: encoding '" + options.inputs[first + i] +
+                                "' failed: " + errors[i]);
+      }
+      KEEL_RETURN_IF_ERROR(writer.AddDocument(ids[i]));
+      stats->documents += 1;
+      stats->bytes += static_cast<int64_t>(texts[i].size());
+      stats->tokens += static_cast<int64_t>(ids[i].size());
+      bar.Update(stats->bytes, stats->documents, stats->tokens, /*force=*/false);
+    }
+    first += texts.size();
+  }
+  KEEL_RETURN_IF_ERROR(writer.Finish(meta));
+  bar.Update(stats->bytes, stats->documents, stats->tokens, /*force=*/true);
+  bar.Finish();
+  stats->seconds = (env->NowMicros() - t0) / 1e6;
+  return Status::OK();
+}
+
+Status LoadTokenizerForDataset(const std::string& prefix, const DatasetMeta& meta,
+                               std::unique_ptr<Tokenizer>* out) {
+  std::unique_ptr<Tokenizer> tok;
+  if (meta.tokenizer == "gpt2") {
+    const std::string dir = DefaultGpt2AssetsDir();
+    KEEL_RETURN_IF_ERROR(
+        LoadGpt2Tokenizer(JoinPath(dir, "encoder.json"), JoinPath(dir, "vocab.bpe"), &tok));
+  } else if (meta.tokenizer == "sentencepiece") {
+    if (meta.tokenizer_model.empty()) {
+      return Status::Corruption("dataset '" + prefix +
+                                "': meta.json names sentencepiece but no tokenizer_model file");
+    }
+    const std::string model = meta.tokenizer_model[0] == '/'
+                                  ? meta.tokenizer_model
+                                  : JoinPath(DirName(prefix), meta.tokenizer_model);
+    KEEL_RETURN_IF_ERROR(LoadSentencePieceTokenizer(model, &tok));
+  } else {
+    return Status::NotFound("dataset '" + prefix + "' has no " + prefix +
+                            ".meta.json naming its tokenizer, so its token ids cannot be decoded; "
+                            "prepare it with `keel data prepare`");
+  }
+  if ((meta.vocab_size > 0 && tok->VocabSize() != meta.vocab_size) ||
+      (meta.eod_id >= 0 && tok->EodId() != meta.eod_id)) {
+    return Status::Corruption(fmt::format(
+        "dataset '{}' was made with a {} tokenizer of vocabulary {} and EOD {}, but the one "
+        "found has vocabulary {} and EOD {}",
+        prefix, meta.tokenizer, meta.vocab_size, meta.eod_id, tok->VocabSize(), tok->EodId()));
+  }
+  *out = std::move(tok);
+  return Status::OK();
+}
+
+}  // namespace keel

@@ -1,0 +1,101 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "data/tokenizer.h"
+#include "data_test_util.h"
+
+namespace keel {
+namespace {
+
+using datatest::GeneratedCorpus;
+using datatest::ReadTextFile;
+using datatest::TempDir;
+using datatest::WriteTextFile;
+
+constexpr int kVocab = 400;
+
+// Trains once for the suite: a small generated corpus in three files.
+class SentencePieceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    for (int i = 0; i < 3; ++i) {
+      files_.push_back(dir_->Join("doc" + std::to_string(i) + ".txt"));
+      WriteTextFile(files_.back(), GeneratedCorpus(400, 7 + i));
+    }
+    Status st = TrainSentencePiece(files_, dir_->Join("sp"), kVocab, 42);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    st = LoadSentencePieceTokenizer(dir_->Join("sp.model"), &tok_);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  static void TearDownTestSuite() {
+    tok_.reset();
+    files_.clear();
+    delete dir_;
+  }
+  static TempDir* dir_;
+  static std::vector<std::string> files_;
+  static std::unique_ptr<Tokenizer> tok_;
+};
+TempDir* SentencePieceTest::dir_ = nullptr;
+std::vector<std::string> SentencePieceTest::files_;
+std::unique_ptr<Tokenizer> SentencePieceTest::tok_;
+
+TEST_F(SentencePieceTest, VocabularyAndEod) {
+  EXPECT_EQ(tok_->Kind(), "sentencepiece");
+  EXPECT_EQ(tok_->VocabSize(), kVocab);
+  EXPECT_GE(tok_->EodId(), 0);
+  EXPECT_LT(tok_->EodId(), kVocab);
+  EXPECT_TRUE(Env::Default()->FileExists(dir_->Join("sp.vocab")));
+  EXPECT_FALSE(Env::Default()->FileExists(dir_->Join("sp.model.tmp")));
+}
+
+TEST_F(SentencePieceTest, RoundTrips) {
+  const std::vector<std::string> texts = {
+      ReadTextFile(files_[0]),
+      "The whale and the captain sailed upon the great sea.",
+      "  two leading spaces, double  inside, and trailing  ",
+      "new\nlines\n\n\nkept\r\n",
+      "unseen chars use byte fallback: \xC3\xA9\xE6\x97\xA5\xF0\x9F\x90\xB3 {}[]|~ 0123456789",
+  };
+  for (const std::string& text : texts) {
+    std::vector<int32_t> ids = tok_->Encode(text);
+    for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < kVocab);
+    EXPECT_EQ(tok_->Decode(ids), text);
+  }
+  // BPE learned the corpus' words: far fewer tokens than characters.
+  const std::string sentence = "The whale and the captain sailed upon the great sea.";
+  EXPECT_LT(tok_->Encode(sentence).size(), sentence.size() / 2);
+}
+
+TEST_F(SentencePieceTest, TextCannotForgeEod) {
+  std::vector<int32_t> ids = tok_->Encode("a <eod> b");
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), tok_->EodId()), 0);
+  EXPECT_EQ(tok_->Decode(ids), "a <eod> b");
+}
+
+TEST_F(SentencePieceTest, TrainingIsDeterministic) {
+  TempDir other;
+  Status st = TrainSentencePiece(files_, other.Join("sp"), kVocab, 42);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(ReadTextFile(other.Join("sp.model")), ReadTextFile(dir_->Join("sp.model")));
+}
+
+TEST(SentencePieceErrors, TooSmallVocabularyAndMissingModel) {
+  TempDir dir;
+  WriteTextFile(dir.Join("a.txt"), GeneratedCorpus(50, 1));
+  Status st = TrainSentencePiece({dir.Join("a.txt")}, dir.Join("sp"), 100, 1);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  std::unique_ptr<Tokenizer> tok;
+  st = LoadSentencePieceTokenizer(dir.Join("missing.model"), &tok);
+  EXPECT_EQ(st.code(), Status::Code::kNotFound);
+  EXPECT_NE(st.message().find(dir.Join("missing.model")), std::string::npos);
+  WriteTextFile(dir.Join("junk.model"), "not a model");
+  st = LoadSentencePieceTokenizer(dir.Join("junk.model"), &tok);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(dir.Join("junk.model")), std::string::npos);
+}
+
+}  // namespace
+}  // namespace keel
