@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cd "${BUILD_DIR:-build}"
-ctest --output-on-failure -j"$(nproc)" "$@"
+# One test at a time: each test process uses every core (OpenMP), and two at once would make
+# their threads spin against each other.
+ctest --output-on-failure "$@"

@@ -34,18 +34,18 @@ struct TrainConfig {
 
   // ---- batch and length ----
   int micro_batch_size = 8;
-  int global_batch_size = 0;                // 0: micro_batch_size * data_parallel_size
+  int global_batch_size = 16;               // 0: micro_batch_size * data_parallel_size
   std::vector<int64_t> rampup_batch_size;   // empty, or {start, increment, ramp-up samples}
   int data_parallel_size = 1;               // set from the communicator, not a flag
-  int64_t train_iters = 300;                // exactly one of train_iters / train_samples is > 0
+  int64_t train_iters = 400;                // exactly one of train_iters / train_samples is > 0
   int64_t train_samples = 0;
 
   // ---- learning rate ----
-  double lr = 1e-3;
-  double min_lr = 1e-4;
+  double lr = 2e-3;
+  double min_lr = 2e-4;
   LrDecayStyle lr_decay_style = LrDecayStyle::kCosine;
   int64_t lr_warmup_samples = 0;
-  int64_t lr_warmup_iters = 30;
+  int64_t lr_warmup_iters = 40;
   int64_t lr_decay_samples = 0;  // 0: train_samples (samples-based runs)
   int64_t lr_decay_iters = 0;    // 0: train_iters (iteration-based runs)
 

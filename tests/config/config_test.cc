@@ -51,17 +51,16 @@ TEST(ConfigTest, DefaultsValidateAndResolveDerivedValues) {
   const TrainConfig& c = p.config;
   EXPECT_EQ(c.ffn_hidden_size, 1024);
   EXPECT_EQ(c.max_position_embeddings, 128);
-  EXPECT_EQ(c.global_batch_size, 8);
-  EXPECT_EQ(c.lr_decay_iters, 300);
-  EXPECT_EQ(c.train_iters, 300);
-  EXPECT_EQ(c.lr_warmup_iters, 30);
+  EXPECT_EQ(c.global_batch_size, 16);
+  EXPECT_EQ(c.lr_decay_iters, 400);
+  EXPECT_EQ(c.train_iters, 400);
+  EXPECT_EQ(c.lr_warmup_iters, 40);
   EXPECT_TRUE(HasNote(p, "--ffn-hidden-size not given: using 4 * hidden-size = 1024"));
   EXPECT_TRUE(HasNote(p, "--max-position-embeddings not given"));
-  EXPECT_TRUE(HasNote(p, "--global-batch-size not given"));
   EXPECT_TRUE(HasNote(p, "--lr-decay-iters not given"));
   // as_given keeps the unresolved values for a later Validate with the real data-parallel size.
   EXPECT_EQ(p.as_given.ffn_hidden_size, 0);
-  EXPECT_EQ(p.as_given.global_batch_size, 0);
+  EXPECT_EQ(p.as_given.max_position_embeddings, 0);
 }
 
 TEST(ConfigTest, FfnNoteNamesTheResolvedSize) {
@@ -319,7 +318,7 @@ TEST(ConfigTest, FlagSwitchesAFileRunFromIterationsToSamples) {
   st = Parse({"--config", path, "--train-samples", "8000"}, &p);
   ASSERT_FALSE(st.ok());
   EXPECT_CONTAINS(st.message(), "--lr-warmup-iters 10");
-  EXPECT_CONTAINS(st.message(), "use --lr-warmup-samples 80");
+  EXPECT_CONTAINS(st.message(), "use --lr-warmup-samples 160");
 }
 
 TEST(ConfigTest, TomlBothRunLengthsIsAnError) {
@@ -475,16 +474,16 @@ TEST(ConfigTest, EveryValidationRuleNamesTheFlagAndAFix) {
       {{"--train-iters", "0"}, {"neither --train-iters nor --train-samples", "e.g. --train-iters"}},
       {{"--train-iters", "-5"}, {"--train-iters -5", "negative"}},
       {{"--lr-warmup-samples", "800", "--lr-warmup-iters", "0"},
-       {"--lr-warmup-samples 800 is for samples-based runs", "use --lr-warmup-iters 100"}},
+       {"--lr-warmup-samples 800 is for samples-based runs", "use --lr-warmup-iters 50"}},
       {{"--lr-decay-samples", "800"},
-       {"--lr-decay-samples 800 is for samples-based runs", "use --lr-decay-iters 100"}},
+       {"--lr-decay-samples 800 is for samples-based runs", "use --lr-decay-iters 50"}},
       {{"--train-samples", "8000", "--lr-warmup-iters", "5"},
-       {"--lr-warmup-iters 5 is for iteration-based runs", "use --lr-warmup-samples 40"}},
+       {"--lr-warmup-iters 5 is for iteration-based runs", "use --lr-warmup-samples 80"}},
       {{"--train-samples", "8000", "--lr-decay-iters", "500"},
-       {"--lr-decay-iters 500 is for iteration-based runs", "use --lr-decay-samples 4000"}},
-      {{"--lr-warmup-iters", "300"},
-       {"--lr-warmup-iters 300 is not smaller than --lr-decay-iters 300",
-        "try --lr-warmup-iters 30"}},
+       {"--lr-decay-iters 500 is for iteration-based runs", "use --lr-decay-samples 8000"}},
+      {{"--lr-warmup-iters", "400"},
+       {"--lr-warmup-iters 400 is not smaller than --lr-decay-iters 400",
+        "try --lr-warmup-iters 40"}},
       {{"--lr-warmup-iters", "50", "--lr-decay-iters", "40"},
        {"--lr-warmup-iters 50 is not smaller than --lr-decay-iters 40"}},
       {{"--train-samples", "8000", "--lr-warmup-samples", "8000"},
@@ -526,11 +525,11 @@ TEST(ConfigTest, EveryValidationRuleNamesTheFlagAndAFix) {
 
 TEST(ConfigTest, ValidateRejectsBothRunLengths) {
   TrainConfig c;
-  c.train_samples = 1000;  // train_iters keeps its default 300
+  c.train_samples = 1000;  // train_iters keeps its default 400
   std::vector<std::string> notes;
   Status st = Validate(&c, &notes);
   ASSERT_FALSE(st.ok());
-  EXPECT_CONTAINS(st.message(), "--train-iters 300 and --train-samples 1000");
+  EXPECT_CONTAINS(st.message(), "--train-iters 400 and --train-samples 1000");
 }
 
 TEST(ConfigTest, RampupStagesMustSplitOverDataParallelRanks) {
@@ -593,7 +592,7 @@ TEST(ConfigTest, FormatAndHash) {
   TrainConfig a;
   const std::string text = FormatConfig(a);
   EXPECT_CONTAINS(text, "num-layers = 4\n");
-  EXPECT_CONTAINS(text, "lr = 0.001\n");
+  EXPECT_CONTAINS(text, "lr = 0.002\n");
   EXPECT_CONTAINS(text, "clip-grad = 1.0\n");
   EXPECT_CONTAINS(text, "rampup-batch-size = []\n");
   EXPECT_CONTAINS(text, "position-embedding-type = \"learned_absolute\"\n");

@@ -57,16 +57,16 @@ TEST(LrScheduleTest, NoWarmupStartsAtMax) {
 }
 
 TEST(LrScheduleTest, IterationRunsConvertToSamplesWithTheGlobalBatch) {
-  TrainConfig c;  // 300 iterations, warmup 30 iterations, global batch resolves to 8
+  TrainConfig c;  // 400 iterations, warmup 40 iterations, global batch 16
   std::vector<std::string> notes;
   ASSERT_TRUE(Validate(&c, &notes).ok());
   LrSchedule s = LrSchedule::FromConfig(c);
-  EXPECT_EQ(s.warmup_samples(), 240);
-  EXPECT_EQ(s.decay_samples(), 2400);
+  EXPECT_EQ(s.warmup_samples(), 640);
+  EXPECT_EQ(s.decay_samples(), 6400);
   // keel's convention: the first update already counts its own batch, so its lr is not 0.
-  EXPECT_DOUBLE_EQ(s.LrAt(8), c.lr * 8 / 240);
-  EXPECT_DOUBLE_EQ(s.LrAt(240), c.lr);
-  EXPECT_NEAR(s.LrAt(2400), c.min_lr, 1e-18);
+  EXPECT_DOUBLE_EQ(s.LrAt(16), c.lr * 16 / 640);
+  EXPECT_DOUBLE_EQ(s.LrAt(640), c.lr);
+  EXPECT_NEAR(s.LrAt(6400), c.min_lr, 1e-18);
 }
 
 TEST(LrScheduleTest, SamplesRunsUseSamplesDirectly) {
@@ -144,7 +144,7 @@ TrainConfig SamplesConfig(int64_t train_samples, int global, std::vector<int64_t
 TEST(TotalTrainItersTest, IterationRunIsTrainIters) {
   TrainConfig c;
   c.global_batch_size = 8;
-  EXPECT_EQ(TotalTrainIters(c), 300);
+  EXPECT_EQ(TotalTrainIters(c), 400);
 }
 
 TEST(TotalTrainItersTest, ConstantBatchDropsThePartialLastBatch) {
