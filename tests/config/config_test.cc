@@ -491,7 +491,7 @@ TEST(ConfigTest, EveryValidationRuleNamesTheFlagAndAFix) {
         "try --lr-warmup-samples 800"}},
       {{"--lr-warmup-iters", "-1"}, {"--lr-warmup-iters -1", "negative"}},
       {{"--lr", "0"}, {"--lr 0 must be positive", "try --lr"}},
-      {{"--min-lr", "0.01"}, {"--min-lr 0.01 must be between 0 and --lr 0.001", "try --min-lr"}},
+      {{"--min-lr", "0.01"}, {"--min-lr 0.01 must be between 0 and --lr 0.002", "try --min-lr"}},
       {{"--min-lr", "-1e-5"}, {"--min-lr -1e-05", "try --min-lr"}},
       {{"--adam-beta1", "1"}, {"--adam-beta1 1 must be in [0, 1)", "try --adam-beta1 0.9"}},
       {{"--adam-beta2", "-0.1"}, {"--adam-beta2 -0.1 must be in [0, 1)", "--adam-beta2 0.95"}},
