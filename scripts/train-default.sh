@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec "${BUILD_DIR:-build}/keel" train --save runs/default "$@"
+# Each run gets its own directory: keel never overwrites a run's files.
+exec "${BUILD_DIR:-build}/keel" train --save "runs/default-$(date +%Y%m%d-%H%M%S)" "$@"

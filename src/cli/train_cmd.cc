@@ -44,6 +44,20 @@ int TrainCommand(int argc, const char* const* argv) {
   TrainConfig cfg = parsed.as_given;
   cfg.data_parallel_size = comm->world_size();
 
+  // ---- run directory: checked before any work, so a long run never fails at its end ----
+  if (!cfg.save.empty()) {
+    for (const char* f : {"run.json", "model.safetensors"}) {
+      if (env->FileExists(JoinPath(cfg.save, f)))
+        return Fail(Status::InvalidArgument(
+            "--save " + cfg.save + " already holds a run (" + f +
+            "): keel never overwrites a run's files; pass a new --save directory"));
+    }
+    st = env->CreateDirs(cfg.save);
+    if (st.ok()) st = WriteFileAtomic(env, JoinPath(cfg.save, ".keel-write-test"), "ok\n");
+    if (st.ok()) st = env->RemoveFile(JoinPath(cfg.save, ".keel-write-test"));
+    if (!st.ok()) return Fail(Status::InvalidArgument("--save " + cfg.save + " is not writable: " + st.message()));
+  }
+
   // ---- data ----
   std::string prefix = cfg.data_path;
   std::vector<std::string> notes;

@@ -114,3 +114,24 @@ TEST(CliTest, DataPrepareThenTrainOnIt) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliTest, SaveIntoAnExistingRunIsRefusedBeforeTraining) {
+  const std::string dir = TempDir("existing");
+  FILE* f = std::fopen((dir + "/model.safetensors").c_str(), "w");
+  std::fputs("precious", f);
+  std::fclose(f);
+  Result r = RunKeel("train --train-iters 2 --lr-warmup-iters 1 --save " + dir);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("already holds a run"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" iteration "), std::string::npos) << "trained despite the refusal";
+  std::string content(8, '\0');
+  f = std::fopen((dir + "/model.safetensors").c_str(), "r");
+  ASSERT_EQ(std::fread(content.data(), 1, 8, f), 8u);
+  std::fclose(f);
+  EXPECT_EQ(content, "precious");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
