@@ -37,7 +37,10 @@ int SampleCommand(int argc, const char* const* argv) {
   std::vector<int32_t> ids = run.tokenizer->Encode(prompt);
   if (ids.empty()) ids.push_back(run.tokenizer->EodId());
   std::vector<int32_t> out = Generate(*model, ids, go);
-  LogLine(prompt + run.tokenizer->Decode(out));
+  // Decode prompt and continuation together: decoding the continuation alone would drop the
+  // word boundary at its start (SentencePiece strips a leading space).
+  ids.insert(ids.end(), out.begin(), out.end());
+  LogLine(run.tokenizer->Decode(ids));
   return 0;
 }
 

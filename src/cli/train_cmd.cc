@@ -145,8 +145,8 @@ int TrainCommand(int argc, const char* const* argv) {
     go.seed = cfg.seed;
     go.window = cfg.seq_length;
     std::vector<int32_t> out = Generate(trainer.model(), prompt, go);
-    Log("sample (temperature {}, top-k {}):\n{}{}", go.temperature, go.top_k, cfg.sample_prompt,
-        tok->Decode(out));
+    prompt.insert(prompt.end(), out.begin(), out.end());  // decoded together: see sample_cmd.cc
+    Log("sample (temperature {}, top-k {}):\n{}", go.temperature, go.top_k, tok->Decode(prompt));
   }
   return 0;
 }
