@@ -91,6 +91,13 @@ int TrainCommand(int argc, const char* const* argv) {
       data->NumDocuments(), data->NumTokens(), train_set->SamplesPerEpoch(), cfg.seq_length,
       valid_set ? fmt::format(", validation split {} samples", valid_set->SamplesPerEpoch()) : "");
 
+  if (valid_set && cfg.eval_iters * cfg.global_batch_size > valid_set->SamplesPerEpoch())
+    Warn("an evaluation reads --eval-iters {} x global batch {} = {} samples but the validation "
+         "split has {}: samples repeat within an evaluation; lower --eval-iters or give the "
+         "validation split more weight in --split",
+         cfg.eval_iters, cfg.global_batch_size, cfg.eval_iters * cfg.global_batch_size,
+         valid_set->SamplesPerEpoch());
+
   // ---- config, backend, model ----
   Log("resolved config:\n{}", FormatConfig(cfg));
   auto backend = MakeCpuBackend(cfg.threads);

@@ -59,7 +59,7 @@ struct TrainConfig {
   // ---- run ----
   uint64_t seed = 1234;
   int64_t eval_interval = 100;
-  int64_t eval_iters = 10;
+  int64_t eval_iters = 8;
   int64_t log_interval = 10;
   int threads = 0;  // 0: all cores
 

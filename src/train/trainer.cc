@@ -111,8 +111,8 @@ StepResult Trainer::TrainStep() {
 double Trainer::Evaluate(int64_t iters) {
   if (!valid_samples_ || iters <= 0) return NAN;
   const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = comm_->world_size();
-  const int64_t gbs = rampup_.GlobalBatchAt(counters_.consumed_samples);
-  const int64_t num_micro = gbs / (static_cast<int64_t>(mbs) * dp);
+  // The final global batch, not the ramp-up's current one: every evaluation reads the same samples.
+  const int64_t num_micro = cfg_.global_batch_size / (static_cast<int64_t>(mbs) * dp);
   double loss_sum = 0.0;
   int64_t count = 0;
   for (int64_t it = 0; it < iters; ++it) {
