@@ -40,8 +40,8 @@ class Backend {
   virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* wte,
                                 const float* wpe, int B, int T, int C) = 0;
   // dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t,:] += dout[b,t,:] (dwpe may be null)
-  virtual void EmbeddingBackward(float* dwte, float* dwpe, const float* dout,
-                                 const int32_t* tokens, int B, int T, int C) = 0;
+  virtual void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                 int B, int T, int C) = 0;
 
   // ---- layer norm ---------------------------------------------------------------------------
   // y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), var biased.   x,y (N,C); mean,rstd (N)
@@ -67,10 +67,10 @@ class Backend {
   //   s[i,j] = (q_i hs^-1/4) . (k_j hs^-1/4) - slope_h * (i - j)   for j <= i (ALiBi if slopes)
   //   p = softmax_j(s) in fp32;  out_i = sum_j p[i,j] v_j            out (B,T,C)
   // att (B,NH,T,T) keeps p for the backward. alibi_slopes (NH) may be null.
-  virtual void AttentionForward(float* out, float* att, const float* qkv,
-                                const float* alibi_slopes, int B, int T, int C, int NH) = 0;
-  virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                 const float* att, int B, int T, int C, int NH) = 0;
+  virtual void AttentionForward(float* out, float* att, const float* qkv, const float* alibi_slopes,
+                                int B, int T, int C, int NH) = 0;
+  virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                                 int B, int T, int C, int NH) = 0;
 
   // ---- pointwise ----------------------------------------------------------------------------
   // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))

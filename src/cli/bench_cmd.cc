@@ -1,8 +1,8 @@
 // `keel bench`: training throughput of the CPU backend for a few model sizes, as tokens/s,
 // achieved GFLOP/s (Megatron's FLOP count) and MFU against this machine's measured sgemm peak.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 
@@ -59,11 +59,13 @@ class SgemmPeer {
 }  // namespace
 
 int BenchCommand(int argc, const char* const* argv) {
-  CLI::App app("Training throughput of the CPU backend against the machine's sgemm peak", "keel bench");
+  CLI::App app("Training throughput of the CPU backend against the machine's sgemm peak",
+               "keel bench");
   int threads = 0, iters = 5, warmup = 2;
   std::vector<std::string> only;
   app.add_option("--threads", threads, "CPU threads (0: all cores)");
-  app.add_option("--iters", iters, "timed iterations per model (median reported)")->check(CLI::Range(1, 1000));
+  app.add_option("--iters", iters, "timed iterations per model (median reported)")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::Range(0, 100));
   app.add_option("--models", only, "subset of: tiny, small, gpt2-124m");
   try {

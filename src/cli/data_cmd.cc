@@ -18,13 +18,20 @@ int DataCommand(int argc, const char* const* argv) {
   opt.vocab_size = 4096;
   opt.gpt2_assets_dir = DefaultGpt2AssetsDir();
   opt.seed = 1234;
-  prep->add_option("--input", opt.inputs, "text files; each is one document")->required()->check(CLI::ExistingFile);
-  prep->add_option("--output-prefix", opt.output_prefix, "writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json")->required();
-  prep->add_option("--tokenizer", opt.tokenizer, "gpt2 (GPT-2 BPE) or sentencepiece (BPE trained on the inputs)")
+  prep->add_option("--input", opt.inputs, "text files; each is one document")
+      ->required()
+      ->check(CLI::ExistingFile);
+  prep->add_option("--output-prefix", opt.output_prefix,
+                   "writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json")
+      ->required();
+  prep->add_option("--tokenizer", opt.tokenizer,
+                   "gpt2 (GPT-2 BPE) or sentencepiece (BPE trained on the inputs)")
       ->check(CLI::IsMember({"gpt2", "sentencepiece"}));
-  prep->add_option("--vocab-size", opt.vocab_size, "vocabulary size of a trained sentencepiece tokenizer")
+  prep->add_option("--vocab-size", opt.vocab_size,
+                   "vocabulary size of a trained sentencepiece tokenizer")
       ->check(CLI::Range(300, 1000000));
-  prep->add_option("--gpt2-assets", opt.gpt2_assets_dir, "directory with encoder.json and vocab.bpe");
+  prep->add_option("--gpt2-assets", opt.gpt2_assets_dir,
+                   "directory with encoder.json and vocab.bpe");
   prep->add_option("--seed", opt.seed, "seed for sentencepiece training");
   bool quiet = false;
   prep->add_flag("--quiet", quiet, "no progress bar");

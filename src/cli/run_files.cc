@@ -7,25 +7,28 @@
 
 namespace keel::cli {
 
-Status SaveRunFiles(Env* env, const std::string& dir, GptModel& model, const std::string& config_text,
-                    const std::string& dataset_prefix, const DatasetMeta& meta) {
+Status SaveRunFiles(Env* env, const std::string& dir, GptModel& model,
+                    const std::string& config_text, const std::string& dataset_prefix,
+                    const DatasetMeta& meta) {
   KEEL_RETURN_IF_ERROR(env->CreateDirs(dir));
   Backend* be = model.backend();
   std::vector<float> host(model.num_params());
   be->CopyToHost(host.data(), model.param_data(), host.size());
   std::vector<TensorView> views;
-  for (const ParamInfo& p : model.params()) views.push_back({p.name, p.shape, host.data() + p.offset});
+  for (const ParamInfo& p : model.params())
+    views.push_back({p.name, p.shape, host.data() + p.offset});
   KEEL_RETURN_IF_ERROR(WriteSafetensors(env, JoinPath(dir, "model.safetensors"), views,
                                         {{"format", "keel"}, {"keel_version", KEEL_VERSION}}));
   const GptSpec& s = model.spec();
   nlohmann::ordered_json j;
   j["keel_version"] = KEEL_VERSION;
-  j["model"] = {{"num_layers", s.num_layers},     {"hidden", s.hidden},
-                {"ffn_hidden", s.ffn_hidden},     {"heads", s.heads},
-                {"max_positions", s.max_positions}, {"vocab", s.vocab},
-                {"padded_vocab", s.padded_vocab}, {"alibi", s.alibi},
+  j["model"] = {{"num_layers", s.num_layers},           {"hidden", s.hidden},
+                {"ffn_hidden", s.ffn_hidden},           {"heads", s.heads},
+                {"max_positions", s.max_positions},     {"vocab", s.vocab},
+                {"padded_vocab", s.padded_vocab},       {"alibi", s.alibi},
                 {"embed_layernorm", s.embed_layernorm}, {"layernorm_eps", s.layernorm_eps}};
-  j["tokenizer"] = {{"kind", meta.tokenizer}, {"eod_id", meta.eod_id}, {"vocab_size", meta.vocab_size}};
+  j["tokenizer"] = {
+      {"kind", meta.tokenizer}, {"eod_id", meta.eod_id}, {"vocab_size", meta.vocab_size}};
   if (meta.tokenizer == "sentencepiece") {
     // Copy the tokenizer model so the run directory is self-contained.
     std::string src = meta.tokenizer_model;
@@ -47,11 +50,13 @@ Status LoadRunFiles(Env* env, const std::string& dir, Backend* backend, LoadedRu
   std::string text;
   const std::string run_json = JoinPath(dir, "run.json");
   if (!env->FileExists(run_json))
-    return Status::NotFound(run_json + " does not exist: pass the directory given to `keel train --save`");
+    return Status::NotFound(run_json +
+                            " does not exist: pass the directory given to `keel train --save`");
   KEEL_RETURN_IF_ERROR(env->ReadFileToString(run_json, &text));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.contains("model") || !j.contains("tokenizer"))
-    return Status::Corruption(run_json + ": not a keel run description (missing 'model' or 'tokenizer')");
+    return Status::Corruption(run_json +
+                              ": not a keel run description (missing 'model' or 'tokenizer')");
   try {
     const auto& m = j["model"];
     GptSpec& s = run->spec;
@@ -80,7 +85,8 @@ Status LoadRunFiles(Env* env, const std::string& dir, Backend* backend, LoadedRu
   *model = std::make_unique<GptModel>(backend, run->spec);
   for (const ParamInfo& p : (*model)->params()) {
     auto it = tensors.find(p.name);
-    if (it == tensors.end()) return Status::Corruption(weights + ": tensor '" + p.name + "' is missing");
+    if (it == tensors.end())
+      return Status::Corruption(weights + ": tensor '" + p.name + "' is missing");
     if (it->second.shape != p.shape)
       return Status::Corruption(weights + ": tensor '" + p.name + "' has the wrong shape");
     backend->CopyToDevice((*model)->param_data() + p.offset, it->second.data.data(), p.numel);

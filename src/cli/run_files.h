@@ -14,8 +14,9 @@
 
 namespace keel::cli {
 
-Status SaveRunFiles(Env* env, const std::string& dir, GptModel& model, const std::string& config_text,
-                    const std::string& dataset_prefix, const DatasetMeta& meta);
+Status SaveRunFiles(Env* env, const std::string& dir, GptModel& model,
+                    const std::string& config_text, const std::string& dataset_prefix,
+                    const DatasetMeta& meta);
 
 struct LoadedRun {
   GptSpec spec;

@@ -9,14 +9,16 @@
 namespace keel::cli {
 
 int SampleCommand(int argc, const char* const* argv) {
-  CLI::App app("Generate text from a run directory written by `keel train --save DIR`", "keel sample");
+  CLI::App app("Generate text from a run directory written by `keel train --save DIR`",
+               "keel sample");
   std::string load, prompt = "Call me";
   GenerateOptions go;
   int threads = 0;
   app.add_option("--load", load, "run directory (the --save of keel train)")->required();
   app.add_option("--prompt", prompt, "text to continue");
   app.add_option("--tokens", go.max_new_tokens, "tokens to generate")->check(CLI::Range(1, 100000));
-  app.add_option("--temperature", go.temperature, "softmax temperature")->check(CLI::Range(0.0, 100.0));
+  app.add_option("--temperature", go.temperature, "softmax temperature")
+      ->check(CLI::Range(0.0, 100.0));
   app.add_option("--top-k", go.top_k, "sample among the k most likely tokens (0: all)");
   app.add_option("--seed", go.seed, "random seed of the draws");
   app.add_option("--threads", threads, "CPU threads (0: all cores)");

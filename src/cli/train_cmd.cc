@@ -55,7 +55,9 @@ int TrainCommand(int argc, const char* const* argv) {
     st = env->CreateDirs(cfg.save);
     if (st.ok()) st = WriteFileAtomic(env, JoinPath(cfg.save, ".keel-write-test"), "ok\n");
     if (st.ok()) st = env->RemoveFile(JoinPath(cfg.save, ".keel-write-test"));
-    if (!st.ok()) return Fail(Status::InvalidArgument("--save " + cfg.save + " is not writable: " + st.message()));
+    if (!st.ok())
+      return Fail(
+          Status::InvalidArgument("--save " + cfg.save + " is not writable: " + st.message()));
   }
 
   // ---- data ----
@@ -80,9 +82,11 @@ int TrainCommand(int argc, const char* const* argv) {
   for (const std::string& n : notes) Log("note: {}", n);
 
   std::unique_ptr<GptDataset> train_set, valid_set;
-  st = GptDataset::Create(data.get(), cfg.split, Split::kTrain, cfg.seq_length, cfg.seed, &train_set);
+  st = GptDataset::Create(data.get(), cfg.split, Split::kTrain, cfg.seq_length, cfg.seed,
+                          &train_set);
   if (!st.ok()) return Fail(st);
-  Status vst = GptDataset::Create(data.get(), cfg.split, Split::kValid, cfg.seq_length, cfg.seed, &valid_set);
+  Status vst = GptDataset::Create(data.get(), cfg.split, Split::kValid, cfg.seq_length, cfg.seed,
+                                  &valid_set);
   if (!vst.ok()) {
     Warn("no validation set ({}); validation is skipped", vst.message());
     valid_set.reset();
@@ -92,11 +96,12 @@ int TrainCommand(int argc, const char* const* argv) {
       valid_set ? fmt::format(", validation split {} samples", valid_set->SamplesPerEpoch()) : "");
 
   if (valid_set && cfg.eval_iters * cfg.global_batch_size > valid_set->SamplesPerEpoch())
-    Warn("an evaluation reads --eval-iters {} x global batch {} = {} samples but the validation "
-         "split has {}: samples repeat within an evaluation; lower --eval-iters or give the "
-         "validation split more weight in --split",
-         cfg.eval_iters, cfg.global_batch_size, cfg.eval_iters * cfg.global_batch_size,
-         valid_set->SamplesPerEpoch());
+    Warn(
+        "an evaluation reads --eval-iters {} x global batch {} = {} samples but the validation "
+        "split has {}: samples repeat within an evaluation; lower --eval-iters or give the "
+        "validation split more weight in --split",
+        cfg.eval_iters, cfg.global_batch_size, cfg.eval_iters * cfg.global_batch_size,
+        valid_set->SamplesPerEpoch());
 
   // ---- config, backend, model ----
   Log("resolved config:\n{}", FormatConfig(cfg));
@@ -106,23 +111,26 @@ int TrainCommand(int argc, const char* const* argv) {
   SampleFn train_fn = [&](int64_t index, int32_t* tokens) {
     const int64_t epoch = train_set->EpochOf(index);
     if (epoch != last_epoch) {
-      Log("data: train split exhausted after {} samples; starting epoch {} (new deterministic order)",
+      Log("data: train split exhausted after {} samples; starting epoch {} (new deterministic "
+          "order)",
           index, epoch + 1);
       last_epoch = epoch;
     }
     train_set->GetSample(index, tokens);
   };
   SampleFn valid_fn;
-  if (valid_set) valid_fn = [&](int64_t index, int32_t* tokens) { valid_set->GetSample(index, tokens); };
+  if (valid_set)
+    valid_fn = [&](int64_t index, int32_t* tokens) { valid_set->GetSample(index, tokens); };
 
   Trainer trainer(cfg, backend.get(), comm.get(), env, train_fn, valid_fn);
   const GptSpec& spec = trainer.model().spec();
   const int64_t formula = GptModel::FormulaParamCount(spec);
   Log("model: {} layers, hidden {}, ffn {}, heads {}, positions {}, vocab {} (padded {})",
       spec.num_layers, spec.hidden, spec.ffn_hidden, spec.heads,
-      spec.alibi ? "ALiBi" : fmt::format("learned {}", spec.max_positions), spec.vocab, spec.padded_vocab);
-  Log("parameters: {} (formula n*(12h^2+13h) + v*h + s*h + 2h = {}{})", trainer.model().num_params(),
-      formula,
+      spec.alibi ? "ALiBi" : fmt::format("learned {}", spec.max_positions), spec.vocab,
+      spec.padded_vocab);
+  Log("parameters: {} (formula n*(12h^2+13h) + v*h + s*h + 2h = {}{})",
+      trainer.model().num_params(), formula,
       static_cast<int64_t>(trainer.model().num_params()) == formula
           ? ", equal"
           : ": differs because of the FFN size, ALiBi or the embedding LayerNorm");
@@ -139,7 +147,8 @@ int TrainCommand(int argc, const char* const* argv) {
   if (!cfg.save.empty()) {
     st = SaveRunFiles(env, cfg.save, trainer.model(), FormatConfig(cfg), prefix, meta);
     if (!st.ok()) return Fail(st);
-    Log("saved weights and run files to {} (sample with `keel sample --load {}`)", cfg.save, cfg.save);
+    Log("saved weights and run files to {} (sample with `keel sample --load {}`)", cfg.save,
+        cfg.save);
   }
   if (cfg.sample_tokens > 0) {
     std::unique_ptr<Tokenizer> tok;

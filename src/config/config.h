@@ -34,10 +34,10 @@ struct TrainConfig {
 
   // ---- batch and length ----
   int micro_batch_size = 8;
-  int global_batch_size = 16;               // 0: micro_batch_size * data_parallel_size
-  std::vector<int64_t> rampup_batch_size;   // empty, or {start, increment, ramp-up samples}
-  int data_parallel_size = 1;               // set from the communicator, not a flag
-  int64_t train_iters = 400;                // exactly one of train_iters / train_samples is > 0
+  int global_batch_size = 16;              // 0: micro_batch_size * data_parallel_size
+  std::vector<int64_t> rampup_batch_size;  // empty, or {start, increment, ramp-up samples}
+  int data_parallel_size = 1;              // set from the communicator, not a flag
+  int64_t train_iters = 400;               // exactly one of train_iters / train_samples is > 0
   int64_t train_samples = 0;
 
   // ---- learning rate ----
@@ -67,11 +67,11 @@ struct TrainConfig {
   std::string data_path;           // prefix of a Megatron indexed dataset; empty: default corpus
   std::string split = "969,30,1";  // train,valid,test weights over documents
   TokenizerKind tokenizer = TokenizerKind::kSentencePiece;  // default corpus only
-  int vocab_size = 0;              // from the dataset's metadata; padded by Validate
+  int vocab_size = 0;  // from the dataset's metadata; padded by Validate
 
   // ---- output ----
-  std::string save;         // run directory: final weights and the run's files
-  int sample_tokens = 64;   // tokens of text generated at the end of training (0: none)
+  std::string save;        // run directory: final weights and the run's files
+  int sample_tokens = 64;  // tokens of text generated at the end of training (0: none)
   std::string sample_prompt = "Call me";
 
   // ---- derived by Validate (not settable) ----

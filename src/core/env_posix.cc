@@ -152,7 +152,8 @@ class PosixEnv : public Env {
     return Status::OK();
   }
   Status RenameFile(const std::string& from, const std::string& to) override {
-    if (::rename(from.c_str(), to.c_str()) != 0) return PosixError("cannot rename to '" + to + "'", from, errno);
+    if (::rename(from.c_str(), to.c_str()) != 0)
+      return PosixError("cannot rename to '" + to + "'", from, errno);
     return Status::OK();
   }
   Status RemoveFile(const std::string& path) override {

@@ -21,11 +21,10 @@ std::array<uint32_t, 4> Philox4x32x10(std::array<uint32_t, 4> c, std::array<uint
 std::array<uint32_t, 4> Philox(const RngKey& key, uint64_t counter) {
   // Key words: the seed. Counter words: the counter, then the stream mixed with the purpose.
   const uint32_t purpose = static_cast<uint32_t>(key.purpose);
-  return Philox4x32x10(
-      {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
-       static_cast<uint32_t>(key.stream) ^ (purpose << 24),
-       static_cast<uint32_t>(key.stream >> 32) ^ purpose},
-      {static_cast<uint32_t>(key.seed), static_cast<uint32_t>(key.seed >> 32)});
+  return Philox4x32x10({static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
+                        static_cast<uint32_t>(key.stream) ^ (purpose << 24),
+                        static_cast<uint32_t>(key.stream >> 32) ^ purpose},
+                       {static_cast<uint32_t>(key.seed), static_cast<uint32_t>(key.seed >> 32)});
 }
 
 float UniformAt(const RngKey& key, uint64_t index) {

@@ -4,12 +4,18 @@ namespace keel {
 
 std::string Status::ToString() const {
   switch (code_) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidArgument: return "invalid argument: " + msg_;
-    case Code::kNotFound: return "not found: " + msg_;
-    case Code::kIOError: return "I/O error: " + msg_;
-    case Code::kCorruption: return "corruption: " + msg_;
-    case Code::kInternal: return "internal error: " + msg_;
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "invalid argument: " + msg_;
+    case Code::kNotFound:
+      return "not found: " + msg_;
+    case Code::kIOError:
+      return "I/O error: " + msg_;
+    case Code::kCorruption:
+      return "corruption: " + msg_;
+    case Code::kInternal:
+      return "internal error: " + msg_;
   }
   return msg_;
 }

@@ -13,7 +13,9 @@ class Status {
 
   Status() = default;
   static Status OK() { return Status(); }
-  static Status InvalidArgument(std::string msg) { return Status(Code::kInvalidArgument, std::move(msg)); }
+  static Status InvalidArgument(std::string msg) {
+    return Status(Code::kInvalidArgument, std::move(msg));
+  }
   static Status NotFound(std::string msg) { return Status(Code::kNotFound, std::move(msg)); }
   static Status IOError(std::string msg) { return Status(Code::kIOError, std::move(msg)); }
   static Status Corruption(std::string msg) { return Status(Code::kCorruption, std::move(msg)); }
@@ -32,10 +34,10 @@ class Status {
 };
 
 // Propagates a non-OK Status to the caller.
-#define KEEL_RETURN_IF_ERROR(expr)        \
-  do {                                    \
-    ::keel::Status _keel_st = (expr);     \
-    if (!_keel_st.ok()) return _keel_st;  \
+#define KEEL_RETURN_IF_ERROR(expr)       \
+  do {                                   \
+    ::keel::Status _keel_st = (expr);    \
+    if (!_keel_st.ok()) return _keel_st; \
   } while (0)
 
 // Thrown only where a Status cannot travel (constructors, deep inside the math); the CLI catches it
@@ -52,10 +54,10 @@ class KeelError : public std::exception {
 };
 
 // Throws KeelError(Internal) when an invariant the code relies on is broken (a bug, not bad input).
-#define KEEL_CHECK(cond, msg)                                                                  \
-  do {                                                                                         \
-    if (!(cond))                                                                               \
-      throw ::keel::KeelError(::keel::Status::Internal(std::string(__FILE__) + ":" +           \
+#define KEEL_CHECK(cond, msg)                                                                     \
+  do {                                                                                            \
+    if (!(cond))                                                                                  \
+      throw ::keel::KeelError(::keel::Status::Internal(std::string(__FILE__) + ":" +              \
                                                        std::to_string(__LINE__) + ": " + (msg))); \
   } while (0)
 

@@ -27,8 +27,9 @@ std::vector<int32_t> Generate(GptModel& model, const std::vector<int32_t>& promp
     std::vector<int> idx(V);
     std::iota(idx.begin(), idx.end(), 0);
     const int k = opts.top_k > 0 ? std::min(opts.top_k, V) : V;
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                      [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
     const double t = std::max(1e-4f, opts.temperature);
     const double mx = logits[idx[0]];
     std::vector<double> p(k);

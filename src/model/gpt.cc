@@ -203,14 +203,14 @@ void GptModel::FreeActivations() {
   if (!acts_) return;
   Activations& a = *acts_;
   Backend* be = backend_;
-  for (float* p : {a.emb, a.emb_mean, a.emb_rstd, a.lnf, a.lnf_mean, a.lnf_rstd, a.logits,
-                   a.losses, a.logz, a.dres_a, a.dres_b, a.dres2, a.dln, a.dqkv, a.datty, a.dfch,
-                   a.dgelu, a.demb})
+  for (float* p :
+       {a.emb, a.emb_mean, a.emb_rstd, a.lnf, a.lnf_mean, a.lnf_rstd, a.logits, a.losses, a.logz,
+        a.dres_a, a.dres_b, a.dres2, a.dln, a.dqkv, a.datty, a.dfch, a.dgelu, a.demb})
     be->Free(p);
   for (float* p : a.res) be->Free(p);
   for (auto& y : a.layers)
-    for (float* p : {y.ln1, y.ln1_mean, y.ln1_rstd, y.qkv, y.att, y.atty, y.res2, y.ln2,
-                     y.ln2_mean, y.ln2_rstd, y.fch, y.fch_gelu})
+    for (float* p : {y.ln1, y.ln1_mean, y.ln1_rstd, y.qkv, y.att, y.atty, y.res2, y.ln2, y.ln2_mean,
+                     y.ln2_rstd, y.fch, y.fch_gelu})
       be->Free(p);
   be->Free(a.tokens);
   be->Free(a.targets);
@@ -218,8 +218,7 @@ void GptModel::FreeActivations() {
   acts_ = nullptr;
 }
 
-double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, int T,
-                         float dloss) {
+double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss) {
   AllocateActivations(B, T);
   Activations& a = *acts_;
   Backend* be = backend_;
@@ -250,7 +249,7 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
     be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, 3 * C);
     be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH);
     be->MatmulForward(y.res2, y.atty, projw, projb, N, C, C);  // res2 = attn proj ...
-    be->Add(y.res2, y.res2, x, static_cast<size_t>(N) * C);     // ... + x
+    be->Add(y.res2, y.res2, x, static_cast<size_t>(N) * C);    // ... + x
     be->LayerNormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, ln2w, ln2b, N, C,
                          spec_.layernorm_eps);
     be->MatmulForward(y.fch, y.ln2, fcw, fcb, N, C, F);
@@ -296,7 +295,7 @@ void GptModel::Backward() {
   const float* wte = P + params_[0].offset;
 
   // logits = lnf wte^T: the cross-entropy left dlogits in a.logits.
-  float* dres = a.dres_a;    // gradient w.r.t. the current residual stream
+  float* dres = a.dres_a;     // gradient w.r.t. the current residual stream
   float* dres_in = a.dres_b;  // gradient w.r.t. the previous one
   be->Zero(a.dln, NC);
   be->MatmulBackward(a.dln, dwte, nullptr, a.logits, a.lnf, wte, N, C, Vp);
@@ -329,8 +328,7 @@ void GptModel::Backward() {
     be->GeluBackward(a.dfch, y.fch, a.dgelu, NF);
     be->Zero(a.dln, NC);
     be->MatmulBackward(a.dln, dfcw, dfcb, a.dfch, y.ln2, fcw, N, C, F);
-    be->LayerNormBackward(a.dres2, dln2w, dln2b, a.dln, y.res2, ln2w, y.ln2_mean, y.ln2_rstd, N,
-                          C);
+    be->LayerNormBackward(a.dres2, dln2w, dln2b, a.dln, y.res2, ln2w, y.ln2_mean, y.ln2_rstd, N, C);
     // res2 = x + proj(attn(qkv(ln1(x))))
     be->Copy(dres_in, a.dres2, NC);  // skip connection
     be->Zero(a.datty, NC);
@@ -358,7 +356,9 @@ void GptModel::Backward() {
   be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C);
 }
 
-void GptModel::ZeroGrad() { backend_->Zero(grads_mem_, num_params_); }
+void GptModel::ZeroGrad() {
+  backend_->Zero(grads_mem_, num_params_);
+}
 
 std::vector<float> GptModel::LogitsAt(int b, int t) {
   KEEL_CHECK(acts_ && b < cur_B_ && t < cur_T_, "LogitsAt out of range");

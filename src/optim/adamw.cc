@@ -15,8 +15,7 @@ AdamW::~AdamW() {
   backend_->Free(v_);
 }
 
-void AdamW::Step(float* param, const float* grad, const std::vector<ParamInfo>& params,
-                 double lr) {
+void AdamW::Step(float* param, const float* grad, const std::vector<ParamInfo>& params, double lr) {
   ++step_;
   for (const ParamInfo& p : params) {
     const float wd = p.weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;

@@ -28,8 +28,9 @@ std::string FormatIterationLine(const IterationStats& s) {
 std::string FormatValidationLine(int64_t iteration, double loss) {
   // Megatron caps the exponent at 20 so PPL stays printable for a diverged model.
   const double ppl = std::exp(std::min(20.0, loss));
-  return fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |",
-                     iteration, loss, ppl);
+  return fmt::format(
+      " validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", iteration,
+      loss, ppl);
 }
 
 }  // namespace keel

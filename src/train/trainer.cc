@@ -50,11 +50,13 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, E
   targets_.resize(mb * cfg_.seq_length);
 }
 
-void Trainer::InitializeWeights() { model_->Initialize(cfg_.seed, cfg_.ResolvedInitStd()); }
+void Trainer::InitializeWeights() {
+  model_->Initialize(cfg_.seed, cfg_.ResolvedInitStd());
+}
 
 double Trainer::FlopsPerIteration(int64_t global_batch) const {
-  return TrainingFlopsPerToken(model_->spec(), cfg_.seq_length) * static_cast<double>(global_batch) *
-         cfg_.seq_length;
+  return TrainingFlopsPerToken(model_->spec(), cfg_.seq_length) *
+         static_cast<double>(global_batch) * cfg_.seq_length;
 }
 
 StepResult Trainer::TrainStep() {
@@ -145,9 +147,9 @@ Status Trainer::Run(const std::function<void(const std::string&)>& log) {
     interval_flops += FlopsPerIteration(r.global_batch);
     if (r.skipped) {
       ++interval_skipped;
-      log(fmt::format("WARNING: iteration {}: non-finite {} (loss {}, grad norm {}): update skipped",
-                      counters_.iteration, std::isfinite(r.loss) ? "gradients" : "loss", r.loss,
-                      r.grad_norm));
+      log(fmt::format(
+          "WARNING: iteration {}: non-finite {} (loss {}, grad norm {}): update skipped",
+          counters_.iteration, std::isfinite(r.loss) ? "gradients" : "loss", r.loss, r.grad_norm));
     } else {
       interval_loss += r.loss;
       ++interval_ok;

@@ -9,13 +9,15 @@ TEST(SafetensorsTest, RoundTripKeepsNamesShapesValuesAndMetadata) {
   Env* env = Env::Default();
   const std::string path = ::testing::TempDir() + "/keel_st_test.safetensors";
   std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {-0.5f};
-  ASSERT_TRUE(WriteSafetensors(env, path, {{"layers.0.w", {2, 3}, a.data()}, {"bias", {1}, b.data()}},
+  ASSERT_TRUE(WriteSafetensors(env, path,
+                               {{"layers.0.w", {2, 3}, a.data()}, {"bias", {1}, b.data()}},
                                {{"format", "keel"}})
                   .ok());
   std::string bytes;
   ASSERT_TRUE(env->ReadFileToString(path, &bytes).ok());
   uint64_t hlen = 0;
-  for (int i = 0; i < 8; ++i) hlen |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    hlen |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
   EXPECT_EQ(hlen % 8, 0u);  // tensor data stays 8-byte aligned
   EXPECT_EQ(bytes.size(), 8 + hlen + 7 * sizeof(float));
   EXPECT_NE(bytes.find("\"dtype\":\"F32\""), std::string::npos);

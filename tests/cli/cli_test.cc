@@ -30,7 +30,8 @@ Result RunKeel(const std::string& args) {
 }
 
 std::string TempDir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("keel_cli_" + name + "_" + std::to_string(getpid()));
+  auto dir = std::filesystem::temp_directory_path() /
+             ("keel_cli_" + name + "_" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
@@ -70,9 +71,11 @@ TEST(CliTest, MissingDataPathIsAClearError) {
 
 TEST(CliTest, TrainsOnDefaultCorpusSavesAndSamples) {
   const std::string dir = TempDir("run");
-  Result r = RunKeel("train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 32 "
-                     "--micro-batch-size 2 --train-iters 6 --lr-warmup-iters 2 --log-interval 3 "
-                     "--eval-interval 6 --eval-iters 1 --sample-tokens 8 --save " + dir);
+  Result r = RunKeel(
+      "train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 32 "
+      "--micro-batch-size 2 --train-iters 6 --lr-warmup-iters 2 --log-interval 3 "
+      "--eval-interval 6 --eval-iters 1 --sample-tokens 8 --save " +
+      dir);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("note: --ffn-hidden-size not given"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" iteration        6/       6 |"), std::string::npos) << r.out;
@@ -95,16 +98,19 @@ TEST(CliTest, DataPrepareThenTrainOnIt) {
   const std::string dir = TempDir("data");
   for (int d = 0; d < 40; ++d) {
     FILE* f = std::fopen((dir + "/doc" + std::to_string(d) + ".txt").c_str(), "w");
-    for (int i = 0; i < 20; ++i) std::fprintf(f, "the sea is wide and the whale is white %d. ", i + d);
+    for (int i = 0; i < 20; ++i)
+      std::fprintf(f, "the sea is wide and the whale is white %d. ", i + d);
     std::fclose(f);
   }
   std::string inputs;
   for (int d = 0; d < 40; ++d) inputs += " " + dir + "/doc" + std::to_string(d) + ".txt";
-  Result r = RunKeel("data prepare --quiet --tokenizer gpt2 --output-prefix " + dir + "/corpus --input" + inputs);
+  Result r = RunKeel("data prepare --quiet --tokenizer gpt2 --output-prefix " + dir +
+                     "/corpus --input" + inputs);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(std::filesystem::exists(dir + "/corpus.bin"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/corpus.idx"));
-  r = RunKeel("train --data-path " + dir + "/corpus --num-layers 1 --hidden-size 32 "
+  r = RunKeel("train --data-path " + dir +
+              "/corpus --num-layers 1 --hidden-size 32 "
               "--num-attention-heads 2 --seq-length 16 --micro-batch-size 2 --train-iters 2 "
               "--lr-warmup-iters 1 --log-interval 1 --eval-iters 1 --sample-tokens 0");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -13,15 +13,19 @@ namespace {
 // Known-answer vectors of Random123 (kat_vectors, philox4x32 10 rounds).
 TEST(RngTest, PhiloxMatchesRandom123KnownAnswers) {
   using A4 = std::array<uint32_t, 4>;
-  EXPECT_EQ(Philox4x32x10({0, 0, 0, 0}, {0, 0}), (A4{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
-  EXPECT_EQ(Philox4x32x10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}),
-            (A4{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
-  EXPECT_EQ(Philox4x32x10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
-            (A4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+  EXPECT_EQ(Philox4x32x10({0, 0, 0, 0}, {0, 0}),
+            (A4{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(
+      Philox4x32x10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}),
+      (A4{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(
+      Philox4x32x10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
+      (A4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
 }
 
 TEST(RngTest, StreamsAreIndependentOfDrawOrderAndDistinctByKey) {
-  const RngKey a{1, RngPurpose::kInit, 0}, b{1, RngPurpose::kInit, 1}, c{1, RngPurpose::kDataOrder, 0};
+  const RngKey a{1, RngPurpose::kInit, 0}, b{1, RngPurpose::kInit, 1},
+      c{1, RngPurpose::kDataOrder, 0};
   EXPECT_EQ(U64At(a, 12345), U64At(a, 12345));
   EXPECT_NE(U64At(a, 0), U64At(b, 0));
   EXPECT_NE(U64At(a, 0), U64At(c, 0));

@@ -98,10 +98,12 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
     for (size_t i = 0; i < x.size(); ++i) x[i] += a[i];
     h = LayerNorm(x, P(pre + "post_attention_layernorm.weight"),
                   P(pre + "post_attention_layernorm.bias"), N, C, s.layernorm_eps);
-    Vec f = Linear(h, P(pre + "mlp.dense_h_to_4h.weight"), P(pre + "mlp.dense_h_to_4h.bias"), N, C, F);
+    Vec f =
+        Linear(h, P(pre + "mlp.dense_h_to_4h.weight"), P(pre + "mlp.dense_h_to_4h.bias"), N, C, F);
     for (double& v : f)
       v = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
-    Vec o = Linear(f, P(pre + "mlp.dense_4h_to_h.weight"), P(pre + "mlp.dense_4h_to_h.bias"), N, F, C);
+    Vec o =
+        Linear(f, P(pre + "mlp.dense_4h_to_h.weight"), P(pre + "mlp.dense_4h_to_h.bias"), N, F, C);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
   x = LayerNorm(x, P("final_layernorm.weight"), P("final_layernorm.bias"), N, C, s.layernorm_eps);
@@ -141,7 +143,8 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   // Non-trivial norms and biases too.
   std::vector<float> host(model.num_params());
   be->CopyToHost(host.data(), model.param_data(), host.size());
-  for (size_t i = 0; i < host.size(); ++i) host[i] += 0.05f * NormalAt({3, RngPurpose::kTest, 1}, i);
+  for (size_t i = 0; i < host.size(); ++i)
+    host[i] += 0.05f * NormalAt({3, RngPurpose::kTest, 1}, i);
   be->CopyToDevice(model.param_data(), host.data(), host.size());
 
   std::vector<int32_t> tok(N), tgt(N);

@@ -131,7 +131,9 @@ TEST(TrainerTest, RunLogsMegatronLinesAndValidation) {
       R"( iteration +20/ +20 \| consumed samples: +80 \| consumed tokens: +1280 \| elapsed time per iteration \(ms\): [0-9.]+ \| learning rate: [0-9.]+E[-+][0-9]+ \| global batch size: +4 \| lm loss: [0-9.]+E[-+][0-9]+ \| loss scale: 1\.0 \| grad norm: [0-9.]+ \| num zeros: [0-9.]+ \| number of skipped iterations: +0 \| number of nan iterations: +0 \| samples per second: [0-9.]+ \| TFLOPs: [0-9.]+ \|)");
   EXPECT_TRUE(std::regex_match(lines[1], iter_re)) << lines[1];
   EXPECT_TRUE(std::regex_match(
-      lines[2], std::regex(R"( validation loss at iteration 20 \| lm loss value: [0-9.]+E[-+][0-9]+ \| lm loss PPL: [0-9.]+E[-+][0-9]+ \|)")))
+      lines[2],
+      std::regex(
+          R"( validation loss at iteration 20 \| lm loss value: [0-9.]+E[-+][0-9]+ \| lm loss PPL: [0-9.]+E[-+][0-9]+ \|)")))
       << lines[2];
 }
 

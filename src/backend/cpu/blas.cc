@@ -78,8 +78,9 @@ void Load() {
     // AVX-512 unused: 218 vs 415 GFLOP/s on a 1024^3 sgemm with 2 threads, measured on Zen 4.
     // Machine images also pin OPENBLAS_CORETYPE=Haswell as a workaround for that detection.
     why = env_core == nullptr
-              ? std::string("set OPENBLAS_CORETYPE=SKYLAKEX because this CPU has AVX-512 and "
-                            "OpenBLAS 0.3.21 does not detect it")
+              ? std::string(
+                    "set OPENBLAS_CORETYPE=SKYLAKEX because this CPU has AVX-512 and "
+                    "OpenBLAS 0.3.21 does not detect it")
               : std::string("replaced OPENBLAS_CORETYPE=") + env_core +
                     " from the environment by SKYLAKEX because this CPU has AVX-512 (about 2x "
                     "faster GEMMs measured on Zen 4)";
