@@ -4,71 +4,128 @@
 #include <nlohmann/json.hpp>
 
 namespace keel {
+namespace {
 
-Status WriteSafetensors(Env* env, const std::string& path, const std::vector<TensorView>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
+uint64_t Numel(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+int DtypeBytes(const std::string& dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL") return 1;
+  return 0;
+}
+
+}  // namespace
+
+Status AppendSafetensors(WritableFile* file, const std::vector<TensorView>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const TensorView& t : tensors) {
-    uint64_t numel = 1;
-    for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
-    const uint64_t bytes = numel * sizeof(float);
+    const uint64_t bytes = Numel(t.shape) * sizeof(float);
     header[t.name] = {
         {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string h = header.dump();
-  while (h.size() % 8 != 0) h.push_back(' ');  // keeps the tensor data 8-byte aligned
-  std::string out;
-  out.reserve(8 + h.size() + offset);
+  while ((8 + h.size()) % 64 != 0) h.push_back(' ');  // tensor data starts 64-byte aligned
+  std::string prefix;
   const uint64_t hlen = h.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((hlen >> (8 * i)) & 0xff));
-  out += h;
+  for (int i = 0; i < 8; ++i) prefix.push_back(static_cast<char>((hlen >> (8 * i)) & 0xff));
+  prefix += h;
+  KEEL_RETURN_IF_ERROR(file->Append(prefix));
   for (const TensorView& t : tensors) {
-    uint64_t numel = 1;
-    for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
-    out.append(reinterpret_cast<const char*>(t.data), numel * sizeof(float));
+    const auto* p = reinterpret_cast<const char*>(t.data);
+    KEEL_RETURN_IF_ERROR(file->Append(std::string_view(p, Numel(t.shape) * sizeof(float))));
   }
-  return WriteFileAtomic(env, path, out);
+  return Status::OK();
 }
 
-Status ReadSafetensors(Env* env, const std::string& path, std::map<std::string, LoadedTensor>* out,
-                       std::map<std::string, std::string>* metadata) {
-  std::string buf;
-  KEEL_RETURN_IF_ERROR(env->ReadFileToString(path, &buf));
-  if (buf.size() < 8) return Status::Corruption(path + ": shorter than the 8-byte header length");
+Status WriteSafetensors(Env* env, const std::string& path, const std::vector<TensorView>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  // Same protocol as WriteFileAtomic, streamed: temp file, fsync, rename, fsync directory.
+  const std::string tmp = path + ".tmp";
+  std::unique_ptr<WritableFile> f;
+  KEEL_RETURN_IF_ERROR(env->NewWritableFile(tmp, &f));
+  Status st = AppendSafetensors(f.get(), tensors, metadata);
+  if (st.ok()) st = f->Sync();
+  Status cst = f->Close();
+  if (st.ok()) st = cst;
+  if (st.ok()) st = env->RenameFile(tmp, path);
+  if (!st.ok()) {
+    env->RemoveFile(tmp);
+    return st;
+  }
+  const auto slash = path.rfind('/');
+  return env->SyncDir(slash == std::string::npos ? "." : path.substr(0, slash ? slash : 1));
+}
+
+Status ParseSafetensors(const char* data, size_t size, const std::string& path,
+                        std::map<std::string, TensorRef>* out,
+                        std::map<std::string, std::string>* metadata) {
+  if (size < 8) return Status::Corruption(path + ": shorter than the 8-byte header length");
   uint64_t hlen = 0;
   for (int i = 0; i < 8; ++i)
-    hlen |= static_cast<uint64_t>(static_cast<unsigned char>(buf[i])) << (8 * i);
-  if (hlen > buf.size() - 8) return Status::Corruption(path + ": header length exceeds file size");
-  nlohmann::json header = nlohmann::json::parse(buf.substr(8, hlen), nullptr, false);
+    hlen |= static_cast<uint64_t>(static_cast<unsigned char>(data[i])) << (8 * i);
+  if (hlen > size - 8) return Status::Corruption(path + ": header length exceeds file size");
+  nlohmann::json header = nlohmann::json::parse(data + 8, data + 8 + hlen, nullptr, false);
   if (header.is_discarded() || !header.is_object())
     return Status::Corruption(path + ": header is not a JSON object");
   const uint64_t data_start = 8 + hlen;
   out->clear();
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (metadata)
-        for (auto m = it->begin(); m != it->end(); ++m)
-          (*metadata)[m.key()] = m->get<std::string>();
-      continue;
+  try {
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        if (metadata)
+          for (auto m = it->begin(); m != it->end(); ++m)
+            (*metadata)[m.key()] = m->get<std::string>();
+        continue;
+      }
+      const auto& t = *it;
+      TensorRef r;
+      r.dtype = t.at("dtype").get<std::string>();
+      r.shape = t.at("shape").get<std::vector<int64_t>>();
+      const int eb = DtypeBytes(r.dtype);
+      if (eb == 0)
+        return Status::Corruption(path + ": tensor '" + it.key() + "' has unknown dtype " +
+                                  r.dtype);
+      const uint64_t b = t.at("data_offsets").at(0).get<uint64_t>(),
+                     e = t.at("data_offsets").at(1).get<uint64_t>();
+      if (e < b || e - b != Numel(r.shape) * eb || e > size - data_start)
+        return Status::Corruption(path + ": tensor '" + it.key() +
+                                  "' has inconsistent offsets or is truncated");
+      r.data = data + data_start + b;
+      r.bytes = e - b;
+      (*out)[it.key()] = std::move(r);
     }
-    const auto& t = *it;
-    if (!t.contains("dtype") || t["dtype"] != "F32")
-      return Status::Corruption(path + ": tensor '" + it.key() + "' is not F32");
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Corruption(path + ": malformed header: " + e.what());
+  }
+  return Status::OK();
+}
+
+Status ReadSafetensors(Env* env, const std::string& path, std::map<std::string, LoadedTensor>* out,
+                       std::map<std::string, std::string>* metadata) {
+  std::unique_ptr<ReadOnlyRegion> region;
+  KEEL_RETURN_IF_ERROR(env->MapReadOnly(path, &region));
+  std::map<std::string, TensorRef> refs;
+  KEEL_RETURN_IF_ERROR(ParseSafetensors(region->data(), region->size(), path, &refs, metadata));
+  out->clear();
+  for (auto& [name, r] : refs) {
+    if (r.dtype != "F32")
+      return Status::Corruption(path + ": tensor '" + name + "' is " + r.dtype +
+                                ", keel reads F32 only");
     LoadedTensor lt;
-    lt.shape = t["shape"].get<std::vector<int64_t>>();
-    const uint64_t b = t["data_offsets"][0].get<uint64_t>(),
-                   e = t["data_offsets"][1].get<uint64_t>();
-    uint64_t numel = 1;
-    for (int64_t d : lt.shape) numel *= static_cast<uint64_t>(d);
-    if (e < b || e - b != numel * sizeof(float) || data_start + e > buf.size())
-      return Status::Corruption(path + ": tensor '" + it.key() +
-                                "' has inconsistent offsets or is truncated");
-    lt.data.resize(numel);
-    std::memcpy(lt.data.data(), buf.data() + data_start + b, numel * sizeof(float));
-    (*out)[it.key()] = std::move(lt);
+    lt.shape = r.shape;
+    lt.data.resize(r.bytes / sizeof(float));
+    std::memcpy(lt.data.data(), r.data, r.bytes);
+    (*out)[name] = std::move(lt);
   }
   return Status::OK();
 }

@@ -1,20 +1,22 @@
-// `keel sample`: generate text from the weights of a run directory.
+// `keel sample`: generate text from the weights of a checkpoint (a run directory's newest valid
+// one, or a given iter_NNNNNNN directory).
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
-#include "cli/run_files.h"
 #include "core/log.h"
 #include "model/generate.h"
+#include "train/train_checkpoint.h"
 
 namespace keel::cli {
 
 int SampleCommand(int argc, const char* const* argv) {
-  CLI::App app("Generate text from a run directory written by `keel train --save DIR`",
+  CLI::App app("Generate text from a checkpoint of `keel train --save DIR`",
                "keel sample");
   std::string load, prompt = "Call me";
   GenerateOptions go;
   int threads = 0;
-  app.add_option("--load", load, "run directory (the --save of keel train)")->required();
+  app.add_option("--load", load, "run directory (the --save of keel train: its newest valid checkpoint) or "
+                 "a checkpoint directory (DIR/iter_NNNNNNN)")->required();
   app.add_option("--prompt", prompt, "text to continue");
   app.add_option("--tokens", go.max_new_tokens, "tokens to generate")->check(CLI::Range(1, 100000));
   app.add_option("--temperature", go.temperature, "softmax temperature")
@@ -29,16 +31,17 @@ int SampleCommand(int argc, const char* const* argv) {
   }
   Env* env = Env::Default();
   auto backend = MakeCpuBackend(threads);
-  LoadedRun run;
-  std::unique_ptr<GptModel> model;
-  Status st = LoadRunFiles(env, load, backend.get(), &run, &model);
+  LoadedModel run;
+  Status st = LoadModelFromCheckpoint(env, load, backend.get(),
+                                      [](const std::string& l) { LogError(l); }, &run);
   if (!st.ok()) {
     LogError("error: " + st.message());
     return 1;
   }
+  LogError("sampling from " + run.checkpoint_dir);
   std::vector<int32_t> ids = run.tokenizer->Encode(prompt);
   if (ids.empty()) ids.push_back(run.tokenizer->EodId());
-  std::vector<int32_t> out = Generate(*model, ids, go);
+  std::vector<int32_t> out = Generate(*run.model, ids, go);
   // Decode prompt and continuation together: decoding the continuation alone would drop the
   // word boundary at its start (SentencePiece strips a leading space).
   ids.insert(ids.end(), out.begin(), out.end());

@@ -4,18 +4,25 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <ctime>
+#include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint_store.h"
 #include "cli/commands.h"
-#include "cli/run_files.h"
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "core/fault_injection_env.h"
 #include "core/log.h"
+#include "core/stop_signal.h"
 #include "data/default_corpus.h"
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
 #include "data/prepare.h"
 #include "model/generate.h"
+#include "train/checkpoint_controller.h"
 #include "train/flops.h"
+#include "train/train_checkpoint.h"
 #include "train/trainer.h"
 
 namespace keel::cli {
@@ -24,6 +31,15 @@ namespace {
 int Fail(const Status& st) {
   LogError("error: " + st.message());
   return st.code() == Status::Code::kInvalidArgument ? 2 : 1;
+}
+
+std::string Now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace
@@ -38,6 +54,14 @@ int TrainCommand(int argc, const char* const* argv) {
   if (!st.ok()) return Fail(st);
   Env* env = Env::Default();
   Log("keel {} - training", KEEL_VERSION);
+  // Test hook: KEEL_FAULT_INJECTION arms a fault (e.g. a crash inside a save) in the Env.
+  std::unique_ptr<FaultInjectionEnv> fault_env;
+  if (const char* spec = std::getenv("KEEL_FAULT_INJECTION"); spec != nullptr && *spec) {
+    st = FaultInjectionEnv::FromSpec(spec, env, &fault_env);
+    if (!st.ok()) return Fail(st);
+    env = fault_env.get();
+    Warn("fault injection active (KEEL_FAULT_INJECTION={}): for testing only", spec);
+  }
   auto comm = MakeSingleProcessCommunicator();
   // Validate again once the data-parallel size and the vocabulary are known: the defaults that
   // depend on them (global batch, padded vocab) are derived from the config as the user gave it.
@@ -46,18 +70,22 @@ int TrainCommand(int argc, const char* const* argv) {
 
   // ---- run directory: checked before any work, so a long run never fails at its end ----
   if (!cfg.save.empty()) {
-    for (const char* f : {"run.json", "model.safetensors"}) {
-      if (env->FileExists(JoinPath(cfg.save, f)))
-        return Fail(Status::InvalidArgument(
-            "--save " + cfg.save + " already holds a run (" + f +
-            "): keel never overwrites a run's files; pass a new --save directory"));
-    }
+    if (env->FileExists(JoinPath(cfg.save, "run.json")) &&
+        !env->FileExists(JoinPath(cfg.save, kMarkerFile)))
+      return Fail(Status::InvalidArgument(
+          "--save " + cfg.save +
+          " holds a run written by an older keel (run.json, no checkpoints) that cannot be "
+          "resumed; pass a new --save directory"));
     st = env->CreateDirs(cfg.save);
     if (st.ok()) st = WriteFileAtomic(env, JoinPath(cfg.save, ".keel-write-test"), "ok\n");
     if (st.ok()) st = env->RemoveFile(JoinPath(cfg.save, ".keel-write-test"));
     if (!st.ok())
       return Fail(
           Status::InvalidArgument("--save " + cfg.save + " is not writable: " + st.message()));
+  }
+  if (!cfg.kill_switch_path.empty() && env->FileExists(cfg.kill_switch_path)) {
+    Warn("kill switch {} exists: not training (remove the file to train)", cfg.kill_switch_path);
+    return 0;
   }
 
   // ---- data ----
@@ -103,17 +131,74 @@ int TrainCommand(int argc, const char* const* argv) {
         cfg.eval_iters, cfg.global_batch_size, cfg.eval_iters * cfg.global_batch_size,
         valid_set->SamplesPerEpoch());
 
+  // ---- the checkpoint to resume from, if any ----
+  const std::string load_dir = cfg.load.empty() ? cfg.save : cfg.load;
+  std::unique_ptr<SavedTrainState> saved;
+  if (!load_dir.empty()) {
+    CheckpointStore load_store(env, load_dir, [](const std::string& l) { LogLine(l); });
+    const bool own = load_dir == cfg.save;
+    if (own) {
+      st = load_store.Recover();
+      if (!st.ok()) return Fail(st);
+    }
+    CheckpointInfo info;
+    st = load_store.FindNewestValid(/*move_aside_rejected=*/own, &info);
+    if (st.code() == Status::Code::kNotFound) {
+      if (!cfg.load.empty())
+        return Fail(Status::InvalidArgument("--load " + cfg.load +
+                                            " holds no checkpoint (iter_NNNNNNN directory); "
+                                            "check the path, or drop --load to start afresh"));
+    } else if (!st.ok()) {
+      return Fail(Status::Corruption(
+          st.message() + "\nfix or move the broken checkpoints, or pass a new --save directory"));
+    } else {
+      saved = std::make_unique<SavedTrainState>();
+      st = ReadSavedTrainState(env, info.path, saved.get());
+      if (!st.ok()) return Fail(st);
+    }
+  }
+  if (!cfg.load.empty() && cfg.load != cfg.save) {
+    CheckpointStore save_store(env, cfg.save, nullptr);
+    std::vector<CheckpointInfo> existing;
+    if (save_store.List(&existing).ok() && !existing.empty())
+      return Fail(Status::InvalidArgument(
+          "--save " + cfg.save + " already holds checkpoints of a run and --load names another "
+          "directory (" + cfg.load + "): drop --load to continue the run in --save, or pass a "
+          "new --save directory"));
+  }
+  nlohmann::json history = saved ? saved->history : nlohmann::json::array();
+  if (saved) {
+    std::vector<ConfigChange> changes = DiffConfigForResume(saved->config, cfg), accepted;
+    std::vector<std::string> change_notes;
+    st = CheckResumeChanges(changes, cfg, &accepted, &change_notes);
+    if (!st.ok()) return Fail(Status::InvalidArgument(saved->dir + ": " + st.message()));
+    for (const std::string& n : change_notes) Log("note: {}", n);
+    nlohmann::json event = {{"event", "resume"},
+                            {"iteration", saved->counters.iteration},
+                            {"at", Now()},
+                            {"from", saved->dir},
+                            {"keel_version", KEEL_VERSION}};
+    for (const ConfigChange& c : accepted) {
+      Log("accepted change on resume: {}: {} -> {} ({})", c.key, c.old_value, c.new_value,
+          c.kind == ConfigChange::Kind::kScheduler ? "--override-scheduler"
+                                                   : "--override-data-order");
+      event["accepted_changes"].push_back({{"key", c.key}, {"old", c.old_value}, {"new", c.new_value}});
+    }
+    history.push_back(event);
+  }
+
   // ---- config, backend, model ----
   Log("resolved config:\n{}", FormatConfig(cfg));
   auto backend = MakeCpuBackend(cfg.threads);
   Log("backend: {}", backend->Describe());
-  int64_t last_epoch = 0;
+  int64_t last_epoch = -1;
   SampleFn train_fn = [&](int64_t index, int32_t* tokens) {
     const int64_t epoch = train_set->EpochOf(index);
     if (epoch != last_epoch) {
-      Log("data: train split exhausted after {} samples; starting epoch {} (new deterministic "
-          "order)",
-          index, epoch + 1);
+      if (epoch > 0 && last_epoch >= 0)
+        Log("data: train split exhausted after {} samples; starting epoch {} (new deterministic "
+            "order)",
+            index, epoch + 1);
       last_epoch = epoch;
     }
     train_set->GetSample(index, tokens);
@@ -136,20 +221,68 @@ int TrainCommand(int argc, const char* const* argv) {
           : ": differs because of the FFN size, ALiBi or the embedding LayerNorm");
   Log("training: {} iterations, {} flops per token", trainer.TotalIterations(),
       fmt::format("{:.3g}", TrainingFlopsPerToken(spec, cfg.seq_length)));
-  trainer.InitializeWeights();
-
-  const auto t0 = std::chrono::steady_clock::now();
-  st = trainer.Run([](const std::string& line) { LogLine(line); });
-  if (!st.ok()) return Fail(st);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  Log("training finished: {} iterations in {:.1f} s", trainer.counters().iteration, secs);
-
-  if (!cfg.save.empty()) {
-    st = SaveRunFiles(env, cfg.save, trainer.model(), FormatConfig(cfg), prefix, meta);
+  if (saved) {
+    const auto l0 = std::chrono::steady_clock::now();
+    st = RestoreTrainCheckpoint(env, *saved, trainer);
     if (!st.ok()) return Fail(st);
-    Log("saved weights and run files to {} (sample with `keel sample --load {}`)", cfg.save,
-        cfg.save);
+    const double ls = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
+    Log("resumed from {}: iteration {}, consumed samples {}, optimizer step {}, next LR {:.6E}, "
+        "LR scale {} (loaded in {:.2f} s)",
+        saved->dir, saved->counters.iteration, saved->counters.consumed_samples,
+        trainer.optimizer().step(), trainer.NextLr(), trainer.lr_scale(), ls);
+  } else {
+    trainer.InitializeWeights();
+    if (!cfg.save.empty()) Log("no checkpoint in {}: starting from fresh weights", cfg.save);
   }
+  if (cfg.lr_scale_on_resume > 0 && cfg.lr_scale_on_resume != trainer.lr_scale()) {
+    Log("LR scale {} -> {} (--lr-scale-on-resume){}", trainer.lr_scale(), cfg.lr_scale_on_resume,
+        saved ? "" : "; no checkpoint to resume, so it applies from the first iteration");
+    history.push_back({{"event", "lr_scale"},
+                       {"iteration", trainer.counters().iteration},
+                       {"at", Now()},
+                       {"old", trainer.lr_scale()},
+                       {"new", cfg.lr_scale_on_resume}});
+    trainer.set_lr_scale(cfg.lr_scale_on_resume);
+  }
+
+  std::unique_ptr<CheckpointStore> store;
+  if (!cfg.save.empty()) {
+    store = std::make_unique<CheckpointStore>(env, cfg.save,
+                                              [](const std::string& l) { LogLine(l); });
+    InstallStopSignalHandlers();
+  }
+  RunInfo run_info{prefix, meta};
+  CheckpointController ckpt(cfg, env, store.get(), &trainer, run_info, history,
+                            [](const std::string& l) { LogLine(l); });
+  if (saved && load_dir == cfg.save) ckpt.set_last_saved_iteration(saved->counters.iteration);
+
+  if (trainer.counters().iteration >= trainer.TotalIterations()) {
+    Log("the checkpoint at iteration {} already completes this run of {} iterations; raise "
+        "--train-iters (and accept the longer decay with --override-scheduler) to train further",
+        trainer.counters().iteration, trainer.TotalIterations());
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    RunHooks hooks;
+    hooks.log = [](const std::string& line) { LogLine(line); };
+    hooks.after_iteration = [&] { return ckpt.AfterIteration(); };
+    st = trainer.Run(hooks);
+    if (!st.ok()) return Fail(st);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st = ckpt.Finish();
+    if (!st.ok()) return Fail(st);
+    if (ckpt.stop_reason() != StopReason::kNone) {
+      Log("stopped at iteration {} of {} because {}{}", trainer.counters().iteration,
+          trainer.TotalIterations(), StopReasonText(ckpt.stop_reason()),
+          store ? "; run the same command to resume" : " (no --save: nothing was saved)");
+      Log("state fingerprint: {:016x}", trainer.StateFingerprint());
+      return 0;
+    }
+    Log("training finished: iteration {} in {:.1f} s", trainer.counters().iteration, secs);
+  }
+  Log("state fingerprint: {:016x}", trainer.StateFingerprint());
+  if (store)
+    Log("checkpoints are in {} (sample with `keel sample --load {}`)", cfg.save, cfg.save);
   if (cfg.sample_tokens > 0) {
     std::unique_ptr<Tokenizer> tok;
     st = LoadTokenizerForDataset(prefix, meta, &tok);

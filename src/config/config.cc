@@ -418,8 +418,39 @@ const std::vector<Setting>& Settings() {
       EnumSetting(
           "tokenizer", "tokenizer for the default corpus", &TC::tokenizer,
           {{TokenizerKind::kGpt2, "gpt2"}, {TokenizerKind::kSentencePiece, "sentencepiece"}}),
+      // checkpoints and stopping
+      StringSetting("save", "DIR",
+                    "run directory: checkpoints and the run's files; keel train with the same "
+                    "--save resumes from its newest valid checkpoint",
+                    &TC::save),
+      StringSetting("load", "DIR",
+                    "start from the newest valid checkpoint in DIR (default: --save's)", &TC::load),
+      IntSetting("save-interval", "iterations between checkpoints (0: only at the end and on stop)",
+                 &TC::save_interval),
+      RealSetting("save-interval-minutes",
+                  "also checkpoint when this many minutes passed since the last save (0: off)",
+                  &TC::save_interval_minutes),
+      IntSetting("keep-last-checkpoints",
+                 "keep the newest N checkpoints, delete older unpinned ones (0: keep all)",
+                 &TC::keep_last_checkpoints),
+      StringSetting("kill-switch-path", "FILE", "when FILE appears: save a checkpoint and exit 0",
+                    &TC::kill_switch_path),
+      IntSetting("exit-interval", "save and exit when the iteration is a multiple of N (0: off)",
+                 &TC::exit_interval),
+      RealSetting("exit-duration-in-mins", "save and exit after this many minutes (0: off)",
+                  &TC::exit_duration_in_mins),
+      BoolSetting("override-scheduler",
+                  "on resume, accept LR, warmup, decay, optimizer and batch settings that differ "
+                  "from the checkpoint's",
+                  &TC::override_scheduler),
+      BoolSetting("override-data-order",
+                  "on resume, accept a seed, data path or split that differs from the checkpoint's",
+                  &TC::override_data_order),
+      RealSetting("lr-scale-on-resume",
+                  "on resume, multiply the schedule's LR by this from now on (stored in later "
+                  "checkpoints; 0: keep the checkpoint's)",
+                  &TC::lr_scale_on_resume),
       // output
-      StringSetting("save", "DIR", "run directory for final weights and run files", &TC::save),
       IntSetting("sample-tokens", "tokens generated at the end (0: none)", &TC::sample_tokens),
       StringSetting("sample-prompt", "TEXT", "prompt for the end-of-run sample",
                     &TC::sample_prompt),
@@ -846,6 +877,26 @@ Status ValidateOptimizerAndRun(TrainConfig* c) {
       NonNegative("threads", c->threads, "use 0 for all cores or a positive thread count"));
   KEEL_RETURN_IF_ERROR(NonNegative("sample-tokens", c->sample_tokens,
                                    "use 0 for no sample or a positive token count"));
+  KEEL_RETURN_IF_ERROR(NonNegative("save-interval", c->save_interval,
+                                   "use 0 to save only at the end and on stop requests"));
+  KEEL_RETURN_IF_ERROR(
+      NonNegative("keep-last-checkpoints", c->keep_last_checkpoints, "use 0 to keep all"));
+  KEEL_RETURN_IF_ERROR(NonNegative("exit-interval", c->exit_interval, "use 0 to disable it"));
+  for (auto [flag, v] : {std::pair<const char*, double>{"save-interval-minutes",
+                                                        c->save_interval_minutes},
+                         {"exit-duration-in-mins", c->exit_duration_in_mins},
+                         {"lr-scale-on-resume", c->lr_scale_on_resume}}) {
+    if (!(v >= 0))
+      return Invalid(fmt::format("--{} {} must not be negative; use 0 to disable it", flag, v));
+  }
+  if (c->save.empty()) {
+    if (!c->kill_switch_path.empty())
+      return Invalid("--kill-switch-path needs --save: the kill switch saves a checkpoint before "
+                     "exiting; pass --save DIR");
+    if (!c->load.empty())
+      return Invalid("--load " + c->load +
+                     " needs --save: a resumed run must have somewhere to save; pass --save DIR");
+  }
   return CheckSplit(c->split);
 }
 
@@ -974,6 +1025,12 @@ std::string FormatConfig(const TrainConfig& cfg) {
   out += fmt::format("# data-parallel-size = {}\n", cfg.data_parallel_size);
   out += fmt::format("# vocab-size = {}\n", cfg.vocab_size);
   out += fmt::format("# padded-vocab-size = {}\n", cfg.padded_vocab_size);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> ConfigValues(const TrainConfig& cfg) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Setting& s : Settings()) out.emplace_back(s.name, s.get(cfg));
   return out;
 }
 

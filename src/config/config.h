@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -69,8 +70,21 @@ struct TrainConfig {
   TokenizerKind tokenizer = TokenizerKind::kSentencePiece;  // default corpus only
   int vocab_size = 0;  // from the dataset's metadata; padded by Validate
 
+  // ---- checkpoints and stopping ----
+  std::string save;  // run directory: checkpoints (iter_NNNNNNN/), marker, the run's journal
+  std::string load;  // checkpoints to start from (empty: resume from --save if it has any)
+  int64_t save_interval = 100;       // iterations between checkpoints (0: only final and on stop)
+  double save_interval_minutes = 0;  // also save when this much time passed since the last (0: off)
+  int keep_last_checkpoints = 2;     // retention: newest K committed checkpoints (0: keep all)
+  std::string kill_switch_path;      // when this file appears: save, then exit 0
+  int64_t exit_interval = 0;         // save and exit once iteration % N == 0 (0: off)
+  double exit_duration_in_mins = 0;  // save and exit after this long in this process (0: off)
+  // Deliberate changes against a checkpoint (refused otherwise, with a diff).
+  bool override_scheduler = false;    // accept new LR/warmup/decay/optimizer/batch settings
+  bool override_data_order = false;   // accept a new seed, data path or split
+  double lr_scale_on_resume = 0;      // multiply the schedule's LR by this from now on (0: keep)
+
   // ---- output ----
-  std::string save;        // run directory: final weights and the run's files
   int sample_tokens = 64;  // tokens of text generated at the end of training (0: none)
   std::string sample_prompt = "Call me";
 
@@ -110,6 +124,8 @@ Status ApplyToml(const std::string& toml_text, const std::string& origin, TrainC
 Status Validate(TrainConfig* cfg, std::vector<std::string>* notes);
 // The resolved config as TOML-like "key = value" lines, printed once at start.
 std::string FormatConfig(const TrainConfig& cfg);
+// Every setting as (name, TOML literal), in table order (for diffs against a checkpoint's config).
+std::vector<std::pair<std::string, std::string>> ConfigValues(const TrainConfig& cfg);
 // A stable hash of the resolved config (for run identity and, later, checkpoints).
 uint64_t ConfigHash(const TrainConfig& cfg);
 

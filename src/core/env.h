@@ -45,6 +45,9 @@ class Env {
   virtual Status GetChildren(const std::string& dir, std::vector<std::string>* names) = 0;
   virtual Status CreateDirs(const std::string& dir) = 0;  // mkdir -p
   virtual Status RenameFile(const std::string& from, const std::string& to) = 0;
+  // Swaps two existing paths in one atomic step (renameat2 RENAME_EXCHANGE): used to replace a
+  // whole directory (an edited checkpoint) so readers see the old or the new one, never neither.
+  virtual Status ExchangePaths(const std::string& a, const std::string& b) = 0;
   virtual Status RemoveFile(const std::string& path) = 0;
   virtual Status RemoveDirRecursive(const std::string& dir) = 0;
   virtual Status SyncDir(const std::string& dir) = 0;  // fsync a directory after a rename

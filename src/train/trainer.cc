@@ -92,7 +92,7 @@ StepResult Trainer::TrainStep() {
   r.grad_norm = gs.norm;
   r.num_zeros = gs.num_zeros;
   // The update of this iteration uses the LR at the position after its batch (see lr_schedule.h).
-  r.lr = schedule_.LrAt(counters_.consumed_samples + r.global_batch);
+  r.lr = lr_scale_ * schedule_.LrAt(counters_.consumed_samples + r.global_batch);
   if (!gs.finite || !std::isfinite(r.loss)) {
     // Never let a NaN/Inf reach the weights: skip the update, count it, keep going.
     r.skipped = true;
@@ -108,6 +108,11 @@ StepResult Trainer::TrainStep() {
   r.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+double Trainer::NextLr() const {
+  return lr_scale_ * schedule_.LrAt(counters_.consumed_samples +
+                                    rampup_.GlobalBatchAt(counters_.consumed_samples));
 }
 
 double Trainer::Evaluate(int64_t iters) {
@@ -135,24 +140,22 @@ double Trainer::Evaluate(int64_t iters) {
   return reduced[0] / reduced[1];
 }
 
-Status Trainer::Run(const std::function<void(const std::string&)>& log) {
-  double interval_loss = 0.0, interval_ms = 0.0;
-  int64_t interval_iters = 0, interval_ok = 0, interval_skipped = 0, interval_samples = 0;
-  double interval_flops = 0.0;
+Status Trainer::Run(const RunHooks& hooks) {
+  LogIntervalState& iv = interval_;
   while (counters_.iteration < total_iters_) {
     const StepResult r = TrainStep();
-    ++interval_iters;
-    interval_ms += r.step_ms;
-    interval_samples += r.global_batch;
-    interval_flops += FlopsPerIteration(r.global_batch);
+    ++iv.iters;
+    iv.ms += r.step_ms;
+    iv.samples += r.global_batch;
+    iv.flops += FlopsPerIteration(r.global_batch);
     if (r.skipped) {
-      ++interval_skipped;
-      log(fmt::format(
+      ++iv.skipped;
+      hooks.log(fmt::format(
           "WARNING: iteration {}: non-finite {} (loss {}, grad norm {}): update skipped",
           counters_.iteration, std::isfinite(r.loss) ? "gradients" : "loss", r.loss, r.grad_norm));
     } else {
-      interval_loss += r.loss;
-      ++interval_ok;
+      iv.loss_sum += r.loss;
+      ++iv.ok;
     }
     const bool last = counters_.iteration == total_iters_;
     if (counters_.iteration % cfg_.log_interval == 0 || last) {
@@ -161,25 +164,25 @@ Status Trainer::Run(const std::function<void(const std::string&)>& log) {
       s.train_iters = total_iters_;
       s.consumed_samples = counters_.consumed_samples;
       s.consumed_tokens = counters_.consumed_tokens;
-      s.elapsed_ms_per_iter = interval_ms / static_cast<double>(interval_iters);
+      s.elapsed_ms_per_iter = iv.ms / static_cast<double>(iv.iters);
       s.learning_rate = r.lr;
       s.global_batch_size = r.global_batch;
-      s.lm_loss = interval_ok > 0 ? interval_loss / static_cast<double>(interval_ok) : NAN;
+      s.lm_loss = iv.ok > 0 ? iv.loss_sum / static_cast<double>(iv.ok) : NAN;
       s.grad_norm = r.grad_norm;
       s.num_zeros = static_cast<double>(r.num_zeros);
-      s.skipped_iterations = interval_skipped;
-      s.nan_iterations = interval_skipped;
-      const double secs = interval_ms / 1000.0;
-      s.samples_per_second = static_cast<double>(interval_samples) / secs;
-      s.tflops = interval_flops / secs / 1e12;
-      log(FormatIterationLine(s));
-      interval_loss = interval_ms = interval_flops = 0.0;
-      interval_iters = interval_ok = interval_skipped = interval_samples = 0;
+      s.skipped_iterations = iv.skipped;
+      s.nan_iterations = iv.skipped;
+      const double secs = iv.ms / 1000.0;
+      s.samples_per_second = static_cast<double>(iv.samples) / secs;
+      s.tflops = iv.flops / secs / 1e12;
+      hooks.log(FormatIterationLine(s));
+      iv = LogIntervalState{};
     }
     if (valid_samples_ && cfg_.eval_iters > 0 &&
         (counters_.iteration % cfg_.eval_interval == 0 || last)) {
-      log(FormatValidationLine(counters_.iteration, Evaluate(cfg_.eval_iters)));
+      hooks.log(FormatValidationLine(counters_.iteration, Evaluate(cfg_.eval_iters)));
     }
+    if (hooks.after_iteration && !hooks.after_iteration()) break;
   }
   return Status::OK();
 }
@@ -196,6 +199,7 @@ uint64_t Trainer::StateFingerprint() {
   const int64_t step = optimizer_->step();
   XXH3_64bits_update(st, &step, sizeof(step));
   XXH3_64bits_update(st, &counters_, sizeof(counters_));
+  XXH3_64bits_update(st, &lr_scale_, sizeof(lr_scale_));
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return h;

@@ -43,11 +43,19 @@ struct StepResult {
   double step_ms = 0;
 };
 
-// The complete mutable state of a run, reachable from one place.
-struct TrainState {
-  GptModel* model = nullptr;
-  AdamW* optimizer = nullptr;
-  TrainCounters* counters = nullptr;
+// Accumulators of the log interval in progress (the metrics cursor). They are checkpointed, so a
+// run resumed mid-interval prints the same iteration lines as one that never stopped.
+struct LogIntervalState {
+  double loss_sum = 0, ms = 0, flops = 0;
+  int64_t iters = 0, ok = 0, skipped = 0, samples = 0;
+};
+
+// What the loop calls around iterations.
+struct RunHooks {
+  std::function<void(const std::string&)> log;
+  // After every iteration, its log line and evaluation: false stops the loop (e.g. to save and
+  // exit on a signal). May be empty.
+  std::function<bool()> after_iteration;
 };
 
 class Trainer {
@@ -61,17 +69,25 @@ class Trainer {
   StepResult TrainStep();
   // Mean lm loss over `iters` validation batches (the same samples at every evaluation).
   double Evaluate(int64_t iters);
-  // The whole run: iterations until the configured length, the Megatron iteration line every
-  // log-interval, validation every eval-interval; every line goes to `log`.
-  Status Run(const std::function<void(const std::string&)>& log);
+  // The whole run from the current state: iterations until the configured length, the Megatron
+  // iteration line every log-interval, validation every eval-interval; lines go to hooks.log.
+  Status Run(const RunHooks& hooks);
 
   int64_t TotalIterations() const { return total_iters_; }
   GptModel& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
   TrainCounters& counters() { return counters_; }
-  TrainState state() { return TrainState{model_.get(), optimizer_.get(), &counters_}; }
-  // xxh3 over parameters, optimizer moments and step, and counters: equal fingerprints mean
-  // bit-identical training state.
+  LogIntervalState& log_interval_state() { return interval_; }
+  // Multiplier of the schedule's learning rate (1 unless changed on resume; see train_checkpoint).
+  double lr_scale() const { return lr_scale_; }
+  void set_lr_scale(double s) { lr_scale_ = s; }
+  const LrSchedule& schedule() const { return schedule_; }
+  const BatchRampup& rampup() const { return rampup_; }
+  const TrainConfig& config() const { return cfg_; }
+  // The learning rate the next iteration's update will use.
+  double NextLr() const;
+  // xxh3 over parameters, optimizer moments and step, counters and the LR scale: equal
+  // fingerprints mean bit-identical training state.
   uint64_t StateFingerprint();
   double FlopsPerIteration(int64_t global_batch) const;
 
@@ -86,6 +102,8 @@ class Trainer {
   BatchRampup rampup_;
   LrSchedule schedule_;
   TrainCounters counters_;
+  LogIntervalState interval_;
+  double lr_scale_ = 1.0;
   int64_t total_iters_ = 0;
   std::vector<int32_t> batch_tokens_, inputs_, targets_;
 };

@@ -81,17 +81,20 @@ TEST(CliTest, TrainsOnDefaultCorpusSavesAndSamples) {
   EXPECT_NE(r.out.find(" iteration        6/       6 |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("validation loss at iteration 6"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("sample"), std::string::npos) << r.out;
-  EXPECT_TRUE(std::filesystem::exists(dir + "/model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/iter_0000006/model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/latest_checkpointed_iteration.txt"));
   Result s = RunKeel("sample --load " + dir + " --tokens 5 --prompt Whale");
   EXPECT_EQ(s.code, 0) << s.out;
-  EXPECT_EQ(s.out.rfind("Whale", 0), 0u) << s.out;
+  EXPECT_NE(s.out.find("sampling from " + dir + "/iter_0000006"), std::string::npos) << s.out;
+  EXPECT_TRUE(s.out.rfind("Whale", 0) == 0 || s.out.find("\nWhale") != std::string::npos)
+      << s.out;
   std::filesystem::remove_all(dir);
 }
 
 TEST(CliTest, SampleFromMissingRunNamesTheFile) {
   Result r = RunKeel("sample --load /nonexistent/run");
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("/nonexistent/run/run.json"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent/run holds no checkpoint"), std::string::npos) << r.out;
 }
 
 TEST(CliTest, DataPrepareThenTrainOnIt) {
@@ -123,20 +126,34 @@ TEST(CliTest, DataPrepareThenTrainOnIt) {
 
 namespace {
 
-TEST(CliTest, SaveIntoAnExistingRunIsRefusedBeforeTraining) {
+TEST(CliTest, SaveNeverOverwritesFilesItDidNotWrite) {
   const std::string dir = TempDir("existing");
   FILE* f = std::fopen((dir + "/model.safetensors").c_str(), "w");
   std::fputs("precious", f);
   std::fclose(f);
-  Result r = RunKeel("train --train-iters 2 --lr-warmup-iters 1 --save " + dir);
-  EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("already holds a run"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find(" iteration "), std::string::npos) << "trained despite the refusal";
+  Result r = RunKeel(
+      "train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 32 "
+      "--micro-batch-size 2 --train-iters 2 --lr-warmup-iters 1 --sample-tokens 0 --save " +
+      dir);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/iter_0000002/manifest.json"));
   std::string content(8, '\0');
   f = std::fopen((dir + "/model.safetensors").c_str(), "r");
   ASSERT_EQ(std::fread(content.data(), 1, 8, f), 8u);
   std::fclose(f);
   EXPECT_EQ(content, "precious");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CliTest, RunWrittenByAnOlderKeelIsRefusedBeforeTraining) {
+  const std::string dir = TempDir("oldrun");
+  FILE* f = std::fopen((dir + "/run.json").c_str(), "w");
+  std::fputs("{}", f);
+  std::fclose(f);
+  Result r = RunKeel("train --train-iters 2 --lr-warmup-iters 1 --save " + dir);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("older keel"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" iteration "), std::string::npos) << "trained despite the refusal";
   std::filesystem::remove_all(dir);
 }
 

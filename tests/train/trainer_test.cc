@@ -125,7 +125,9 @@ TEST(TrainerTest, RunLogsMegatronLinesAndValidation) {
   Trainer tr(c, be.get(), comm.get(), Env::Default(), PatternData(1), PatternData(2));
   tr.InitializeWeights();
   std::vector<std::string> lines;
-  ASSERT_TRUE(tr.Run([&](const std::string& l) { lines.push_back(l); }).ok());
+  RunHooks hooks;
+  hooks.log = [&](const std::string& l) { lines.push_back(l); };
+  ASSERT_TRUE(tr.Run(hooks).ok());
   ASSERT_EQ(lines.size(), 3u);  // iterations 10 and 20, validation at 20
   const std::regex iter_re(
       R"( iteration +20/ +20 \| consumed samples: +80 \| consumed tokens: +1280 \| elapsed time per iteration \(ms\): [0-9.]+ \| learning rate: [0-9.]+E[-+][0-9]+ \| global batch size: +4 \| lm loss: [0-9.]+E[-+][0-9]+ \| loss scale: 1\.0 \| grad norm: [0-9.]+ \| num zeros: [0-9.]+ \| number of skipped iterations: +0 \| number of nan iterations: +0 \| samples per second: [0-9.]+ \| TFLOPs: [0-9.]+ \|)");

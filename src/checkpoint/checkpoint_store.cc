@@ -1,0 +1,290 @@
+#include "checkpoint/checkpoint_store.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <nlohmann/json.hpp>
+
+namespace keel {
+
+std::string CheckpointDirName(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
+
+bool ParseCheckpointDirName(const std::string& name, int64_t* iteration) {
+  if (name.size() < 6 || name.compare(0, 5, "iter_") != 0) return false;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(name[i])) || i - 5 >= 15) return false;
+    v = v * 10 + (name[i] - '0');
+  }
+  *iteration = v;
+  return true;
+}
+
+CheckpointStore::CheckpointStore(Env* env, std::string root, Logger log)
+    : env_(env), root_(std::move(root)), log_(std::move(log)) {
+  if (!log_) log_ = [](const std::string&) {};
+}
+
+Status CheckpointStore::Recover() {
+  if (!env_->IsDirectory(root_)) return Status::OK();
+  std::vector<std::string> children;
+  KEEL_RETURN_IF_ERROR(env_->GetChildren(root_, &children));
+  std::sort(children.begin(), children.end());
+  for (const std::string& c : children) {
+    const std::string p = JoinPath(root_, c);
+    if (c.rfind(".tmp.", 0) == 0) {
+      log_(fmt::format(
+          "WARNING: removing {}: the leftover of a checkpoint save that was interrupted (the "
+          "checkpoints saved before it are intact)",
+          p));
+      KEEL_RETURN_IF_ERROR(env_->RemoveDirRecursive(p));
+    } else if (c.rfind(".edit.", 0) == 0) {
+      log_(fmt::format(
+          "WARNING: removing {}: the leftover of an interrupted `keel ckpt edit` (the checkpoint "
+          "itself is complete, with or without the edit; `keel ckpt inspect` shows its history)",
+          p));
+      KEEL_RETURN_IF_ERROR(env_->RemoveDirRecursive(p));
+    } else if (c == std::string(kMarkerFile) + ".tmp" || c == std::string(kPinsFile) + ".tmp") {
+      log_(fmt::format("WARNING: removing {}: the leftover of an interrupted update of {}", p,
+                       c.substr(0, c.size() - 4)));
+      KEEL_RETURN_IF_ERROR(env_->RemoveFile(p));
+    }
+  }
+  return Status::OK();
+}
+
+Status CheckpointStore::ReadMarker(int64_t* iteration) {
+  const std::string p = JoinPath(root_, kMarkerFile);
+  if (!env_->FileExists(p)) return Status::NotFound(p + " does not exist");
+  std::string text;
+  KEEL_RETURN_IF_ERROR(env_->ReadFileToString(p, &text));
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  int64_t v = 0;
+  if (text.empty() || text.size() > 15 ||
+      !std::all_of(text.begin(), text.end(), [](char ch) { return std::isdigit(ch); }))
+    return Status::Corruption(p + " does not hold an iteration number ('" + text.substr(0, 40) +
+                              "')");
+  v = std::stoll(text);
+  *iteration = v;
+  return Status::OK();
+}
+
+Status CheckpointStore::WriteMarker(int64_t iteration) {
+  return WriteFileAtomic(env_, JoinPath(root_, kMarkerFile), fmt::format("{}\n", iteration));
+}
+
+Status CheckpointStore::ReadPins(std::map<int64_t, std::string>* pins) {
+  pins->clear();
+  const std::string p = JoinPath(root_, kPinsFile);
+  if (!env_->FileExists(p)) return Status::OK();
+  std::string text;
+  KEEL_RETURN_IF_ERROR(env_->ReadFileToString(p, &text));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return Status::Corruption(p + " is not a JSON object of iteration -> reason");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    int64_t it_num = 0;
+    if (!ParseCheckpointDirName(it.key(), &it_num) || !it->is_string())
+      return Status::Corruption(p + ": entry '" + it.key() +
+                                "' is not \"iter_NNNNNNN\": \"reason\"");
+    (*pins)[it_num] = it->get<std::string>();
+  }
+  return Status::OK();
+}
+
+Status CheckpointStore::Pin(int64_t iteration, const std::string& reason) {
+  std::map<int64_t, std::string> pins;
+  KEEL_RETURN_IF_ERROR(ReadPins(&pins));
+  pins[iteration] = reason;
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [i, r] : pins) j[CheckpointDirName(i)] = r;
+  return WriteFileAtomic(env_, JoinPath(root_, kPinsFile), j.dump(2) + "\n");
+}
+
+Status CheckpointStore::Unpin(int64_t iteration) {
+  std::map<int64_t, std::string> pins;
+  KEEL_RETURN_IF_ERROR(ReadPins(&pins));
+  pins.erase(iteration);
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [i, r] : pins) j[CheckpointDirName(i)] = r;
+  return WriteFileAtomic(env_, JoinPath(root_, kPinsFile), j.dump(2) + "\n");
+}
+
+Status CheckpointStore::List(std::vector<CheckpointInfo>* out) {
+  out->clear();
+  if (!env_->IsDirectory(root_)) return Status::OK();
+  std::vector<std::string> children;
+  KEEL_RETURN_IF_ERROR(env_->GetChildren(root_, &children));
+  int64_t marker = -1;
+  Status ms = ReadMarker(&marker);
+  if (!ms.ok()) marker = -1;
+  std::map<int64_t, std::string> pins;
+  KEEL_RETURN_IF_ERROR(ReadPins(&pins));
+  for (const std::string& c : children) {
+    CheckpointInfo info;
+    if (!ParseCheckpointDirName(c, &info.iteration) || !env_->IsDirectory(JoinPath(root_, c)))
+      continue;
+    info.name = c;
+    info.path = JoinPath(root_, c);
+    info.committed = info.iteration <= marker;
+    auto p = pins.find(info.iteration);
+    if (p != pins.end()) info.pinned = true, info.pin_reason = p->second;
+    out->push_back(std::move(info));
+  }
+  std::sort(out->begin(), out->end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return a.iteration < b.iteration;
+  });
+  return Status::OK();
+}
+
+Status CheckpointStore::MoveAside(const std::string& name, const std::string& suffix,
+                                  std::string* new_name) {
+  std::string target = name + "." + suffix;
+  for (int k = 1; env_->FileExists(JoinPath(root_, target)); ++k)
+    target = fmt::format("{}.{}.{}", name, suffix, k);
+  KEEL_RETURN_IF_ERROR(env_->RenameFile(JoinPath(root_, name), JoinPath(root_, target)));
+  KEEL_RETURN_IF_ERROR(env_->SyncDir(root_));
+  *new_name = target;
+  return Status::OK();
+}
+
+Status CheckpointStore::FindNewestValid(bool move_aside_rejected, CheckpointInfo* out) {
+  std::vector<CheckpointInfo> all;
+  KEEL_RETURN_IF_ERROR(List(&all));
+  if (all.empty()) return Status::NotFound("no checkpoint (iter_NNNNNNN directory) in " + root_);
+  int64_t marker = -1;
+  Status ms = ReadMarker(&marker);
+  if (!ms.ok()) {
+    log_(fmt::format("WARNING: {}; the newest checkpoint that verifies is used and the marker "
+                     "rewritten",
+                     ms.message()));
+    marker = -1;
+  } else if (!env_->IsDirectory(JoinPath(root_, CheckpointDirName(marker)))) {
+    log_(fmt::format("WARNING: {} names iteration {} but {} does not exist", kMarkerFile, marker,
+                     CheckpointDirName(marker)));
+  }
+  std::string reasons;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    Status st = VerifyCheckpointDir(env_, it->path, /*check_contents=*/true, nullptr);
+    if (!st.ok()) {
+      reasons += "\n  " + st.message();
+      std::string moved;
+      if (move_aside_rejected && MoveAside(it->name, "corrupt", &moved).ok()) {
+        log_(fmt::format(
+            "WARNING: checkpoint {} is unusable: {}\n  moved it to {} (kept for inspection) and "
+            "falling back to an older checkpoint",
+            it->path, st.message(), JoinPath(root_, moved)));
+      } else {
+        log_(fmt::format("WARNING: checkpoint {} is unusable: {}; falling back to an older one",
+                         it->path, st.message()));
+      }
+      continue;
+    }
+    if (it->iteration != marker) {
+      if (it->iteration > marker)
+        log_(fmt::format(
+            "note: {} is complete and verifies but {} says {} (the save was interrupted before "
+            "the marker update); adopting it",
+            it->name, kMarkerFile, marker < 0 ? std::string("nothing") : std::to_string(marker)));
+      KEEL_RETURN_IF_ERROR(WriteMarker(it->iteration));
+      it->committed = true;
+    }
+    *out = *it;
+    return Status::OK();
+  }
+  return Status::Corruption("no checkpoint in " + root_ + " verifies:" + reasons);
+}
+
+Status CheckpointStore::Save(int64_t iteration, const std::vector<CheckpointFile>& files,
+                             SaveStats* stats) {
+  const uint64_t t0 = env_->NowMicros();
+  const std::string name = CheckpointDirName(iteration);
+  const std::string tmp = JoinPath(root_, ".tmp." + name);
+  const std::string final_path = JoinPath(root_, name);
+  Manifest manifest;
+  manifest.iteration = iteration;
+  uint64_t total = 0;
+  auto write_all = [&]() -> Status {
+    KEEL_RETURN_IF_ERROR(env_->CreateDirs(root_));
+    if (env_->FileExists(tmp)) KEEL_RETURN_IF_ERROR(env_->RemoveDirRecursive(tmp));
+    KEEL_RETURN_IF_ERROR(env_->CreateDirs(tmp));
+    for (const CheckpointFile& f : files) {
+      std::unique_ptr<WritableFile> base;
+      KEEL_RETURN_IF_ERROR(env_->NewWritableFile(JoinPath(tmp, f.name), &base));
+      ChecksummingFile file(std::move(base));
+      Status st = f.safetensors ? AppendSafetensors(&file, f.tensors, f.metadata)
+                                : file.Append(f.bytes);
+      if (st.ok()) st = file.Sync();
+      Status cst = file.Close();
+      KEEL_RETURN_IF_ERROR(st);
+      KEEL_RETURN_IF_ERROR(cst);
+      manifest.files.push_back({f.name, file.size(), file.digest()});
+      total += file.size();
+    }
+    const std::string mtext = manifest.ToJson();
+    std::unique_ptr<WritableFile> mf;
+    KEEL_RETURN_IF_ERROR(env_->NewWritableFile(JoinPath(tmp, kManifestFile), &mf));
+    Status st = mf->Append(mtext);
+    if (st.ok()) st = mf->Sync();
+    Status cst = mf->Close();
+    KEEL_RETURN_IF_ERROR(st);
+    KEEL_RETURN_IF_ERROR(cst);
+    total += mtext.size();
+    return env_->SyncDir(tmp);
+  };
+  Status st = write_all();
+  if (st.ok() && env_->FileExists(final_path)) {
+    // An older save of the same iteration (a run resumed from an earlier checkpoint): keep it.
+    std::string moved;
+    st = MoveAside(name, "superseded", &moved);
+    if (st.ok())
+      log_(fmt::format("WARNING: {} already existed (from an earlier attempt at this iteration); "
+                       "moved it to {}",
+                       final_path, JoinPath(root_, moved)));
+  }
+  if (st.ok()) st = env_->RenameFile(tmp, final_path);
+  if (st.ok()) st = env_->SyncDir(root_);
+  if (!st.ok()) {
+    env_->RemoveDirRecursive(tmp);  // best effort; Recover() removes it otherwise
+    return Status::IOError(fmt::format(
+        "saving checkpoint {} failed: {} (the checkpoints saved before it are intact)", final_path,
+        st.message()));
+  }
+  st = WriteMarker(iteration);
+  if (!st.ok())
+    return Status::IOError(fmt::format(
+        "checkpoint {} is complete but updating {} failed: {} (the next start adopts it after "
+        "verifying it)",
+        final_path, kMarkerFile, st.message()));
+  if (stats) {
+    stats->path = final_path;
+    stats->bytes = total;
+    stats->seconds = static_cast<double>(env_->NowMicros() - t0) / 1e6;
+  }
+  return Status::OK();
+}
+
+Status CheckpointStore::ApplyRetention(int keep_last) {
+  if (keep_last <= 0) return Status::OK();
+  std::vector<CheckpointInfo> all;
+  KEEL_RETURN_IF_ERROR(List(&all));
+  int64_t marker = -1;
+  if (!ReadMarker(&marker).ok()) return Status::OK();  // nothing is known to be good: keep all
+  int kept = 0;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (!it->committed) continue;
+    if (kept < keep_last || it->iteration == marker) {
+      ++kept;
+      continue;
+    }
+    if (it->pinned) continue;
+    log_(fmt::format("removing checkpoint {} (--keep-last-checkpoints {}; pin a checkpoint with "
+                     "`keel ckpt pin` to keep it)",
+                     it->path, keep_last));
+    KEEL_RETURN_IF_ERROR(env_->RemoveDirRecursive(it->path));
+  }
+  return env_->SyncDir(root_);
+}
+
+}  // namespace keel

@@ -1,0 +1,100 @@
+// CheckpointStore: the checkpoints of one run directory (`--save`), in Megatron's layout:
+//
+//   SAVE/iter_0000100/{manifest.json, state.json, model.safetensors, optimizer.safetensors, ...}
+//   SAVE/latest_checkpointed_iteration.txt   (the commit marker, written last)
+//   SAVE/pinned_checkpoints.json             (checkpoints retention never deletes)
+//
+// A save writes every file into SAVE/.tmp.iter_N, fsyncs each file, writes the manifest, fsyncs
+// the directory, renames it to iter_N, fsyncs SAVE, then replaces the marker atomically. A crash
+// at any instant leaves every earlier checkpoint and the marker intact; Recover() removes the
+// leftovers, saying so. The store knows files, not training: what goes into a checkpoint is the
+// train loop's business (train/train_checkpoint.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "checkpoint/manifest.h"
+#include "checkpoint/safetensors.h"
+#include "core/env.h"
+#include "core/status.h"
+
+namespace keel {
+
+constexpr const char* kMarkerFile = "latest_checkpointed_iteration.txt";
+constexpr const char* kPinsFile = "pinned_checkpoints.json";
+
+// One file of a checkpoint to write: raw bytes, or a safetensors image of host fp32 tensors.
+struct CheckpointFile {
+  std::string name;
+  std::string bytes;
+  bool safetensors = false;
+  std::vector<TensorView> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+struct CheckpointInfo {
+  int64_t iteration = 0;
+  std::string name;  // iter_0000100
+  std::string path;
+  bool committed = false;  // at or before the marker's iteration
+  bool pinned = false;
+  std::string pin_reason;
+};
+
+struct SaveStats {
+  std::string path;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+// "iter_0000100" for 100 (7 digits, as Megatron names them).
+std::string CheckpointDirName(int64_t iteration);
+// Parses "iter_0000100" into 100; false for anything else (e.g. "iter_0000100.corrupt").
+bool ParseCheckpointDirName(const std::string& name, int64_t* iteration);
+
+class CheckpointStore {
+ public:
+  using Logger = std::function<void(const std::string&)>;
+  CheckpointStore(Env* env, std::string root, Logger log);
+
+  const std::string& root() const { return root_; }
+
+  // Removes what an interrupted save or edit left behind (temporary directories and files), each
+  // with a log line. Safe to call at any time no save is running.
+  Status Recover();
+  // The checkpoints in the root, oldest first, with their commit and pin state.
+  Status List(std::vector<CheckpointInfo>* out);
+  // The marker's iteration; NotFound when there is no marker, Corruption when it is unreadable.
+  Status ReadMarker(int64_t* iteration);
+  // The newest checkpoint that verifies completely (manifest, sizes, checksums). Every newer one
+  // that fails is logged with the reason; with `move_aside_rejected` it is renamed to
+  // iter_N.corrupt(.K) so a continuing run can save iteration N again. A checkpoint newer than the
+  // marker (a save interrupted between its rename and the marker update) is complete by
+  // construction; once it verifies it is adopted and the marker updated, with a log line.
+  // NotFound if the root holds no checkpoint at all; Corruption if none verifies.
+  Status FindNewestValid(bool move_aside_rejected, CheckpointInfo* out);
+  // Writes a checkpoint of `iteration` as described above. On failure the partial temporary
+  // directory is removed (best effort) and the error says that the previous checkpoints are intact.
+  Status Save(int64_t iteration, const std::vector<CheckpointFile>& files, SaveStats* stats);
+  // Pins or unpins a checkpoint: pinned ones survive retention.
+  Status Pin(int64_t iteration, const std::string& reason);
+  Status Unpin(int64_t iteration);
+  Status ReadPins(std::map<int64_t, std::string>* pins);
+  // Deletes committed checkpoints beyond the newest `keep_last`, except pinned ones and the
+  // marker's; each deletion is logged. keep_last <= 0 keeps everything.
+  Status ApplyRetention(int keep_last);
+
+ private:
+  Status MoveAside(const std::string& name, const std::string& suffix, std::string* new_name);
+  Status WriteMarker(int64_t iteration);
+
+  Env* env_;
+  std::string root_;
+  Logger log_;
+};
+
+}  // namespace keel

@@ -1,0 +1,120 @@
+#include "train/checkpoint_controller.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+
+#include "core/stop_signal.h"
+
+namespace keel {
+
+const char* StopReasonText(StopReason r) {
+  switch (r) {
+    case StopReason::kNone:
+      return "none";
+    case StopReason::kKillSwitch:
+      return "the kill switch file appeared";
+    case StopReason::kSignal:
+      return "a stop signal was received";
+    case StopReason::kExitInterval:
+      return "--exit-interval was reached";
+    case StopReason::kExitDuration:
+      return "--exit-duration-in-mins was reached";
+    case StopReason::kSaveFailures:
+      return "checkpoint saves failed repeatedly";
+  }
+  return "?";
+}
+
+CheckpointController::CheckpointController(const TrainConfig& cfg, Env* env,
+                                           CheckpointStore* store, Trainer* trainer, RunInfo run,
+                                           nlohmann::json history,
+                                           std::function<void(const std::string&)> log)
+    : cfg_(cfg),
+      env_(env),
+      store_(store),
+      trainer_(trainer),
+      run_(std::move(run)),
+      history_(std::move(history)),
+      log_(std::move(log)) {
+  start_us_ = last_save_us_ = env_->NowMicros();
+}
+
+Status CheckpointController::SaveNow(const std::string& why) {
+  if (store_ == nullptr) return Status::OK();
+  const int64_t it = trainer_->counters().iteration;
+  std::vector<CheckpointFile> files;
+  KEEL_RETURN_IF_ERROR(BuildTrainCheckpoint(env_, *trainer_, run_, history_, &staging_, &files));
+  SaveStats stats;
+  KEEL_RETURN_IF_ERROR(store_->Save(it, files, &stats));
+  last_saved_ = it;
+  last_save_us_ = env_->NowMicros();
+  log_(fmt::format("saved checkpoint {} ({}): {:.1f} MB in {:.2f} s, {:.0f} MB/s", stats.path, why,
+                   static_cast<double>(stats.bytes) / 1e6, stats.seconds,
+                   static_cast<double>(stats.bytes) / 1e6 / std::max(stats.seconds, 1e-9)));
+  Status rst = store_->ApplyRetention(cfg_.keep_last_checkpoints);
+  if (!rst.ok()) log_("WARNING: retention could not remove an old checkpoint: " + rst.message());
+  return Status::OK();
+}
+
+bool CheckpointController::AfterIteration() {
+  const int64_t it = trainer_->counters().iteration;
+  const uint64_t now = env_->NowMicros();
+  if (const int sig = PendingStopSignal(); sig != 0) {
+    log_(fmt::format("received {} at iteration {}: saving and exiting",
+                     sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal", it));
+    stop_ = StopReason::kSignal;
+  } else if (!cfg_.kill_switch_path.empty() && env_->FileExists(cfg_.kill_switch_path)) {
+    log_(fmt::format("kill switch {} found at iteration {}: saving and exiting (remove the file "
+                     "before resuming)",
+                     cfg_.kill_switch_path, it));
+    stop_ = StopReason::kKillSwitch;
+  } else if (cfg_.exit_interval > 0 && it % cfg_.exit_interval == 0) {
+    log_(fmt::format("--exit-interval {} reached at iteration {}: saving and exiting",
+                     cfg_.exit_interval, it));
+    stop_ = StopReason::kExitInterval;
+  } else if (cfg_.exit_duration_in_mins > 0 &&
+             static_cast<double>(now - start_us_) / 60e6 >= cfg_.exit_duration_in_mins) {
+    log_(fmt::format("--exit-duration-in-mins {} reached at iteration {}: saving and exiting",
+                     cfg_.exit_duration_in_mins, it));
+    stop_ = StopReason::kExitDuration;
+  }
+  if (stop_ != StopReason::kNone) return false;
+
+  std::string why;
+  if (cfg_.save_interval > 0 && it % cfg_.save_interval == 0) {
+    why = "--save-interval";
+  } else if (cfg_.save_interval_minutes > 0 &&
+             static_cast<double>(now - last_save_us_) / 60e6 >= cfg_.save_interval_minutes) {
+    why = "--save-interval-minutes";
+  }
+  if (why.empty() || store_ == nullptr) return true;
+  Status st = SaveNow(why);
+  if (st.ok()) {
+    consecutive_failures_ = 0;
+    return true;
+  }
+  ++consecutive_failures_;
+  log_(fmt::format("ERROR: {} ({} of {} consecutive failures allowed; training continues and the "
+                   "next save interval retries)",
+                   st.message(), consecutive_failures_, kMaxConsecutiveSaveFailures));
+  if (consecutive_failures_ >= kMaxConsecutiveSaveFailures) {
+    failure_ = Status::IOError(fmt::format(
+        "{} consecutive checkpoint saves failed, the last with: {}; stopping rather than training "
+        "on without checkpoints. Fix the cause (disk space, permissions) and rerun the same "
+        "command to resume from the newest valid checkpoint",
+        consecutive_failures_, st.message()));
+    stop_ = StopReason::kSaveFailures;
+    return false;
+  }
+  return true;
+}
+
+Status CheckpointController::Finish() {
+  if (stop_ == StopReason::kSaveFailures) return failure_;
+  if (store_ == nullptr) return Status::OK();
+  const int64_t it = trainer_->counters().iteration;
+  if (it == last_saved_) return Status::OK();
+  return SaveNow(stop_ == StopReason::kNone ? "end of training" : "stop request");
+}
+
+}  // namespace keel

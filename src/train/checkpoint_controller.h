@@ -1,0 +1,65 @@
+// CheckpointController: when the loop saves and when it stops. After every iteration it saves on
+// --save-interval (iterations) or --save-interval-minutes, and stops (after saving) when the kill
+// switch file appears, on SIGTERM/SIGUSR1, on --exit-interval or --exit-duration-in-mins. It
+// applies retention after each save and logs each save's size, time and throughput.
+//
+// Failure rule (docs/checkpoints.md): a failed periodic save is logged as an error and training
+// goes on (the previous checkpoint stays the newest; the next interval tries again); after 3
+// consecutive failures the run stops with the error, so a full disk never runs for days without
+// checkpoints. A failed final or stop save is an error the caller exits non-zero with.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint_store.h"
+#include "config/config.h"
+#include "core/env.h"
+#include "train/train_checkpoint.h"
+#include "train/trainer.h"
+
+namespace keel {
+
+enum class StopReason { kNone, kKillSwitch, kSignal, kExitInterval, kExitDuration, kSaveFailures };
+const char* StopReasonText(StopReason r);
+
+class CheckpointController {
+ public:
+  static constexpr int kMaxConsecutiveSaveFailures = 3;
+
+  // `store` may be null (no --save): nothing is saved, stop requests still stop the loop.
+  CheckpointController(const TrainConfig& cfg, Env* env, CheckpointStore* store, Trainer* trainer,
+                       RunInfo run, nlohmann::json history,
+                       std::function<void(const std::string&)> log);
+
+  // Called by the loop after every iteration; false stops it.
+  bool AfterIteration();
+  // Saves the final state unless it was just saved. Returns the error that stopped the run after
+  // repeated save failures, or the final save's error.
+  Status Finish();
+  Status SaveNow(const std::string& why);
+
+  StopReason stop_reason() const { return stop_; }
+  int64_t last_saved_iteration() const { return last_saved_; }
+  void set_last_saved_iteration(int64_t it) { last_saved_ = it; }
+
+ private:
+  TrainConfig cfg_;
+  Env* env_;
+  CheckpointStore* store_;
+  Trainer* trainer_;
+  RunInfo run_;
+  nlohmann::json history_;
+  std::function<void(const std::string&)> log_;
+  std::vector<float> staging_;
+  uint64_t start_us_ = 0, last_save_us_ = 0;
+  int64_t last_saved_ = -1;
+  int consecutive_failures_ = 0;
+  Status failure_;
+  StopReason stop_ = StopReason::kNone;
+};
+
+}  // namespace keel

@@ -1,0 +1,439 @@
+#include "train/train_checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <set>
+
+#include "checkpoint/manifest.h"
+#include "data/prepare.h"
+
+namespace keel {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+std::string UtcNow() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// JSON has no NaN: non-finite doubles are stored as null and read back as NaN.
+ojson Num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
+double NumFrom(const json& j) { return j.is_null() ? NAN : j.get<double>(); }
+
+const char* StyleName(LrDecayStyle s) {
+  switch (s) {
+    case LrDecayStyle::kConstant:
+      return "constant";
+    case LrDecayStyle::kLinear:
+      return "linear";
+    case LrDecayStyle::kCosine:
+      return "cosine";
+  }
+  return "?";
+}
+
+std::string SiblingPath(const std::string& prefix, const std::string& file) {
+  if (file.empty() || file[0] == '/') return file;
+  const auto slash = prefix.rfind('/');
+  return JoinPath(slash == std::string::npos ? "." : prefix.substr(0, slash), file);
+}
+
+}  // namespace
+
+json SpecToJson(const GptSpec& s) {
+  return json{{"num_layers", s.num_layers},
+              {"hidden", s.hidden},
+              {"ffn_hidden", s.ffn_hidden},
+              {"heads", s.heads},
+              {"max_positions", s.max_positions},
+              {"vocab", s.vocab},
+              {"padded_vocab", s.padded_vocab},
+              {"alibi", s.alibi},
+              {"embed_layernorm", s.embed_layernorm},
+              {"layernorm_eps", s.layernorm_eps}};
+}
+
+Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
+  try {
+    GptSpec s;
+    s.num_layers = m.at("num_layers");
+    s.hidden = m.at("hidden");
+    s.ffn_hidden = m.at("ffn_hidden");
+    s.heads = m.at("heads");
+    s.max_positions = m.at("max_positions");
+    s.vocab = m.at("vocab");
+    s.padded_vocab = m.at("padded_vocab");
+    s.alibi = m.at("alibi");
+    s.embed_layernorm = m.at("embed_layernorm");
+    s.layernorm_eps = m.at("layernorm_eps");
+    *out = s;
+  } catch (const json::exception& e) {
+    return Status::Corruption(where + ": malformed model description: " + e.what());
+  }
+  return Status::OK();
+}
+
+Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, const json& history,
+                            std::vector<float>* staging, std::vector<CheckpointFile>* out) {
+  out->clear();
+  GptModel& model = trainer.model();
+  AdamW& opt = trainer.optimizer();
+  const TrainConfig& cfg = trainer.config();
+  const TrainCounters& c = trainer.counters();
+  const size_t n = model.num_params();
+  staging->resize(3 * n);
+  Backend* be = model.backend();
+  float* host_p = staging->data();
+  float* host_m = host_p + n;
+  float* host_v = host_m + n;
+  be->CopyToHost(host_p, model.param_data(), n);
+  be->CopyToHost(host_m, opt.exp_avg(), n);
+  be->CopyToHost(host_v, opt.exp_avg_sq(), n);
+
+  const std::map<std::string, std::string> st_meta = {{"format", "pt"},
+                                                      {"writer", "keel " KEEL_VERSION}};
+  CheckpointFile weights{"model.safetensors", "", true, {}, st_meta};
+  CheckpointFile moments{"optimizer.safetensors", "", true, {}, st_meta};
+  for (const ParamInfo& p : model.params()) {
+    weights.tensors.push_back({p.name, p.shape, host_p + p.offset});
+    moments.tensors.push_back({"exp_avg." + p.name, p.shape, host_m + p.offset});
+  }
+  for (const ParamInfo& p : model.params())
+    moments.tensors.push_back({"exp_avg_sq." + p.name, p.shape, host_v + p.offset});
+
+  const LrSchedule& sched = trainer.schedule();
+  const LogIntervalState& iv = trainer.log_interval_state();
+  const int64_t next_batch = trainer.rampup().GlobalBatchAt(c.consumed_samples);
+  ojson s;
+  s["format"] = "keel-train-state";
+  s["format_version"] = 1;
+  s["keel_version"] = KEEL_VERSION;
+  s["saved_at"] = UtcNow();
+  s["iteration"] = c.iteration;
+  s["counters"] = {{"iteration", c.iteration},
+                   {"consumed_samples", c.consumed_samples},
+                   {"consumed_tokens", c.consumed_tokens},
+                   {"skipped_iterations", c.skipped_iterations},
+                   {"nan_iterations", c.nan_iterations}};
+  s["optimizer"] = {{"type", "adamw"},
+                    {"step", opt.step()},
+                    {"beta1", opt.config().beta1},
+                    {"beta2", opt.config().beta2},
+                    {"eps", opt.config().eps},
+                    {"weight_decay", opt.config().weight_decay},
+                    {"clip_grad", cfg.clip_grad}};
+  s["scheduler"] = {{"decay_style", StyleName(cfg.lr_decay_style)},
+                    {"max_lr", cfg.lr},
+                    {"min_lr", cfg.min_lr},
+                    {"warmup_samples", sched.warmup_samples()},
+                    {"decay_samples", sched.decay_samples()},
+                    {"lr_scale", trainer.lr_scale()},
+                    {"consumed_samples", c.consumed_samples},
+                    {"next_lr", trainer.NextLr()}};
+  s["batch"] = {{"global_batch_size", cfg.global_batch_size},
+                {"micro_batch_size", cfg.micro_batch_size},
+                {"rampup_batch_size", cfg.rampup_batch_size},
+                {"next_global_batch", next_batch}};
+  s["rng"] = {{"generator", "philox4x32-10"},
+              {"seed", cfg.seed},
+              {"streams",
+               "counter-based: keyed by (seed, purpose, stream); positions derive from the "
+               "counters above, so no generator state is stored"}};
+  s["data"] = {{"path", run.data_path},
+               {"split", cfg.split},
+               {"seed", cfg.seed},
+               {"seq_length", cfg.seq_length},
+               {"cursor_samples", c.consumed_samples},
+               {"order", "Feistel permutation per (seed, split, epoch)"}};
+  s["metrics"] = {{"interval",
+                   {{"loss_sum", Num(iv.loss_sum)},
+                    {"ms", Num(iv.ms)},
+                    {"flops", Num(iv.flops)},
+                    {"iters", iv.iters},
+                    {"ok", iv.ok},
+                    {"skipped", iv.skipped},
+                    {"samples", iv.samples}}}};
+  s["guard"] = nullptr;
+  s["model"] = SpecToJson(model.spec());
+  s["tokenizer"] = {{"kind", run.meta.tokenizer},
+                    {"eod_id", run.meta.eod_id},
+                    {"vocab_size", run.meta.vocab_size}};
+  s["config_hash"] = HexDigest(ConfigHash(cfg));
+  s["history"] = history;
+
+  std::vector<CheckpointFile> files;
+  files.push_back(std::move(weights));
+  files.push_back(std::move(moments));
+  if (run.meta.tokenizer == "sentencepiece") {
+    CheckpointFile tok;
+    tok.name = "tokenizer.model";
+    KEEL_RETURN_IF_ERROR(
+        env->ReadFileToString(SiblingPath(run.data_path, run.meta.tokenizer_model), &tok.bytes));
+    s["tokenizer"]["model"] = "tokenizer.model";
+    files.push_back(std::move(tok));
+  }
+  files.push_back({"state.json", s.dump(2) + "\n", false, {}, {}});
+  files.push_back({"config.toml",
+                   "# resolved config of the run (load it with keel train --config)\n" +
+                       FormatConfig(cfg),
+                   false,
+                   {},
+                   {}});
+  *out = std::move(files);
+  return Status::OK();
+}
+
+Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* out) {
+  const std::string sp = JoinPath(dir, "state.json");
+  std::string text;
+  KEEL_RETURN_IF_ERROR(env->ReadFileToString(sp, &text));
+  json s = json::parse(text, nullptr, false);
+  if (s.is_discarded() || !s.is_object() || s.value("format", "") != "keel-train-state")
+    return Status::Corruption(sp + " is not a keel training state");
+  if (s.value("format_version", 0) != 1)
+    return Status::Corruption(sp + ": format_version " + s.value("format_version", json()).dump() +
+                              " is not supported by keel " KEEL_VERSION);
+  SavedTrainState r;
+  r.dir = dir;
+  try {
+    const json& c = s.at("counters");
+    r.counters.iteration = c.at("iteration");
+    r.counters.consumed_samples = c.at("consumed_samples");
+    r.counters.consumed_tokens = c.at("consumed_tokens");
+    r.counters.skipped_iterations = c.at("skipped_iterations");
+    r.counters.nan_iterations = c.at("nan_iterations");
+    r.optimizer_step = s.at("optimizer").at("step");
+    r.lr_scale = s.at("scheduler").at("lr_scale");
+    r.history = s.value("history", json::array());
+    s.at("metrics").at("interval");
+  } catch (const json::exception& e) {
+    return Status::Corruption(sp + ": " + e.what());
+  }
+  KEEL_RETURN_IF_ERROR(SpecFromJson(s.value("model", json()), sp, &r.spec));
+  const std::string cp = JoinPath(dir, "config.toml");
+  KEEL_RETURN_IF_ERROR(env->ReadFileToString(cp, &r.config_text));
+  KEEL_RETURN_IF_ERROR(ApplyToml(r.config_text, cp, &r.config));
+  r.config.vocab_size = r.spec.vocab;
+  r.config.padded_vocab_size = r.spec.padded_vocab;
+  r.state = std::move(s);
+  *out = std::move(r);
+  return Status::OK();
+}
+
+std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const TrainConfig& now) {
+  using K = ConfigChange::Kind;
+  static const std::set<std::string> shape = {
+      "num-layers",       "hidden-size",       "ffn-hidden-size",
+      "num-attention-heads", "seq-length",     "max-position-embeddings",
+      "position-embedding-type", "embed-layernorm", "make-vocab-size-divisible-by",
+      "layernorm-epsilon"};
+  static const std::set<std::string> scheduler = {
+      "lr",         "min-lr",     "lr-decay-style", "adam-beta1",        "adam-beta2",
+      "adam-eps",   "weight-decay", "clip-grad",    "global-batch-size", "rampup-batch-size"};
+  // Warmup and decay lengths are compared in samples (below), whichever form set them.
+  static const std::set<std::string> schedule_lengths = {"lr-warmup-samples", "lr-warmup-iters",
+                                                         "lr-decay-samples", "lr-decay-iters"};
+  static const std::set<std::string> data_order = {"seed", "data-path", "split", "tokenizer"};
+  // Settings that only steer this process (where to save, when to stop, how to resume).
+  static const std::set<std::string> operational = {
+      "save",          "load",         "override-scheduler", "override-data-order",
+      "lr-scale-on-resume", "init-method", "init-method-std"};
+  std::vector<ConfigChange> out;
+  const auto a = ConfigValues(saved), b = ConfigValues(now);
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const std::string& key = a[i].first;
+    if (a[i].second == b[i].second || schedule_lengths.count(key) || operational.count(key))
+      continue;
+    K kind = shape.count(key)       ? K::kShape
+             : scheduler.count(key) ? K::kScheduler
+             : data_order.count(key) ? K::kDataOrder
+                                     : K::kFree;
+    out.push_back({kind, key, a[i].second, b[i].second});
+  }
+  const LrSchedule sa = LrSchedule::FromConfig(saved), sb = LrSchedule::FromConfig(now);
+  if (sa.warmup_samples() != sb.warmup_samples())
+    out.push_back({K::kScheduler, "lr warmup (samples)", std::to_string(sa.warmup_samples()),
+                   std::to_string(sb.warmup_samples())});
+  if (sa.decay_samples() != sb.decay_samples())
+    out.push_back({K::kScheduler, "lr decay (samples)", std::to_string(sa.decay_samples()),
+                   std::to_string(sb.decay_samples())});
+  if (saved.padded_vocab_size != now.padded_vocab_size || saved.vocab_size != now.vocab_size)
+    out.push_back({K::kShape, "vocabulary (from the data)",
+                   fmt::format("{} (padded {})", saved.vocab_size, saved.padded_vocab_size),
+                   fmt::format("{} (padded {})", now.vocab_size, now.padded_vocab_size)});
+  return out;
+}
+
+Status CheckResumeChanges(const std::vector<ConfigChange>& changes, const TrainConfig& now,
+                          std::vector<ConfigChange>* accepted, std::vector<std::string>* notes) {
+  using K = ConfigChange::Kind;
+  std::string refused;
+  bool shape = false, sched = false, data = false;
+  accepted->clear();
+  for (const ConfigChange& c : changes) {
+    const std::string line = fmt::format("\n  {}: {} -> {}", c.key, c.old_value, c.new_value);
+    switch (c.kind) {
+      case K::kShape:
+        shape = true;
+        refused += line + "  (model shape: cannot change on resume)";
+        break;
+      case K::kScheduler:
+        if (now.override_scheduler) {
+          accepted->push_back(c);
+        } else {
+          sched = true;
+          refused += line + "  (accept with --override-scheduler)";
+        }
+        break;
+      case K::kDataOrder:
+        if (now.override_data_order) {
+          accepted->push_back(c);
+        } else {
+          data = true;
+          refused += line + "  (accept with --override-data-order)";
+        }
+        break;
+      case K::kFree:
+        notes->push_back(fmt::format("changed on resume: {}: {} -> {}", c.key, c.old_value,
+                                     c.new_value));
+        break;
+    }
+  }
+  if (refused.empty()) return Status::OK();
+  std::string fix;
+  if (shape)
+    fix = "the model's shape is fixed by the checkpoint: restore the old values, or start a new "
+          "run with a new --save";
+  else if (sched && data)
+    fix = "pass --override-scheduler and --override-data-order to accept these changes, or "
+          "restore the old values";
+  else if (sched)
+    fix = "pass --override-scheduler to accept them (or --lr-scale-on-resume S to scale the LR "
+          "without changing the schedule), or restore the old values";
+  else
+    fix = "pass --override-data-order to accept them (the data order changes from here on), or "
+          "restore the old values";
+  return Status::InvalidArgument("the config differs from the checkpoint's (old -> new):" +
+                                 refused + "\n" + fix);
+}
+
+Status RestoreTrainCheckpoint(Env* env, const SavedTrainState& saved, Trainer& trainer) {
+  GptModel& model = trainer.model();
+  AdamW& opt = trainer.optimizer();
+  Backend* be = model.backend();
+  auto load = [&](const std::string& file, const std::string& prefix, float* dst) -> Status {
+    const std::string path = JoinPath(saved.dir, file);
+    std::unique_ptr<ReadOnlyRegion> region;
+    KEEL_RETURN_IF_ERROR(env->MapReadOnly(path, &region));
+    std::map<std::string, TensorRef> tensors;
+    KEEL_RETURN_IF_ERROR(ParseSafetensors(region->data(), region->size(), path, &tensors, nullptr));
+    std::vector<float> tmp;
+    for (const ParamInfo& p : model.params()) {
+      auto it = tensors.find(prefix + p.name);
+      if (it == tensors.end())
+        return Status::Corruption(path + ": tensor '" + prefix + p.name +
+                                  "' is missing; the checkpoint does not match this model");
+      const TensorRef& t = it->second;
+      if (t.dtype != "F32" || t.shape != p.shape)
+        return Status::Corruption(fmt::format(
+            "{}: tensor '{}{}' is {} {} but the model expects F32 {}", path, prefix, p.name,
+            t.dtype, json(t.shape).dump(), json(p.shape).dump()));
+      tmp.resize(p.numel);
+      std::memcpy(tmp.data(), t.data, t.bytes);
+      be->CopyToDevice(dst + p.offset, tmp.data(), p.numel);
+      tensors.erase(it);
+    }
+    if (prefix == "exp_avg.") {
+      // The second file section: the same file also holds exp_avg_sq.*, checked by the caller.
+      for (auto it = tensors.begin(); it != tensors.end();)
+        it = it->first.rfind("exp_avg_sq.", 0) == 0 ? tensors.erase(it) : std::next(it);
+    } else if (prefix == "exp_avg_sq.") {
+      for (auto it = tensors.begin(); it != tensors.end();)
+        it = it->first.rfind("exp_avg.", 0) == 0 ? tensors.erase(it) : std::next(it);
+    }
+    if (!tensors.empty())
+      return Status::Corruption(path + ": unexpected tensor '" + tensors.begin()->first +
+                                "' that this model does not have");
+    return Status::OK();
+  };
+  if (SpecToJson(saved.spec) != SpecToJson(model.spec()))
+    return Status::InvalidArgument(
+        fmt::format("{}: the checkpoint's model ({}) differs from this run's ({})", saved.dir,
+                    SpecToJson(saved.spec).dump(), SpecToJson(model.spec()).dump()));
+  KEEL_RETURN_IF_ERROR(load("model.safetensors", "", model.param_data()));
+  KEEL_RETURN_IF_ERROR(load("optimizer.safetensors", "exp_avg.", opt.exp_avg()));
+  KEEL_RETURN_IF_ERROR(load("optimizer.safetensors", "exp_avg_sq.", opt.exp_avg_sq()));
+  opt.set_step(saved.optimizer_step);
+  trainer.counters() = saved.counters;
+  trainer.set_lr_scale(saved.lr_scale);
+  const json& iv = saved.state.at("metrics").at("interval");
+  LogIntervalState& l = trainer.log_interval_state();
+  try {
+    l.loss_sum = NumFrom(iv.at("loss_sum"));
+    l.ms = NumFrom(iv.at("ms"));
+    l.flops = NumFrom(iv.at("flops"));
+    l.iters = iv.at("iters");
+    l.ok = iv.at("ok");
+    l.skipped = iv.at("skipped");
+    l.samples = iv.at("samples");
+  } catch (const json::exception& e) {
+    return Status::Corruption(saved.dir + "/state.json: metrics.interval: " + e.what());
+  }
+  return Status::OK();
+}
+
+Status LoadModelFromCheckpoint(Env* env, const std::string& path, Backend* backend,
+                               const CheckpointStore::Logger& log, LoadedModel* out) {
+  std::string dir = path;
+  if (!env->FileExists(JoinPath(path, kManifestFile))) {
+    CheckpointStore store(env, path, log);
+    CheckpointInfo info;
+    Status st = store.FindNewestValid(/*move_aside_rejected=*/false, &info);
+    if (st.code() == Status::Code::kNotFound)
+      return Status::NotFound(path +
+                              " holds no checkpoint: pass a run directory written by `keel train "
+                              "--save DIR` or one of its iter_NNNNNNN directories");
+    KEEL_RETURN_IF_ERROR(st);
+    dir = info.path;
+  } else {
+    KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, dir, /*check_contents=*/true, nullptr));
+  }
+  out->checkpoint_dir = dir;
+  KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &out->saved));
+  out->model = std::make_unique<GptModel>(backend, out->saved.spec);
+  const std::string wpath = JoinPath(dir, "model.safetensors");
+  std::unique_ptr<ReadOnlyRegion> region;
+  KEEL_RETURN_IF_ERROR(env->MapReadOnly(wpath, &region));
+  std::map<std::string, TensorRef> tensors;
+  KEEL_RETURN_IF_ERROR(ParseSafetensors(region->data(), region->size(), wpath, &tensors, nullptr));
+  std::vector<float> tmp;
+  for (const ParamInfo& p : out->model->params()) {
+    auto it = tensors.find(p.name);
+    if (it == tensors.end() || it->second.dtype != "F32" || it->second.shape != p.shape)
+      return Status::Corruption(wpath + ": tensor '" + p.name +
+                                "' is missing or has the wrong dtype or shape");
+    tmp.resize(p.numel);
+    std::memcpy(tmp.data(), it->second.data, it->second.bytes);
+    backend->CopyToDevice(out->model->param_data() + p.offset, tmp.data(), p.numel);
+  }
+  const json& t = out->saved.state.at("tokenizer");
+  DatasetMeta meta;
+  meta.tokenizer = t.value("kind", "");
+  meta.eod_id = t.value("eod_id", -1);
+  meta.vocab_size = t.value("vocab_size", 0);
+  meta.tokenizer_model = t.value("model", "");
+  return LoadTokenizerForDataset(JoinPath(dir, "state"), meta, &out->tokenizer);
+}
+
+}  // namespace keel

@@ -1,0 +1,98 @@
+// What a checkpoint of a training run holds, and how the loop writes, reads and resumes it.
+//
+//   iter_N/model.safetensors      fp32 master weights by Megatron name (topology-free)
+//   iter_N/optimizer.safetensors  AdamW moments: exp_avg.<name>, exp_avg_sq.<name>
+//   iter_N/state.json             counters (iteration, consumed samples = data cursor and schedule
+//                                 position), optimizer step and hyper-parameters, scheduler and
+//                                 ramp-up position, LR scale, RNG keys, data order, metrics cursor,
+//                                 guard state, model shape, tokenizer, config hash, keel version,
+//                                 and the history of deliberate changes
+//   iter_N/config.toml            the resolved config (loadable with --config)
+//   iter_N/tokenizer.model        the SentencePiece model, when that tokenizer was used
+//
+// Randomness is counter-based (Philox keyed by seed, purpose and position), so the RNG state of a
+// run is its seed plus the counters above: nothing else has to be captured for bit-exact resumes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint_store.h"
+#include "config/config.h"
+#include "core/env.h"
+#include "data/indexed_dataset.h"
+#include "data/tokenizer.h"
+#include "model/gpt.h"
+#include "train/trainer.h"
+
+namespace keel {
+
+// Run-level facts recorded beside the trainer's state.
+struct RunInfo {
+  std::string data_path;  // resolved dataset prefix (the default corpus's when none was given)
+  DatasetMeta meta;       // tokenizer of the data
+};
+
+// The files of a checkpoint of `trainer`'s current state. Tensor data is staged in `staging`
+// (host memory), which must outlive the returned files.
+Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run,
+                            const nlohmann::json& history, std::vector<float>* staging,
+                            std::vector<CheckpointFile>* out);
+
+// A checkpoint's state.json and config, parsed.
+struct SavedTrainState {
+  std::string dir;
+  nlohmann::json state;  // state.json
+  TrainConfig config;    // config.toml, resolved as it was saved
+  std::string config_text;
+  GptSpec spec;
+  TrainCounters counters;
+  int64_t optimizer_step = 0;
+  double lr_scale = 1.0;
+  nlohmann::json history = nlohmann::json::array();
+};
+Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* out);
+
+// The model shape recorded in state.json, and back.
+nlohmann::json SpecToJson(const GptSpec& s);
+Status SpecFromJson(const nlohmann::json& j, const std::string& where, GptSpec* out);
+
+// One difference between a checkpoint's config and the new run's.
+struct ConfigChange {
+  enum class Kind {
+    kShape,      // the model's shape: always refused
+    kScheduler,  // LR, warmup, decay, optimizer, batch: needs --override-scheduler
+    kDataOrder,  // seed, data, split: needs --override-data-order
+    kFree,       // lengths, intervals, threads...: logged
+  };
+  Kind kind;
+  std::string key, old_value, new_value;
+};
+std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const TrainConfig& now);
+
+// Applies the resume rules to `changes`: an error with the full diff and the accepting flag when
+// a change needs a flag that was not given; otherwise `accepted` lists the changes a flag
+// accepted and `notes` the free ones.
+Status CheckResumeChanges(const std::vector<ConfigChange>& changes, const TrainConfig& now,
+                          std::vector<ConfigChange>* accepted, std::vector<std::string>* notes);
+
+// Loads weights, optimizer moments and step, counters, metrics cursor and LR scale from `saved`'s
+// directory into `trainer`. Every tensor must be present with the model's exact name, shape and
+// dtype, and nothing else may be there.
+Status RestoreTrainCheckpoint(Env* env, const SavedTrainState& saved, Trainer& trainer);
+
+// For `keel sample` and tools: the model (weights only) and tokenizer of a checkpoint directory.
+// `path` is a checkpoint directory or a run directory (its newest valid checkpoint is used).
+struct LoadedModel {
+  std::string checkpoint_dir;
+  SavedTrainState saved;
+  std::unique_ptr<GptModel> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+Status LoadModelFromCheckpoint(Env* env, const std::string& path, Backend* backend,
+                               const CheckpointStore::Logger& log, LoadedModel* out);
+
+}  // namespace keel
