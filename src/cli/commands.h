@@ -8,5 +8,9 @@ int TrainCommand(int argc, const char* const* argv);
 int SampleCommand(int argc, const char* const* argv);
 int DataCommand(int argc, const char* const* argv);
 int BenchCommand(int argc, const char* const* argv);
+// `keel ckpt list|inspect|verify|diff|edit|pin|unpin|export` (ckpt_cmd.cc).
+int CkptCommand(int argc, const char* const* argv);
+// `keel ckpt export PATH --hf OUT` (ckpt_export_cmd.cc); argv[0] is "export".
+int CkptExportCommand(int argc, const char* const* argv);
 
 }  // namespace keel::cli

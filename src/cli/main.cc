@@ -15,8 +15,9 @@ usage: keel <command> [options]
 
 commands:
   train          train a model (Megatron-LM flags or --config run.toml); no flags: the default job
-  sample         generate text from a run directory written by `keel train --save DIR`
+  sample         generate text from a checkpoint of `keel train --save DIR`
   data prepare   tokenize text files into a Megatron indexed dataset (.bin/.idx)
+  ckpt           list, inspect, verify, diff, edit, pin and export checkpoints
   bench          measure tokens/s, GFLOP/s and MFU against this machine's sgemm peak
   version        print the version
 
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
     if (cmd == "sample") return keel::cli::SampleCommand(subc, sub);
     if (cmd == "data") return keel::cli::DataCommand(subc, sub);
     if (cmd == "bench") return keel::cli::BenchCommand(subc, sub);
+    if (cmd == "ckpt") return keel::cli::CkptCommand(subc, sub);
     if (cmd == "version" || cmd == "--version") {
       std::printf("keel %s\n", KEEL_VERSION);
       return 0;
