@@ -51,8 +51,9 @@ FaultInjectionEnv::FaultInjectionEnv(Env* base) : base_(base) {
 }
 FaultInjectionEnv::~FaultInjectionEnv() = default;
 
-void FaultInjectionEnv::Arm(Fault fault, int64_t nth, std::string path_part) {
+void FaultInjectionEnv::Arm(Fault fault, int64_t nth, std::string path_part, bool persistent) {
   armed_ = true;
+  persistent_ = persistent;
   fired_ = false;
   fault_ = fault;
   nth_ = nth;
@@ -65,7 +66,7 @@ void FaultInjectionEnv::SetCrashHook(std::function<void()> hook) { crash_hook_ =
 Status FaultInjectionEnv::Before(Op op, const std::string& path) {
   if (dead_) return Dead(path);
   ++mutations_;
-  if (!armed_ || fired_) return Status::OK();
+  if (!armed_ || (fired_ && !persistent_)) return Status::OK();
   bool applies = false;
   switch (fault_) {
     case Fault::kNoSpace:

@@ -27,8 +27,9 @@ class FaultInjectionEnv : public Env {
 
   // Arms `fault` at the nth (1-based) operation it applies to whose path contains `path_part`:
   // appends for kNoSpace, syncs for kSyncFails, renames for kRenameFails, any filesystem mutation
-  // (create, append, sync, rename, remove, mkdir) for kCrash. One fault is armed at a time.
-  void Arm(Fault fault, int64_t nth, std::string path_part = "");
+  // (create, append, sync, rename, remove, mkdir) for kCrash. One fault is armed at a time. With
+  // `persistent` every matching operation from the nth on fails (a disk that stays full).
+  void Arm(Fault fault, int64_t nth, std::string path_part = "", bool persistent = false);
   // What a crash does. The default sends SIGKILL to this process. In-process tests install a hook
   // that returns; the Env is then dead: every later operation fails without touching the disk,
   // which leaves the files exactly as a killed process would.
@@ -67,7 +68,7 @@ class FaultInjectionEnv : public Env {
 
   Env* base_;
   std::function<void()> crash_hook_;
-  bool armed_ = false, fired_ = false, dead_ = false;
+  bool armed_ = false, fired_ = false, dead_ = false, persistent_ = false;
   Fault fault_ = Fault::kCrash;
   int64_t nth_ = 0, seen_ = 0;
   std::string path_part_;

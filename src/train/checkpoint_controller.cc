@@ -36,6 +36,7 @@ CheckpointController::CheckpointController(const TrainConfig& cfg, Env* env,
       run_(std::move(run)),
       history_(std::move(history)),
       log_(std::move(log)) {
+  if (!log_) log_ = [](const std::string&) {};
   start_us_ = last_save_us_ = env_->NowMicros();
 }
 

@@ -1,0 +1,251 @@
+// Training checkpoints in-process: a run saved and resumed (through the files on disk) gives the
+// same losses and the same final state bits as one that never stopped, including mid log-interval
+// and across a batch ramp-up; a checkpoint that does not match the model is refused; config
+// changes on resume are classified and refused or accepted by the right flag.
+#include "train/train_checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "core/fault_injection_env.h"
+#include "core/rng.h"
+#include "train/checkpoint_controller.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+
+TrainConfig Tiny(bool ramp = true) {
+  TrainConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.seq_length = 16;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 8;
+  if (ramp) {
+    c.rampup_batch_size = {4, 2, 24};  // 4, 6, then 8 sequences per iteration
+    c.train_iters = 0;
+    c.train_samples = 100;
+    c.lr_warmup_iters = 0;
+    c.lr_warmup_samples = 12;
+  } else {
+    c.train_iters = 14;
+    c.lr_warmup_iters = 3;
+  }
+  c.lr = 3e-3;
+  c.min_lr = 3e-4;
+  c.vocab_size = 50;
+  c.log_interval = 4;
+  c.eval_interval = 7;
+  c.eval_iters = 1;
+  c.threads = 2;
+  std::vector<std::string> notes;
+  Status st = Validate(&c, &notes);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return c;
+}
+
+SampleFn Data(uint64_t seed) {
+  return [seed](int64_t index, int32_t* tokens) {
+    int32_t v = static_cast<int32_t>(U64At({seed, RngPurpose::kTest, 0}, index) % 50);
+    for (int t = 0; t <= 16; ++t) {
+      tokens[t] = v;
+      v = (v * 7 + 3) % 50;
+    }
+  };
+}
+
+struct Harness {
+  std::unique_ptr<Backend> be = MakeCpuBackend(2);
+  std::unique_ptr<Communicator> comm = MakeSingleProcessCommunicator();
+  Trainer tr;
+  explicit Harness(const TrainConfig& c)
+      : tr(c, be.get(), comm.get(), Env::Default(), Data(1), Data(2)) {}
+};
+
+RunInfo NoTokenizer() {
+  RunInfo r;
+  r.meta.tokenizer = "none";
+  return r;
+}
+
+// The iteration lines without their timing fields.
+std::string Untimed(const std::string& line) {
+  std::string out;
+  size_t pos = 0;
+  while (pos < line.size()) {
+    size_t bar = line.find('|', pos);
+    std::string field = line.substr(pos, bar == std::string::npos ? std::string::npos : bar - pos);
+    if (field.find("elapsed time") == std::string::npos &&
+        field.find("samples per second") == std::string::npos &&
+        field.find("TFLOPs") == std::string::npos)
+      out += field + "|";
+    if (bar == std::string::npos) break;
+    pos = bar + 1;
+  }
+  return out;
+}
+
+TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
+  const TrainConfig c = Tiny();
+  // Uninterrupted.
+  Harness a(c);
+  a.tr.InitializeWeights();
+  std::vector<std::string> lines_a;
+  RunHooks ha;
+  ha.log = [&](const std::string& l) { lines_a.push_back(Untimed(l)); };
+  ASSERT_TRUE(a.tr.Run(ha).ok());
+  const uint64_t want = a.tr.StateFingerprint();
+
+  // Stopped at iteration 6 (mid log interval, mid ramp-up), saved, reloaded in a new trainer.
+  const std::string root =
+      ::testing::TempDir() + "/keel_train_ckpt_" + std::to_string(getpid());
+  fs::remove_all(root);
+  std::vector<std::string> lines_b;
+  {
+    Harness b(c);
+    b.tr.InitializeWeights();
+    CheckpointStore store(Env::Default(), root, nullptr);
+    CheckpointController ctl(c, Env::Default(), &store, &b.tr, NoTokenizer(),
+                             nlohmann::json::array(), nullptr);
+    RunHooks hb;
+    hb.log = [&](const std::string& l) { lines_b.push_back(Untimed(l)); };
+    hb.after_iteration = [&] { return b.tr.counters().iteration < 6; };
+    ASSERT_TRUE(b.tr.Run(hb).ok());
+    ASSERT_EQ(b.tr.counters().iteration, 6);
+    ASSERT_TRUE(ctl.SaveNow("test").ok());
+  }
+  Harness r(c);
+  CheckpointStore store(Env::Default(), root, nullptr);
+  CheckpointInfo info;
+  ASSERT_TRUE(store.FindNewestValid(true, &info).ok());
+  SavedTrainState saved;
+  ASSERT_TRUE(ReadSavedTrainState(Env::Default(), info.path, &saved).ok());
+  EXPECT_EQ(saved.counters.iteration, 6);
+  EXPECT_EQ(saved.optimizer_step, 6);
+  EXPECT_TRUE(DiffConfigForResume(saved.config, c).empty());
+  ASSERT_TRUE(RestoreTrainCheckpoint(Env::Default(), saved, r.tr).ok());
+  RunHooks hr;
+  hr.log = [&](const std::string& l) { lines_b.push_back(Untimed(l)); };
+  ASSERT_TRUE(r.tr.Run(hr).ok());
+  EXPECT_EQ(lines_b, lines_a);  // same losses, LRs, batch sizes, validation, at every line
+  EXPECT_EQ(r.tr.StateFingerprint(), want);
+  fs::remove_all(root);
+}
+
+TEST(TrainCheckpointTest, CheckpointOfAnotherShapeIsRefused) {
+  TrainConfig c = Tiny();
+  const std::string root = ::testing::TempDir() + "/keel_train_ckpt_shape_" + std::to_string(getpid());
+  fs::remove_all(root);
+  {
+    Harness h(c);
+    h.tr.InitializeWeights();
+    CheckpointStore store(Env::Default(), root, nullptr);
+    CheckpointController ctl(c, Env::Default(), &store, &h.tr, NoTokenizer(),
+                             nlohmann::json::array(), nullptr);
+    ASSERT_TRUE(ctl.SaveNow("test").ok());
+  }
+  SavedTrainState saved;
+  ASSERT_TRUE(ReadSavedTrainState(Env::Default(), root + "/iter_0000000", &saved).ok());
+  TrainConfig other = c;
+  other.hidden_size = 64;
+  Harness h(other);
+  Status st = RestoreTrainCheckpoint(Env::Default(), saved, h.tr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("differs from this run's"), std::string::npos) << st.message();
+  fs::remove_all(root);
+}
+
+TEST(TrainCheckpointTest, ConfigChangesAreClassifiedAndNeedTheRightFlag) {
+  const TrainConfig saved = Tiny(false);
+  TrainConfig now = saved;
+  now.lr = 1e-3;         // scheduler
+  now.seed = 99;         // data order
+  now.log_interval = 1;  // free
+  now.train_iters = 28;  // free, but moves the decay (derived from train-iters)
+  now.lr_decay_iters = 0;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(Validate(&now, &notes).ok());
+  std::vector<ConfigChange> changes = DiffConfigForResume(saved, now);
+  std::map<std::string, ConfigChange::Kind> kinds;
+  for (const auto& ch : changes) kinds[ch.key] = ch.kind;
+  EXPECT_EQ(kinds.at("lr"), ConfigChange::Kind::kScheduler);
+  EXPECT_EQ(kinds.at("seed"), ConfigChange::Kind::kDataOrder);
+  EXPECT_EQ(kinds.at("log-interval"), ConfigChange::Kind::kFree);
+  EXPECT_EQ(kinds.at("lr decay (samples)"), ConfigChange::Kind::kScheduler);
+
+  std::vector<ConfigChange> accepted;
+  notes.clear();
+  Status st = CheckResumeChanges(changes, now, &accepted, &notes);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("lr: 0.003 -> 0.001"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("--override-scheduler"), std::string::npos);
+  EXPECT_NE(st.message().find("--override-data-order"), std::string::npos);
+
+  now.override_scheduler = true;
+  st = CheckResumeChanges(changes, now, &accepted, &notes);
+  ASSERT_FALSE(st.ok());  // the seed still needs its own flag
+  EXPECT_EQ(st.message().find("(accept with --override-scheduler)"), std::string::npos);
+  now.override_data_order = true;
+  notes.clear();
+  ASSERT_TRUE(CheckResumeChanges(changes, now, &accepted, &notes).ok());
+  EXPECT_EQ(accepted.size(), 3u);  // lr, decay, seed
+  ASSERT_FALSE(notes.empty());
+  EXPECT_NE(notes[0].find("changed on resume"), std::string::npos);
+
+  // A shape change is refused whatever the flags.
+  TrainConfig bigger = saved;
+  bigger.num_layers = 3;
+  bigger.override_scheduler = bigger.override_data_order = true;
+  st = CheckResumeChanges(DiffConfigForResume(saved, bigger), bigger, &accepted, &notes);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("num-layers: 2 -> 3"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("cannot change on resume"), std::string::npos);
+}
+
+TEST(TrainCheckpointTest, LongerRunWithTheSameDecayIsAFreeChange) {
+  TrainConfig saved = Tiny(false);
+  TrainConfig now = saved;
+  now.train_iters = 2 * saved.train_iters;
+  now.lr_decay_iters = saved.train_iters;  // the decay the checkpoint was following
+  std::vector<std::string> notes;
+  ASSERT_TRUE(Validate(&now, &notes).ok());
+  const std::vector<ConfigChange> changes = DiffConfigForResume(saved, now);
+  ASSERT_EQ(changes.size(), 1u);  // lengths are compared as the schedule in samples
+  EXPECT_EQ(changes[0].key, "train-iters");
+  EXPECT_EQ(changes[0].kind, ConfigChange::Kind::kFree);
+}
+
+TEST(TrainCheckpointTest, RepeatedSaveFailuresStopTheRunWithTheError) {
+  TrainConfig c = Tiny();
+  c.save_interval = 1;
+  const std::string root = ::testing::TempDir() + "/keel_train_ckpt_fail_" + std::to_string(getpid());
+  fs::remove_all(root);
+  FaultInjectionEnv env(Env::Default());  // a disk that stays full
+  env.Arm(FaultInjectionEnv::Fault::kNoSpace, 1, "model.safetensors", /*persistent=*/true);
+  Harness h(c);
+  h.tr.InitializeWeights();
+  CheckpointStore store(&env, root, nullptr);
+  std::vector<std::string> log;
+  CheckpointController ctl(c, &env, &store, &h.tr, NoTokenizer(), nlohmann::json::array(),
+                           [&](const std::string& l) { log.push_back(l); });
+  RunHooks hooks;
+  hooks.log = [](const std::string&) {};
+  hooks.after_iteration = [&] { return ctl.AfterIteration(); };
+  ASSERT_TRUE(h.tr.Run(hooks).ok());
+  EXPECT_EQ(h.tr.counters().iteration, 3);  // stopped after the third failed save
+  EXPECT_EQ(ctl.stop_reason(), StopReason::kSaveFailures);
+  Status st = ctl.Finish();
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("3 consecutive checkpoint saves failed"), std::string::npos);
+  ASSERT_GE(log.size(), 3u);
+  EXPECT_NE(log[0].find("1 of 3 consecutive failures allowed"), std::string::npos) << log[0];
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace keel
