@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Kill-9 soak: trains a small model, SIGKILLs it at random times (and at random filesystem
+# operations inside saves via KEEL_FAULT_INJECTION), resumes with the same command until the run
+# completes, and checks the final state fingerprint and every iteration line (timing fields aside)
+# against an uninterrupted run. The CI suite runs a handful of fixed kill points
+# (tests/cli/resume_cli_test.cc); this script runs as many random ones as you like.
+#
+#   scripts/kill-soak.sh [ROUNDS=20] [KEEL=build/keel]
+set -uo pipefail
+ROUNDS=${1:-20}
+KEEL=${2:-build/keel}
+WORK=$(mktemp -d /tmp/keel-soak.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+ARGS=(train --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64
+      --micro-batch-size 2 --global-batch-size 8 --train-iters 60 --lr-warmup-iters 5
+      --log-interval 1 --eval-interval 20 --eval-iters 1 --sample-tokens 0 --threads 1
+      --save-interval 5)
+
+untimed() {  # iteration/validation lines without timing fields, last occurrence per iteration
+  cat "$@" | grep -E '^ (iteration|validation)' | sed -E 's/elapsed time per iteration \(ms\): [0-9.]+ \|//; s/samples per second: [0-9.]+ \|//; s/TFLOPs: [0-9.]+ \|//' |
+    awk '{ key = ($1 == "iteration") ? "it " $2 : "val " $5; last[key] = $0; order[key] = NR }
+         END { for (k in last) print order[k] "\t" k "\t" last[k] }' | sort -t$'\t' -k2,2 | cut -f2-
+}
+
+"$KEEL" "${ARGS[@]}" --save "$WORK/ref" > "$WORK/ref.log" 2>&1
+REF_FP=$(grep -o 'state fingerprint: [0-9a-f]*' "$WORK/ref.log" | tail -1)
+untimed "$WORK/ref.log" > "$WORK/ref.lines"
+
+for round in $(seq 1 "$ROUNDS"); do
+  rm -rf "$WORK/run" "$WORK"/run.*.log
+  kills=0
+  for attempt in $(seq 1 40); do
+    log="$WORK/run.$attempt.log"
+    if (( RANDOM % 2 )); then
+      # A crash at a random filesystem operation (most of them happen inside saves).
+      KEEL_FAULT_INJECTION="crash-at=$(( RANDOM % 150 + 1 ))" "$KEEL" "${ARGS[@]}" --save "$WORK/run" > "$log" 2>&1 && rc=0 || rc=$?
+    else
+      "$KEEL" "${ARGS[@]}" --save "$WORK/run" > "$log" 2>&1 &
+      pid=$!
+      sleep "0.$(( RANDOM % 9 + 1 ))"
+      kill -9 "$pid" 2>/dev/null || true
+      wait "$pid" && rc=0 || rc=$?
+    fi
+    if [[ $rc == 0 ]] && grep -q 'training finished\|already completes' "$log"; then break; fi
+    kills=$((kills + 1))
+  done
+  "$KEEL" "${ARGS[@]}" --save "$WORK/run" > "$WORK/run.final.log" 2>&1
+  FP=$(grep -o 'state fingerprint: [0-9a-f]*' "$WORK/run.final.log" | tail -1)
+  untimed $(ls -tr "$WORK"/run.*.log) > "$WORK/run.lines"
+  if [[ "$FP" != "$REF_FP" ]] || ! diff -q "$WORK/ref.lines" "$WORK/run.lines" > /dev/null; then
+    echo "round $round: MISMATCH after $kills kills ($FP vs $REF_FP)"
+    diff "$WORK/ref.lines" "$WORK/run.lines" | head -20
+    exit 1
+  fi
+  echo "round $round: $kills kills, resumed to the same bits ($FP)"
+done
+echo "all $ROUNDS rounds bit-identical to the uninterrupted run"
