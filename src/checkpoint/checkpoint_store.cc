@@ -8,7 +8,9 @@
 
 namespace keel {
 
-std::string CheckpointDirName(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
+std::string CheckpointDirName(int64_t iteration) {
+  return fmt::format("iter_{:07d}", iteration);
+}
 
 bool ParseCheckpointDirName(const std::string& name, int64_t* iteration) {
   if (name.size() < 6 || name.compare(0, 5, "iter_") != 0) return false;
@@ -156,9 +158,10 @@ Status CheckpointStore::FindNewestValid(bool move_aside_rejected, CheckpointInfo
   int64_t marker = -1;
   Status ms = ReadMarker(&marker);
   if (!ms.ok()) {
-    log_(fmt::format("WARNING: {}; the newest checkpoint that verifies is used and the marker "
-                     "rewritten",
-                     ms.message()));
+    log_(
+        fmt::format("WARNING: {}; the newest checkpoint that verifies is used and the marker "
+                    "rewritten",
+                    ms.message()));
     marker = -1;
   } else if (!env_->IsDirectory(JoinPath(root_, CheckpointDirName(marker)))) {
     log_(fmt::format("WARNING: {} names iteration {} but {} does not exist", kMarkerFile, marker,
@@ -213,8 +216,8 @@ Status CheckpointStore::Save(int64_t iteration, const std::vector<CheckpointFile
       std::unique_ptr<WritableFile> base;
       KEEL_RETURN_IF_ERROR(env_->NewWritableFile(JoinPath(tmp, f.name), &base));
       ChecksummingFile file(std::move(base));
-      Status st = f.safetensors ? AppendSafetensors(&file, f.tensors, f.metadata)
-                                : file.Append(f.bytes);
+      Status st =
+          f.safetensors ? AppendSafetensors(&file, f.tensors, f.metadata) : file.Append(f.bytes);
       if (st.ok()) st = file.Sync();
       Status cst = file.Close();
       KEEL_RETURN_IF_ERROR(st);
@@ -239,17 +242,18 @@ Status CheckpointStore::Save(int64_t iteration, const std::vector<CheckpointFile
     std::string moved;
     st = MoveAside(name, "superseded", &moved);
     if (st.ok())
-      log_(fmt::format("WARNING: {} already existed (from an earlier attempt at this iteration); "
-                       "moved it to {}",
-                       final_path, JoinPath(root_, moved)));
+      log_(
+          fmt::format("WARNING: {} already existed (from an earlier attempt at this iteration); "
+                      "moved it to {}",
+                      final_path, JoinPath(root_, moved)));
   }
   if (st.ok()) st = env_->RenameFile(tmp, final_path);
   if (st.ok()) st = env_->SyncDir(root_);
   if (!st.ok()) {
     env_->RemoveDirRecursive(tmp);  // best effort; Recover() removes it otherwise
-    return Status::IOError(fmt::format(
-        "saving checkpoint {} failed: {} (the checkpoints saved before it are intact)", final_path,
-        st.message()));
+    return Status::IOError(
+        fmt::format("saving checkpoint {} failed: {} (the checkpoints saved before it are intact)",
+                    final_path, st.message()));
   }
   st = WriteMarker(iteration);
   if (!st.ok())
@@ -279,9 +283,10 @@ Status CheckpointStore::ApplyRetention(int keep_last) {
       continue;
     }
     if (it->pinned) continue;
-    log_(fmt::format("removing checkpoint {} (--keep-last-checkpoints {}; pin a checkpoint with "
-                     "`keel ckpt pin` to keep it)",
-                     it->path, keep_last));
+    log_(
+        fmt::format("removing checkpoint {} (--keep-last-checkpoints {}; pin a checkpoint with "
+                    "`keel ckpt pin` to keep it)",
+                    it->path, keep_last));
     KEEL_RETURN_IF_ERROR(env_->RemoveDirRecursive(it->path));
   }
   return env_->SyncDir(root_);

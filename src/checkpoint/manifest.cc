@@ -9,9 +9,13 @@
 
 namespace keel {
 
-std::string HexDigest(uint64_t v) { return fmt::format("{:016x}", v); }
+std::string HexDigest(uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
 
-uint64_t Xxh3(const char* data, size_t size) { return XXH3_64bits(data, size); }
+uint64_t Xxh3(const char* data, size_t size) {
+  return XXH3_64bits(data, size);
+}
 
 std::string Manifest::ToJson() const {
   nlohmann::ordered_json j;
@@ -59,7 +63,9 @@ ChecksummingFile::ChecksummingFile(std::unique_ptr<WritableFile> base)
     : base_(std::move(base)), state_(XXH3_createState()) {
   XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
 }
-ChecksummingFile::~ChecksummingFile() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+ChecksummingFile::~ChecksummingFile() {
+  XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+}
 Status ChecksummingFile::Append(std::string_view data) {
   KEEL_RETURN_IF_ERROR(base_->Append(data));
   XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data.data(), data.size());

@@ -10,13 +10,14 @@
 namespace keel::cli {
 
 int SampleCommand(int argc, const char* const* argv) {
-  CLI::App app("Generate text from a checkpoint of `keel train --save DIR`",
-               "keel sample");
+  CLI::App app("Generate text from a checkpoint of `keel train --save DIR`", "keel sample");
   std::string load, prompt = "Call me";
   GenerateOptions go;
   int threads = 0;
-  app.add_option("--load", load, "run directory (the --save of keel train: its newest valid checkpoint) or "
-                 "a checkpoint directory (DIR/iter_NNNNNNN)")->required();
+  app.add_option("--load", load,
+                 "run directory (the --save of keel train: its newest valid checkpoint) or "
+                 "a checkpoint directory (DIR/iter_NNNNNNN)")
+      ->required();
   app.add_option("--prompt", prompt, "text to continue");
   app.add_option("--tokens", go.max_new_tokens, "tokens to generate")->check(CLI::Range(1, 100000));
   app.add_option("--temperature", go.temperature, "softmax temperature")
@@ -32,8 +33,8 @@ int SampleCommand(int argc, const char* const* argv) {
   Env* env = Env::Default();
   auto backend = MakeCpuBackend(threads);
   LoadedModel run;
-  Status st = LoadModelFromCheckpoint(env, load, backend.get(),
-                                      [](const std::string& l) { LogError(l); }, &run);
+  Status st = LoadModelFromCheckpoint(
+      env, load, backend.get(), [](const std::string& l) { LogError(l); }, &run);
   if (!st.ok()) {
     LogError("error: " + st.message());
     return 1;

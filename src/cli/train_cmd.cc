@@ -161,10 +161,13 @@ int TrainCommand(int argc, const char* const* argv) {
     CheckpointStore save_store(env, cfg.save, nullptr);
     std::vector<CheckpointInfo> existing;
     if (save_store.List(&existing).ok() && !existing.empty())
-      return Fail(Status::InvalidArgument(
-          "--save " + cfg.save + " already holds checkpoints of a run and --load names another "
-          "directory (" + cfg.load + "): drop --load to continue the run in --save, or pass a "
-          "new --save directory"));
+      return Fail(
+          Status::InvalidArgument("--save " + cfg.save +
+                                  " already holds checkpoints of a run and --load names another "
+                                  "directory (" +
+                                  cfg.load +
+                                  "): drop --load to continue the run in --save, or pass a "
+                                  "new --save directory"));
   }
   nlohmann::json history = saved ? saved->history : nlohmann::json::array();
   if (saved) {
@@ -182,7 +185,8 @@ int TrainCommand(int argc, const char* const* argv) {
       Log("accepted change on resume: {}: {} -> {} ({})", c.key, c.old_value, c.new_value,
           c.kind == ConfigChange::Kind::kScheduler ? "--override-scheduler"
                                                    : "--override-data-order");
-      event["accepted_changes"].push_back({{"key", c.key}, {"old", c.old_value}, {"new", c.new_value}});
+      event["accepted_changes"].push_back(
+          {{"key", c.key}, {"old", c.old_value}, {"new", c.new_value}});
     }
     history.push_back(event);
   }
@@ -247,8 +251,8 @@ int TrainCommand(int argc, const char* const* argv) {
 
   std::unique_ptr<CheckpointStore> store;
   if (!cfg.save.empty()) {
-    store = std::make_unique<CheckpointStore>(env, cfg.save,
-                                              [](const std::string& l) { LogLine(l); });
+    store =
+        std::make_unique<CheckpointStore>(env, cfg.save, [](const std::string& l) { LogLine(l); });
     InstallStopSignalHandlers();
   }
   RunInfo run_info{prefix, meta};
@@ -281,8 +285,7 @@ int TrainCommand(int argc, const char* const* argv) {
     Log("training finished: iteration {} in {:.1f} s", trainer.counters().iteration, secs);
   }
   Log("state fingerprint: {:016x}", trainer.StateFingerprint());
-  if (store)
-    Log("checkpoints are in {} (sample with `keel sample --load {}`)", cfg.save, cfg.save);
+  if (store) Log("checkpoints are in {} (sample with `keel sample --load {}`)", cfg.save, cfg.save);
   if (cfg.sample_tokens > 0) {
     std::unique_ptr<Tokenizer> tok;
     st = LoadTokenizerForDataset(prefix, meta, &tok);

@@ -882,17 +882,18 @@ Status ValidateOptimizerAndRun(TrainConfig* c) {
   KEEL_RETURN_IF_ERROR(
       NonNegative("keep-last-checkpoints", c->keep_last_checkpoints, "use 0 to keep all"));
   KEEL_RETURN_IF_ERROR(NonNegative("exit-interval", c->exit_interval, "use 0 to disable it"));
-  for (auto [flag, v] : {std::pair<const char*, double>{"save-interval-minutes",
-                                                        c->save_interval_minutes},
-                         {"exit-duration-in-mins", c->exit_duration_in_mins},
-                         {"lr-scale-on-resume", c->lr_scale_on_resume}}) {
+  for (auto [flag, v] :
+       {std::pair<const char*, double>{"save-interval-minutes", c->save_interval_minutes},
+        {"exit-duration-in-mins", c->exit_duration_in_mins},
+        {"lr-scale-on-resume", c->lr_scale_on_resume}}) {
     if (!(v >= 0))
       return Invalid(fmt::format("--{} {} must not be negative; use 0 to disable it", flag, v));
   }
   if (c->save.empty()) {
     if (!c->kill_switch_path.empty())
-      return Invalid("--kill-switch-path needs --save: the kill switch saves a checkpoint before "
-                     "exiting; pass --save DIR");
+      return Invalid(
+          "--kill-switch-path needs --save: the kill switch saves a checkpoint before "
+          "exiting; pass --save DIR");
     if (!c->load.empty())
       return Invalid("--load " + c->load +
                      " needs --save: a resumed run must have somewhere to save; pass --save DIR");

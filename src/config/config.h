@@ -80,9 +80,9 @@ struct TrainConfig {
   int64_t exit_interval = 0;         // save and exit once iteration % N == 0 (0: off)
   double exit_duration_in_mins = 0;  // save and exit after this long in this process (0: off)
   // Deliberate changes against a checkpoint (refused otherwise, with a diff).
-  bool override_scheduler = false;    // accept new LR/warmup/decay/optimizer/batch settings
-  bool override_data_order = false;   // accept a new seed, data path or split
-  double lr_scale_on_resume = 0;      // multiply the schedule's LR by this from now on (0: keep)
+  bool override_scheduler = false;   // accept new LR/warmup/decay/optimizer/batch settings
+  bool override_data_order = false;  // accept a new seed, data path or split
+  double lr_scale_on_resume = 0;     // multiply the schedule's LR by this from now on (0: keep)
 
   // ---- output ----
   int sample_tokens = 64;  // tokens of text generated at the end of training (0: none)

@@ -61,7 +61,9 @@ void FaultInjectionEnv::Arm(Fault fault, int64_t nth, std::string path_part, boo
   path_part_ = std::move(path_part);
 }
 
-void FaultInjectionEnv::SetCrashHook(std::function<void()> hook) { crash_hook_ = std::move(hook); }
+void FaultInjectionEnv::SetCrashHook(std::function<void()> hook) {
+  crash_hook_ = std::move(hook);
+}
 
 Status FaultInjectionEnv::Before(Op op, const std::string& path) {
   if (dead_) return Dead(path);

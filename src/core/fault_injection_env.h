@@ -16,10 +16,10 @@ namespace keel {
 class FaultInjectionEnv : public Env {
  public:
   enum class Fault {
-    kNoSpace,     // an Append writes half its bytes, then fails with ENOSPC
-    kSyncFails,   // a file or directory fsync fails (EIO)
-    kRenameFails, // a rename or exchange fails (EIO)
-    kCrash,       // the crash hook runs before the operation (default: the process is killed)
+    kNoSpace,      // an Append writes half its bytes, then fails with ENOSPC
+    kSyncFails,    // a file or directory fsync fails (EIO)
+    kRenameFails,  // a rename or exchange fails (EIO)
+    kCrash,        // the crash hook runs before the operation (default: the process is killed)
   };
 
   explicit FaultInjectionEnv(Env* base);
@@ -41,7 +41,8 @@ class FaultInjectionEnv : public Env {
 
   // Parses "crash-at=N[:PATH_PART]", "enospc-at=N[:PATH_PART]", "fail-sync-at=N[:PATH_PART]" or
   // "fail-rename-at=N[:PATH_PART]" (the KEEL_FAULT_INJECTION syntax).
-  static Status FromSpec(const std::string& spec, Env* base, std::unique_ptr<FaultInjectionEnv>* out);
+  static Status FromSpec(const std::string& spec, Env* base,
+                         std::unique_ptr<FaultInjectionEnv>* out);
 
   Status NewWritableFile(const std::string& path, std::unique_ptr<WritableFile>* out) override;
   Status NewAppendableFile(const std::string& path, std::unique_ptr<WritableFile>* out) override;

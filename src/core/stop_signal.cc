@@ -7,7 +7,9 @@ namespace {
 
 volatile sig_atomic_t g_signal = 0;
 
-void OnStopSignal(int sig) { g_signal = sig; }
+void OnStopSignal(int sig) {
+  g_signal = sig;
+}
 
 }  // namespace
 
@@ -20,8 +22,12 @@ void InstallStopSignalHandlers() {
   sigaction(SIGUSR1, &sa, nullptr);
 }
 
-int PendingStopSignal() { return g_signal; }
+int PendingStopSignal() {
+  return g_signal;
+}
 
-void ClearStopSignal() { g_signal = 0; }
+void ClearStopSignal() {
+  g_signal = 0;
+}
 
 }  // namespace keel

@@ -25,9 +25,8 @@ const char* StopReasonText(StopReason r) {
   return "?";
 }
 
-CheckpointController::CheckpointController(const TrainConfig& cfg, Env* env,
-                                           CheckpointStore* store, Trainer* trainer, RunInfo run,
-                                           nlohmann::json history,
+CheckpointController::CheckpointController(const TrainConfig& cfg, Env* env, CheckpointStore* store,
+                                           Trainer* trainer, RunInfo run, nlohmann::json history,
                                            std::function<void(const std::string&)> log)
     : cfg_(cfg),
       env_(env),
@@ -62,12 +61,16 @@ bool CheckpointController::AfterIteration() {
   const uint64_t now = env_->NowMicros();
   if (const int sig = PendingStopSignal(); sig != 0) {
     log_(fmt::format("received {} at iteration {}: saving and exiting",
-                     sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal", it));
+                     sig == SIGTERM   ? "SIGTERM"
+                     : sig == SIGUSR1 ? "SIGUSR1"
+                                      : "a signal",
+                     it));
     stop_ = StopReason::kSignal;
   } else if (!cfg_.kill_switch_path.empty() && env_->FileExists(cfg_.kill_switch_path)) {
-    log_(fmt::format("kill switch {} found at iteration {}: saving and exiting (remove the file "
-                     "before resuming)",
-                     cfg_.kill_switch_path, it));
+    log_(
+        fmt::format("kill switch {} found at iteration {}: saving and exiting (remove the file "
+                    "before resuming)",
+                    cfg_.kill_switch_path, it));
     stop_ = StopReason::kKillSwitch;
   } else if (cfg_.exit_interval > 0 && it % cfg_.exit_interval == 0) {
     log_(fmt::format("--exit-interval {} reached at iteration {}: saving and exiting",
@@ -95,9 +98,10 @@ bool CheckpointController::AfterIteration() {
     return true;
   }
   ++consecutive_failures_;
-  log_(fmt::format("ERROR: {} ({} of {} consecutive failures allowed; training continues and the "
-                   "next save interval retries)",
-                   st.message(), consecutive_failures_, kMaxConsecutiveSaveFailures));
+  log_(
+      fmt::format("ERROR: {} ({} of {} consecutive failures allowed; training continues and the "
+                  "next save interval retries)",
+                  st.message(), consecutive_failures_, kMaxConsecutiveSaveFailures));
   if (consecutive_failures_ >= kMaxConsecutiveSaveFailures) {
     failure_ = Status::IOError(fmt::format(
         "{} consecutive checkpoint saves failed, the last with: {}; stopping rather than training "

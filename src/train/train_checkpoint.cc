@@ -28,8 +28,12 @@ std::string UtcNow() {
 }
 
 // JSON has no NaN: non-finite doubles are stored as null and read back as NaN.
-ojson Num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
-double NumFrom(const json& j) { return j.is_null() ? NAN : j.get<double>(); }
+ojson Num(double v) {
+  return std::isfinite(v) ? ojson(v) : ojson(nullptr);
+}
+double NumFrom(const json& j) {
+  return j.is_null() ? NAN : j.get<double>();
+}
 
 const char* StyleName(LrDecayStyle s) {
   switch (s) {
@@ -52,16 +56,11 @@ std::string SiblingPath(const std::string& prefix, const std::string& file) {
 }  // namespace
 
 json SpecToJson(const GptSpec& s) {
-  return json{{"num_layers", s.num_layers},
-              {"hidden", s.hidden},
-              {"ffn_hidden", s.ffn_hidden},
-              {"heads", s.heads},
-              {"max_positions", s.max_positions},
-              {"vocab", s.vocab},
-              {"padded_vocab", s.padded_vocab},
-              {"alibi", s.alibi},
-              {"embed_layernorm", s.embed_layernorm},
-              {"layernorm_eps", s.layernorm_eps}};
+  return json{{"num_layers", s.num_layers},           {"hidden", s.hidden},
+              {"ffn_hidden", s.ffn_hidden},           {"heads", s.heads},
+              {"max_positions", s.max_positions},     {"vocab", s.vocab},
+              {"padded_vocab", s.padded_vocab},       {"alibi", s.alibi},
+              {"embed_layernorm", s.embed_layernorm}, {"layernorm_eps", s.layernorm_eps}};
 }
 
 Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
@@ -184,12 +183,12 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
     files.push_back(std::move(tok));
   }
   files.push_back({"state.json", s.dump(2) + "\n", false, {}, {}});
-  files.push_back({"config.toml",
-                   "# resolved config of the run (load it with keel train --config)\n" +
-                       FormatConfig(cfg),
-                   false,
-                   {},
-                   {}});
+  files.push_back(
+      {"config.toml",
+       "# resolved config of the run (load it with keel train --config)\n" + FormatConfig(cfg),
+       false,
+       {},
+       {}});
   *out = std::move(files);
   return Status::OK();
 }
@@ -233,30 +232,39 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
 
 std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const TrainConfig& now) {
   using K = ConfigChange::Kind;
-  static const std::set<std::string> shape = {
-      "num-layers",       "hidden-size",       "ffn-hidden-size",
-      "num-attention-heads", "seq-length",     "max-position-embeddings",
-      "position-embedding-type", "embed-layernorm", "make-vocab-size-divisible-by",
-      "layernorm-epsilon"};
+  static const std::set<std::string> shape = {"num-layers",
+                                              "hidden-size",
+                                              "ffn-hidden-size",
+                                              "num-attention-heads",
+                                              "seq-length",
+                                              "max-position-embeddings",
+                                              "position-embedding-type",
+                                              "embed-layernorm",
+                                              "make-vocab-size-divisible-by",
+                                              "layernorm-epsilon"};
   static const std::set<std::string> scheduler = {
-      "lr",         "min-lr",     "lr-decay-style", "adam-beta1",        "adam-beta2",
-      "adam-eps",   "weight-decay", "clip-grad",    "global-batch-size", "rampup-batch-size"};
+      "lr",       "min-lr",       "lr-decay-style", "adam-beta1",        "adam-beta2",
+      "adam-eps", "weight-decay", "clip-grad",      "global-batch-size", "rampup-batch-size"};
   // Warmup and decay lengths are compared in samples (below), whichever form set them.
   static const std::set<std::string> schedule_lengths = {"lr-warmup-samples", "lr-warmup-iters",
                                                          "lr-decay-samples", "lr-decay-iters"};
   static const std::set<std::string> data_order = {"seed", "data-path", "split", "tokenizer"};
   // Settings that only steer this process (where to save, when to stop, how to resume).
-  static const std::set<std::string> operational = {
-      "save",          "load",         "override-scheduler", "override-data-order",
-      "lr-scale-on-resume", "init-method", "init-method-std"};
+  static const std::set<std::string> operational = {"save",
+                                                    "load",
+                                                    "override-scheduler",
+                                                    "override-data-order",
+                                                    "lr-scale-on-resume",
+                                                    "init-method",
+                                                    "init-method-std"};
   std::vector<ConfigChange> out;
   const auto a = ConfigValues(saved), b = ConfigValues(now);
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
     const std::string& key = a[i].first;
     if (a[i].second == b[i].second || schedule_lengths.count(key) || operational.count(key))
       continue;
-    K kind = shape.count(key)       ? K::kShape
-             : scheduler.count(key) ? K::kScheduler
+    K kind = shape.count(key)        ? K::kShape
+             : scheduler.count(key)  ? K::kScheduler
              : data_order.count(key) ? K::kDataOrder
                                      : K::kFree;
     out.push_back({kind, key, a[i].second, b[i].second});
@@ -305,27 +313,31 @@ Status CheckResumeChanges(const std::vector<ConfigChange>& changes, const TrainC
         }
         break;
       case K::kFree:
-        notes->push_back(fmt::format("changed on resume: {}: {} -> {}", c.key, c.old_value,
-                                     c.new_value));
+        notes->push_back(
+            fmt::format("changed on resume: {}: {} -> {}", c.key, c.old_value, c.new_value));
         break;
     }
   }
   if (refused.empty()) return Status::OK();
   std::string fix;
   if (shape)
-    fix = "the model's shape is fixed by the checkpoint: restore the old values, or start a new "
-          "run with a new --save";
+    fix =
+        "the model's shape is fixed by the checkpoint: restore the old values, or start a new "
+        "run with a new --save";
   else if (sched && data)
-    fix = "pass --override-scheduler and --override-data-order to accept these changes, or "
-          "restore the old values";
+    fix =
+        "pass --override-scheduler and --override-data-order to accept these changes, or "
+        "restore the old values";
   else if (sched)
-    fix = "pass --override-scheduler to accept them (or --lr-scale-on-resume S to scale the LR "
-          "without changing the schedule), or restore the old values";
+    fix =
+        "pass --override-scheduler to accept them (or --lr-scale-on-resume S to scale the LR "
+        "without changing the schedule), or restore the old values";
   else
-    fix = "pass --override-data-order to accept them (the data order changes from here on), or "
-          "restore the old values";
-  return Status::InvalidArgument("the config differs from the checkpoint's (old -> new):" +
-                                 refused + "\n" + fix);
+    fix =
+        "pass --override-data-order to accept them (the data order changes from here on), or "
+        "restore the old values";
+  return Status::InvalidArgument(
+      "the config differs from the checkpoint's (old -> new):" + refused + "\n" + fix);
 }
 
 Status RestoreTrainCheckpoint(Env* env, const SavedTrainState& saved, Trainer& trainer) {
@@ -346,9 +358,9 @@ Status RestoreTrainCheckpoint(Env* env, const SavedTrainState& saved, Trainer& t
                                   "' is missing; the checkpoint does not match this model");
       const TensorRef& t = it->second;
       if (t.dtype != "F32" || t.shape != p.shape)
-        return Status::Corruption(fmt::format(
-            "{}: tensor '{}{}' is {} {} but the model expects F32 {}", path, prefix, p.name,
-            t.dtype, json(t.shape).dump(), json(p.shape).dump()));
+        return Status::Corruption(
+            fmt::format("{}: tensor '{}{}' is {} {} but the model expects F32 {}", path, prefix,
+                        p.name, t.dtype, json(t.shape).dump(), json(p.shape).dump()));
       tmp.resize(p.numel);
       std::memcpy(tmp.data(), t.data, t.bytes);
       be->CopyToDevice(dst + p.offset, tmp.data(), p.numel);

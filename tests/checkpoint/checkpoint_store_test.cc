@@ -17,7 +17,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string FreshDir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "/keel_store_" + name + "_" + std::to_string(getpid());
+  const std::string d =
+      ::testing::TempDir() + "/keel_store_" + name + "_" + std::to_string(getpid());
   fs::remove_all(d);
   return d;
 }
@@ -30,8 +31,8 @@ struct Content {
     w.assign(1000, static_cast<float>(iteration));
     CheckpointFile t{"model.safetensors", "", true, {{"w", {10, 100}, w.data()}}, {}};
     files.push_back(t);
-    files.push_back({"state.json", "{\"iteration\": " + std::to_string(iteration) + "}\n", false,
-                     {}, {}});
+    files.push_back(
+        {"state.json", "{\"iteration\": " + std::to_string(iteration) + "}\n", false, {}, {}});
   }
 };
 
@@ -108,9 +109,7 @@ TEST(CheckpointStoreTest, TamperingIsRefusedNamingTheFile) {
       {"removed file", [](const std::string& d) { fs::remove(d + "/state.json"); },
        "state.json is missing"},
       {"extra .orig file",
-       [](const std::string& d) {
-         fs::copy_file(d + "/state.json", d + "/state.json.orig");
-       },
+       [](const std::string& d) { fs::copy_file(d + "/state.json", d + "/state.json.orig"); },
        "state.json.orig is not listed in"},
       {"removed manifest", [](const std::string& d) { fs::remove(d + "/manifest.json"); },
        "manifest.json is missing"},

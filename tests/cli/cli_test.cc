@@ -86,8 +86,7 @@ TEST(CliTest, TrainsOnDefaultCorpusSavesAndSamples) {
   Result s = RunKeel("sample --load " + dir + " --tokens 5 --prompt Whale");
   EXPECT_EQ(s.code, 0) << s.out;
   EXPECT_NE(s.out.find("sampling from " + dir + "/iter_0000006"), std::string::npos) << s.out;
-  EXPECT_TRUE(s.out.rfind("Whale", 0) == 0 || s.out.find("\nWhale") != std::string::npos)
-      << s.out;
+  EXPECT_TRUE(s.out.rfind("Whale", 0) == 0 || s.out.find("\nWhale") != std::string::npos) << s.out;
   std::filesystem::remove_all(dir);
 }
 

@@ -38,7 +38,7 @@ struct Result {
 // Runs keel with `args` (split on spaces) and extra environment entries; `on_line` sees each
 // output line as it arrives and may act on the process (pid).
 Result RunKeelCmd(const std::string& args, const std::vector<std::string>& env_extra = {},
-           const std::function<void(const std::string&, pid_t)>& on_line = nullptr) {
+                  const std::function<void(const std::string&, pid_t)>& on_line = nullptr) {
   std::vector<std::string> argv_s = {KEEL_BINARY};
   size_t pos = 0;
   while (pos < args.size()) {
@@ -123,9 +123,9 @@ std::string Fingerprint(const std::string& out) {
 }
 
 std::string Dir(const std::string& name) {
-  const std::string d = (fs::temp_directory_path() /
-                         ("keel_resume_" + name + "_" + std::to_string(getpid())))
-                            .string();
+  const std::string d =
+      (fs::temp_directory_path() / ("keel_resume_" + name + "_" + std::to_string(getpid())))
+          .string();
   fs::remove_all(d);
   return d;
 }
@@ -318,8 +318,7 @@ TEST(ResumeCliTest, ChangedScheduleIsRefusedWithADiffAndAcceptedWithItsFlag) {
 
   r = RunKeelCmd(cmd + " --lr 0.001");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("lr: 0.002 -> 0.001  (accept with --override-scheduler)"),
-            std::string::npos)
+  EXPECT_NE(r.out.find("lr: 0.002 -> 0.001  (accept with --override-scheduler)"), std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find(" iteration "), std::string::npos) << "trained despite the refusal";
   EXPECT_EQ(ReadFile(d + "/iter_0000008/state.json"), state_before);

@@ -102,8 +102,7 @@ TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
   const uint64_t want = a.tr.StateFingerprint();
 
   // Stopped at iteration 6 (mid log interval, mid ramp-up), saved, reloaded in a new trainer.
-  const std::string root =
-      ::testing::TempDir() + "/keel_train_ckpt_" + std::to_string(getpid());
+  const std::string root = ::testing::TempDir() + "/keel_train_ckpt_" + std::to_string(getpid());
   fs::remove_all(root);
   std::vector<std::string> lines_b;
   {
@@ -139,7 +138,8 @@ TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
 
 TEST(TrainCheckpointTest, CheckpointOfAnotherShapeIsRefused) {
   TrainConfig c = Tiny();
-  const std::string root = ::testing::TempDir() + "/keel_train_ckpt_shape_" + std::to_string(getpid());
+  const std::string root =
+      ::testing::TempDir() + "/keel_train_ckpt_shape_" + std::to_string(getpid());
   fs::remove_all(root);
   {
     Harness h(c);
@@ -223,7 +223,8 @@ TEST(TrainCheckpointTest, LongerRunWithTheSameDecayIsAFreeChange) {
 TEST(TrainCheckpointTest, RepeatedSaveFailuresStopTheRunWithTheError) {
   TrainConfig c = Tiny();
   c.save_interval = 1;
-  const std::string root = ::testing::TempDir() + "/keel_train_ckpt_fail_" + std::to_string(getpid());
+  const std::string root =
+      ::testing::TempDir() + "/keel_train_ckpt_fail_" + std::to_string(getpid());
   fs::remove_all(root);
   FaultInjectionEnv env(Env::Default());  // a disk that stays full
   env.Arm(FaultInjectionEnv::Fault::kNoSpace, 1, "model.safetensors", /*persistent=*/true);
@@ -244,6 +245,48 @@ TEST(TrainCheckpointTest, RepeatedSaveFailuresStopTheRunWithTheError) {
   EXPECT_NE(st.message().find("3 consecutive checkpoint saves failed"), std::string::npos);
   ASSERT_GE(log.size(), 3u);
   EXPECT_NE(log[0].find("1 of 3 consecutive failures allowed"), std::string::npos) << log[0];
+  fs::remove_all(root);
+}
+
+// An Env whose clock the test moves.
+class ClockEnv : public FaultInjectionEnv {
+ public:
+  ClockEnv() : FaultInjectionEnv(Env::Default()) {}
+  uint64_t NowMicros() override { return now_us; }
+  uint64_t now_us = 1'000'000;
+};
+
+TEST(TrainCheckpointTest, TimeBasedSavesAndExitDurationFollowTheClock) {
+  TrainConfig c = Tiny(false);
+  c.save_interval = 0;            // no iteration-based saves
+  c.save_interval_minutes = 1.5;  // every 90 s
+  c.exit_duration_in_mins = 5.0;  // stop after 300 s
+  c.keep_last_checkpoints = 0;
+  const std::string root =
+      ::testing::TempDir() + "/keel_train_ckpt_clock_" + std::to_string(getpid());
+  fs::remove_all(root);
+  ClockEnv env;
+  Harness h(c);
+  h.tr.InitializeWeights();
+  CheckpointStore store(&env, root, nullptr);
+  CheckpointController ctl(c, &env, &store, &h.tr, NoTokenizer(), nlohmann::json::array(), nullptr);
+  RunHooks hooks;
+  hooks.log = [](const std::string&) {};
+  hooks.after_iteration = [&] {
+    env.now_us += 40'000'000;  // each iteration "takes" 40 s
+    return ctl.AfterIteration();
+  };
+  ASSERT_TRUE(h.tr.Run(hooks).ok());
+  // 40 s per iteration: saves after iterations 3 (120 s), 6 (240 s since the start, 120 since the
+  // last); the exit duration (300 s) is reached at iteration 8 (320 s), which saves and stops.
+  EXPECT_EQ(ctl.stop_reason(), StopReason::kExitDuration);
+  EXPECT_EQ(h.tr.counters().iteration, 8);
+  ASSERT_TRUE(ctl.Finish().ok());
+  std::vector<CheckpointInfo> all;
+  ASSERT_TRUE(store.List(&all).ok());
+  std::vector<int64_t> its;
+  for (const auto& i : all) its.push_back(i.iteration);
+  EXPECT_EQ(its, (std::vector<int64_t>{3, 6, 8}));
   fs::remove_all(root);
 }
 
