@@ -269,6 +269,24 @@ Status CheckpointStore::Save(int64_t iteration, const std::vector<CheckpointFile
   return Status::OK();
 }
 
+Status CheckpointStore::RollbackTo(int64_t iteration) {
+  std::vector<CheckpointInfo> all;
+  KEEL_RETURN_IF_ERROR(List(&all));
+  bool found = false;
+  for (const CheckpointInfo& c : all) found = found || c.iteration == iteration;
+  if (!found)
+    return Status::NotFound(
+        fmt::format("no checkpoint {} in {}", CheckpointDirName(iteration), root_));
+  for (const CheckpointInfo& c : all) {
+    if (c.iteration <= iteration) continue;
+    std::string moved;
+    KEEL_RETURN_IF_ERROR(MoveAside(c.name, "rolled-back", &moved));
+    log_(fmt::format("rolling back to {}: moved the newer {} to {}", CheckpointDirName(iteration),
+                     c.name, JoinPath(root_, moved)));
+  }
+  return WriteMarker(iteration);
+}
+
 Status CheckpointStore::ApplyRetention(int keep_last) {
   if (keep_last <= 0) return Status::OK();
   std::vector<CheckpointInfo> all;

@@ -80,6 +80,10 @@ class CheckpointStore {
   // Writes a checkpoint of `iteration` as described above. On failure the partial temporary
   // directory is removed (best effort) and the error says that the previous checkpoints are intact.
   Status Save(int64_t iteration, const std::vector<CheckpointFile>& files, SaveStats* stats);
+  // Makes checkpoint `iteration` the newest: every newer checkpoint directory is renamed to
+  // iter_M.rolled-back (kept, never deleted) and the marker set to `iteration`, each logged. The
+  // guard's rollbacks and `keel train --load SAVE/iter_N` use it.
+  Status RollbackTo(int64_t iteration);
   // Pins or unpins a checkpoint: pinned ones survive retention.
   Status Pin(int64_t iteration, const std::string& reason);
   Status Unpin(int64_t iteration);

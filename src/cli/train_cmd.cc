@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_store.h"
@@ -132,9 +133,50 @@ int TrainCommand(int argc, const char* const* argv) {
         valid_set->SamplesPerEpoch());
 
   // ---- the checkpoint to resume from, if any ----
-  const std::string load_dir = cfg.load.empty() ? cfg.save : cfg.load;
+  // --load SAVE/iter_N inside the run's own --save is a rollback: newer checkpoints are moved
+  // aside (kept) and the run continues from iteration N.
+  std::string load_dir = cfg.load.empty() ? cfg.save : cfg.load;
+  bool rollback = false;
+  int64_t rollback_to = -1;
+  if (!cfg.load.empty() && env->FileExists(JoinPath(cfg.load, kManifestFile))) {
+    namespace fs = std::filesystem;
+    const fs::path ld = fs::weakly_canonical(fs::path(cfg.load));
+    const std::string name = ld.filename().string();
+    if (ld.parent_path() == fs::weakly_canonical(fs::path(cfg.save)) &&
+        ParseCheckpointDirName(name, &rollback_to)) {
+      rollback = true;
+      load_dir = cfg.save;
+    }
+  }
+  if (!cfg.load.empty() && !rollback && load_dir != cfg.save) {
+    CheckpointStore save_store(env, cfg.save, nullptr);
+    std::vector<CheckpointInfo> existing;
+    if (save_store.List(&existing).ok() && !existing.empty())
+      return Fail(Status::InvalidArgument(
+          "--save " + cfg.save +
+          " already holds checkpoints of a run and --load names another directory (" + cfg.load +
+          "): drop --load to continue the run in --save, give --load one of --save's own "
+          "iter_NNNNNNN directories to roll back to it, or pass a new --save directory"));
+  }
   std::unique_ptr<SavedTrainState> saved;
-  if (!load_dir.empty()) {
+  if (rollback) {
+    CheckpointStore store(env, cfg.save, [](const std::string& l) { LogLine(l); });
+    st = store.Recover();
+    if (st.ok())
+      st = VerifyCheckpointDir(env, JoinPath(cfg.save, CheckpointDirName(rollback_to)),
+                               /*check_contents=*/true, nullptr);
+    if (st.ok()) st = store.RollbackTo(rollback_to);
+    if (!st.ok()) return Fail(st);
+    saved = std::make_unique<SavedTrainState>();
+    st = ReadSavedTrainState(env, JoinPath(cfg.save, CheckpointDirName(rollback_to)), saved.get());
+    if (!st.ok()) return Fail(st);
+  } else if (!cfg.load.empty() && env->FileExists(JoinPath(cfg.load, kManifestFile))) {
+    st = VerifyCheckpointDir(env, cfg.load, /*check_contents=*/true, nullptr);
+    if (!st.ok()) return Fail(st);
+    saved = std::make_unique<SavedTrainState>();
+    st = ReadSavedTrainState(env, cfg.load, saved.get());
+    if (!st.ok()) return Fail(st);
+  } else if (!load_dir.empty()) {
     CheckpointStore load_store(env, load_dir, [](const std::string& l) { LogLine(l); });
     const bool own = load_dir == cfg.save;
     if (own) {
@@ -157,18 +199,6 @@ int TrainCommand(int argc, const char* const* argv) {
       if (!st.ok()) return Fail(st);
     }
   }
-  if (!cfg.load.empty() && cfg.load != cfg.save) {
-    CheckpointStore save_store(env, cfg.save, nullptr);
-    std::vector<CheckpointInfo> existing;
-    if (save_store.List(&existing).ok() && !existing.empty())
-      return Fail(
-          Status::InvalidArgument("--save " + cfg.save +
-                                  " already holds checkpoints of a run and --load names another "
-                                  "directory (" +
-                                  cfg.load +
-                                  "): drop --load to continue the run in --save, or pass a "
-                                  "new --save directory"));
-  }
   nlohmann::json history = saved ? saved->history : nlohmann::json::array();
   if (saved) {
     std::vector<ConfigChange> changes = DiffConfigForResume(saved->config, cfg), accepted;
@@ -176,7 +206,7 @@ int TrainCommand(int argc, const char* const* argv) {
     st = CheckResumeChanges(changes, cfg, &accepted, &change_notes);
     if (!st.ok()) return Fail(Status::InvalidArgument(saved->dir + ": " + st.message()));
     for (const std::string& n : change_notes) Log("note: {}", n);
-    nlohmann::json event = {{"event", "resume"},
+    nlohmann::json event = {{"event", rollback ? "rollback" : "resume"},
                             {"iteration", saved->counters.iteration},
                             {"at", Now()},
                             {"from", saved->dir},

@@ -372,4 +372,29 @@ TEST(ResumeCliTest, LrScaleOnResumeScalesTheLearningRateFromThereOn) {
   fs::remove_all(d);
 }
 
+TEST(ResumeCliTest, LoadingAnOlderCheckpointOfTheRunRollsBackInOneCommand) {
+  const std::string d = Dir("rollback");
+  const std::string cmd = std::string(kModel) + " --keep-last-checkpoints 0 --save " + d;
+  Result r = RunKeelCmd(cmd + " --exit-interval 12");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = RunKeelCmd(cmd + " --load " + d + "/iter_0000004");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rolling back to iter_0000004: moved the newer iter_0000012 to " + d +
+                       "/iter_0000012.rolled-back"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("resumed from " + d + "/iter_0000004"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d + "/iter_0000008.rolled-back/manifest.json"));
+  // Deterministic training: the rolled-back run reaches the reference's bits again.
+  EXPECT_EQ(Fingerprint(r.out), Ref().fingerprint);
+  nlohmann::json s = nlohmann::json::parse(ReadFile(d + "/iter_0000024/state.json"));
+  EXPECT_EQ(s["history"].back()["event"], "rollback") << s["history"].dump();
+
+  // --load of another run's directory while --save holds a run is refused.
+  r = RunKeelCmd(cmd + " --load /tmp");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("already holds checkpoints"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
 }  // namespace
