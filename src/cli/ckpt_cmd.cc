@@ -1,16 +1,534 @@
-// `keel ckpt`: tools for checkpoints (see docs/checkpoints.md).
+// `keel ckpt`: tools for checkpoints (docs/checkpoints.md): list, inspect, verify, diff, edit,
+// pin, unpin, export.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstring>
+#include <ctime>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
+#include "checkpoint/checkpoint_rewrite.h"
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/manifest.h"
 #include "cli/commands.h"
 #include "core/log.h"
+#include "train/train_checkpoint.h"
 
 namespace keel::cli {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+int Fail(const Status& st) {
+  LogError("error: " + st.message());
+  return st.code() == Status::Code::kInvalidArgument ? 2 : 1;
+}
+
+void Quiet(const std::string&) {}
+
+// A run directory (its newest valid checkpoint) or a checkpoint directory.
+Status ResolveCheckpoint(Env* env, const std::string& path, std::string* dir) {
+  if (env->FileExists(JoinPath(path, kManifestFile))) {
+    *dir = path;
+    return Status::OK();
+  }
+  CheckpointStore store(env, path, [](const std::string& l) { LogError(l); });
+  CheckpointInfo info;
+  Status st = store.FindNewestValid(/*move_aside_rejected=*/false, &info);
+  if (st.code() == Status::Code::kNotFound)
+    return Status::InvalidArgument(path + " is neither a checkpoint directory (no " +
+                                   kManifestFile + ") nor a run directory with checkpoints");
+  KEEL_RETURN_IF_ERROR(st);
+  *dir = info.path;
+  return Status::OK();
+}
+
+struct TensorFile {
+  std::unique_ptr<ReadOnlyRegion> region;
+  std::map<std::string, TensorRef> tensors;
+};
+Status OpenTensors(Env* env, const std::string& path, TensorFile* out) {
+  KEEL_RETURN_IF_ERROR(env->MapReadOnly(path, &out->region));
+  return ParseSafetensors(out->region->data(), out->region->size(), path, &out->tensors, nullptr);
+}
+
+struct TensorSummary {
+  double norm = 0, min = INFINITY, max = -INFINITY, mean = 0;
+  int64_t non_finite = 0;
+};
+TensorSummary Summarize(const TensorRef& t) {
+  TensorSummary s;
+  const auto* p = reinterpret_cast<const float*>(t.data);
+  const size_t n = t.bytes / sizeof(float);
+  double sum = 0, sq = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double v = p[i];
+    if (!std::isfinite(v)) {
+      ++s.non_finite;
+      continue;
+    }
+    sum += v;
+    sq += v * v;
+    s.min = std::min(s.min, v);
+    s.max = std::max(s.max, v);
+  }
+  s.norm = std::sqrt(sq);
+  s.mean = n ? sum / static_cast<double>(n) : 0;
+  return s;
+}
+std::string Describe(const std::string& name, const TensorRef& t) {
+  const TensorSummary s = Summarize(t);
+  const auto* p = reinterpret_cast<const float*>(t.data);
+  std::string first;
+  for (size_t i = 0; i < std::min<size_t>(4, t.bytes / 4); ++i)
+    first += fmt::format("{}{:.6g}", i ? ", " : "", p[i]);
+  return fmt::format(
+      "{}: {} {} numel {} | norm {:.6g} | min {:.6g} | max {:.6g} | mean {:.6g}{} | "
+      "first [{}]",
+      name, t.dtype, json(t.shape).dump(), t.bytes / 4, s.norm, s.min, s.max, s.mean,
+      s.non_finite ? fmt::format(" | {} non-finite", s.non_finite) : "", first);
+}
+
+void Flatten(const json& j, const std::string& prefix, std::map<std::string, std::string>* out) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it)
+      Flatten(*it, prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+  } else {
+    (*out)[prefix] = j.dump();
+  }
+}
+
+// ---- list ----
+int List(const std::string& root, bool verify) {
+  Env* env = Env::Default();
+  CheckpointStore store(env, root, Quiet);
+  std::vector<CheckpointInfo> all;
+  Status st = store.List(&all);
+  if (!st.ok()) return Fail(st);
+  int64_t marker = -1;
+  Status ms = store.ReadMarker(&marker);
+  LogLine(fmt::format("{}: {} checkpoints; {}: {}", root, all.size(), kMarkerFile,
+                      ms.ok() ? std::to_string(marker) : ms.message()));
+  bool bad = false;
+  for (const CheckpointInfo& c : all) {
+    uint64_t bytes = 0;
+    std::vector<std::string> files;
+    if (env->GetChildren(c.path, &files).ok())
+      for (const std::string& f : files) {
+        uint64_t sz = 0;
+        if (env->GetFileSize(JoinPath(c.path, f), &sz).ok()) bytes += sz;
+      }
+    SavedTrainState s;
+    const bool readable = ReadSavedTrainState(env, c.path, &s).ok();
+    std::string status;
+    if (verify) {
+      Status v = VerifyCheckpointDir(env, c.path, true, nullptr);
+      status = v.ok() ? " | ok" : " | FAILED: " + v.message();
+      bad = bad || !v.ok();
+    }
+    LogLine(fmt::format("{} | {} | {:.1f} MB | consumed samples {} | saved {}{}{}", c.name,
+                        c.committed ? "committed" : "uncommitted", static_cast<double>(bytes) / 1e6,
+                        readable ? std::to_string(s.counters.consumed_samples) : "?",
+                        readable ? s.state.value("saved_at", "?") : "?",
+                        c.pinned ? " | pinned: " + c.pin_reason : "", status));
+  }
+  std::vector<std::string> children;
+  if (env->GetChildren(root, &children).ok())
+    for (const std::string& n : children)
+      if (n.rfind("iter_", 0) == 0 && n.find('.') != std::string::npos)
+        LogLine(fmt::format("{} | set aside (not loaded)", n));
+  return bad ? 1 : 0;
+}
+
+// ---- verify ----
+Status DeepVerify(Env* env, const std::string& dir, std::string* summary) {
+  KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, dir, true, nullptr));
+  SavedTrainState s;
+  KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &s));
+  auto backend = MakeCpuBackend(1);
+  GptModel model(backend.get(), s.spec);
+  TensorFile w, o;
+  KEEL_RETURN_IF_ERROR(OpenTensors(env, JoinPath(dir, "model.safetensors"), &w));
+  KEEL_RETURN_IF_ERROR(OpenTensors(env, JoinPath(dir, "optimizer.safetensors"), &o));
+  int64_t non_finite = 0;
+  for (const ParamInfo& p : model.params()) {
+    for (auto [file, name] : {std::pair<TensorFile*, std::string>{&w, p.name},
+                              {&o, "exp_avg." + p.name},
+                              {&o, "exp_avg_sq." + p.name}}) {
+      auto it = file->tensors.find(name);
+      if (it == file->tensors.end() || it->second.dtype != "F32" || it->second.shape != p.shape)
+        return Status::Corruption(fmt::format("{}: tensor '{}' is missing or not F32 {}", dir, name,
+                                              json(p.shape).dump()));
+      non_finite += Summarize(it->second).non_finite;
+      file->tensors.erase(it);
+    }
+  }
+  for (TensorFile* f : {&w, &o})
+    if (!f->tensors.empty())
+      return Status::Corruption(dir + ": unexpected tensor '" + f->tensors.begin()->first + "'");
+  if (non_finite > 0)
+    return Status::Corruption(
+        fmt::format("{}: {} weight or moment values are NaN or Inf", dir, non_finite));
+  *summary = fmt::format("iteration {}, {} parameters, optimizer step {}", s.counters.iteration,
+                         model.num_params(), s.optimizer_step);
+  return Status::OK();
+}
+
+int Verify(const std::string& path) {
+  Env* env = Env::Default();
+  std::vector<std::string> dirs;
+  if (env->FileExists(JoinPath(path, kManifestFile))) {
+    dirs.push_back(path);
+  } else {
+    CheckpointStore store(env, path, Quiet);
+    std::vector<CheckpointInfo> all;
+    Status st = store.List(&all);
+    if (!st.ok()) return Fail(st);
+    if (all.empty()) return Fail(Status::InvalidArgument(path + " holds no checkpoint"));
+    int64_t marker = -1;
+    Status ms = store.ReadMarker(&marker);
+    if (!ms.ok()) {
+      LogLine("FAILED " + JoinPath(path, kMarkerFile) + ": " + ms.message());
+    } else if (!env->IsDirectory(JoinPath(path, CheckpointDirName(marker)))) {
+      LogLine(fmt::format("FAILED {}: names iteration {} but {} does not exist", kMarkerFile,
+                          marker, CheckpointDirName(marker)));
+      ms = Status::Corruption("marker");
+    }
+    for (const CheckpointInfo& c : all) dirs.push_back(c.path);
+    if (!ms.ok()) {
+      for (const std::string& d : dirs) {
+        std::string summary;
+        Status st2 = DeepVerify(env, d, &summary);
+        LogLine(st2.ok() ? "ok " + d + ": " + summary : "FAILED " + st2.message());
+      }
+      return 1;
+    }
+  }
+  int failed = 0;
+  for (const std::string& d : dirs) {
+    std::string summary;
+    Status st = DeepVerify(env, d, &summary);
+    if (st.ok()) {
+      LogLine("ok " + d + ": " + summary);
+    } else {
+      LogLine("FAILED " + st.message());
+      ++failed;
+    }
+  }
+  LogLine(fmt::format("{} of {} checkpoints verified", dirs.size() - failed, dirs.size()));
+  return failed ? 1 : 0;
+}
+
+// ---- inspect ----
+int Inspect(const std::string& path, const std::vector<std::string>& names, bool all_tensors) {
+  Env* env = Env::Default();
+  std::string dir;
+  Status st = ResolveCheckpoint(env, path, &dir);
+  if (!st.ok()) return Fail(st);
+  SavedTrainState s;
+  st = ReadSavedTrainState(env, dir, &s);
+  if (!st.ok()) return Fail(st);
+  TensorFile w, o;
+  st = OpenTensors(env, JoinPath(dir, "model.safetensors"), &w);
+  if (st.ok()) st = OpenTensors(env, JoinPath(dir, "optimizer.safetensors"), &o);
+  if (!st.ok()) return Fail(st);
+  if (names.empty()) {
+    const json& j = s.state;
+    int64_t params = 0;
+    for (const auto& [n, t] : w.tensors) params += static_cast<int64_t>(t.bytes / 4);
+    LogLine(fmt::format("checkpoint {} (keel {}, saved {})", dir, j.value("keel_version", "?"),
+                        j.value("saved_at", "?")));
+    LogLine(
+        fmt::format("iteration {} | consumed samples {} | consumed tokens {} | skipped {} | "
+                    "nan {}",
+                    s.counters.iteration, s.counters.consumed_samples, s.counters.consumed_tokens,
+                    s.counters.skipped_iterations, s.counters.nan_iterations));
+    LogLine(fmt::format(
+        "optimizer: {} step {} | scheduler: next lr {} (scale {}) | next global "
+        "batch {}",
+        j["optimizer"].value("type", "?"), s.optimizer_step, j["scheduler"]["next_lr"].dump(),
+        s.lr_scale, j["batch"]["next_global_batch"].dump()));
+    LogLine(fmt::format("model: {} | {} parameters", j["model"].dump(), params));
+    Manifest m;
+    if (VerifyCheckpointDir(env, dir, false, &m).ok())
+      for (const ManifestEntry& e : m.files)
+        LogLine(fmt::format("file {} {} bytes xxh3 {}", e.name, e.size, HexDigest(e.xxh3)));
+    for (const auto& h : s.history) LogLine("history: " + h.dump());
+  }
+  if (all_tensors) {
+    for (const auto& [n, t] : w.tensors) LogLine(Describe("model." + n, t));
+    for (const auto& [n, t] : o.tensors) LogLine(Describe("optimizer." + n, t));
+  }
+  std::map<std::string, std::string> flat;
+  Flatten(s.state, "", &flat);
+  std::map<std::string, std::string> config;
+  for (const auto& [k, v] : ConfigValues(s.config)) config["config." + k] = v;
+  int rc = 0;
+  for (const std::string& name : names) {
+    if (auto it = flat.find(name); it != flat.end()) {
+      LogLine(name + " = " + it->second);
+    } else if (auto c = config.find(name); c != config.end()) {
+      LogLine(name + " = " + c->second);
+    } else if (name.rfind("model.", 0) == 0 && w.tensors.count(name.substr(6))) {
+      LogLine(Describe(name, w.tensors.at(name.substr(6))));
+    } else if (name.rfind("optimizer.", 0) == 0 && o.tensors.count(name.substr(10))) {
+      LogLine(Describe(name, o.tensors.at(name.substr(10))));
+    } else if (s.state.contains(name)) {
+      LogLine(name + " = " + s.state[name].dump(2));
+    } else {
+      // Suggest names under the same first component, or containing the last one.
+      const std::string last = name.substr(name.rfind('.') + 1);
+      const std::string first = name.substr(0, name.find('.') + 1);
+      std::string near;
+      auto consider = [&](const std::string& cand) {
+        const bool same_group = first.size() > 1 && first != "model." && cand.rfind(first, 0) == 0;
+        if ((same_group || cand.find(last) != std::string::npos) && near.size() < 600)
+          near += "\n  " + cand;
+      };
+      for (const auto& [k, v] : flat) consider(k);
+      for (const auto& [k, v] : config) consider(k);
+      for (const auto& [k, v] : w.tensors) consider("model." + k);
+      LogError(fmt::format("error: no value or tensor named '{}' in {}{}", name, dir,
+                           near.empty() ? " (names: counters.*, optimizer.*, scheduler.*, "
+                                          "config.KEY, model.TENSOR, optimizer.exp_avg.TENSOR)"
+                                        : "; did you mean:" + near));
+      rc = 2;
+    }
+  }
+  return rc;
+}
+
+// ---- diff ----
+int Diff(const std::string& a_path, const std::string& b_path) {
+  Env* env = Env::Default();
+  std::string a_dir, b_dir;
+  Status st = ResolveCheckpoint(env, a_path, &a_dir);
+  if (st.ok()) st = ResolveCheckpoint(env, b_path, &b_dir);
+  SavedTrainState a, b;
+  if (st.ok()) st = ReadSavedTrainState(env, a_dir, &a);
+  if (st.ok()) st = ReadSavedTrainState(env, b_dir, &b);
+  if (!st.ok()) return Fail(st);
+  int differences = 0;
+  const auto ca = ConfigValues(a.config), cb = ConfigValues(b.config);
+  for (size_t i = 0; i < ca.size(); ++i)
+    if (ca[i].second != cb[i].second) {
+      LogLine(fmt::format("config {}: {} -> {}", ca[i].first, ca[i].second, cb[i].second));
+      ++differences;
+    }
+  std::map<std::string, std::string> fa, fb;
+  Flatten(a.state, "", &fa);
+  Flatten(b.state, "", &fb);
+  std::set<std::string> keys;
+  for (const auto& [k, v] : fa) keys.insert(k);
+  for (const auto& [k, v] : fb) keys.insert(k);
+  for (const std::string& k : keys) {
+    if (k == "saved_at" || k.rfind("history", 0) == 0) continue;
+    const std::string va = fa.count(k) ? fa[k] : "(absent)", vb = fb.count(k) ? fb[k] : "(absent)";
+    if (va != vb) {
+      LogLine(fmt::format("state {}: {} -> {}", k, va, vb));
+      ++differences;
+    }
+  }
+  int tensors = 0, tensors_differ = 0;
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    TensorFile ta, tb;
+    st = OpenTensors(env, JoinPath(a_dir, file), &ta);
+    if (st.ok()) st = OpenTensors(env, JoinPath(b_dir, file), &tb);
+    if (!st.ok()) return Fail(st);
+    for (const auto& [name, t] : ta.tensors) {
+      ++tensors;
+      auto it = tb.tensors.find(name);
+      if (it == tb.tensors.end()) {
+        LogLine(fmt::format("tensor {} only in {}", name, a_dir));
+        ++tensors_differ;
+        continue;
+      }
+      const TensorRef& u = it->second;
+      if (u.shape != t.shape || u.dtype != t.dtype) {
+        LogLine(fmt::format("tensor {}: {} {} -> {} {}", name, t.dtype, json(t.shape).dump(),
+                            u.dtype, json(u.shape).dump()));
+        ++tensors_differ;
+        continue;
+      }
+      if (std::memcmp(t.data, u.data, t.bytes) == 0) continue;
+      const auto* p = reinterpret_cast<const float*>(t.data);
+      const auto* q = reinterpret_cast<const float*>(u.data);
+      double max_abs = 0, d2 = 0, a2 = 0;
+      for (size_t i = 0; i < t.bytes / 4; ++i) {
+        const double d = static_cast<double>(q[i]) - p[i];
+        max_abs = std::max(max_abs, std::fabs(d));
+        d2 += d * d;
+        a2 += static_cast<double>(p[i]) * p[i];
+      }
+      LogLine(fmt::format("tensor {}: max |a-b| {:.6g}, ||a-b||/||a|| {:.6g}", name, max_abs,
+                          a2 > 0 ? std::sqrt(d2 / a2) : INFINITY));
+      ++tensors_differ;
+    }
+    for (const auto& [name, t] : tb.tensors)
+      if (!ta.tensors.count(name)) {
+        LogLine(fmt::format("tensor {} only in {}", name, b_dir));
+        ++tensors_differ;
+      }
+  }
+  LogLine(fmt::format("{} of {} tensors differ; {} config and state values differ", tensors_differ,
+                      tensors, differences));
+  return tensors_differ + differences > 0 ? 1 : 0;
+}
+
+// ---- edit ----
+int Edit(const std::string& path, double scale_lr, const std::vector<std::string>& sets,
+         const std::string& reason) {
+  static const std::set<std::string> editable = {"lr",
+                                                 "min-lr",
+                                                 "lr-decay-style",
+                                                 "lr-warmup-samples",
+                                                 "lr-warmup-iters",
+                                                 "lr-decay-samples",
+                                                 "lr-decay-iters",
+                                                 "adam-beta1",
+                                                 "adam-beta2",
+                                                 "adam-eps",
+                                                 "weight-decay",
+                                                 "clip-grad"};
+  Env* env = Env::Default();
+  if (scale_lr == 0 && sets.empty())
+    return Fail(
+        Status::InvalidArgument("nothing to edit: give --scale-lr S and/or --set KEY=VALUE"));
+  if (reason.empty())
+    return Fail(Status::InvalidArgument(
+        "--reason TEXT is required: the edit is recorded in the checkpoint's history"));
+  std::string dir;
+  Status st = ResolveCheckpoint(env, path, &dir);
+  if (!st.ok()) return Fail(st);
+  std::string state_text, config_text;
+  st = env->ReadFileToString(JoinPath(dir, "state.json"), &state_text);
+  if (st.ok()) st = env->ReadFileToString(JoinPath(dir, "config.toml"), &config_text);
+  if (!st.ok()) return Fail(st);
+  ojson s = ojson::parse(state_text, nullptr, false);
+  if (s.is_discarded()) return Fail(Status::Corruption(dir + "/state.json is not JSON"));
+  ojson changes = ojson::array();
+  if (scale_lr != 0) {
+    if (!(scale_lr > 0) || !std::isfinite(scale_lr))
+      return Fail(Status::InvalidArgument(fmt::format("--scale-lr {} must be positive", scale_lr)));
+    const double old_scale = s["scheduler"]["lr_scale"].get<double>();
+    s["scheduler"]["lr_scale"] = old_scale * scale_lr;
+    s["scheduler"]["next_lr"] = s["scheduler"]["next_lr"].get<double>() * scale_lr;
+    changes.push_back(
+        {{"key", "scheduler.lr_scale"}, {"old", old_scale}, {"new", old_scale * scale_lr}});
+  }
+  for (const std::string& kv : sets) {
+    const auto eq = kv.find('=');
+    const std::string key = kv.substr(0, eq);
+    if (eq == std::string::npos)
+      return Fail(Status::InvalidArgument("--set " + kv + ": expected KEY=VALUE, e.g. lr=1e-4"));
+    if (!editable.count(key))
+      return Fail(Status::InvalidArgument(
+          "--set " + key +
+          ": only scheduler and optimizer settings can be edited (the model shape is fixed by the "
+          "weights; data order changes are accepted on resume with --override-data-order)"));
+    const std::string prefix = key + " = ";
+    const auto at = config_text.find("\n" + prefix);
+    if (at == std::string::npos)
+      return Fail(Status::Corruption(dir + "/config.toml has no '" + key + "' line"));
+    const auto line_end = config_text.find('\n', at + 1);
+    const std::string old_value =
+        config_text.substr(at + 1 + prefix.size(), line_end - at - 1 - prefix.size());
+    config_text.replace(at + 1 + prefix.size(), line_end - at - 1 - prefix.size(),
+                        kv.substr(eq + 1));
+    changes.push_back({{"key", "config." + key}, {"old", old_value}, {"new", kv.substr(eq + 1)}});
+  }
+  TrainConfig cfg;
+  st = ApplyToml(config_text, dir + "/config.toml (edited)", &cfg);
+  if (st.ok()) {
+    std::vector<std::string> notes;
+    cfg.vocab_size = s["model"]["vocab"];
+    st = Validate(&cfg, &notes);
+  }
+  if (!st.ok()) return Fail(Status::InvalidArgument("the edit is invalid: " + st.message()));
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char at[32];
+  std::strftime(at, sizeof(at), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  s["config_hash"] = HexDigest(ConfigHash(cfg));
+  s["history"].push_back({{"event", "edit"}, {"at", at}, {"changes", changes}, {"reason", reason}});
+  st = RewriteCheckpointFiles(env, dir,
+                              {{"state.json", s.dump(2) + "\n"}, {"config.toml", config_text}});
+  if (!st.ok()) return Fail(st);
+  for (const auto& c : changes)
+    LogLine(fmt::format("edited {}: {}: {} -> {}", dir, c["key"].get<std::string>(),
+                        c["old"].dump(), c["new"].dump()));
+  LogLine("recorded in " + dir + "/state.json history; the checkpoint was rewritten atomically");
+  return 0;
+}
+
+}  // namespace
 
 int CkptCommand(int argc, const char* const* argv) {
-  if (argc >= 2 && std::strcmp(argv[1], "export") == 0) return CkptExportCommand(argc - 1, argv + 1);
-  LogError("error: usage: keel ckpt export PATH --hf OUT (other tools are not written yet)");
-  return 2;
+  if (argc >= 2 && std::strcmp(argv[1], "export") == 0)
+    return CkptExportCommand(argc - 1, argv + 1);
+  CLI::App app("Checkpoint tools: list, inspect, verify, diff, edit, pin, unpin, export",
+               "keel ckpt");
+  app.require_subcommand(1);
+  std::string path, other, reason;
+  std::vector<std::string> names, sets;
+  bool verify = false, tensors = false;
+  double scale_lr = 0;
+  int64_t iteration = -1;
+  auto* list = app.add_subcommand("list", "the checkpoints of a run directory");
+  list->add_option("SAVE", path, "run directory")->required();
+  list->add_flag("--verify", verify, "also verify every file's checksum");
+  auto* inspect = app.add_subcommand("inspect", "print values and tensor summaries by name");
+  inspect->add_option("PATH", path, "run directory (newest valid checkpoint) or iter_N directory")
+      ->required();
+  inspect->add_option("NAME", names,
+                      "dotted names: optimizer.step, scheduler.next_lr, counters.consumed_samples, "
+                      "config.lr, model.TENSOR, optimizer.exp_avg.TENSOR");
+  inspect->add_flag("--tensors", tensors, "summarize every tensor");
+  auto* ver =
+      app.add_subcommand("verify", "strictly verify checkpoints (files, checksums, shapes)");
+  ver->add_option("PATH", path, "run directory (every checkpoint) or iter_N directory")->required();
+  auto* diff = app.add_subcommand("diff", "compare two checkpoints (exit 1 if they differ)");
+  diff->add_option("A", path, "checkpoint or run directory")->required();
+  diff->add_option("B", other, "checkpoint or run directory")->required();
+  auto* edit = app.add_subcommand("edit", "change scheduler values of a checkpoint atomically");
+  edit->add_option("PATH", path, "run directory (newest valid checkpoint) or iter_N directory")
+      ->required();
+  edit->add_option("--scale-lr", scale_lr, "multiply the checkpoint's LR scale by S");
+  edit->add_option("--set", sets, "KEY=VALUE for scheduler/optimizer config keys");
+  edit->add_option("--reason", reason, "why (recorded in the history)");
+  auto* pin = app.add_subcommand("pin", "keep a checkpoint through retention");
+  pin->add_option("SAVE", path, "run directory")->required();
+  pin->add_option("ITERATION", iteration, "checkpoint iteration")->required();
+  pin->add_option("--reason", reason, "why it is kept");
+  auto* unpin = app.add_subcommand("unpin", "let retention delete a pinned checkpoint");
+  unpin->add_option("SAVE", path, "run directory")->required();
+  unpin->add_option("ITERATION", iteration, "checkpoint iteration")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (list->parsed()) return List(path, verify);
+  if (inspect->parsed()) return Inspect(path, names, tensors);
+  if (ver->parsed()) return Verify(path);
+  if (diff->parsed()) return Diff(path, other);
+  if (edit->parsed()) return Edit(path, scale_lr, sets, reason);
+  CheckpointStore store(Env::Default(), path, [](const std::string& l) { LogLine(l); });
+  if (!Env::Default()->IsDirectory(JoinPath(path, CheckpointDirName(iteration))))
+    return Fail(Status::InvalidArgument(
+        fmt::format("{} has no checkpoint {}", path, CheckpointDirName(iteration))));
+  Status st = pin->parsed() ? store.Pin(iteration, reason.empty() ? "pinned by hand" : reason)
+                            : store.Unpin(iteration);
+  if (!st.ok()) return Fail(st);
+  LogLine(fmt::format("{} {}", pin->parsed() ? "pinned" : "unpinned",
+                      JoinPath(path, CheckpointDirName(iteration))));
+  return 0;
 }
 
 }  // namespace keel::cli

@@ -48,6 +48,8 @@ class Env {
   // Swaps two existing paths in one atomic step (renameat2 RENAME_EXCHANGE): used to replace a
   // whole directory (an edited checkpoint) so readers see the old or the new one, never neither.
   virtual Status ExchangePaths(const std::string& a, const std::string& b) = 0;
+  // A second name for an existing file (link(2)): an edited checkpoint shares its unchanged files.
+  virtual Status LinkFile(const std::string& from, const std::string& to) = 0;
   virtual Status RemoveFile(const std::string& path) = 0;
   virtual Status RemoveDirRecursive(const std::string& dir) = 0;
   virtual Status SyncDir(const std::string& dir) = 0;  // fsync a directory after a rename

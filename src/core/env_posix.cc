@@ -5,9 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>  // renameat2
 #include <cerrno>
 #include <chrono>
+#include <cstdio>  // renameat2
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -160,6 +160,11 @@ class PosixEnv : public Env {
   Status ExchangePaths(const std::string& a, const std::string& b) override {
     if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0)
       return PosixError("cannot exchange with '" + b + "'", a, errno);
+    return Status::OK();
+  }
+  Status LinkFile(const std::string& from, const std::string& to) override {
+    if (::link(from.c_str(), to.c_str()) != 0)
+      return PosixError("cannot link to '" + to + "'", from, errno);
     return Status::OK();
   }
   Status RemoveFile(const std::string& path) override {

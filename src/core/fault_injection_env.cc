@@ -185,6 +185,10 @@ Status FaultInjectionEnv::ExchangePaths(const std::string& a, const std::string&
   KEEL_RETURN_IF_ERROR(Before(Op::kRename, b));
   return base_->ExchangePaths(a, b);
 }
+Status FaultInjectionEnv::LinkFile(const std::string& from, const std::string& to) {
+  KEEL_RETURN_IF_ERROR(Before(Op::kCreate, to));
+  return base_->LinkFile(from, to);
+}
 Status FaultInjectionEnv::RemoveFile(const std::string& path) {
   KEEL_RETURN_IF_ERROR(Before(Op::kRemove, path));
   return base_->RemoveFile(path);

@@ -55,6 +55,7 @@ class FaultInjectionEnv : public Env {
   Status CreateDirs(const std::string& dir) override;
   Status RenameFile(const std::string& from, const std::string& to) override;
   Status ExchangePaths(const std::string& a, const std::string& b) override;
+  Status LinkFile(const std::string& from, const std::string& to) override;
   Status RemoveFile(const std::string& path) override;
   Status RemoveDirRecursive(const std::string& dir) override;
   Status SyncDir(const std::string& dir) override;
