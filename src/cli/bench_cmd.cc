@@ -68,11 +68,17 @@ int BenchCommand(int argc, const char* const* argv) {
       ->check(CLI::Range(1, 1000));
   app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::Range(0, 100));
   app.add_option("--models", only, "subset of: tiny, small, gpt2-124m");
+  bool checkpoint = false;
+  std::string ckpt_dir;
+  app.add_flag("--checkpoint", checkpoint,
+               "instead: save/load GB/s of a ~100M-parameter checkpoint beside dd's write speed");
+  app.add_option("--dir", ckpt_dir, "--checkpoint: directory to write in (default: a temp dir)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (checkpoint) return BenchCheckpoint(ckpt_dir, iters, threads);
   const std::vector<BenchModel> models = {
       {"tiny", 2, 128, 4, 128, 8, 4096},
       {"small", 6, 512, 8, 256, 8, 8192},

@@ -2,12 +2,16 @@
 // returns the process exit code: 0 success, 1 a runtime failure, 2 a usage or configuration error.
 #pragma once
 
+#include <string>
+
 namespace keel::cli {
 
 int TrainCommand(int argc, const char* const* argv);
 int SampleCommand(int argc, const char* const* argv);
 int DataCommand(int argc, const char* const* argv);
 int BenchCommand(int argc, const char* const* argv);
+// `keel bench --checkpoint` (bench_checkpoint.cc): repeats, threads.
+int BenchCheckpoint(const std::string& dir, int repeats, int threads);
 // `keel ckpt list|inspect|verify|diff|edit|pin|unpin|export` (ckpt_cmd.cc).
 int CkptCommand(int argc, const char* const* argv);
 // `keel ckpt export PATH --hf OUT` (ckpt_export_cmd.cc); argv[0] is "export".
