@@ -5,17 +5,16 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstring>
-#include <ctime>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
-#include "checkpoint/checkpoint_rewrite.h"
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
 #include "cli/commands.h"
 #include "core/log.h"
+#include "train/checkpoint_edit.h"
 #include "train/train_checkpoint.h"
 
 namespace keel::cli {
@@ -304,6 +303,12 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
 }
 
 // ---- diff ----
+// Like diff(1): 0 identical, 1 different, 2 trouble (a checkpoint that cannot be read).
+int FailDiff(const Status& st) {
+  LogError("error: " + st.message());
+  return 2;
+}
+
 int Diff(const std::string& a_path, const std::string& b_path) {
   Env* env = Env::Default();
   std::string a_dir, b_dir;
@@ -312,7 +317,7 @@ int Diff(const std::string& a_path, const std::string& b_path) {
   SavedTrainState a, b;
   if (st.ok()) st = ReadSavedTrainState(env, a_dir, &a);
   if (st.ok()) st = ReadSavedTrainState(env, b_dir, &b);
-  if (!st.ok()) return Fail(st);
+  if (!st.ok()) return FailDiff(st);
   int differences = 0;
   const auto ca = ConfigValues(a.config), cb = ConfigValues(b.config);
   for (size_t i = 0; i < ca.size(); ++i)
@@ -339,7 +344,7 @@ int Diff(const std::string& a_path, const std::string& b_path) {
     TensorFile ta, tb;
     st = OpenTensors(env, JoinPath(a_dir, file), &ta);
     if (st.ok()) st = OpenTensors(env, JoinPath(b_dir, file), &tb);
-    if (!st.ok()) return Fail(st);
+    if (!st.ok()) return FailDiff(st);
     for (const auto& [name, t] : ta.tensors) {
       ++tensors;
       auto it = tb.tensors.find(name);
@@ -371,6 +376,7 @@ int Diff(const std::string& a_path, const std::string& b_path) {
     }
     for (const auto& [name, t] : tb.tensors)
       if (!ta.tensors.count(name)) {
+        ++tensors;
         LogLine(fmt::format("tensor {} only in {}", name, b_dir));
         ++tensors_differ;
       }
@@ -381,88 +387,17 @@ int Diff(const std::string& a_path, const std::string& b_path) {
 }
 
 // ---- edit ----
-int Edit(const std::string& path, double scale_lr, const std::vector<std::string>& sets,
-         const std::string& reason) {
-  static const std::set<std::string> editable = {"lr",
-                                                 "min-lr",
-                                                 "lr-decay-style",
-                                                 "lr-warmup-samples",
-                                                 "lr-warmup-iters",
-                                                 "lr-decay-samples",
-                                                 "lr-decay-iters",
-                                                 "adam-beta1",
-                                                 "adam-beta2",
-                                                 "adam-eps",
-                                                 "weight-decay",
-                                                 "clip-grad"};
+int Edit(const std::string& path, const CheckpointEditRequest& request) {
   Env* env = Env::Default();
-  if (scale_lr == 0 && sets.empty())
-    return Fail(
-        Status::InvalidArgument("nothing to edit: give --scale-lr S and/or --set KEY=VALUE"));
-  if (reason.empty())
-    return Fail(Status::InvalidArgument(
-        "--reason TEXT is required: the edit is recorded in the checkpoint's history"));
   std::string dir;
   Status st = ResolveCheckpoint(env, path, &dir);
   if (!st.ok()) return Fail(st);
-  std::string state_text, config_text;
-  st = env->ReadFileToString(JoinPath(dir, "state.json"), &state_text);
-  if (st.ok()) st = env->ReadFileToString(JoinPath(dir, "config.toml"), &config_text);
+  std::vector<CheckpointEditChange> changes;
+  st = EditCheckpoint(env, dir, request, &changes);
   if (!st.ok()) return Fail(st);
-  ojson s = ojson::parse(state_text, nullptr, false);
-  if (s.is_discarded()) return Fail(Status::Corruption(dir + "/state.json is not JSON"));
-  ojson changes = ojson::array();
-  if (scale_lr != 0) {
-    if (!(scale_lr > 0) || !std::isfinite(scale_lr))
-      return Fail(Status::InvalidArgument(fmt::format("--scale-lr {} must be positive", scale_lr)));
-    const double old_scale = s["scheduler"]["lr_scale"].get<double>();
-    s["scheduler"]["lr_scale"] = old_scale * scale_lr;
-    s["scheduler"]["next_lr"] = s["scheduler"]["next_lr"].get<double>() * scale_lr;
-    changes.push_back(
-        {{"key", "scheduler.lr_scale"}, {"old", old_scale}, {"new", old_scale * scale_lr}});
-  }
-  for (const std::string& kv : sets) {
-    const auto eq = kv.find('=');
-    const std::string key = kv.substr(0, eq);
-    if (eq == std::string::npos)
-      return Fail(Status::InvalidArgument("--set " + kv + ": expected KEY=VALUE, e.g. lr=1e-4"));
-    if (!editable.count(key))
-      return Fail(Status::InvalidArgument(
-          "--set " + key +
-          ": only scheduler and optimizer settings can be edited (the model shape is fixed by the "
-          "weights; data order changes are accepted on resume with --override-data-order)"));
-    const std::string prefix = key + " = ";
-    const auto at = config_text.find("\n" + prefix);
-    if (at == std::string::npos)
-      return Fail(Status::Corruption(dir + "/config.toml has no '" + key + "' line"));
-    const auto line_end = config_text.find('\n', at + 1);
-    const std::string old_value =
-        config_text.substr(at + 1 + prefix.size(), line_end - at - 1 - prefix.size());
-    config_text.replace(at + 1 + prefix.size(), line_end - at - 1 - prefix.size(),
-                        kv.substr(eq + 1));
-    changes.push_back({{"key", "config." + key}, {"old", old_value}, {"new", kv.substr(eq + 1)}});
-  }
-  TrainConfig cfg;
-  st = ApplyToml(config_text, dir + "/config.toml (edited)", &cfg);
-  if (st.ok()) {
-    std::vector<std::string> notes;
-    cfg.vocab_size = s["model"]["vocab"];
-    st = Validate(&cfg, &notes);
-  }
-  if (!st.ok()) return Fail(Status::InvalidArgument("the edit is invalid: " + st.message()));
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char at[32];
-  std::strftime(at, sizeof(at), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  s["config_hash"] = HexDigest(ConfigHash(cfg));
-  s["history"].push_back({{"event", "edit"}, {"at", at}, {"changes", changes}, {"reason", reason}});
-  st = RewriteCheckpointFiles(env, dir,
-                              {{"state.json", s.dump(2) + "\n"}, {"config.toml", config_text}});
-  if (!st.ok()) return Fail(st);
-  for (const auto& c : changes)
-    LogLine(fmt::format("edited {}: {}: {} -> {}", dir, c["key"].get<std::string>(),
-                        c["old"].dump(), c["new"].dump()));
+  for (const CheckpointEditChange& c : changes)
+    LogLine(
+        fmt::format("edited {}: {}: {} -> {}", dir, c.key, c.old_value.dump(), c.new_value.dump()));
   LogLine("recorded in " + dir + "/state.json history; the checkpoint was rewritten atomically");
   return 0;
 }
@@ -518,7 +453,13 @@ int CkptCommand(int argc, const char* const* argv) {
   if (inspect->parsed()) return Inspect(path, names, tensors);
   if (ver->parsed()) return Verify(path);
   if (diff->parsed()) return Diff(path, other);
-  if (edit->parsed()) return Edit(path, scale_lr, sets, reason);
+  if (edit->parsed()) {
+    CheckpointEditRequest request;
+    if (edit->count("--scale-lr")) request.scale_lr = scale_lr;
+    request.sets = sets;
+    request.reason = reason;
+    return Edit(path, request);
+  }
   CheckpointStore store(Env::Default(), path, [](const std::string& l) { LogLine(l); });
   if (!Env::Default()->IsDirectory(JoinPath(path, CheckpointDirName(iteration))))
     return Fail(Status::InvalidArgument(

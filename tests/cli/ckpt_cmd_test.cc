@@ -69,17 +69,22 @@ TEST(CkptCmdTest, VerifyNamesEachKindOfTampering) {
   EXPECT_NE(r.out.find("optimizer.safetensors: xxh3 checksum"), std::string::npos) << r.out;
   fs::resize_file(d + "/iter_0000004/model.safetensors", 1000);
   fs::remove(d + "/iter_0000002/config.toml");
-  fs::copy_file(d + "/iter_0000006/manifest.json", d + "/iter_0000006/manifest.json.orig");
+  fs::copy_file(d + "/iter_0000006/model.safetensors", d + "/iter_0000006/model.safetensors.orig");
   r = Keel("ckpt verify " + d);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("iter_0000004/model.safetensors has 1000 bytes"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("iter_0000002/config.toml is missing"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("manifest.json.orig is not listed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("model.safetensors.orig is not listed"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("0 of 3 checkpoints verified"), std::string::npos) << r.out;
   r = Keel("ckpt list " + d + " --verify");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("FAILED"), std::string::npos);
+  // A checkpoint that fails verification is not edited (exit 1, the file named).
+  r = Keel("ckpt edit " + d + "/iter_0000004 --scale-lr 0.5 --reason x");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("fails verification"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("model.safetensors"), std::string::npos) << r.out;
   fs::remove_all(d);
 }
 
@@ -112,6 +117,12 @@ TEST(CkptCmdTest, DiffExitCodesFollowDiff) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("48 of 48 tensors differ"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("state optimizer.step: 4 -> 6"), std::string::npos) << r.out;
+  // Trouble is 2, as with diff(1): a missing file is not "different".
+  fs::remove(d + "/iter_0000002/optimizer.safetensors");
+  r = Keel("ckpt diff " + d + "/iter_0000002 " + d + "/iter_0000006");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("optimizer.safetensors"), std::string::npos) << r.out;
+  EXPECT_EQ(Keel("ckpt diff " + d + "/iter_0000006 " + d + "/no_such_dir").code, 2);
   fs::remove_all(d);
 }
 
@@ -152,9 +163,15 @@ TEST(CkptCmdTest, EditScalesTheLrOfTheResumedRunAndIsJournaled) {
   const std::string before = ReadFile(d + "/iter_0000008/state.json");
   r = Keel("ckpt edit " + d + " --set hidden-size=64 --reason x");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("model shape is fixed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("model shape"), std::string::npos) << r.out;
   r = Keel("ckpt edit " + d + " --scale-lr 0.5");
   EXPECT_EQ(r.code, 2);
+  r = Keel("ckpt edit " + d + " --set seed=3 --reason x");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--override-data-order"), std::string::npos) << r.out;
+  r = Keel("ckpt edit " + d + " --scale-lr 0 --reason x");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("positive"), std::string::npos) << r.out;
   EXPECT_EQ(ReadFile(d + "/iter_0000008/state.json"), before);
   fs::remove_all(d);
   fs::remove_all(plain);
