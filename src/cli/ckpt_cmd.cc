@@ -387,6 +387,10 @@ int Diff(const std::string& a_path, const std::string& b_path) {
 }
 
 // ---- edit ----
+// Config values are TOML literals (strings); print them as they are in config.toml.
+std::string Literal(const json& v) {
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
 int Edit(const std::string& path, const CheckpointEditRequest& request) {
   Env* env = Env::Default();
   std::string dir;
@@ -396,8 +400,8 @@ int Edit(const std::string& path, const CheckpointEditRequest& request) {
   st = EditCheckpoint(env, dir, request, &changes);
   if (!st.ok()) return Fail(st);
   for (const CheckpointEditChange& c : changes)
-    LogLine(
-        fmt::format("edited {}: {}: {} -> {}", dir, c.key, c.old_value.dump(), c.new_value.dump()));
+    LogLine(fmt::format("edited {}: {}: {} -> {}", dir, c.key, Literal(c.old_value),
+                        Literal(c.new_value)));
   LogLine("recorded in " + dir + "/state.json history; the checkpoint was rewritten atomically");
   return 0;
 }
