@@ -1,7 +1,9 @@
 // `keel ckpt export PATH --hf OUT`, checked against an independent reader: tiny models are trained
 // with the keel binary, exported, and run through tests/checkpoint/hf_gpt2_reference.py (a numpy
 // GPT-2 written from the Hugging Face definition that parses the safetensors file itself); its
-// logits must match keel's own forward pass on the same tokens. Needs python3 with numpy
+// logits must match keel's own forward pass on the same tokens. The weights start at std 0.2 so
+// that attention is far from uniform and the GELU's tails matter: the check then tells a wrong
+// attention scale or GELU variant apart (asserted below). Needs python3 with numpy
 // (scripts/setup.sh installs python3-numpy): the tests fail, not skip, without them.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -100,11 +102,15 @@ std::string TrainedRun(const std::string& name, const std::string& args) {
   const std::string dir = TempDir("run_" + name);
   Result r = RunKeel(
       "train --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
-      "--micro-batch-size 2 --lr-warmup-iters 1 --eval-iters 0 --sample-tokens 0 --log-interval "
+      "--micro-batch-size 2 --lr-warmup-iters 1 --init-method-std 0.2 --eval-iters 0 "
+      "--sample-tokens 0 --log-interval "
       "1 " +
       args + " --save " + dir);
   EXPECT_EQ(r.code, 0) << r.out;
-  if (r.code != 0) return "";
+  if (r.code != 0) {
+    fs::remove_all(dir);
+    return "";
+  }
   runs[name] = dir;
   return dir;
 }
@@ -152,29 +158,43 @@ json Reference(const std::string& python, const std::string& folder,
   return j.is_discarded() ? json(nullptr) : j;
 }
 
-// Compares keel's logits with the reference's at every position: |keel - ref| <= 1e-4 * max(1,
-// max |ref| of that row). Returns the largest absolute difference seen.
-double CompareLogits(const std::vector<std::vector<float>>& keel, const json& ref, int vocab) {
+struct Comparison {
+  double max_diff = 0;   // largest |keel - reference| over every compared logit
+  double max_ratio = 0;  // largest row's max |keel - reference| / max(1, max |reference|)
+};
+
+// Compares keel's logits with the reference's row by row.
+Comparison CompareLogits(const std::vector<std::vector<float>>& keel, const json& ref, int vocab) {
+  Comparison c;
   EXPECT_EQ(ref.at("vocab_size").get<int>(), vocab);
   const json& rows = ref.at("logits");
   EXPECT_EQ(rows.size(), keel.size());
-  double max_diff = 0;
   for (size_t i = 0; i < keel.size() && i < rows.size(); ++i) {
     const std::vector<double> r = rows[i].get<std::vector<double>>();
     EXPECT_EQ(r.size(), keel[i].size());
     EXPECT_EQ(static_cast<int>(r.size()), vocab);
     double scale = 1.0, row_diff = 0;
     for (double v : r) scale = std::max(scale, std::abs(v));
-    size_t worst = 0;
-    for (size_t j = 0; j < r.size() && j < keel[i].size(); ++j) {
-      const double d = std::abs(r[j] - static_cast<double>(keel[i][j]));
-      if (d > row_diff) row_diff = d, worst = j;
-    }
-    EXPECT_LE(row_diff, 1e-4 * scale) << "position row " << i << ": token " << worst << " keel "
-                                      << keel[i][worst] << " reference " << r[worst];
-    max_diff = std::max(max_diff, row_diff);
+    for (size_t j = 0; j < r.size() && j < keel[i].size(); ++j)
+      row_diff = std::max(row_diff, std::abs(r[j] - static_cast<double>(keel[i][j])));
+    c.max_diff = std::max(c.max_diff, row_diff);
+    c.max_ratio = std::max(c.max_ratio, row_diff / scale);
   }
-  return max_diff;
+  return c;
+}
+
+constexpr double kTolerance = 1e-4;  // relative to the row's largest |logit| (at least 1)
+
+// A copy of the exported folder whose config.json has `key` set to `value` (weights linked).
+std::string AlteredConfig(const std::string& folder, const std::string& key, const json& value) {
+  const std::string dir = folder + "_" + key;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(fs::absolute(folder + "/model.safetensors"), dir + "/model.safetensors");
+  json cfg = json::parse(Slurp(folder + "/config.json"));
+  cfg[key] = value;
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+  return dir;
 }
 
 const std::vector<int32_t> kGpt2Tokens = {464,   6766, 318,  257, 1263,  11, 290, 262,
@@ -227,8 +247,24 @@ TEST(HfExportTest, Gpt2TokenizerModelMatchesIndependentReader) {
   const json ref = Reference(python, out, kGpt2Tokens, kPositions);
   ASSERT_FALSE(ref.is_null());
   EXPECT_EQ(ref["metadata"], json({{"format", "pt"}}));
-  const double diff = CompareLogits(KeelLogits(run, kGpt2Tokens, kPositions), ref, 50257);
-  std::printf("[ measured ] gpt2 variant: max |keel - reference| logit difference %.3g\n", diff);
+  const auto keel = KeelLogits(run, kGpt2Tokens, kPositions);
+  const Comparison c = CompareLogits(keel, ref, 50257);
+  EXPECT_LE(c.max_ratio, kTolerance) << "max |keel - reference| " << c.max_diff;
+  std::printf(
+      "[ measured ] gpt2 variant: max |keel - reference| logit difference %.3g (%.3g of "
+      "the largest |logit|)\n",
+      c.max_diff, c.max_ratio);
+  // The comparison has the power to tell the GELU variants and the attention scale apart (the
+  // weights are initialised large enough for attention and the GELU's tails to matter).
+  for (const auto& [key, value] : {std::pair<std::string, json>{"activation_function", "gelu"},
+                                   {"scale_attn_weights", false}}) {
+    const json wrong = Reference(python, AlteredConfig(out, key, value), kGpt2Tokens, kPositions);
+    ASSERT_FALSE(wrong.is_null());
+    const double ratio = CompareLogits(keel, wrong, 50257).max_ratio;
+    EXPECT_GT(ratio, kTolerance) << key << " = " << value.dump() << " went unnoticed";
+    std::printf("[ measured ] with %s = %s the reference is off by %.3g of the largest |logit|\n",
+                key.c_str(), value.dump().c_str(), ratio);
+  }
   fs::remove_all(fs::path(out).parent_path());
 }
 
@@ -254,8 +290,12 @@ TEST(HfExportTest, FfnNot4hSentencepieceModelMatchesIndependentReader) {
 
   const json ref = Reference(python, out, kSpTokens, kPositions);
   ASSERT_FALSE(ref.is_null());
-  const double diff = CompareLogits(KeelLogits(run, kSpTokens, kPositions), ref, vocab);
-  std::printf("[ measured ] sentencepiece, FFN 96 variant: max logit difference %.3g\n", diff);
+  const Comparison c = CompareLogits(KeelLogits(run, kSpTokens, kPositions), ref, vocab);
+  EXPECT_LE(c.max_ratio, kTolerance) << "max |keel - reference| " << c.max_diff;
+  std::printf(
+      "[ measured ] sentencepiece, FFN 96 variant: max logit difference %.3g (%.3g of "
+      "the largest |logit|)\n",
+      c.max_diff, c.max_ratio);
   fs::remove_all(fs::path(out).parent_path());
 }
 
@@ -264,7 +304,7 @@ TEST(HfExportTest, ModelsHfGpt2CannotRepresentAreRefused) {
        {std::tuple<std::string, std::string, std::string>{
             "alibi", "--position-embedding-type alibi", "ALiBi"},
         {"embln", "--embed-layernorm", "LayerNorm after the word embedding"}}) {
-    const std::string run = TrainedRun(name, "--train-iters 1 " + flag);
+    const std::string run = TrainedRun(name, "--train-iters 2 " + flag);
     ASSERT_FALSE(run.empty());
     const std::string out = TempDir("refused_" + name) + "/hf";
     Result r = RunKeel("ckpt export " + run + " --hf " + out);
