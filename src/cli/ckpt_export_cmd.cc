@@ -1,12 +1,55 @@
-// `keel ckpt export PATH --hf OUT`.
+// `keel ckpt export PATH --hf OUT`: a Hugging Face GPT-2 folder from a checkpoint
+// (docs/hf-export.md). The conversion is train/hf_gpt2_export; this file parses flags and logs.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <string>
+
 #include "cli/commands.h"
 #include "core/log.h"
+#include "train/hf_gpt2_export.h"
 
 namespace keel::cli {
 
 int CkptExportCommand(int argc, const char* const* argv) {
-  LogError("error: keel ckpt export is not written yet");
-  return 2;
+  CLI::App app(
+      "Export a checkpoint as a Hugging Face GPT-2 folder (config.json, model.safetensors, and "
+      "the GPT-2 tokenizer files when the gpt2 tokenizer was used)",
+      "keel ckpt export");
+  std::string path, out;
+  HfExportOptions options;
+  app.add_option("PATH", path, "run directory (newest valid checkpoint) or iter_N directory")
+      ->required();
+  app.add_option("--hf", out, "output folder; must not exist or be empty (never overwritten)")
+      ->required();
+  app.add_option("--gpt2-assets", options.gpt2_assets_dir,
+                 "directory with encoder.json and vocab.bpe (default: the set-up's npm assets)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help, or the error with a hint
+    return rc == 0 ? 0 : 2;
+  }
+  HfExportReport report;
+  Status st = ExportHfGpt2(
+      Env::Default(), path, out, options, [](const std::string& l) { LogError(l); }, &report);
+  if (!st.ok()) {
+    LogError("error: " + st.message());
+    return st.code() == Status::Code::kInvalidArgument ? 2 : 1;
+  }
+  Log("exported {} to {} (Hugging Face GPT-2, GPT2LMHeadModel)", report.checkpoint_dir,
+      report.out_dir);
+  Log("  {} tensors, Conv1D [in, out] layout; vocabulary sliced from padded {} to {} rows",
+      report.num_tensors, report.padded_vocab, report.vocab);
+  uint64_t total = 0;
+  for (const auto& [name, bytes] : report.files) {
+    Log("  {:<24} {:>12} bytes", name, bytes);
+    total += bytes;
+  }
+  Log("  {} files, {} bytes", report.files.size(), total);
+  if (!report.wrote_tokenizer)
+    Warn("no Hugging Face tokenizer files were written: {}", report.tokenizer_note);
+  return 0;
 }
 
 }  // namespace keel::cli
