@@ -32,6 +32,13 @@ class Backend {
   virtual void CopyToDevice(float* dst, const float* host_src, size_t n) = 0;
   virtual void CopyToHost(float* host_dst, const float* src, size_t n) = 0;
   virtual void CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) = 0;
+  // `p` itself when the backend's memory is host memory the caller may read directly (the CPU
+  // backend), so host-side consumers such as checkpoint saves can skip a CopyToHost staging copy;
+  // nullptr otherwise (device memory). The pointer is valid only while no op writes to it.
+  virtual const float* HostReadable(const float* p) const {
+    (void)p;
+    return nullptr;
+  }
   virtual void Zero(float* x, size_t n) = 0;
   virtual void Copy(float* dst, const float* src, size_t n) = 0;  // device to device
 

@@ -73,12 +73,15 @@ int BenchCommand(int argc, const char* const* argv) {
   app.add_flag("--checkpoint", checkpoint,
                "instead: save/load GB/s of a ~100M-parameter checkpoint beside dd's write speed");
   app.add_option("--dir", ckpt_dir, "--checkpoint: directory to write in (default: a temp dir)");
+  int repeats = 5;
+  app.add_option("--repeats", repeats, "--checkpoint: save, dd, load rounds (median reported)")
+      ->check(CLI::Range(1, 100));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (checkpoint) return BenchCheckpoint(ckpt_dir, iters, threads);
+  if (checkpoint) return BenchCheckpoint(ckpt_dir, repeats, threads);
   const std::vector<BenchModel> models = {
       {"tiny", 2, 128, 4, 128, 8, 4096},
       {"small", 6, 512, 8, 256, 8, 8192},

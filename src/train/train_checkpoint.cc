@@ -91,14 +91,20 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
   const TrainConfig& cfg = trainer.config();
   const TrainCounters& c = trainer.counters();
   const size_t n = model.num_params();
-  staging->resize(3 * n);
   Backend* be = model.backend();
-  float* host_p = staging->data();
-  float* host_m = host_p + n;
-  float* host_v = host_m + n;
-  be->CopyToHost(host_p, model.param_data(), n);
-  be->CopyToHost(host_m, opt.exp_avg(), n);
-  be->CopyToHost(host_v, opt.exp_avg_sq(), n);
+  // Host memory (the CPU backend) is written straight from the model and optimizer: the save runs
+  // between iterations, so nothing changes it meanwhile. Device memory is staged on the host.
+  const float* host_p = be->HostReadable(model.param_data());
+  const float* host_m = be->HostReadable(opt.exp_avg());
+  const float* host_v = be->HostReadable(opt.exp_avg_sq());
+  if (host_p == nullptr || host_m == nullptr || host_v == nullptr) {
+    staging->resize(3 * n);
+    float* p = staging->data();
+    be->CopyToHost(p, model.param_data(), n);
+    be->CopyToHost(p + n, opt.exp_avg(), n);
+    be->CopyToHost(p + 2 * n, opt.exp_avg_sq(), n);
+    host_p = p, host_m = p + n, host_v = p + 2 * n;
+  }
 
   const std::map<std::string, std::string> st_meta = {{"format", "pt"},
                                                       {"writer", "keel " KEEL_VERSION}};

@@ -37,7 +37,9 @@ struct RunInfo {
 };
 
 // The files of a checkpoint of `trainer`'s current state. Tensor data is staged in `staging`
-// (host memory), which must outlive the returned files.
+// (host memory), which must outlive the returned files, unless the backend's memory is host memory
+// (Backend::HostReadable): then the files point at the model and optimizer, which must not change
+// until they are written.
 Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run,
                             const nlohmann::json& history, std::vector<float>* staging,
                             std::vector<CheckpointFile>* out);
