@@ -104,6 +104,10 @@ class Backend {
   // ---- reductions and the optimizer -------------------------------------------------------
   // sum of x^2 in double, in a fixed order independent of the thread count.
   virtual double SumSquares(const float* x, size_t n) = 0;
+  // sum of (a - b)^2 in double, in a fixed order (the size of an update: a = new, b = old).
+  virtual double SumSquaresDiff(const float* a, const float* b, size_t n) = 0;
+  // max_i x[i] (NaN if any element is NaN; -inf for n = 0). Order-free, so deterministic.
+  virtual float MaxValue(const float* x, size_t n) = 0;
   // Number of elements exactly equal to 0 (Megatron's "num zeros" for gradients).
   virtual size_t CountZeros(const float* x, size_t n) = 0;
   // Number of elements that are NaN or +-Inf.

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_store.h"
@@ -20,9 +21,11 @@
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
 #include "data/prepare.h"
+#include "journal/run_journal.h"
 #include "model/generate.h"
 #include "train/checkpoint_controller.h"
 #include "train/flops.h"
+#include "train/guard_controller.h"
 #include "train/train_checkpoint.h"
 #include "train/trainer.h"
 
@@ -226,7 +229,24 @@ int TrainCommand(int argc, const char* const* argv) {
   auto backend = MakeCpuBackend(cfg.threads);
   Log("backend: {}", backend->Describe());
   int64_t last_epoch = -1;
+  // The guard's re-seeding rung raises the trainer's data salt: the samples from then on come
+  // from the same split in the order of seed + salt (one dataset index per salt, built once).
+  Trainer* trainer_ptr = nullptr;
+  std::map<uint64_t, std::unique_ptr<GptDataset>> reseeded;
   SampleFn train_fn = [&](int64_t index, int32_t* tokens) {
+    const uint64_t salt = trainer_ptr ? trainer_ptr->data_salt() : 0;
+    if (salt != 0) {
+      std::unique_ptr<GptDataset>& ds = reseeded[salt];
+      if (!ds) {
+        const uint64_t seed = cfg.seed + salt * 0x9E3779B97F4A7C15ull;
+        Status cst =
+            GptDataset::Create(data.get(), cfg.split, Split::kTrain, cfg.seq_length, seed, &ds);
+        KEEL_CHECK(cst.ok(), "the train split opened before cannot be reopened: " + cst.message());
+        Log("data: order re-seeded (salt {}, seed {})", salt, seed);
+      }
+      ds->GetSample(index, tokens);
+      return;
+    }
     const int64_t epoch = train_set->EpochOf(index);
     if (epoch != last_epoch) {
       if (epoch > 0 && last_epoch >= 0)
@@ -242,6 +262,7 @@ int TrainCommand(int argc, const char* const* argv) {
     valid_fn = [&](int64_t index, int32_t* tokens) { valid_set->GetSample(index, tokens); };
 
   Trainer trainer(cfg, backend.get(), comm.get(), env, train_fn, valid_fn);
+  trainer_ptr = &trainer;
   const GptSpec& spec = trainer.model().spec();
   const int64_t formula = GptModel::FormulaParamCount(spec);
   Log("model: {} layers, hidden {}, ffn {}, heads {}, positions {}, vocab {} (padded {})",
@@ -268,17 +289,6 @@ int TrainCommand(int argc, const char* const* argv) {
     trainer.InitializeWeights();
     if (!cfg.save.empty()) Log("no checkpoint in {}: starting from fresh weights", cfg.save);
   }
-  if (cfg.lr_scale_on_resume > 0 && cfg.lr_scale_on_resume != trainer.lr_scale()) {
-    Log("LR scale {} -> {} (--lr-scale-on-resume){}", trainer.lr_scale(), cfg.lr_scale_on_resume,
-        saved ? "" : "; no checkpoint to resume, so it applies from the first iteration");
-    history.push_back({{"event", "lr_scale"},
-                       {"iteration", trainer.counters().iteration},
-                       {"at", Now()},
-                       {"old", trainer.lr_scale()},
-                       {"new", cfg.lr_scale_on_resume}});
-    trainer.set_lr_scale(cfg.lr_scale_on_resume);
-  }
-
   std::unique_ptr<CheckpointStore> store;
   if (!cfg.save.empty()) {
     store =
@@ -290,6 +300,50 @@ int TrainCommand(int argc, const char* const* argv) {
                             [](const std::string& l) { LogLine(l); });
   if (saved && load_dir == cfg.save) ckpt.set_last_saved_iteration(saved->counters.iteration);
 
+  // ---- the run's journal and the guard ----
+  RunJournal journal(env, cfg.save, [](const std::string& l) { LogLine(l); });
+  journal.Heading(fmt::format("{} at iteration {} ({}, keel {})",
+                              saved ? (rollback ? "rolled back" : "resumed") : "started",
+                              trainer.counters().iteration, Now(), KEEL_VERSION));
+  if (saved)
+    journal.Append(history.back(), fmt::format("{} from {} at iteration {}",
+                                               rollback ? "rolled back by hand" : "resumed",
+                                               saved->dir, saved->counters.iteration));
+  GuardController guard(cfg, env, store.get(), &trainer, store ? &ckpt : nullptr, &journal,
+                        [](const std::string& l) { LogLine(l); });
+  st = guard.Start(saved.get());
+  if (!st.ok()) return Fail(st);
+  ckpt.set_guard_state_fn([&guard] { return guard.StateForCheckpoint(); });
+  {
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    (void)ParseIterationRanges(cfg.skip_train_iteration_range, &ranges);  // validated above
+    for (auto [a, b] : ranges) {
+      if (b <= trainer.counters().iteration) continue;
+      journal.Append(
+          {{"event", "skip_range"},
+           {"source", "--skip-train-iteration-range"},
+           {"iterations", {a, b}},
+           {"iteration", trainer.counters().iteration}},
+          fmt::format("iterations {}..{} will be skipped (--skip-train-iteration-range): "
+                      "their samples are read past without an update",
+                      a, b));
+    }
+  }
+  if (cfg.lr_scale_on_resume > 0 && cfg.lr_scale_on_resume != trainer.lr_scale()) {
+    Log("LR scale {} -> {} (--lr-scale-on-resume){}", trainer.lr_scale(), cfg.lr_scale_on_resume,
+        saved ? "" : "; no checkpoint to resume, so it applies from the first iteration");
+    nlohmann::json ev = {{"event", "lr_scale"},
+                         {"iteration", trainer.counters().iteration},
+                         {"at", Now()},
+                         {"old", trainer.lr_scale()},
+                         {"new", cfg.lr_scale_on_resume}};
+    ckpt.AddHistory(ev);
+    journal.Append(
+        ev, fmt::format("iteration {}: LR scale {} -> {} (--lr-scale-on-resume)",
+                        trainer.counters().iteration, trainer.lr_scale(), cfg.lr_scale_on_resume));
+    trainer.set_lr_scale(cfg.lr_scale_on_resume);
+  }
+
   if (trainer.counters().iteration >= trainer.TotalIterations()) {
     Log("the checkpoint at iteration {} already completes this run of {} iterations; raise "
         "--train-iters (and accept the longer decay with --override-scheduler) to train further",
@@ -298,9 +352,18 @@ int TrainCommand(int argc, const char* const* argv) {
     const auto t0 = std::chrono::steady_clock::now();
     RunHooks hooks;
     hooks.log = [](const std::string& line) { LogLine(line); };
-    hooks.after_iteration = [&] { return ckpt.AfterIteration(); };
+    hooks.after_iteration = [&] { return guard.AfterIteration() && ckpt.AfterIteration(); };
     st = trainer.Run(hooks);
     if (!st.ok()) return Fail(st);
+    if (guard.stopped()) {
+      // The state is not healthy: no final checkpoint of it; the pinned ones remain.
+      LogError("error: " + guard.stop_message());
+      LogError(fmt::format(
+          "the run's chronicle is in {}",
+          cfg.save.empty() ? std::string("the log above") : JoinPath(cfg.save, kChronicleFile)));
+      Log("state fingerprint: {:016x}", trainer.StateFingerprint());
+      return 3;
+    }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     st = ckpt.Finish();

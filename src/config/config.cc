@@ -44,6 +44,7 @@ class Input {
   virtual std::optional<bool> Bool() const = 0;
   virtual std::optional<std::string> String() const = 0;
   virtual std::optional<std::vector<int64_t>> IntList() const = 0;
+  virtual std::optional<std::vector<std::string>> StringList() const = 0;
 };
 
 template <typename T>
@@ -92,6 +93,7 @@ class CliInput : public Input {
     }
     return out;
   }
+  std::optional<std::vector<std::string>> StringList() const override { return values_; }
 
  private:
   std::string flag_;
@@ -152,6 +154,18 @@ class TomlInput : public Input {
     std::vector<int64_t> out;
     for (const toml::node& n : *arr) {
       auto x = n.value_exact<int64_t>();
+      if (!x) return std::nullopt;
+      out.push_back(*x);
+    }
+    return out;
+  }
+  std::optional<std::vector<std::string>> StringList() const override {
+    if (auto str = node_.value_exact<std::string>()) return std::vector<std::string>{*str};
+    const toml::array* arr = node_.as_array();
+    if (arr == nullptr) return std::nullopt;
+    std::vector<std::string> out;
+    for (const toml::node& n : *arr) {
+      auto x = n.value_exact<std::string>();
       if (!x) return std::nullopt;
       out.push_back(*x);
     }
@@ -350,6 +364,27 @@ Setting IntListSetting(std::string name, std::string type, std::string help,
   return s;
 }
 
+Setting StringListSetting(std::string name, std::string type, std::string help,
+                          std::vector<std::string> TrainConfig::*m) {
+  Setting s;
+  s.name = std::move(name);
+  s.type = std::move(type);
+  s.help = std::move(help);
+  s.is_list = true;
+  s.set = [m](const Input& in, TrainConfig* c) -> Status {
+    auto v = in.StringList();
+    if (!v) return TypeError(in, "a list of strings");
+    c->*m = *v;
+    return Status::OK();
+  };
+  s.get = [m](const TrainConfig& c) {
+    std::string out = "[";
+    for (size_t i = 0; i < (c.*m).size(); ++i) out += (i ? ", " : "") + TomlString((c.*m)[i]);
+    return out + "]";
+  };
+  return s;
+}
+
 using TC = TrainConfig;
 
 const std::vector<Setting>& Settings() {
@@ -450,6 +485,51 @@ const std::vector<Setting>& Settings() {
                   "on resume, multiply the schedule's LR by this from now on (stored in later "
                   "checkpoints; 0: keep the checkpoint's)",
                   &TC::lr_scale_on_resume),
+      // guard
+      EnumSetting("guard",
+                  "instability guard: act (skip updates, roll back, cut the LR, reseed), observe "
+                  "(journal what it would do), off",
+                  &TC::guard,
+                  {{GuardLevel::kOff, "off"},
+                   {GuardLevel::kObserve, "observe"},
+                   {GuardLevel::kAct, "act"}}),
+      RealSetting("guard-z-threshold", "loss spike: robust z-score above this",
+                  &TC::guard_z_threshold),
+      RealSetting("guard-grad-z-threshold", "gradient-norm spike: robust z-score above this",
+                  &TC::guard_grad_z_threshold),
+      IntSetting("guard-window", "iterations in the guard's robust windows", &TC::guard_window),
+      IntSetting("guard-min-history", "normal iterations seen before spikes are detected",
+                 &TC::guard_min_history),
+      IntSetting("guard-divergence-window",
+                 "iterations whose median loss is compared with its lowest level",
+                 &TC::guard_divergence_window),
+      RealSetting("guard-divergence-rel",
+                  "divergence: that median above (1 + this) x the lowest level",
+                  &TC::guard_divergence_rel),
+      IntSetting("guard-max-skips", "anomalous updates skipped in a row before rolling back",
+                 &TC::guard_max_skips),
+      IntSetting("guard-recover-iters",
+                 "roll back when the loss is not back at its pre-onset level after this many "
+                 "iterations",
+                 &TC::guard_recover_iters),
+      IntSetting("guard-rollback-margin",
+                 "roll back to a healthy checkpoint at least this many iterations before the "
+                 "onset",
+                 &TC::guard_rollback_margin),
+      IntSetting("guard-skip-before", "skipped data window: iterations before the onset",
+                 &TC::guard_skip_before),
+      IntSetting("guard-skip-after", "skipped data window: iterations after the onset",
+                 &TC::guard_skip_after),
+      RealSetting("guard-lr-cut", "LR factor applied by an escalated rollback", &TC::guard_lr_cut),
+      IntSetting("guard-max-rollbacks", "rollbacks allowed before the run stops with a report",
+                 &TC::guard_max_rollbacks),
+      IntSetting("guard-escalation-window",
+                 "a rollback within this many iterations of the previous one escalates",
+                 &TC::guard_escalation_window),
+      StringListSetting("skip-train-iteration-range", "A-B ...",
+                        "skip the data of these iterations (inclusive ranges): read past, no "
+                        "update",
+                        &TC::skip_train_iteration_range),
       // output
       IntSetting("sample-tokens", "tokens generated at the end (0: none)", &TC::sample_tokens),
       StringSetting("sample-prompt", "TEXT", "prompt for the end-of-run sample",
@@ -1000,8 +1080,41 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
   return Status::OK();
 }
 
+Status ValidateGuard(const TrainConfig& c) {
+  for (auto [flag, v] : {std::pair{"guard-z-threshold", c.guard_z_threshold},
+                         std::pair{"guard-grad-z-threshold", c.guard_grad_z_threshold},
+                         std::pair{"guard-divergence-rel", c.guard_divergence_rel}}) {
+    if (!(v > 0))
+      return Invalid(fmt::format("--{} {} must be positive; the default is {}", flag, v,
+                                 FindSetting(flag)->get(TrainConfig{})));
+  }
+  if (!(c.guard_lr_cut > 0 && c.guard_lr_cut <= 1))
+    return Invalid(fmt::format(
+        "--guard-lr-cut {} must be in (0, 1]: it multiplies the LR on an escalated rollback; "
+        "try 0.5",
+        c.guard_lr_cut));
+  KEEL_RETURN_IF_ERROR(Positive("guard-window", c.guard_window));
+  KEEL_RETURN_IF_ERROR(Positive("guard-divergence-window", c.guard_divergence_window));
+  KEEL_RETURN_IF_ERROR(Positive("guard-recover-iters", c.guard_recover_iters));
+  if (c.guard_min_history < 3 || c.guard_min_history > c.guard_window)
+    return Invalid(fmt::format(
+        "--guard-min-history {} must be between 3 and --guard-window {}: robust statistics need "
+        "a few values and cannot use more than the window holds",
+        c.guard_min_history, c.guard_window));
+  for (auto [flag, v] : {std::pair{"guard-max-skips", c.guard_max_skips},
+                         std::pair{"guard-rollback-margin", c.guard_rollback_margin},
+                         std::pair{"guard-skip-before", c.guard_skip_before},
+                         std::pair{"guard-skip-after", c.guard_skip_after},
+                         std::pair{"guard-max-rollbacks", c.guard_max_rollbacks},
+                         std::pair{"guard-escalation-window", c.guard_escalation_window}})
+    KEEL_RETURN_IF_ERROR(NonNegative(flag, v, "give 0 or more"));
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  return ParseIterationRanges(c.skip_train_iteration_range, &ranges);
+}
+
 Status Validate(TrainConfig* cfg, std::vector<std::string>* notes) {
   KEEL_RETURN_IF_ERROR(ValidateModel(cfg, notes));
+  KEEL_RETURN_IF_ERROR(ValidateGuard(*cfg));
   KEEL_RETURN_IF_ERROR(ValidateBatch(cfg, notes));
   KEEL_RETURN_IF_ERROR(ValidateSchedule(cfg, notes));
   KEEL_RETURN_IF_ERROR(ValidateOptimizerAndRun(cfg));
@@ -1015,6 +1128,26 @@ Status Validate(TrainConfig* cfg, std::vector<std::string>* notes) {
     cfg->padded_vocab_size = static_cast<int>(RoundUp(cfg->vocab_size, mult));
     notes->push_back(fmt::format("vocab {} padded to {} (multiple of {})", cfg->vocab_size,
                                  cfg->padded_vocab_size, mult));
+  }
+  return Status::OK();
+}
+
+Status ParseIterationRanges(const std::vector<std::string>& text,
+                            std::vector<std::pair<int64_t, int64_t>>* out) {
+  out->clear();
+  for (const std::string& r : text) {
+    const size_t dash = r.find('-');
+    std::optional<int64_t> a, b;
+    if (dash != std::string::npos) {
+      a = ParseWhole<int64_t>(std::string_view(r).substr(0, dash));
+      b = ParseWhole<int64_t>(std::string_view(r).substr(dash + 1));
+    }
+    if (!a || !b || *a < 1 || *b < *a)
+      return Invalid(fmt::format(
+          "--skip-train-iteration-range {}: expected FIRST-LAST with 1 <= FIRST <= LAST "
+          "(inclusive iterations), e.g. --skip-train-iteration-range 101-200 301-400",
+          r));
+    out->emplace_back(*a, *b);
   }
   return Status::OK();
 }

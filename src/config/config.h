@@ -17,6 +17,7 @@ enum class PositionEmbedding { kLearnedAbsolute, kAlibi };
 enum class LrDecayStyle { kConstant, kLinear, kCosine };
 enum class InitMethod { kNormal, kSmallInit, kMegatron530B };
 enum class TokenizerKind { kGpt2, kSentencePiece };
+enum class GuardLevel { kOff, kObserve, kAct };
 
 struct TrainConfig {
   // ---- model ----
@@ -84,6 +85,26 @@ struct TrainConfig {
   bool override_data_order = false;  // accept a new seed, data path or split
   double lr_scale_on_resume = 0;     // multiply the schedule's LR by this from now on (0: keep)
 
+  // ---- guard (docs/guard.md) ----
+  GuardLevel guard = GuardLevel::kAct;  // off | observe (journal only) | act
+  double guard_z_threshold = 6;         // loss spike: robust z-score above this
+  double guard_grad_z_threshold = 10;   // gradient-norm spike
+  int guard_window = 100;               // iterations in the robust windows
+  int guard_min_history = 20;           // no spike detection before this many normal iterations
+  int guard_divergence_window = 50;     // iterations whose median loss is compared ...
+  double guard_divergence_rel = 0.05;   // ... with the lowest level: diverging above (1 + this)
+  int guard_max_skips = 3;              // anomalous updates skipped in a row before a rollback
+  int guard_recover_iters = 50;         // not back at the pre-onset level after this: roll back
+  int guard_rollback_margin = 1;        // roll back to a checkpoint at least this before the onset
+  int guard_skip_before = 5;            // data window skipped: iterations before the onset ...
+  int guard_skip_after = 50;            // ... and after it
+  double guard_lr_cut = 0.5;            // LR factor of the second rung of the ladder
+  int guard_max_rollbacks = 4;          // then stop with a report
+  int guard_escalation_window = 500;    // a rollback this close to the previous one escalates
+  // Iterations whose data is skipped (read past, no update): "A-B" inclusive ranges (Megatron's
+  // --skip-train-iteration-range).
+  std::vector<std::string> skip_train_iteration_range;
+
   // ---- output ----
   int sample_tokens = 64;  // tokens of text generated at the end of training (0: none)
   std::string sample_prompt = "Call me";
@@ -94,6 +115,10 @@ struct TrainConfig {
   // Standard deviation actually used for initialisation.
   float ResolvedInitStd() const;
 };
+
+// Parses "A-B" (inclusive, 1 <= A <= B) ranges of --skip-train-iteration-range.
+Status ParseIterationRanges(const std::vector<std::string>& text,
+                            std::vector<std::pair<int64_t, int64_t>>* out);
 
 // The outcome of parsing: a config, or an error naming the flag, the value, the rule and a fix.
 // `notes` collects the choices keel made on the user's behalf (e.g. FFN size defaulted to 4h);

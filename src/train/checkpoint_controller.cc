@@ -43,14 +43,19 @@ Status CheckpointController::SaveNow(const std::string& why) {
   if (store_ == nullptr) return Status::OK();
   const int64_t it = trainer_->counters().iteration;
   std::vector<CheckpointFile> files;
-  KEEL_RETURN_IF_ERROR(BuildTrainCheckpoint(env_, *trainer_, run_, history_, &staging_, &files));
+  const nlohmann::json guard = guard_state_ ? guard_state_() : nlohmann::json();
+  KEEL_RETURN_IF_ERROR(
+      BuildTrainCheckpoint(env_, *trainer_, run_, history_, &staging_, &files, guard));
   SaveStats stats;
   KEEL_RETURN_IF_ERROR(store_->Save(it, files, &stats));
   last_saved_ = it;
   last_save_us_ = env_->NowMicros();
-  log_(fmt::format("saved checkpoint {} ({}): {:.1f} MB in {:.2f} s, {:.0f} MB/s", stats.path, why,
-                   static_cast<double>(stats.bytes) / 1e6, stats.seconds,
-                   static_cast<double>(stats.bytes) / 1e6 / std::max(stats.seconds, 1e-9)));
+  log_(fmt::format("saved checkpoint {} ({}): {:.1f} MB in {:.2f} s, {:.0f} MB/s{}", stats.path,
+                   why, static_cast<double>(stats.bytes) / 1e6, stats.seconds,
+                   static_cast<double>(stats.bytes) / 1e6 / std::max(stats.seconds, 1e-9),
+                   !guard.is_object()              ? ""
+                   : guard.value("healthy", false) ? "; guard: healthy"
+                                                   : "; guard: NOT healthy (event open)"));
   Status rst = store_->ApplyRetention(cfg_.keep_last_checkpoints);
   if (!rst.ok()) log_("WARNING: retention could not remove an old checkpoint: " + rst.message());
   return Status::OK();
@@ -91,7 +96,7 @@ bool CheckpointController::AfterIteration() {
              static_cast<double>(now - last_save_us_) / 60e6 >= cfg_.save_interval_minutes) {
     why = "--save-interval-minutes";
   }
-  if (why.empty() || store_ == nullptr) return true;
+  if (why.empty() || store_ == nullptr || it == last_saved_) return true;
   Status st = SaveNow(why);
   if (st.ok()) {
     consecutive_failures_ = 0;

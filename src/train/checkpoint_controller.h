@@ -45,6 +45,10 @@ class CheckpointController {
   StopReason stop_reason() const { return stop_; }
   int64_t last_saved_iteration() const { return last_saved_; }
   void set_last_saved_iteration(int64_t it) { last_saved_ = it; }
+  // Where the guard's state for each save comes from (null state when unset).
+  void set_guard_state_fn(std::function<nlohmann::json()> f) { guard_state_ = std::move(f); }
+  // An event for the history recorded in later checkpoints (e.g. a guard rollback).
+  void AddHistory(nlohmann::json event) { history_.push_back(std::move(event)); }
 
  private:
   TrainConfig cfg_;
@@ -55,6 +59,7 @@ class CheckpointController {
   nlohmann::json history_;
   std::function<void(const std::string&)> log_;
   std::vector<float> staging_;
+  std::function<nlohmann::json()> guard_state_;
   uint64_t start_us_ = 0, last_save_us_ = 0;
   int64_t last_saved_ = -1;
   int consecutive_failures_ = 0;

@@ -84,7 +84,8 @@ Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
 }
 
 Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, const json& history,
-                            std::vector<float>* staging, std::vector<CheckpointFile>* out) {
+                            std::vector<float>* staging, std::vector<CheckpointFile>* out,
+                            const json& guard_state) {
   out->clear();
   GptModel& model = trainer.model();
   AdamW& opt = trainer.optimizer();
@@ -130,7 +131,8 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
                    {"consumed_samples", c.consumed_samples},
                    {"consumed_tokens", c.consumed_tokens},
                    {"skipped_iterations", c.skipped_iterations},
-                   {"nan_iterations", c.nan_iterations}};
+                   {"nan_iterations", c.nan_iterations},
+                   {"data_skipped_iterations", c.data_skipped_iterations}};
   s["optimizer"] = {{"type", "adamw"},
                     {"step", opt.step()},
                     {"beta1", opt.config().beta1},
@@ -160,7 +162,11 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
                {"seed", cfg.seed},
                {"seq_length", cfg.seq_length},
                {"cursor_samples", c.consumed_samples},
-               {"order", "Feistel permutation per (seed, split, epoch)"}};
+               {"order", "Feistel permutation per (seed, split, epoch)"},
+               {"order_salt", trainer.data_salt()},
+               {"skipped_iteration_ranges", json::array()}};
+  for (const IterationRange& r : trainer.skip_ranges())
+    s["data"]["skipped_iteration_ranges"].push_back({r.first, r.last});
   s["metrics"] = {{"interval",
                    {{"loss_sum", Num(iv.loss_sum)},
                     {"ms", Num(iv.ms)},
@@ -169,7 +175,7 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
                     {"ok", iv.ok},
                     {"skipped", iv.skipped},
                     {"samples", iv.samples}}}};
-  s["guard"] = nullptr;
+  s["guard"] = guard_state;
   s["model"] = SpecToJson(model.spec());
   s["tokenizer"] = {{"kind", run.meta.tokenizer},
                     {"eod_id", run.meta.eod_id},
@@ -218,6 +224,12 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
     r.counters.consumed_tokens = c.at("consumed_tokens");
     r.counters.skipped_iterations = c.at("skipped_iterations");
     r.counters.nan_iterations = c.at("nan_iterations");
+    r.counters.data_skipped_iterations = c.value("data_skipped_iterations", int64_t{0});
+    const json& d = s.at("data");
+    r.data_salt = d.value("order_salt", uint64_t{0});
+    for (const json& p : d.value("skipped_iteration_ranges", json::array()))
+      r.skip_ranges.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>()});
+    r.guard = s.value("guard", json());
     r.optimizer_step = s.at("optimizer").at("step");
     r.lr_scale = s.at("scheduler").at("lr_scale");
     r.history = s.value("history", json::array());
@@ -395,6 +407,8 @@ Status RestoreTrainCheckpoint(Env* env, const SavedTrainState& saved, Trainer& t
   opt.set_step(saved.optimizer_step);
   trainer.counters() = saved.counters;
   trainer.set_lr_scale(saved.lr_scale);
+  trainer.set_skip_ranges(saved.skip_ranges);
+  trainer.set_data_salt(saved.data_salt);
   const json& iv = saved.state.at("metrics").at("interval");
   LogIntervalState& l = trainer.log_interval_state();
   try {

@@ -40,9 +40,11 @@ struct RunInfo {
 // (host memory), which must outlive the returned files, unless the backend's memory is host memory
 // (Backend::HostReadable): then the files point at the model and optimizer, which must not change
 // until they are written.
+// `guard_state` (the guard's windows, open event and budget) goes into state.json's "guard".
 Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run,
                             const nlohmann::json& history, std::vector<float>* staging,
-                            std::vector<CheckpointFile>* out);
+                            std::vector<CheckpointFile>* out,
+                            const nlohmann::json& guard_state = nullptr);
 
 // A checkpoint's state.json and config, parsed.
 struct SavedTrainState {
@@ -54,6 +56,9 @@ struct SavedTrainState {
   TrainCounters counters;
   int64_t optimizer_step = 0;
   double lr_scale = 1.0;
+  std::vector<IterationRange> skip_ranges;  // data windows the guard skipped
+  uint64_t data_salt = 0;
+  nlohmann::json guard;  // state.json "guard" (null when the guard was off)
   nlohmann::json history = nlohmann::json::array();
 };
 Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* out);
@@ -81,7 +86,8 @@ std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const Tr
 Status CheckResumeChanges(const std::vector<ConfigChange>& changes, const TrainConfig& now,
                           std::vector<ConfigChange>* accepted, std::vector<std::string>* notes);
 
-// Loads weights, optimizer moments and step, counters, metrics cursor and LR scale from `saved`'s
+// Loads weights, optimizer moments and step, counters, metrics cursor, LR scale, skipped data
+// windows and data-order salt from `saved`'s
 // directory into `trainer`. Every tensor must be present with the model's exact name, shape and
 // dtype, and nothing else may be there.
 Status RestoreTrainCheckpoint(Env* env, const SavedTrainState& saved, Trainer& trainer);

@@ -48,6 +48,28 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, E
   batch_tokens_.resize(mb * (cfg_.seq_length + 1));
   inputs_.resize(mb * cfg_.seq_length);
   targets_.resize(mb * cfg_.seq_length);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  KEEL_CHECK(ParseIterationRanges(cfg_.skip_train_iteration_range, &ranges).ok(),
+             "unvalidated --skip-train-iteration-range");
+  for (auto [a, b] : ranges) config_skip_ranges_.push_back({a, b});
+}
+
+Trainer::~Trainer() {
+  if (prev_params_) backend_->Free(prev_params_);
+}
+
+bool Trainer::IsSkipped(int64_t iteration) const {
+  for (const auto* list : {&skip_ranges_, &config_skip_ranges_})
+    for (const IterationRange& r : *list)
+      if (r.Contains(iteration)) return true;
+  return false;
+}
+
+int64_t Trainer::SamplesBefore(int64_t iteration) const {
+  int64_t pos = counters_.consumed_samples;
+  for (int64_t it = counters_.iteration + 1; it < iteration; ++it)
+    pos += rampup_.GlobalBatchAt(pos);
+  return pos;
 }
 
 void Trainer::InitializeWeights() {
@@ -64,12 +86,27 @@ StepResult Trainer::TrainStep() {
   StepResult r;
   const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = comm_->world_size();
   r.global_batch = rampup_.GlobalBatchAt(counters_.consumed_samples);
+  r.lr = lr_scale_ * schedule_.LrAt(counters_.consumed_samples + r.global_batch);
+  const int64_t iteration = counters_.iteration + 1;
+  if (IsSkipped(iteration)) {
+    // A skipped data window: its samples are read past (the cursor and the schedule move on as
+    // if trained, Megatron's --skip-train-iteration-range), nothing is computed.
+    r.data_skipped = r.skipped = true;
+    r.loss = r.grad_norm = NAN;
+    ++counters_.data_skipped_iterations;
+    counters_.iteration = iteration;
+    counters_.consumed_samples += r.global_batch;
+    counters_.consumed_tokens += r.global_batch * T;
+    r.step_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
   const int64_t num_micro = r.global_batch / (static_cast<int64_t>(mbs) * dp);
   // Every token of the global batch weighs the same in the loss: mean over gbs * T tokens.
   const float dloss = 1.0f / static_cast<float>(r.global_batch * T);
 
   model_->ZeroGrad();
-  double loss_sum = 0.0;
+  double sums[2] = {0.0, 0.0};  // lm loss, log Z (means over each micro-batch)
   for (int64_t m = 0; m < num_micro; ++m) {
     // Sample order: micro-batch m of rank r reads global samples (m * dp + r) * mbs + b.
     const int64_t first =
@@ -80,29 +117,58 @@ StepResult Trainer::TrainStep() {
       std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
       std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
     }
-    loss_sum += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
+    sums[0] += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
+    if (gate_) sums[1] += model_->MeanLogZ();
     model_->Backward();
   }
-  double reduced[1] = {loss_sum};
-  comm_->AllReduceSumHost(reduced, 1);
-  r.loss = reduced[0] / static_cast<double>(num_micro * dp);
+  comm_->AllReduceSumHost(sums, 2);
+  r.loss = sums[0] / static_cast<double>(num_micro * dp);
   comm_->AllReduceSum(model_->grad_data(), model_->num_params());
+  if (grad_fault_) grad_fault_(iteration, model_->grad_data(), model_->num_params());
 
   const GradStats gs = ComputeGradStats(backend_, model_->grad_data(), model_->num_params());
   r.grad_norm = gs.norm;
   r.num_zeros = gs.num_zeros;
   // The update of this iteration uses the LR at the position after its batch (see lr_schedule.h).
-  r.lr = lr_scale_ * schedule_.LrAt(counters_.consumed_samples + r.global_batch);
-  if (!gs.finite || !std::isfinite(r.loss)) {
+  const bool finite = gs.finite && std::isfinite(r.loss);
+  bool apply = finite;
+  if (gate_) {
+    GuardSignals& g = r.signals;
+    g.iteration = iteration;
+    g.consumed_samples = counters_.consumed_samples;
+    g.loss = r.loss;
+    g.grad_norm = r.grad_norm;
+    g.nonfinite = !finite;
+    g.log_z = sums[1] / static_cast<double>(num_micro * dp);
+    g.update_ratio = last_update_ratio_;
+    g.max_exp_avg_sq = optimizer_->step() > 0
+                           ? backend_->MaxValue(optimizer_->exp_avg_sq(), model_->num_params())
+                           : NAN;
+    apply = gate_(g) && finite;
+  }
+  if (!finite) {
     // Never let a NaN/Inf reach the weights: skip the update, count it, keep going.
     r.skipped = true;
     ++counters_.skipped_iterations;
     ++counters_.nan_iterations;
+  } else if (!apply) {
+    r.skipped = true;  // the guard judged this batch anomalous
+    ++counters_.skipped_iterations;
   } else {
     ClipGradients(backend_, model_->grad_data(), model_->num_params(), gs.norm, cfg_.clip_grad);
+    const size_t n = model_->num_params();
+    if (gate_) {
+      // ||w_new - w_old|| / ||w_new||: the relative size of this update.
+      if (prev_params_ == nullptr) prev_params_ = backend_->AllocFloats(n);
+      backend_->Copy(prev_params_, model_->param_data(), n);
+    }
     optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r.lr);
+    if (gate_)
+      last_update_ratio_ =
+          std::sqrt(backend_->SumSquaresDiff(model_->param_data(), prev_params_, n) /
+                    std::max(backend_->SumSquares(model_->param_data(), n), 1e-30));
   }
-  counters_.iteration += 1;
+  counters_.iteration = iteration;
   counters_.consumed_samples += r.global_batch;
   counters_.consumed_tokens += r.global_batch * T;
   r.step_ms =
@@ -148,7 +214,14 @@ Status Trainer::Run(const RunHooks& hooks) {
     iv.ms += r.step_ms;
     iv.samples += r.global_batch;
     iv.flops += FlopsPerIteration(r.global_batch);
-    if (r.skipped) {
+    if (r.data_skipped) {
+      ++iv.skipped;
+      if (!IsSkipped(counters_.iteration - 1))
+        hooks.log(fmt::format("skipping the data of iteration {} on (a skipped window)",
+                              counters_.iteration));
+    } else if (r.skipped && std::isfinite(r.loss) && std::isfinite(r.grad_norm)) {
+      ++iv.skipped;  // the guard skipped it and journals why
+    } else if (r.skipped) {
       ++iv.skipped;
       hooks.log(fmt::format(
           "WARNING: iteration {}: non-finite {} (loss {}, grad norm {}): update skipped",
@@ -200,6 +273,8 @@ uint64_t Trainer::StateFingerprint() {
   XXH3_64bits_update(st, &step, sizeof(step));
   XXH3_64bits_update(st, &counters_, sizeof(counters_));
   XXH3_64bits_update(st, &lr_scale_, sizeof(lr_scale_));
+  XXH3_64bits_update(st, &data_salt_, sizeof(data_salt_));
+  for (const IterationRange& r : skip_ranges_) XXH3_64bits_update(st, &r, sizeof(r));
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return h;

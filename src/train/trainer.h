@@ -5,6 +5,7 @@
 // TrainState, so a checkpoint can capture the whole run.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/env.h"
+#include "guard/instability_detector.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
 #include "optim/batch_rampup.h"
@@ -31,6 +33,13 @@ struct TrainCounters {
   int64_t consumed_tokens = 0;
   int64_t skipped_iterations = 0;  // updates not applied (non-finite loss or gradients)
   int64_t nan_iterations = 0;
+  int64_t data_skipped_iterations = 0;  // iterations in a skipped data window (no forward)
+};
+
+// Inclusive range of iterations whose data is skipped.
+struct IterationRange {
+  int64_t first = 0, last = -1;
+  bool Contains(int64_t it) const { return it >= first && it <= last; }
 };
 
 struct StepResult {
@@ -39,9 +48,14 @@ struct StepResult {
   size_t num_zeros = 0;
   double lr = 0;
   int64_t global_batch = 0;
-  bool skipped = false;
+  bool skipped = false;       // no update applied (non-finite, or the guard skipped it)
+  bool data_skipped = false;  // in a skipped data window: nothing was computed
+  GuardSignals signals;
   double step_ms = 0;
 };
+
+// Decides, from an iteration's signals, whether its update is applied (the guard).
+using UpdateGate = std::function<bool(const GuardSignals&)>;
 
 // Accumulators of the log interval in progress (the metrics cursor). They are checkpointed, so a
 // run resumed mid-interval prints the same iteration lines as one that never stopped.
@@ -62,6 +76,7 @@ class Trainer {
  public:
   Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, Env* env,
           SampleFn train_samples, SampleFn valid_samples);
+  ~Trainer();
 
   // Fresh weights from the config's seed and init method.
   void InitializeWeights();
@@ -84,6 +99,26 @@ class Trainer {
   const LrSchedule& schedule() const { return schedule_; }
   const BatchRampup& rampup() const { return rampup_; }
   const TrainConfig& config() const { return cfg_; }
+  // Data windows skipped by the guard's rollbacks (part of the checkpoint). IsSkipped also
+  // honours --skip-train-iteration-range, which comes from the config of each run.
+  const std::vector<IterationRange>& skip_ranges() const { return skip_ranges_; }
+  void set_skip_ranges(std::vector<IterationRange> r) { skip_ranges_ = std::move(r); }
+  void AddSkipRange(IterationRange r) { skip_ranges_.push_back(r); }
+  bool IsSkipped(int64_t iteration) const;
+  // Generation of the data order: 0, raised by the guard's re-seeding rung. The sample function
+  // reads it to pick the order (see train_cmd).
+  uint64_t data_salt() const { return data_salt_; }
+  void set_data_salt(uint64_t s) { data_salt_ = s; }
+  // Fault-injection seam for tests: called with the all-reduced gradients of each iteration
+  // before their statistics (e.g. to plant a NaN).
+  void set_gradient_fault(std::function<void(int64_t iteration, float* grads, size_t n)> f) {
+    grad_fault_ = std::move(f);
+  }
+  // Called before every update with the iteration's signals; false skips the update.
+  void set_update_gate(UpdateGate g) { gate_ = std::move(g); }
+  // The samples iteration `iteration` (1-based, from the current position on) reads:
+  // [first, first + count). Used to report skipped windows in samples.
+  int64_t SamplesBefore(int64_t iteration) const;
   // The learning rate the next iteration's update will use.
   double NextLr() const;
   // xxh3 over parameters, optimizer moments and step, counters and the LR scale: equal
@@ -106,6 +141,13 @@ class Trainer {
   double lr_scale_ = 1.0;
   int64_t total_iters_ = 0;
   std::vector<int32_t> batch_tokens_, inputs_, targets_;
+  std::vector<IterationRange> skip_ranges_;         // the guard's (checkpointed)
+  std::vector<IterationRange> config_skip_ranges_;  // --skip-train-iteration-range
+  uint64_t data_salt_ = 0;
+  UpdateGate gate_;
+  std::function<void(int64_t, float*, size_t)> grad_fault_;
+  float* prev_params_ = nullptr;  // parameters before the last update (update ratio)
+  double last_update_ratio_ = NAN;
 };
 
 // The model shape a validated config describes.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "backend/cpu/blas.h"
@@ -585,6 +586,39 @@ double CpuBackend::SumSquares(const float* x, size_t n) {
   double total = 0.0;
   for (double s : partial) total += s;
   return total;
+}
+
+double CpuBackend::SumSquaresDiff(const float* a, const float* b, size_t n) {
+  const size_t nchunks = (n + kReduceChunk - 1) / kReduceChunk;
+  std::vector<double> partial(nchunks);
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(n))
+  for (size_t ch = 0; ch < nchunks; ch++) {
+    const size_t i0 = ch * kReduceChunk, i1 = std::min(n, i0 + kReduceChunk);
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = i0; i < i1; i++) {
+      const double d = double(a[i]) - double(b[i]);
+      s += d * d;
+    }
+    partial[ch] = s;
+  }
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+float CpuBackend::MaxValue(const float* x, size_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  bool nan = false;
+#pragma omp parallel for schedule(static) reduction(max                   \
+                                                    : m) reduction(||     \
+                                                                   : nan) \
+    num_threads(ThreadsFor(n))
+  for (size_t i = 0; i < n; i++) {
+    m = std::max(m, x[i]);
+    nan = nan || std::isnan(x[i]);
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
 // Integer counts are exact, so an OpenMP reduction is deterministic.

@@ -62,6 +62,8 @@ class CpuBackend : public Backend {
   void Softmax(float* probs, const float* logits, int V, float temperature) override;
 
   double SumSquares(const float* x, size_t n) override;
+  double SumSquaresDiff(const float* a, const float* b, size_t n) override;
+  float MaxValue(const float* x, size_t n) override;
   size_t CountZeros(const float* x, size_t n) override;
   size_t CountNonFinite(const float* x, size_t n) override;
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,

@@ -1,0 +1,311 @@
+#include "guard/guard.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace keel {
+namespace {
+
+using json = nlohmann::json;
+
+json Num(double v) {
+  return std::isfinite(v) ? json(v) : json(nullptr);
+}
+double NumFrom(const json& j) {
+  return j.is_number() ? j.get<double>() : NAN;
+}
+
+std::string Signals(const GuardSignals& s) {
+  std::string out = fmt::format("lm loss {:.4f}, grad norm {:.3f}", s.loss, s.grad_norm);
+  if (std::isfinite(s.max_attn_logit))
+    out += fmt::format(", max attention logit {:.2f}", s.max_attn_logit);
+  if (std::isfinite(s.log_z)) out += fmt::format(", log Z {:.2f}", s.log_z);
+  return out;
+}
+
+json SignalsJson(const GuardSignals& s) {
+  return {{"lm_loss", Num(s.loss)},
+          {"grad_norm", Num(s.grad_norm)},
+          {"update_ratio", Num(s.update_ratio)},
+          {"max_exp_avg_sq", Num(s.max_exp_avg_sq)},
+          {"max_attn_logit", Num(s.max_attn_logit)},
+          {"log_z", Num(s.log_z)},
+          {"nonfinite", s.nonfinite}};
+}
+
+}  // namespace
+
+const char* GuardModeName(GuardMode m) {
+  switch (m) {
+    case GuardMode::kOff:
+      return "off";
+    case GuardMode::kObserve:
+      return "observe";
+    case GuardMode::kAct:
+      return "act";
+  }
+  return "?";
+}
+
+Guard::Guard(const GuardConfig& cfg, Journal journal)
+    : cfg_(cfg), journal_(std::move(journal)), detector_(cfg.detector) {}
+
+void Guard::Emit(json event, const std::string& sentence) {
+  ++decisions_;
+  event["mode"] = GuardModeName(cfg_.mode);
+  if (journal_) journal_(event, sentence);
+}
+
+void Guard::OnRestart(int64_t iteration) {
+  restart_iter_ = iteration;
+}
+
+void Guard::Close(const GuardSignals& s, const std::string& classification) {
+  const std::string cls = event_.resume ? "resume spike (" + classification + ")" : classification;
+  Emit({{"event", "recovered"},
+        {"iteration", s.iteration},
+        {"onset", event_.onset},
+        {"classification", cls},
+        {"skipped_updates", event_.skipped},
+        {"signals", SignalsJson(s)}},
+       fmt::format("iteration {}: {:.4f} is back at the pre-onset level {:.4f} after {} "
+                   "iteration(s): {}{}",
+                   s.iteration, s.loss, event_.baseline, s.iteration - event_.onset, cls,
+                   event_.skipped > 0 ? fmt::format(", {} update(s) skipped", event_.skipped)
+                                      : std::string()));
+  event_ = Event{};
+}
+
+GuardDecision Guard::Escalate(const GuardSignals& s, const std::string& why) {
+  GuardDecision d;
+  d.onset = event_.onset;
+  d.latest_target = event_.onset - cfg_.margin;
+  d.skip_first = std::max<int64_t>(1, event_.onset - cfg_.skip_before);
+  d.skip_last = std::max<int64_t>(event_.onset + cfg_.skip_after, s.iteration);
+  if (rollbacks_ >= cfg_.max_rollbacks) {
+    d.kind = GuardDecision::Kind::kStop;
+    d.reason = fmt::format(
+        "{}; the rollback budget is spent ({} of --guard-max-rollbacks {}): stopping. Study the "
+        "pinned checkpoints and the journal, then resume with a lower --lr-scale-on-resume or "
+        "raise --guard-max-rollbacks",
+        why, rollbacks_, cfg_.max_rollbacks);
+    return d;
+  }
+  d.kind = GuardDecision::Kind::kRollback;
+  const bool escalate =
+      last_rollback_onset_ >= 0 && event_.onset - last_rollback_onset_ <= cfg_.escalation_window;
+  d.level = escalate ? level_ + 1 : 0;
+  if (d.level >= 1) d.lr_factor = cfg_.lr_cut;
+  if (d.level >= 2) d.reseed = true;
+  d.reason = why;
+  return d;
+}
+
+StepVerdict Guard::OnStep(const GuardSignals& s) {
+  StepVerdict v;
+  if (cfg_.mode == GuardMode::kOff) return v;
+  const bool act = cfg_.mode == GuardMode::kAct;
+  if (watch_until_ >= 0 && s.iteration >= watch_until_ && !event_.open) {
+    Emit({{"event", "recovery_confirmed"}, {"iteration", s.iteration}, {"signals", SignalsJson(s)}},
+         fmt::format("iteration {}: past the skipped window with no new anomaly; lm loss median "
+                     "{:.4f} (before the onset {:.4f}): recovered",
+                     s.iteration, detector_.LossBaseline(), watch_baseline_));
+    watch_until_ = -1;
+  }
+  const Anomaly a = detector_.Check(s);
+  if (!event_.open) {
+    if (a.kind == AnomalyKind::kNone) {
+      detector_.Accept(s);
+      return v;
+    }
+    event_.open = true;
+    event_.kind = AnomalyKindName(a.kind);
+    event_.signal = a.signal;
+    event_.onset = a.kind == AnomalyKind::kDivergence ? std::max<int64_t>(1, a.onset) : s.iteration;
+    event_.first = s.iteration;
+    event_.baseline =
+        a.kind == AnomalyKind::kSpike && a.signal == "grad norm"
+            ? detector_.LossBaseline()
+            : (a.kind == AnomalyKind::kDivergence ? a.baseline : detector_.LossBaseline());
+    event_.resume = restart_iter_ >= 0 && s.iteration - restart_iter_ <= cfg_.resume_window;
+    std::string what;
+    if (a.kind == AnomalyKind::kNonFinite)
+      what = fmt::format("non-finite {} ({})", a.signal, a.value);
+    else if (a.kind == AnomalyKind::kSpike)
+      what = fmt::format("{} jumped from {:.4f} to {:.4f} (z={:.1f})", a.signal, a.baseline,
+                         a.value, a.z);
+    else
+      what = fmt::format(
+          "lm loss is diverging: the median of the last {} iterations is {:.4f}, "
+          "{:.1f}% above its lowest level {:.4f} (reached at iteration {})",
+          cfg_.detector.divergence_window, a.value, 100.0 * (a.value / a.baseline - 1.0),
+          a.baseline, a.onset);
+    Emit({{"event", "detected"},
+          {"iteration", s.iteration},
+          {"consumed_samples", s.consumed_samples},
+          {"kind", event_.kind},
+          {"signal", a.signal},
+          {"value", Num(a.value)},
+          {"baseline", Num(a.baseline)},
+          {"z", Num(a.z)},
+          {"onset", event_.onset},
+          {"resume_spike", event_.resume},
+          {"signals", SignalsJson(s)}},
+         fmt::format("iteration {}: {}{}; {}", s.iteration, what,
+                     event_.resume ? fmt::format(" ({} iteration(s) after a restart)",
+                                                 s.iteration - restart_iter_)
+                                   : std::string(),
+                     Signals(s)));
+  }
+  event_.peak = std::isfinite(event_.peak) ? std::max(event_.peak, s.loss) : s.loss;
+
+  if (a.kind == AnomalyKind::kNone) {
+    event_.consecutive = 0;
+    if (detector_.LossZ(s.loss) < cfg_.detector.recover_z) {
+      const int64_t took = s.iteration - event_.onset;
+      Close(s, event_.kind == "non-finite"       ? "transient non-finite values"
+               : took <= cfg_.fast_recover_iters ? "recovered spike"
+                                                 : "slow-recovering spike");
+      detector_.Accept(s);
+      return v;
+    }
+    if (!event_.decided && s.iteration - event_.onset >= cfg_.recover_iters) {
+      event_.decided = true;
+      v.decision = Escalate(
+          s, fmt::format("lm loss {:.4f} is still above the pre-onset level {:.4f} {} iterations "
+                         "after the onset at iteration {}",
+                         s.loss, event_.baseline, s.iteration - event_.onset, event_.onset));
+    }
+  } else {
+    ++event_.consecutive;
+    if (a.kind == AnomalyKind::kDivergence) {
+      if (!event_.decided) {
+        event_.decided = true;
+        v.decision = Escalate(s, "divergence");
+      }
+    } else if (event_.consecutive <= cfg_.max_skips) {
+      v.apply_update = false;
+      ++event_.skipped;
+      Emit({{"event", "skip_update"}, {"iteration", s.iteration}, {"onset", event_.onset}},
+           fmt::format("iteration {}: {} the update ({} of at most {} in a row)", s.iteration,
+                       act ? "skipped" : "would skip", event_.consecutive, cfg_.max_skips));
+    } else if (!event_.decided) {
+      event_.decided = true;
+      v.apply_update = false;
+      v.decision = Escalate(s, fmt::format("{} anomalous iterations in a row since iteration {}",
+                                           event_.consecutive, event_.first));
+    }
+  }
+  if (!act) {
+    if (v.decision.kind != GuardDecision::Kind::kContinue) {
+      Emit({{"event", "would_act"},
+            {"iteration", s.iteration},
+            {"onset", event_.onset},
+            {"action", v.decision.kind == GuardDecision::Kind::kStop ? "stop" : "rollback"},
+            {"reason", v.decision.reason}},
+           fmt::format(
+               "iteration {}: {}; would {} (observe mode: nothing changed)", s.iteration,
+               v.decision.reason,
+               v.decision.kind == GuardDecision::Kind::kStop
+                   ? "stop"
+                   : fmt::format("roll back before iteration {} and skip iterations "
+                                 "{}..{}",
+                                 v.decision.onset, v.decision.skip_first, v.decision.skip_last)));
+    }
+    v = StepVerdict{};
+  }
+  return v;
+}
+
+void Guard::OnRolledBack(const GuardDecision& d, int64_t iteration, const json& saved_state) {
+  InstabilityDetector restored(cfg_.detector);
+  if (saved_state.is_object() && saved_state.contains("detector") &&
+      restored.FromJson(saved_state["detector"], "guard.detector").ok())
+    detector_ = restored;
+  else
+    detector_ = InstabilityDetector(cfg_.detector);
+  ++rollbacks_;
+  level_ = d.level;
+  last_rollback_onset_ = d.onset;
+  watch_until_ = d.skip_last + 10;
+  watch_baseline_ = event_.baseline;
+  event_ = Event{};
+  (void)iteration;
+}
+
+void Guard::OnRollbackImpossible(const GuardDecision& d, const std::string& why) {
+  Emit({{"event", "stop"}, {"onset", d.onset}, {"reason", why}},
+       fmt::format("cannot roll back: {}; stopping", why));
+}
+
+json Guard::PolicyJson() const {
+  return {{"rollbacks", rollbacks_},
+          {"level", level_},
+          {"last_rollback_onset", last_rollback_onset_},
+          {"decisions", decisions_},
+          {"watch_until", watch_until_},
+          {"watch_baseline", Num(watch_baseline_)}};
+}
+
+Status Guard::PolicyFromJson(const json& j, const std::string& where) {
+  try {
+    rollbacks_ = j.at("rollbacks");
+    level_ = j.at("level");
+    last_rollback_onset_ = j.at("last_rollback_onset");
+    decisions_ = j.at("decisions");
+    watch_until_ = j.value("watch_until", int64_t{-1});
+    watch_baseline_ = NumFrom(j.value("watch_baseline", json()));
+  } catch (const json::exception& e) {
+    return Status::Corruption(where + ": malformed guard policy state: " + e.what());
+  }
+  return Status::OK();
+}
+
+json Guard::ToJson() const {
+  json ev = nullptr;
+  if (event_.open)
+    ev = {{"kind", event_.kind},
+          {"signal", event_.signal},
+          {"onset", event_.onset},
+          {"first", event_.first},
+          {"baseline", Num(event_.baseline)},
+          {"peak", Num(event_.peak)},
+          {"consecutive", event_.consecutive},
+          {"skipped", event_.skipped},
+          {"resume", event_.resume},
+          {"decided", event_.decided}};
+  return {{"mode", GuardModeName(cfg_.mode)}, {"healthy", healthy()},
+          {"detector", detector_.ToJson()},   {"event", ev},
+          {"policy", PolicyJson()},           {"restart_iteration", restart_iter_}};
+}
+
+Status Guard::FromJson(const json& j, const std::string& where) {
+  if (!j.is_object()) return Status::Corruption(where + ": guard state is not an object");
+  KEEL_RETURN_IF_ERROR(detector_.FromJson(j.value("detector", json()), where + ".detector"));
+  KEEL_RETURN_IF_ERROR(PolicyFromJson(j.value("policy", json()), where + ".policy"));
+  event_ = Event{};
+  const json& ev = j.value("event", json());
+  try {
+    if (ev.is_object()) {
+      event_.open = true;
+      event_.kind = ev.at("kind");
+      event_.signal = ev.at("signal");
+      event_.onset = ev.at("onset");
+      event_.first = ev.at("first");
+      event_.baseline = NumFrom(ev.at("baseline"));
+      event_.peak = NumFrom(ev.at("peak"));
+      event_.consecutive = ev.at("consecutive");
+      event_.skipped = ev.at("skipped");
+      event_.resume = ev.at("resume");
+      event_.decided = ev.at("decided");
+    }
+    restart_iter_ = j.value("restart_iteration", int64_t{-1});
+  } catch (const json::exception& e) {
+    return Status::Corruption(where + ".event: " + e.what());
+  }
+  return Status::OK();
+}
+
+}  // namespace keel

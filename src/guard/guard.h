@@ -1,0 +1,123 @@
+// Guard: decides what to do about each iteration's signals, within limits the user sets.
+//
+// An anomalous iteration (InstabilityDetector) opens an event. The escalation ladder, in act mode:
+//   1. skip the update of an anomalous iteration (loss spike, gradient spike, NaN/Inf), at most
+//      `max_skips` in a row;
+//   2. still anomalous after that, not back at the pre-onset level `recover_iters` after the
+//      onset, or a divergence: roll back to the newest healthy checkpoint at least `margin`
+//      iterations before the onset and skip the data window [onset - skip_before, onset +
+//      skip_after];
+//   3. a rollback within `escalation_window` iterations of the previous one also multiplies the
+//      LR by `lr_cut`; the one after that also re-seeds the data order;
+//   4. after `max_rollbacks` rollbacks the run stops with a report.
+// Observe mode runs the same logic and journals what it would do, changing nothing. The Guard
+// only decides: the training loop (train/guard_controller) executes rollbacks and skips.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/status.h"
+#include "guard/instability_detector.h"
+
+namespace keel {
+
+enum class GuardMode { kOff, kObserve, kAct };
+const char* GuardModeName(GuardMode m);
+
+struct GuardConfig {
+  GuardMode mode = GuardMode::kAct;
+  DetectorConfig detector;
+  int max_skips = 3;
+  int recover_iters = 50;
+  int fast_recover_iters = 30;  // recovered within this: "recovered spike", else "slow-recovering"
+  int margin = 1;
+  int skip_before = 5;
+  int skip_after = 50;
+  double lr_cut = 0.5;
+  int max_rollbacks = 4;
+  int escalation_window = 500;
+  int resume_window = 20;  // events this soon after a restart are "resume spikes"
+};
+
+struct GuardDecision {
+  enum class Kind { kContinue, kRollback, kStop };
+  Kind kind = Kind::kContinue;
+  int64_t onset = 0;          // first anomalous iteration of the event
+  int64_t latest_target = 0;  // roll back to a checkpoint at or before this iteration
+  int64_t skip_first = 0;     // iterations to skip after the rollback, inclusive
+  int64_t skip_last = -1;
+  double lr_factor = 1.0;  // multiply the LR scale by this
+  bool reseed = false;     // re-seed the data order
+  int level = 0;           // rung of the ladder (0: rollback + skip)
+  std::string reason;      // one sentence
+};
+
+struct StepVerdict {
+  bool apply_update = true;
+  GuardDecision decision;
+};
+
+class Guard {
+ public:
+  // `journal` receives every detection and decision: a JSON event and a plain sentence.
+  using Journal = std::function<void(const nlohmann::json& event, const std::string& sentence)>;
+  Guard(const GuardConfig& cfg, Journal journal);
+
+  // Judges iteration s.iteration before its update is applied.
+  StepVerdict OnStep(const GuardSignals& s);
+  // The controller rolled back to `iteration`; `saved_state` is that checkpoint's guard state
+  // (null when it has none): its detector windows describe the run before the onset.
+  void OnRolledBack(const GuardDecision& d, int64_t iteration, const nlohmann::json& saved_state);
+  // A rollback was needed but not possible (no healthy checkpoint, no --save): the event stays
+  // open and the run stops.
+  void OnRollbackImpossible(const GuardDecision& d, const std::string& why);
+  // The process (re)started at `iteration` from a checkpoint.
+  void OnRestart(int64_t iteration);
+
+  // No event open: a checkpoint saved now is a rollback target.
+  bool healthy() const { return !event_.open; }
+  GuardMode mode() const { return cfg_.mode; }
+  const GuardConfig& config() const { return cfg_; }
+  int rollbacks() const { return rollbacks_; }
+  int64_t decisions() const { return decisions_; }
+
+  // Everything (detector windows, open event, ladder and budget): the checkpoint's guard slot.
+  nlohmann::json ToJson() const;
+  Status FromJson(const nlohmann::json& j, const std::string& where);
+  // The ladder and budget alone: they survive rollbacks (guard.json in the run directory).
+  nlohmann::json PolicyJson() const;
+  Status PolicyFromJson(const nlohmann::json& j, const std::string& where);
+
+ private:
+  struct Event {
+    bool open = false;
+    std::string kind;  // AnomalyKindName of the first anomaly
+    std::string signal;
+    int64_t onset = 0, first = 0;  // onset (divergence: where the level was lowest); detection
+    double baseline = NAN, peak = NAN;
+    int consecutive = 0;   // anomalous iterations in a row
+    int skipped = 0;       // updates skipped in this event
+    bool resume = false;   // within resume_window of a restart
+    bool decided = false;  // a rollback/stop decision was issued (observe: would have been)
+  };
+  GuardDecision Escalate(const GuardSignals& s, const std::string& why);
+  void Close(const GuardSignals& s, const std::string& classification);
+  void Emit(nlohmann::json event, const std::string& sentence);
+
+  GuardConfig cfg_;
+  Journal journal_;
+  InstabilityDetector detector_;
+  Event event_;
+  int rollbacks_ = 0;
+  int level_ = 0;
+  int64_t last_rollback_onset_ = -1;
+  int64_t decisions_ = 0;
+  int64_t restart_iter_ = -1;
+  int64_t watch_until_ = -1;  // after a rollback: report recovery once past this iteration
+  double watch_baseline_ = NAN;
+};
+
+}  // namespace keel

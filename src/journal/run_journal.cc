@@ -1,0 +1,42 @@
+#include "journal/run_journal.h"
+
+#include <ctime>
+
+namespace keel {
+
+std::string UtcTimestamp() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+RunJournal::RunJournal(Env* env, std::string dir, Logger log)
+    : env_(env), dir_(std::move(dir)), log_(std::move(log)) {}
+
+void RunJournal::Write(const std::string& file, const std::string& text) {
+  if (dir_.empty()) return;
+  std::unique_ptr<WritableFile> f;
+  Status st = env_->NewAppendableFile(JoinPath(dir_, file), &f);
+  if (st.ok()) st = f->Append(text);
+  if (st.ok()) st = f->Close();
+  if (!st.ok() && !warned_) {
+    warned_ = true;
+    if (log_) log_("WARNING: cannot append to the run journal: " + st.message());
+  }
+}
+
+void RunJournal::Append(nlohmann::json event, const std::string& sentence) {
+  event["at"] = UtcTimestamp();
+  if (log_) log_("guard: " + sentence);
+  Write(kEventsFile, event.dump() + "\n");
+  Write(kChronicleFile, "- " + sentence + "\n");
+}
+
+void RunJournal::Heading(const std::string& text) {
+  Write(kChronicleFile, "\n## " + text + "\n\n");
+}
+
+}  // namespace keel

@@ -1,0 +1,46 @@
+// RunJournal: the run's chronicle in its run directory (--save).
+//   events.jsonl  one JSON object per line: every guard detection and decision, rollback, skipped
+//                 range, LR change, restart; each with iteration, consumed samples and wall time
+//   CHRONICLE.md  the same story in plain sentences, appended as it happens
+// Each append is one write(2) of whole lines, flushed, so a crash loses at most the line being
+// written and a reader (tail -f) never sees half an entry. Without a directory the sentences only
+// go to the log.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/env.h"
+#include "core/status.h"
+
+namespace keel {
+
+constexpr const char* kEventsFile = "events.jsonl";
+constexpr const char* kChronicleFile = "CHRONICLE.md";
+
+class RunJournal {
+ public:
+  using Logger = std::function<void(const std::string&)>;
+  // `dir` empty: no files. `log` receives every sentence (prefixed "guard: ").
+  RunJournal(Env* env, std::string dir, Logger log);
+
+  // Appends `event` (with "at", the UTC wall time, added) and `sentence`. A failed append is
+  // logged once as a warning and never stops training.
+  void Append(nlohmann::json event, const std::string& sentence);
+  // A heading line in CHRONICLE.md (e.g. at the start of each process).
+  void Heading(const std::string& text);
+
+ private:
+  void Write(const std::string& file, const std::string& text);
+  Env* env_;
+  std::string dir_;
+  Logger log_;
+  bool warned_ = false;
+};
+
+// Current UTC time as 2026-11-22T10:00:00Z.
+std::string UtcTimestamp();
+
+}  // namespace keel

@@ -1,0 +1,251 @@
+#include "train/guard_controller.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "checkpoint/manifest.h"
+
+namespace keel {
+
+using json = nlohmann::json;
+
+GuardConfig GuardConfigFrom(const TrainConfig& c) {
+  GuardConfig g;
+  g.mode = c.guard == GuardLevel::kOff       ? GuardMode::kOff
+           : c.guard == GuardLevel::kObserve ? GuardMode::kObserve
+                                             : GuardMode::kAct;
+  g.detector.window = c.guard_window;
+  g.detector.min_history = c.guard_min_history;
+  g.detector.z_threshold = c.guard_z_threshold;
+  g.detector.grad_z_threshold = c.guard_grad_z_threshold;
+  g.detector.divergence_window = c.guard_divergence_window;
+  g.detector.divergence_rel = c.guard_divergence_rel;
+  g.max_skips = c.guard_max_skips;
+  g.recover_iters = c.guard_recover_iters;
+  g.margin = c.guard_rollback_margin;
+  g.skip_before = c.guard_skip_before;
+  g.skip_after = c.guard_skip_after;
+  g.lr_cut = c.guard_lr_cut;
+  g.max_rollbacks = c.guard_max_rollbacks;
+  g.escalation_window = c.guard_escalation_window;
+  return g;
+}
+
+GuardController::GuardController(const TrainConfig& cfg, Env* env, CheckpointStore* store,
+                                 Trainer* trainer, CheckpointController* ckpt, RunJournal* journal,
+                                 std::function<void(const std::string&)> log)
+    : cfg_(cfg),
+      env_(env),
+      store_(store),
+      trainer_(trainer),
+      ckpt_(ckpt),
+      journal_(journal),
+      log_(std::move(log)),
+      guard_(GuardConfigFrom(cfg), [this](const json& e, const std::string& sentence) {
+        json ev = e;
+        ev["consumed_samples"] =
+            ev.value("consumed_samples", trainer_->counters().consumed_samples);
+        if (journal_) journal_->Append(ev, sentence);
+      }) {
+  if (!log_) log_ = [](const std::string&) {};
+}
+
+Status GuardController::Start(const SavedTrainState* saved) {
+  if (guard_.mode() == GuardMode::kOff) {
+    log_(
+        "guard: off (--guard off): spikes and divergence are not watched; non-finite updates "
+        "are still never applied");
+    return Status::OK();
+  }
+  if (saved != nullptr) {
+    if (saved->guard.is_object()) {
+      KEEL_RETURN_IF_ERROR(guard_.FromJson(saved->guard, saved->dir + "/state.json: guard"));
+    } else {
+      log_(
+          "guard: the checkpoint has no guard state (saved with --guard off): its windows "
+          "start empty");
+    }
+    guard_.OnRestart(saved->counters.iteration);
+  }
+  // guard.json: decisions taken after this checkpoint was saved (a rollback, then a crash).
+  const std::string gp = store_ ? JoinPath(store_->root(), kGuardPolicyFile) : "";
+  if (!gp.empty() && env_->FileExists(gp)) {
+    std::string text;
+    KEEL_RETURN_IF_ERROR(env_->ReadFileToString(gp, &text));
+    const json j = json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("policy"))
+      return Status::Corruption(gp +
+                                " is not a keel guard state: restore it from backup or "
+                                "delete it to forget the guard's past rollbacks");
+    const int64_t decisions = j["policy"].value("decisions", int64_t{0});
+    if (decisions > guard_.decisions()) {
+      KEEL_RETURN_IF_ERROR(guard_.PolicyFromJson(j["policy"], gp));
+      try {
+        std::vector<IterationRange> ranges;
+        for (const json& r : j.at("skipped_iteration_ranges"))
+          ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
+        trainer_->set_skip_ranges(ranges);
+        trainer_->set_lr_scale(j.at("lr_scale").get<double>());
+        trainer_->set_data_salt(j.at("data_order_salt").get<uint64_t>());
+      } catch (const json::exception& e) {
+        return Status::Corruption(gp + ": " + e.what());
+      }
+      log_(fmt::format(
+          "guard: {} records decisions taken after this checkpoint was saved: {} rollback(s), "
+          "{} skipped window(s), LR scale {}, data order salt {}; applied",
+          gp, guard_.rollbacks(), trainer_->skip_ranges().size(), trainer_->lr_scale(),
+          trainer_->data_salt()));
+    }
+  }
+  if (guard_.mode() == GuardMode::kAct && store_ == nullptr)
+    log_(
+        "WARNING: guard: no --save directory, so the guard can skip anomalous updates but "
+        "cannot roll back; a rollback decision will stop the run");
+  log_(fmt::format(
+      "guard: {} (spike: loss z > {}, grad-norm z > {} over {} iterations; divergence: median "
+      "of {} iterations {}% above its lowest; ladder: skip <= {} updates, roll back + skip "
+      "{}..+{} iterations, + LR x{}, + reseed; at most {} rollbacks)",
+      GuardModeName(guard_.mode()), cfg_.guard_z_threshold, cfg_.guard_grad_z_threshold,
+      cfg_.guard_window, cfg_.guard_divergence_window, 100 * cfg_.guard_divergence_rel,
+      cfg_.guard_max_skips, cfg_.guard_skip_before, cfg_.guard_skip_after, cfg_.guard_lr_cut,
+      cfg_.guard_max_rollbacks));
+  trainer_->set_update_gate([this](const GuardSignals& s) {
+    StepVerdict v = guard_.OnStep(s);
+    if (v.decision.kind != GuardDecision::Kind::kContinue) pending_ = v.decision;
+    return v.apply_update;
+  });
+  return Status::OK();
+}
+
+json GuardController::StateForCheckpoint() const {
+  if (guard_.mode() == GuardMode::kOff) return nullptr;
+  return guard_.ToJson();
+}
+
+Status GuardController::WritePolicyFile() {
+  if (store_ == nullptr) return Status::OK();
+  json j = {{"format", "keel-guard-policy"},
+            {"iteration", trainer_->counters().iteration},
+            {"policy", guard_.PolicyJson()},
+            {"lr_scale", trainer_->lr_scale()},
+            {"data_order_salt", trainer_->data_salt()},
+            {"skipped_iteration_ranges", json::array()}};
+  for (const IterationRange& r : trainer_->skip_ranges())
+    j["skipped_iteration_ranges"].push_back({r.first, r.last});
+  return WriteFileAtomic(env_, JoinPath(store_->root(), kGuardPolicyFile), j.dump(2) + "\n");
+}
+
+Status GuardController::Rollback(const GuardDecision& d) {
+  if (store_ == nullptr)
+    return Status::NotFound(
+        "there is no --save directory, so no checkpoint to roll "
+        "back to; give --save to let the guard roll back");
+  std::vector<CheckpointInfo> all;
+  KEEL_RETURN_IF_ERROR(store_->List(&all));
+  std::unique_ptr<SavedTrainState> target;
+  std::vector<std::string> passed;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->iteration > d.latest_target) continue;
+    Status st = VerifyCheckpointDir(env_, it->path, /*check_contents=*/true, nullptr);
+    auto saved = std::make_unique<SavedTrainState>();
+    if (st.ok()) st = ReadSavedTrainState(env_, it->path, saved.get());
+    if (!st.ok()) {
+      passed.push_back(it->name + " (" + st.message() + ")");
+      continue;
+    }
+    if (saved->guard.is_object() && !saved->guard.value("healthy", true)) {
+      passed.push_back(it->name + " (saved during an open event: not healthy)");
+      continue;
+    }
+    target = std::move(saved);
+    break;
+  }
+  if (!target) {
+    std::string why = fmt::format(
+        "no healthy checkpoint at or before iteration {} (onset {} minus --guard-rollback-margin "
+        "{}) in {}",
+        d.latest_target, d.onset, cfg_.guard_rollback_margin, store_->root());
+    for (const std::string& p : passed) why += "; passed over " + p;
+    why += "; save more often (--save-interval) so the guard has a checkpoint to return to";
+    return Status::NotFound(why);
+  }
+  const int64_t to = target->counters.iteration;
+  // What survives the rollback: the windows already skipped, the LR scale and the data salt.
+  std::vector<IterationRange> ranges = trainer_->skip_ranges();
+  const double lr_scale = trainer_->lr_scale() * d.lr_factor;
+  const uint64_t salt = trainer_->data_salt() + (d.reseed ? 1 : 0);
+  const int64_t from = trainer_->counters().iteration;
+
+  KEEL_RETURN_IF_ERROR(store_->Pin(
+      to,
+      fmt::format("guard: newest healthy checkpoint before the event at iteration {}", d.onset)));
+  std::vector<std::string> kept;
+  for (const CheckpointInfo& c : all)
+    if (c.iteration > to) kept.push_back(c.name + ".rolled-back");
+  KEEL_RETURN_IF_ERROR(store_->RollbackTo(to));
+  KEEL_RETURN_IF_ERROR(RestoreTrainCheckpoint(env_, *target, *trainer_));
+  ranges.push_back({d.skip_first, d.skip_last});
+  trainer_->set_skip_ranges(ranges);
+  trainer_->set_lr_scale(lr_scale);
+  trainer_->set_data_salt(salt);
+  guard_.OnRolledBack(d, to, target->guard);
+  if (ckpt_ != nullptr) ckpt_->set_last_saved_iteration(to);
+
+  const int64_t s0 = trainer_->SamplesBefore(std::max(d.skip_first, to + 1));
+  const int64_t s1 = trainer_->SamplesBefore(d.skip_last + 1);
+  std::string changes = d.lr_factor != 1.0
+                            ? fmt::format("LR scale x{} -> {}", d.lr_factor, lr_scale)
+                            : "LR unchanged";
+  if (d.reseed) changes += fmt::format("; data order re-seeded (salt {})", salt);
+  json ev = {{"event", "rollback"},
+             {"iteration", from},
+             {"onset", d.onset},
+             {"to_iteration", to},
+             {"checkpoint", target->dir},
+             {"skip_iterations", {d.skip_first, d.skip_last}},
+             {"skip_samples", {s0, s1}},
+             {"lr_factor", d.lr_factor},
+             {"lr_scale", lr_scale},
+             {"reseed", d.reseed},
+             {"data_order_salt", salt},
+             {"level", d.level},
+             {"rollbacks", guard_.rollbacks()},
+             {"reason", d.reason},
+             {"consumed_samples", trainer_->counters().consumed_samples},
+             {"kept", kept}};
+  const std::string sentence = fmt::format(
+      "iteration {}: {}; rolled back to iteration {} (checkpoint pinned{}), skipping iterations "
+      "{}..{} (samples {}..{}); {} (rollback {} of at most {})",
+      from, d.reason, to,
+      kept.empty() ? std::string()
+                   : "; newer ones kept as " + fmt::format("{}", fmt::join(kept, ", ")),
+      d.skip_first, d.skip_last, s0, s1 - 1, changes, guard_.rollbacks(), cfg_.guard_max_rollbacks);
+  if (journal_) journal_->Append(ev, sentence);
+  if (ckpt_ != nullptr) ckpt_->AddHistory(ev);
+  return WritePolicyFile();
+}
+
+bool GuardController::AfterIteration() {
+  if (pending_.kind == GuardDecision::Kind::kContinue) return true;
+  const GuardDecision d = pending_;
+  pending_ = GuardDecision{};
+  if (d.kind == GuardDecision::Kind::kStop) {
+    guard_.OnRollbackImpossible(d, d.reason);
+    stopped_ = true;
+    stop_message_ = "the guard stopped the run: " + d.reason;
+    return false;
+  }
+  Status st = Rollback(d);
+  if (!st.ok()) {
+    guard_.OnRollbackImpossible(d, st.message());
+    stopped_ = true;
+    stop_message_ =
+        "the guard needed to roll back (" + d.reason + ") but could not: " + st.message();
+    return false;
+  }
+  return true;
+}
+
+}  // namespace keel

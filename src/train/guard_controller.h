@@ -1,0 +1,70 @@
+// GuardController: connects the Guard (which decides) to the training loop (which acts). It
+// feeds each iteration's signals to the Guard through the trainer's update gate, and after the
+// iteration executes what the Guard decided: a rollback to the newest healthy checkpoint before
+// the onset (pinned), a skipped data window, an LR cut, a re-seeded data order, or a stop. Every
+// decision goes to the run journal (events.jsonl, CHRONICLE.md).
+//
+// The ladder and budget outlive rollbacks: a rollback rewinds the model and counters but not the
+// guard's memory of it. They are written to SAVE/guard.json at each rollback (atomically) and
+// into every later checkpoint; on start, guard.json wins when it records more decisions than the
+// checkpoint (a crash after a rollback and before the next save).
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "checkpoint/checkpoint_store.h"
+#include "config/config.h"
+#include "core/env.h"
+#include "guard/guard.h"
+#include "journal/run_journal.h"
+#include "train/checkpoint_controller.h"
+#include "train/train_checkpoint.h"
+#include "train/trainer.h"
+
+namespace keel {
+
+constexpr const char* kGuardPolicyFile = "guard.json";
+
+// The guard settings of a run config.
+GuardConfig GuardConfigFrom(const TrainConfig& cfg);
+
+class GuardController {
+ public:
+  // `store` and `ckpt` may be null (no --save): then rollbacks are impossible and a rollback
+  // decision stops the run.
+  GuardController(const TrainConfig& cfg, Env* env, CheckpointStore* store, Trainer* trainer,
+                  CheckpointController* ckpt, RunJournal* journal,
+                  std::function<void(const std::string&)> log);
+
+  // The guard's state at start: from the resumed checkpoint (may be null) and SAVE/guard.json.
+  // Installs the update gate in the trainer (unless the guard is off).
+  Status Start(const SavedTrainState* saved);
+  // Called after every iteration; false stops the run (see stop_message()).
+  bool AfterIteration();
+  // The guard slot of a checkpoint saved now.
+  nlohmann::json StateForCheckpoint() const;
+
+  bool stopped() const { return stopped_; }
+  const std::string& stop_message() const { return stop_message_; }
+  Guard& guard() { return guard_; }
+
+ private:
+  Status Rollback(const GuardDecision& d);
+  Status WritePolicyFile();
+
+  TrainConfig cfg_;
+  Env* env_;
+  CheckpointStore* store_;
+  Trainer* trainer_;
+  CheckpointController* ckpt_;
+  RunJournal* journal_;
+  std::function<void(const std::string&)> log_;
+  Guard guard_;
+  GuardDecision pending_;
+  bool stopped_ = false;
+  std::string stop_message_;
+};
+
+}  // namespace keel
