@@ -104,10 +104,6 @@ class Backend {
   // ---- reductions and the optimizer -------------------------------------------------------
   // sum of x^2 in double, in a fixed order independent of the thread count.
   virtual double SumSquares(const float* x, size_t n) = 0;
-  // sum of (a - b)^2 in double, in a fixed order (the size of an update: a = new, b = old).
-  virtual double SumSquaresDiff(const float* a, const float* b, size_t n) = 0;
-  // max_i x[i] (NaN if any element is NaN; -inf for n = 0). Order-free, so deterministic.
-  virtual float MaxValue(const float* x, size_t n) = 0;
   // Number of elements exactly equal to 0 (Megatron's "num zeros" for gradients).
   virtual size_t CountZeros(const float* x, size_t n) = 0;
   // Number of elements that are NaN or +-Inf.
@@ -115,9 +111,16 @@ class Backend {
   // AdamW (Loshchilov & Hutter) with bias correction; step is 1-based:
   //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
   //   p -= lr * ( (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps) + wd * p )
+  // With `stats`, the same pass also ADDS sum (p_new - p_old)^2 and sum p_new^2 (in double, fixed
+  // order) and raises max_v to max(v): the guard's update ratio and second-moment signals at no
+  // extra memory traffic.
+  struct AdamWStats {
+    double update_sq = 0, param_sq = 0;
+    float max_v = 0;
+  };
   virtual void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                           float beta1, float beta2, float eps, float weight_decay,
-                           int64_t step) = 0;
+                           float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                           AdamWStats* stats = nullptr) = 0;
 };
 
 // The CPU backend: fp32, OpenMP and OpenBLAS. `threads` <= 0 means all available cores.

@@ -76,12 +76,17 @@ int BenchCommand(int argc, const char* const* argv) {
   int repeats = 5;
   app.add_option("--repeats", repeats, "--checkpoint: save, dd, load rounds (median reported)")
       ->check(CLI::Range(1, 100));
+  bool guard = false;
+  app.add_flag("--guard", guard,
+               "instead: step time of the default model with and without the guard (paired "
+               "ratios; uses --iters, --warmup)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   if (checkpoint) return BenchCheckpoint(ckpt_dir, repeats, threads);
+  if (guard) return BenchGuard(iters, warmup, threads);
   const std::vector<BenchModel> models = {
       {"tiny", 2, 128, 4, 128, 8, 4096},
       {"small", 6, 512, 8, 256, 8, 8192},

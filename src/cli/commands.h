@@ -12,6 +12,8 @@ int DataCommand(int argc, const char* const* argv);
 int BenchCommand(int argc, const char* const* argv);
 // `keel bench --checkpoint` (bench_checkpoint.cc): repeats, threads.
 int BenchCheckpoint(const std::string& dir, int repeats, int threads);
+// `keel bench --guard` (bench_guard.cc): the guard's cost per step, median of paired ratios.
+int BenchGuard(int iters, int warmup, int threads);
 // `keel ckpt list|inspect|verify|diff|edit|pin|unpin|export` (ckpt_cmd.cc).
 int CkptCommand(int argc, const char* const* argv);
 // `keel ckpt export PATH --hf OUT` (ckpt_export_cmd.cc); argv[0] is "export".

@@ -15,13 +15,15 @@ AdamW::~AdamW() {
   backend_->Free(v_);
 }
 
-void AdamW::Step(float* param, const float* grad, const std::vector<ParamInfo>& params, double lr) {
+void AdamW::Step(float* param, const float* grad, const std::vector<ParamInfo>& params, double lr,
+                 Backend::AdamWStats* stats) {
   ++step_;
   for (const ParamInfo& p : params) {
     const float wd = p.weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
     backend_->AdamWUpdate(param + p.offset, grad + p.offset, m_ + p.offset, v_ + p.offset, p.numel,
                           static_cast<float>(lr), static_cast<float>(cfg_.beta1),
-                          static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), wd, step_);
+                          static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), wd, step_,
+                          stats);
   }
 }
 

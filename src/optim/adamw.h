@@ -25,7 +25,9 @@ class AdamW {
   AdamW& operator=(const AdamW&) = delete;
 
   // One update of every tensor in `params` (slices of `param`/`grad`) at learning rate lr.
-  void Step(float* param, const float* grad, const std::vector<ParamInfo>& params, double lr);
+  // With `stats`, also measures the update (see Backend::AdamWUpdate).
+  void Step(float* param, const float* grad, const std::vector<ParamInfo>& params, double lr,
+            Backend::AdamWStats* stats = nullptr);
 
   int64_t step() const { return step_; }  // number of updates applied so far
   void set_step(int64_t s) { step_ = s; }

@@ -54,9 +54,7 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, E
   for (auto [a, b] : ranges) config_skip_ranges_.push_back({a, b});
 }
 
-Trainer::~Trainer() {
-  if (prev_params_) backend_->Free(prev_params_);
-}
+Trainer::~Trainer() = default;
 
 bool Trainer::IsSkipped(int64_t iteration) const {
   for (const auto* list : {&skip_ranges_, &config_skip_ranges_})
@@ -141,9 +139,7 @@ StepResult Trainer::TrainStep() {
     g.nonfinite = !finite;
     g.log_z = sums[1] / static_cast<double>(num_micro * dp);
     g.update_ratio = last_update_ratio_;
-    g.max_exp_avg_sq = optimizer_->step() > 0
-                           ? backend_->MaxValue(optimizer_->exp_avg_sq(), model_->num_params())
-                           : NAN;
+    g.max_exp_avg_sq = last_max_v_;
     apply = gate_(g) && finite;
   }
   if (!finite) {
@@ -156,17 +152,15 @@ StepResult Trainer::TrainStep() {
     ++counters_.skipped_iterations;
   } else {
     ClipGradients(backend_, model_->grad_data(), model_->num_params(), gs.norm, cfg_.clip_grad);
-    const size_t n = model_->num_params();
     if (gate_) {
-      // ||w_new - w_old|| / ||w_new||: the relative size of this update.
-      if (prev_params_ == nullptr) prev_params_ = backend_->AllocFloats(n);
-      backend_->Copy(prev_params_, model_->param_data(), n);
+      // The guard's signals, measured inside the update's own pass over memory.
+      Backend::AdamWStats st;
+      optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r.lr, &st);
+      last_update_ratio_ = std::sqrt(st.update_sq / std::max(st.param_sq, 1e-30));
+      last_max_v_ = st.max_v;
+    } else {
+      optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r.lr);
     }
-    optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r.lr);
-    if (gate_)
-      last_update_ratio_ =
-          std::sqrt(backend_->SumSquaresDiff(model_->param_data(), prev_params_, n) /
-                    std::max(backend_->SumSquares(model_->param_data(), n), 1e-30));
   }
   counters_.iteration = iteration;
   counters_.consumed_samples += r.global_batch;

@@ -146,8 +146,8 @@ class Trainer {
   uint64_t data_salt_ = 0;
   UpdateGate gate_;
   std::function<void(int64_t, float*, size_t)> grad_fault_;
-  float* prev_params_ = nullptr;  // parameters before the last update (update ratio)
-  double last_update_ratio_ = NAN;
+  double last_update_ratio_ = NAN;  // ||w_new - w_old|| / ||w_new|| of the last update
+  double last_max_v_ = NAN;         // max of Adam's second moment after the last update
 };
 
 // The model shape a validated config describes.

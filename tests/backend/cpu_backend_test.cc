@@ -620,6 +620,41 @@ TEST_F(CpuBackendTest, AdamW) {
   }
 }
 
+// The guard's signals measured inside the update: same update bits as without them, and the
+// sums and max equal direct computations; 1 and 2 threads give the same sums.
+TEST_F(CpuBackendTest, AdamWStatsMeasureTheUpdateWithoutChangingIt) {
+  const size_t n = 70000;  // several reduction chunks
+  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  std::unique_ptr<Backend> one = MakeCpuBackend(1);
+  std::vector<double> update_sq, param_sq;
+  for (Backend* k : {be(), one.get()}) {
+    Floats p(k, RandomVec(n, -1, 1, 23)), g(k, RandomVec(n, -1, 1, 24)),
+        m(k, RandomVec(n, -0.1f, 0.1f, 25)), v(k, RandomVec(n, 0, 0.01f, 26));
+    Floats p2(k, p.vec()), m2(k, m.vec()), v2(k, v.vec());
+    const std::vector<float> old = p.vec();
+    Backend::AdamWStats st;
+    st.max_v = 0;
+    k->AdamWUpdate(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, 2, &st);
+    k->AdamWUpdate(p2.data(), g.data(), m2.data(), v2.data(), n, lr, b1, b2, eps, wd, 2);
+    EXPECT_EQ(p.vec(), p2.vec());
+    EXPECT_EQ(v.vec(), v2.vec());
+    double du = 0, dp = 0;
+    float vmax = 0;
+    for (size_t i = 0; i < n; i++) {
+      du += (double(p[i]) - old[i]) * (double(p[i]) - old[i]);
+      dp += double(p[i]) * p[i];
+      vmax = std::max(vmax, v[i]);
+    }
+    EXPECT_NEAR(st.update_sq, du, 1e-4 * du);  // float differences and sums within a chunk
+    EXPECT_NEAR(st.param_sq, dp, 1e-4 * dp);
+    EXPECT_EQ(st.max_v, vmax);
+    update_sq.push_back(st.update_sq);
+    param_sq.push_back(st.param_sq);
+  }
+  EXPECT_EQ(update_sq[0], update_sq[1]);
+  EXPECT_EQ(param_sq[0], param_sq[1]);
+}
+
 // ---- determinism ----------------------------------------------------------------------------
 
 // Each op run twice on the same inputs gives the same bits; thread-count-independent reductions

@@ -588,39 +588,6 @@ double CpuBackend::SumSquares(const float* x, size_t n) {
   return total;
 }
 
-double CpuBackend::SumSquaresDiff(const float* a, const float* b, size_t n) {
-  const size_t nchunks = (n + kReduceChunk - 1) / kReduceChunk;
-  std::vector<double> partial(nchunks);
-#pragma omp parallel for schedule(static) num_threads(ThreadsFor(n))
-  for (size_t ch = 0; ch < nchunks; ch++) {
-    const size_t i0 = ch * kReduceChunk, i1 = std::min(n, i0 + kReduceChunk);
-    double s = 0.0;
-#pragma omp simd reduction(+ : s)
-    for (size_t i = i0; i < i1; i++) {
-      const double d = double(a[i]) - double(b[i]);
-      s += d * d;
-    }
-    partial[ch] = s;
-  }
-  double total = 0.0;
-  for (double s : partial) total += s;
-  return total;
-}
-
-float CpuBackend::MaxValue(const float* x, size_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  bool nan = false;
-#pragma omp parallel for schedule(static) reduction(max                   \
-                                                    : m) reduction(||     \
-                                                                   : nan) \
-    num_threads(ThreadsFor(n))
-  for (size_t i = 0; i < n; i++) {
-    m = std::max(m, x[i]);
-    nan = nan || std::isnan(x[i]);
-  }
-  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
-}
-
 // Integer counts are exact, so an OpenMP reduction is deterministic.
 size_t CpuBackend::CountZeros(const float* x, size_t n) {
   size_t count = 0;
@@ -643,19 +610,58 @@ size_t CpuBackend::CountNonFinite(const float* x, size_t n) {
 // p -= lr (mhat / (sqrt(vhat) + eps) + wd p),  mhat = m / (1-b1^t), vhat = v / (1-b2^t)
 void CpuBackend::AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n,
                              float lr, float beta1, float beta2, float eps, float weight_decay,
-                             int64_t step) {
+                             int64_t step, AdamWStats* stats) {
   const float bc1 = static_cast<float>(1.0 - std::pow(double(beta1), double(step)));
   const float bc2 = static_cast<float>(1.0 - std::pow(double(beta2), double(step)));
+  if (stats == nullptr) {
 #pragma omp parallel for simd schedule(static) num_threads(ThreadsFor(n))
-  for (size_t i = 0; i < n; i++) {
-    const float g = grad[i];
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float mhat = mi / bc1, vhat = vi / bc2;
-    param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
+    for (size_t i = 0; i < n; i++) {
+      const float g = grad[i];
+      const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+      const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+      m[i] = mi;
+      v[i] = vi;
+      const float mhat = mi / bc1, vhat = vi / bc2;
+      param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
+    }
+    return;
   }
+  // The same update, with per-chunk sums combined in chunk order (deterministic for any thread
+  // count) and a max (order-free).
+  const size_t nchunks = (n + kReduceChunk - 1) / kReduceChunk;
+  std::vector<double> upd(nchunks), par(nchunks);
+  float vmax = stats->max_v;
+#pragma omp parallel for schedule(static) reduction(max : vmax) num_threads(ThreadsFor(n))
+  for (size_t ch = 0; ch < nchunks; ch++) {
+    const size_t i0 = ch * kReduceChunk, i1 = std::min(n, i0 + kReduceChunk);
+    // float sums within a chunk (vector-wide, cheap; a signal needs no more), double across.
+    float su = 0.0f, sp = 0.0f;
+    float cmax = vmax;
+#pragma omp simd reduction(+ : su, sp) reduction(max : cmax)
+    for (size_t i = i0; i < i1; i++) {
+      const float g = grad[i];
+      const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+      const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+      m[i] = mi;
+      v[i] = vi;
+      const float mhat = mi / bc1, vhat = vi / bc2;
+      const float old = param[i];
+      const float p = old - lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * old);
+      param[i] = p;
+      const float d = p - old;
+      su += d * d;
+      sp += p * p;
+      cmax = std::max(cmax, vi);
+    }
+    vmax = std::max(vmax, cmax);
+    upd[ch] = su;
+    par[ch] = sp;
+  }
+  for (size_t ch = 0; ch < nchunks; ch++) {
+    stats->update_sq += upd[ch];
+    stats->param_sq += par[ch];
+  }
+  stats->max_v = vmax;
 }
 
 std::unique_ptr<Backend> MakeCpuBackend(int threads) {

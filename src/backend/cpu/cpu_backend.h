@@ -62,12 +62,10 @@ class CpuBackend : public Backend {
   void Softmax(float* probs, const float* logits, int V, float temperature) override;
 
   double SumSquares(const float* x, size_t n) override;
-  double SumSquaresDiff(const float* a, const float* b, size_t n) override;
-  float MaxValue(const float* x, size_t n) override;
   size_t CountZeros(const float* x, size_t n) override;
   size_t CountNonFinite(const float* x, size_t n) override;
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                   float beta1, float beta2, float eps, float weight_decay, int64_t step) override;
+                   float beta1, float beta2, float eps, float weight_decay, int64_t step, AdamWStats* stats) override;
 
  private:
   // OpenBLAS's OpenMP build takes its thread count from omp_get_max_threads() of the calling
