@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "core/fault_injection_env.h"
 #include "core/log.h"
+#include "core/rng.h"
 #include "core/stop_signal.h"
 #include "data/default_corpus.h"
 #include "data/gpt_dataset.h"
@@ -65,6 +66,29 @@ int TrainCommand(int argc, const char* const* argv) {
     if (!st.ok()) return Fail(st);
     env = fault_env.get();
     Warn("fault injection active (KEEL_FAULT_INJECTION={}): for testing only", spec);
+  }
+  // Test hook: KEEL_TRAIN_FAULTS="poison=A-B,nan-grad=C-D" replaces the data of iterations A..B
+  // with uniformly random tokens and plants a NaN in the gradients of iterations C..D (the
+  // guard's end-to-end tests and demos).
+  std::vector<std::pair<int64_t, int64_t>> poison, nan_grad;
+  if (const char* spec = std::getenv("KEEL_TRAIN_FAULTS"); spec != nullptr && *spec) {
+    std::string text = spec;
+    size_t pos = 0;
+    while (pos <= text.size()) {
+      const size_t comma = std::min(text.find(',', pos), text.size());
+      const std::string item = text.substr(pos, comma - pos);
+      const size_t eq = item.find('=');
+      std::vector<std::pair<int64_t, int64_t>> r;
+      const std::string key = item.substr(0, eq);
+      if (eq == std::string::npos || (key != "poison" && key != "nan-grad") ||
+          !ParseIterationRanges({item.substr(eq + 1)}, &r).ok())
+        return Fail(Status::InvalidArgument(
+            "KEEL_TRAIN_FAULTS=" + text +
+            ": expected comma-separated poison=A-B and nan-grad=A-B (iteration ranges)"));
+      (key == "poison" ? poison : nan_grad).push_back(r[0]);
+      pos = comma + 1;
+    }
+    Warn("training faults injected (KEEL_TRAIN_FAULTS={}): for testing only", text);
   }
   auto comm = MakeSingleProcessCommunicator();
   // Validate again once the data-parallel size and the vocabulary are known: the defaults that
@@ -234,6 +258,15 @@ int TrainCommand(int argc, const char* const* argv) {
   Trainer* trainer_ptr = nullptr;
   std::map<uint64_t, std::unique_ptr<GptDataset>> reseeded;
   SampleFn train_fn = [&](int64_t index, int32_t* tokens) {
+    const int64_t iteration = trainer_ptr ? trainer_ptr->counters().iteration + 1 : 0;
+    for (auto [a, b] : poison) {
+      if (iteration >= a && iteration <= b) {
+        const RngKey key{cfg.seed + 77, RngPurpose::kTest, static_cast<uint64_t>(index)};
+        for (int t = 0; t <= cfg.seq_length; ++t)
+          tokens[t] = static_cast<int32_t>(U64At(key, t) % static_cast<uint64_t>(cfg.vocab_size));
+        return;
+      }
+    }
     const uint64_t salt = trainer_ptr ? trainer_ptr->data_salt() : 0;
     if (salt != 0) {
       std::unique_ptr<GptDataset>& ds = reseeded[salt];
@@ -263,6 +296,15 @@ int TrainCommand(int argc, const char* const* argv) {
 
   Trainer trainer(cfg, backend.get(), comm.get(), env, train_fn, valid_fn);
   trainer_ptr = &trainer;
+  if (!nan_grad.empty())
+    trainer.set_gradient_fault([&](int64_t it, float* g, size_t) {
+      for (auto [a, b] : nan_grad) {
+        if (it >= a && it <= b) {
+          const float nan = NAN;
+          backend->CopyToDevice(g, &nan, 1);
+        }
+      }
+    });
   const GptSpec& spec = trainer.model().spec();
   const int64_t formula = GptModel::FormulaParamCount(spec);
   Log("model: {} layers, hidden {}, ffn {}, heads {}, positions {}, vocab {} (padded {})",

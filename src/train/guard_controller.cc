@@ -186,14 +186,16 @@ Status GuardController::Rollback(const GuardDecision& d) {
     if (c.iteration > to) kept.push_back(c.name + ".rolled-back");
   KEEL_RETURN_IF_ERROR(store_->RollbackTo(to));
   KEEL_RETURN_IF_ERROR(RestoreTrainCheckpoint(env_, *target, *trainer_));
-  ranges.push_back({d.skip_first, d.skip_last});
+  // Iterations up to the target were trained before the onset; skip from there on.
+  const int64_t skip_first = std::max(d.skip_first, to + 1);
+  ranges.push_back({skip_first, d.skip_last});
   trainer_->set_skip_ranges(ranges);
   trainer_->set_lr_scale(lr_scale);
   trainer_->set_data_salt(salt);
   guard_.OnRolledBack(d, to, target->guard);
   if (ckpt_ != nullptr) ckpt_->set_last_saved_iteration(to);
 
-  const int64_t s0 = trainer_->SamplesBefore(std::max(d.skip_first, to + 1));
+  const int64_t s0 = trainer_->SamplesBefore(skip_first);
   const int64_t s1 = trainer_->SamplesBefore(d.skip_last + 1);
   std::string changes = d.lr_factor != 1.0
                             ? fmt::format("LR scale x{} -> {}", d.lr_factor, lr_scale)
@@ -204,7 +206,7 @@ Status GuardController::Rollback(const GuardDecision& d) {
              {"onset", d.onset},
              {"to_iteration", to},
              {"checkpoint", target->dir},
-             {"skip_iterations", {d.skip_first, d.skip_last}},
+             {"skip_iterations", {skip_first, d.skip_last}},
              {"skip_samples", {s0, s1}},
              {"lr_factor", d.lr_factor},
              {"lr_scale", lr_scale},
@@ -221,7 +223,7 @@ Status GuardController::Rollback(const GuardDecision& d) {
       from, d.reason, to,
       kept.empty() ? std::string()
                    : "; newer ones kept as " + fmt::format("{}", fmt::join(kept, ", ")),
-      d.skip_first, d.skip_last, s0, s1 - 1, changes, guard_.rollbacks(), cfg_.guard_max_rollbacks);
+      skip_first, d.skip_last, s0, s1 - 1, changes, guard_.rollbacks(), cfg_.guard_max_rollbacks);
   if (journal_) journal_->Append(ev, sentence);
   if (ckpt_ != nullptr) ckpt_->AddHistory(ev);
   return WritePolicyFile();

@@ -202,6 +202,7 @@ double Trainer::Evaluate(int64_t iters) {
 
 Status Trainer::Run(const RunHooks& hooks) {
   LogIntervalState& iv = interval_;
+  bool in_skip = false;  // the previous iteration of this loop was a skipped one
   while (counters_.iteration < total_iters_) {
     const StepResult r = TrainStep();
     ++iv.iters;
@@ -210,9 +211,14 @@ Status Trainer::Run(const RunHooks& hooks) {
     iv.flops += FlopsPerIteration(r.global_batch);
     if (r.data_skipped) {
       ++iv.skipped;
-      if (!IsSkipped(counters_.iteration - 1))
-        hooks.log(fmt::format("skipping the data of iteration {} on (a skipped window)",
-                              counters_.iteration));
+      if (!in_skip) {
+        int64_t last = counters_.iteration;
+        while (last < total_iters_ && IsSkipped(last + 1)) ++last;
+        hooks.log(fmt::format(
+            "skipping iterations {}..{}: their {} samples are read past without an update",
+            counters_.iteration, last,
+            SamplesBefore(last + 1) - counters_.consumed_samples + r.global_batch));
+      }
     } else if (r.skipped && std::isfinite(r.loss) && std::isfinite(r.grad_norm)) {
       ++iv.skipped;  // the guard skipped it and journals why
     } else if (r.skipped) {
@@ -249,6 +255,7 @@ Status Trainer::Run(const RunHooks& hooks) {
         (counters_.iteration % cfg_.eval_interval == 0 || last)) {
       hooks.log(FormatValidationLine(counters_.iteration, Evaluate(cfg_.eval_iters)));
     }
+    in_skip = r.data_skipped;
     if (hooks.after_iteration && !hooks.after_iteration()) break;
   }
   return Status::OK();

@@ -1,0 +1,41 @@
+// Runs the keel binary under test through the shell (so `VAR=value` prefixes work) and captures
+// stdout and stderr together.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace keel_test {
+
+struct KeelResult {
+  int code = -1;
+  std::string out;
+};
+
+inline KeelResult RunKeelShell(const std::string& env, const std::string& args) {
+  const std::string cmd = env + (env.empty() ? "" : " ") + KEEL_BINARY + " " + args + " 2>&1";
+  KeelResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+inline std::string FreshTempDir(const std::string& name) {
+  auto dir =
+      std::filesystem::temp_directory_path() / ("keel_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+}  // namespace keel_test
