@@ -73,11 +73,28 @@ class Backend {
   // q and k are each scaled by hs^-1/4 before the product (numerically stable form), so
   //   s[i,j] = (q_i hs^-1/4) . (k_j hs^-1/4) - slope_h * (i - j)   for j <= i (ALiBi if slopes)
   //   p = softmax_j(s) in fp32;  out_i = sum_j p[i,j] v_j            out (B,T,C)
-  // att (B,NH,T,T) keeps p for the backward. alibi_slopes (NH) may be null.
+  // att (B,NH,T,T) keeps p for the backward. alibi_slopes (NH) may be null. max_logit (B*NH),
+  // nullable, receives max_{i, j<=i} s[i,j] per (b,h): the attention-logit growth the guard
+  // watches (Wortsman et al. 2023), at no extra pass.
   virtual void AttentionForward(float* out, float* att, const float* qkv, const float* alibi_slopes,
-                                int B, int T, int C, int NH) = 0;
+                                int B, int T, int C, int NH, float* max_logit = nullptr) = 0;
   virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
                                  int B, int T, int C, int NH) = 0;
+
+  // ---- QK-LayerNorm (Dehghani et al. 2023, Wortsman et al. 2023) ----------------------------
+  // On qkv (N,3C) = [q | k | v], each head's query and key (hs = C/NH values) are normalised
+  // separately with weights shared across heads:
+  //   q'_h = (q_h - mean) * rstd * wq + bq;  k'_h = (k_h - mean) * rstd * wk + bk;  v' = v
+  // out (N,3C); mean, rstd (2,N,NH): the q statistics, then the k statistics.
+  virtual void QkLayerNormForward(float* out, float* mean, float* rstd, const float* qkv,
+                                  const float* q_weight, const float* q_bias, const float* k_weight,
+                                  const float* k_bias, int N, int C, int NH, float eps) = 0;
+  // dqkv += LayerNorm backward of dout's q and k parts (per head), and dout's v part as is;
+  // dq_weight, dq_bias, dk_weight, dk_bias (hs each) += their sums over rows and heads.
+  virtual void QkLayerNormBackward(float* dqkv, float* dq_weight, float* dq_bias, float* dk_weight,
+                                   float* dk_bias, const float* dout, const float* qkv,
+                                   const float* q_weight, const float* k_weight, const float* mean,
+                                   const float* rstd, int N, int C, int NH) = 0;
 
   // ---- pointwise ----------------------------------------------------------------------------
   // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
@@ -95,9 +112,11 @@ class Backend {
   // probability). losses[i] = -log p[i, targets[i]]. Then, in place, logits becomes the gradient
   // dlogits[i,:] = (p[i,:] - onehot(targets[i])) * dloss, padding columns set to 0.
   // Also writes, per row, the log-partition log Z = logsumexp(logits[i,:V]) into logz (nullable).
+  // z_loss > 0 adds PaLM's auxiliary z_loss * (log Z)^2 to each row's objective (not to
+  // losses[i]); its gradient 2 z_loss log Z p[i,:] * dloss joins dlogits.
   virtual void CrossEntropyForwardBackward(float* losses, float* logz, float* logits,
                                            const int32_t* targets, int N, int V, int Vp,
-                                           float dloss) = 0;
+                                           float dloss, float z_loss = 0.0f) = 0;
   // Softmax of one row's first V logits (for sampling), returned into probs (V), host or device.
   virtual void Softmax(float* probs, const float* logits, int V, float temperature) = 0;
 

@@ -412,6 +412,11 @@ const std::vector<Setting>& Settings() {
                    {InitMethod::kMegatron530B, "megatron_530b"}}),
       RealSetting("init-method-std", "init standard deviation (init-method normal)",
                   &TC::init_method_std),
+      BoolSetting("qk-layernorm",
+                  "LayerNorm of each head's query and key before attention (stability at high LR)",
+                  &TC::qk_layernorm),
+      RealSetting("z-loss", "z-loss coefficient: adds z * mean (log Z)^2 to the objective (0: off)",
+                  &TC::z_loss),
       // batch and length
       IntSetting("micro-batch-size", "sequences per micro-batch per rank", &TC::micro_batch_size),
       IntSetting("global-batch-size", "sequences per iteration (0: micro * data-parallel)",
@@ -1081,6 +1086,9 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
 }
 
 Status ValidateGuard(const TrainConfig& c) {
+  if (!(c.z_loss >= 0) || c.z_loss > 1)
+    return Invalid(fmt::format(
+        "--z-loss {} must be between 0 (off) and 1; PaLM used 1e-4, e.g. --z-loss 1e-4", c.z_loss));
   for (auto [flag, v] : {std::pair{"guard-z-threshold", c.guard_z_threshold},
                          std::pair{"guard-grad-z-threshold", c.guard_grad_z_threshold},
                          std::pair{"guard-divergence-rel", c.guard_divergence_rel}}) {

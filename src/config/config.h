@@ -33,6 +33,8 @@ struct TrainConfig {
   float layernorm_epsilon = 1e-5f;
   InitMethod init_method = InitMethod::kNormal;
   float init_method_std = 0.02f;  // used by kNormal; the named methods derive std from hidden size
+  bool qk_layernorm = false;      // LayerNorm of each head's query and key (docs/stability.md)
+  double z_loss = 0;              // PaLM's z-loss coefficient, e.g. 1e-4 (0: off)
 
   // ---- batch and length ----
   int micro_batch_size = 8;

@@ -1,5 +1,6 @@
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/rng.h"
@@ -21,12 +22,17 @@ struct GptModel::Activations {
   struct Layer {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
         *fch_gelu;
+    // qk_layernorm: qkv holds the normalised q,k (what attention reads), qkv_raw the matmul's
+    // output; qk_mean/qk_rstd (2,N,NH). Null otherwise.
+    float *qkv_raw = nullptr, *qk_mean = nullptr, *qk_rstd = nullptr;
+    float* max_logit;  // (B*NH) per (sequence, head) of this layer
   };
   std::vector<Layer> layers;
   float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *logz;
   int32_t *tokens, *targets;
   // gradient scratch, reused by every layer
   float *dres_a, *dres_b, *dres2, *dln, *dqkv, *datty, *dfch, *dgelu, *demb;
+  float* dqkv_raw = nullptr;  // qk_layernorm: gradient w.r.t. the matmul's qkv
   std::vector<float> host_losses;
 };
 
@@ -79,6 +85,13 @@ GptModel::GptModel(Backend* backend, const GptSpec& spec) : backend_(backend), s
     add(p + "input_layernorm.bias", {C}, false);
     add(p + "attention.query_key_value.weight", {3 * C, C}, true);
     add(p + "attention.query_key_value.bias", {3 * C}, false);
+    if (spec.qk_layernorm) {
+      const int64_t hs = C / spec.heads;
+      add(p + "attention.q_layernorm.weight", {hs}, false);
+      add(p + "attention.q_layernorm.bias", {hs}, false);
+      add(p + "attention.k_layernorm.weight", {hs}, false);
+      add(p + "attention.k_layernorm.bias", {hs}, false);
+    }
     add(p + "attention.dense.weight", {C, C}, true);
     add(p + "attention.dense.bias", {C}, false);
     add(p + "post_attention_layernorm.weight", {C}, false);
@@ -145,6 +158,8 @@ size_t GptModel::ActivationFloats(int B, int T) const {
   size_t per_layer = N * C * 4 + N * 4 + N * 3 * C + B * NH * T * T + 2 * N * F;
   size_t total = L * per_layer + (L + 1) * N * C + N * C + 2 * N + N * C + 2 * N + N * Vp + 2 * N;
   total += 6 * N * C + N * 3 * C + 2 * N * F;  // gradient scratch
+  total += L * B * NH;                         // max attention logits
+  if (spec_.qk_layernorm) total += L * (N * 3 * C + 4 * N * NH) + N * 3 * C;
   return total;
 }
 
@@ -175,6 +190,12 @@ void GptModel::AllocateActivations(int B, int T) {
     y.ln2_rstd = be->AllocFloats(N);
     y.fch = be->AllocFloats(N * F);
     y.fch_gelu = be->AllocFloats(N * F);
+    y.max_logit = be->AllocFloats(static_cast<size_t>(B) * NH);
+    if (spec_.qk_layernorm) {
+      y.qkv_raw = be->AllocFloats(N * 3 * C);
+      y.qk_mean = be->AllocFloats(2 * N * NH);
+      y.qk_rstd = be->AllocFloats(2 * N * NH);
+    }
     a.layers.push_back(y);
   }
   a.lnf = be->AllocFloats(N * C);
@@ -190,6 +211,7 @@ void GptModel::AllocateActivations(int B, int T) {
   a.dres2 = be->AllocFloats(N * C);
   a.dln = be->AllocFloats(N * C);
   a.dqkv = be->AllocFloats(N * 3 * C);
+  if (spec_.qk_layernorm) a.dqkv_raw = be->AllocFloats(N * 3 * C);
   a.datty = be->AllocFloats(N * C);
   a.dfch = be->AllocFloats(N * F);
   a.dgelu = be->AllocFloats(N * F);
@@ -208,10 +230,14 @@ void GptModel::FreeActivations() {
         a.dres_a, a.dres_b, a.dres2, a.dln, a.dqkv, a.datty, a.dfch, a.dgelu, a.demb})
     be->Free(p);
   for (float* p : a.res) be->Free(p);
-  for (auto& y : a.layers)
+  for (auto& y : a.layers) {
     for (float* p : {y.ln1, y.ln1_mean, y.ln1_rstd, y.qkv, y.att, y.atty, y.res2, y.ln2, y.ln2_mean,
-                     y.ln2_rstd, y.fch, y.fch_gelu})
+                     y.ln2_rstd, y.fch, y.fch_gelu, y.max_logit})
       be->Free(p);
+    for (float* p : {y.qkv_raw, y.qk_mean, y.qk_rstd})
+      if (p) be->Free(p);
+  }
+  if (a.dqkv_raw) be->Free(a.dqkv_raw);
   be->Free(a.tokens);
   be->Free(a.targets);
   delete acts_;
@@ -242,12 +268,20 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   for (int l = 0; l < spec_.num_layers; ++l) {
     Activations::Layer& y = a.layers[l];
     const float *ln1w = next(), *ln1b = next(), *qkvw = next(), *qkvb = next();
+    const float *qlnw = nullptr, *qlnb = nullptr, *klnw = nullptr, *klnb = nullptr;
+    if (spec_.qk_layernorm) qlnw = next(), qlnb = next(), klnw = next(), klnb = next();
     const float *projw = next(), *projb = next(), *ln2w = next(), *ln2b = next();
     const float *fcw = next(), *fcb = next(), *fcpw = next(), *fcpb = next();
     float* x = a.res[l];
     be->LayerNormForward(y.ln1, y.ln1_mean, y.ln1_rstd, x, ln1w, ln1b, N, C, spec_.layernorm_eps);
-    be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, 3 * C);
-    be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH);
+    if (spec_.qk_layernorm) {
+      be->MatmulForward(y.qkv_raw, y.ln1, qkvw, qkvb, N, C, 3 * C);
+      be->QkLayerNormForward(y.qkv, y.qk_mean, y.qk_rstd, y.qkv_raw, qlnw, qlnb, klnw, klnb, N, C,
+                             NH, spec_.layernorm_eps);
+    } else {
+      be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, 3 * C);
+    }
+    be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit);
     be->MatmulForward(y.res2, y.atty, projw, projb, N, C, C);  // res2 = attn proj ...
     be->Add(y.res2, y.res2, x, static_cast<size_t>(N) * C);    // ... + x
     be->LayerNormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, ln2w, ln2b, N, C,
@@ -264,7 +298,8 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   has_targets_ = targets != nullptr;
   if (!has_targets_) return 0.0;
   be->CopyIntsToDevice(a.targets, targets, N);
-  be->CrossEntropyForwardBackward(a.losses, a.logz, a.logits, a.targets, N, V, Vp, dloss);
+  be->CrossEntropyForwardBackward(a.losses, a.logz, a.logits, a.targets, N, V, Vp, dloss,
+                                  spec_.z_loss);
   be->CopyToHost(a.host_losses.data(), a.losses, N);
   double sum = 0.0;
   for (float v : a.host_losses) sum += v;
@@ -315,6 +350,14 @@ void GptModel::Backward() {
     const float* ln2w = prev(&dln2w);
     prev(&dprojb);
     const float* projw = prev(&dprojw);
+    float *dklnb = nullptr, *dklnw = nullptr, *dqlnb = nullptr, *dqlnw = nullptr;
+    const float *klnw = nullptr, *qlnw = nullptr;
+    if (spec_.qk_layernorm) {
+      prev(&dklnb);
+      klnw = prev(&dklnw);
+      prev(&dqlnb);
+      qlnw = prev(&dqlnw);
+    }
     prev(&dqkvb);
     const float* qkvw = prev(&dqkvw);
     prev(&dln1b);
@@ -335,8 +378,15 @@ void GptModel::Backward() {
     be->MatmulBackward(a.datty, dprojw, dprojb, a.dres2, y.atty, projw, N, C, C);
     be->Zero(a.dqkv, NC * 3);
     be->AttentionBackward(a.dqkv, a.datty, y.qkv, y.att, B, T, C, NH);
+    float* dqkv_mm = a.dqkv;  // gradient w.r.t. the matmul's output
+    if (spec_.qk_layernorm) {
+      be->Zero(a.dqkv_raw, NC * 3);
+      be->QkLayerNormBackward(a.dqkv_raw, dqlnw, dqlnb, dklnw, dklnb, a.dqkv, y.qkv_raw, qlnw, klnw,
+                              y.qk_mean, y.qk_rstd, N, C, NH);
+      dqkv_mm = a.dqkv_raw;
+    }
     be->Zero(a.dln, NC);
-    be->MatmulBackward(a.dln, dqkvw, dqkvb, a.dqkv, y.ln1, qkvw, N, C, 3 * C);
+    be->MatmulBackward(a.dln, dqkvw, dqkvb, dqkv_mm, y.ln1, qkvw, N, C, 3 * C);
     be->LayerNormBackward(dres_in, dln1w, dln1b, a.dln, a.res[l], ln1w, y.ln1_mean, y.ln1_rstd, N,
                           C);
     std::swap(dres, dres_in);
@@ -367,6 +417,29 @@ std::vector<float> GptModel::LogitsAt(int b, int t) {
   const size_t off = (static_cast<size_t>(b) * cur_T_ + t) * spec_.padded_vocab;
   backend_->CopyToHost(row.data(), acts_->logits + off, spec_.vocab);
   return row;
+}
+
+double GptModel::LastZLoss() {
+  KEEL_CHECK(acts_ && has_targets_, "LastZLoss needs a Forward with targets");
+  if (spec_.z_loss == 0.0f) return 0.0;
+  const int N = cur_B_ * cur_T_;
+  std::vector<float> h(N);
+  backend_->CopyToHost(h.data(), acts_->logz, N);
+  double s = 0.0;
+  for (float v : h) s += double(v) * v;
+  return spec_.z_loss * s / N;
+}
+
+double GptModel::LastMaxAttentionLogit() {
+  KEEL_CHECK(acts_ != nullptr, "LastMaxAttentionLogit needs a Forward");
+  const size_t n = static_cast<size_t>(cur_B_) * spec_.heads;
+  std::vector<float> h(n);
+  double mx = -INFINITY;
+  for (const auto& y : acts_->layers) {
+    backend_->CopyToHost(h.data(), y.max_logit, n);
+    for (float v : h) mx = std::max(mx, double(v));
+  }
+  return mx;
 }
 
 double GptModel::MeanLogZ() {

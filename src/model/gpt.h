@@ -2,9 +2,12 @@
 // after the word embedding) described once and executed by any Backend.
 //
 //   x0 = wte[tok] (+ wpe[pos])            (optionally x0 = LN_emb(x0), BLOOM)
-//   for each layer:  x = x + Wo . attn(LN1(x) Wqkv)       (causal, Q,K pre-scaled by hs^-1/4)
+//   for each layer:  x = x + Wo . attn(LN1(x) Wqkv)       (causal, Q,K pre-scaled by hs^-1/4;
+//                                                           with qk_layernorm, each head's Q and
+//                                                           K LayerNorm-ed first)
 //                    x = x + W2 . gelu(LN2(x) W1)
 //   logits = LN_f(x) wte^T                 (tied input/output embedding, padded vocab masked)
+//   objective = mean CE + z_loss * mean (log Z)^2     (z_loss: PaLM's auxiliary loss, 0 = off)
 //
 // All parameters live in one contiguous buffer, all gradients in another, each tensor a named
 // slice (ParamInfo), so the optimizer, clipping, communication and checkpoints see flat memory and
@@ -30,6 +33,8 @@ struct GptSpec {
   bool alibi = false;    // ALiBi instead of learned absolute positions
   bool embed_layernorm = false;
   float layernorm_eps = 1e-5f;
+  bool qk_layernorm = false;  // LayerNorm of each head's query and key (docs/stability.md)
+  float z_loss = 0.0f;        // coefficient of the z-loss (docs/stability.md)
 };
 
 struct ParamInfo {
@@ -75,8 +80,13 @@ class GptModel {
 
   // Host copy of the logits row (first V entries) at position t of sequence b of the last Forward.
   std::vector<float> LogitsAt(int b, int t);
-  // Mean of log Z over the tokens of the last Forward with targets (a guard signal later).
+  // Mean of log Z over the tokens of the last Forward with targets (a guard signal).
   double MeanLogZ();
+  // z_loss * mean (log Z)^2 of the last Forward with targets (0 when z_loss is off).
+  double LastZLoss();
+  // Max pre-softmax attention score over layers, sequences, heads and positions of the last
+  // Forward (a guard signal: attention-logit growth precedes a class of divergences).
+  double LastMaxAttentionLogit();
   // Floats of activation and gradient-scratch memory a micro-batch of shape (B,T) needs.
   size_t ActivationFloats(int B, int T) const;
 

@@ -104,6 +104,10 @@ Status CheckHfGpt2Compatible(const GptSpec& spec) {
     return Status::InvalidArgument(
         "the model has a LayerNorm after the word embedding (--embed-layernorm, BLOOM style), "
         "which Hugging Face GPT-2 cannot represent");
+  if (spec.qk_layernorm)
+    return Status::InvalidArgument(
+        "the model normalises queries and keys (--qk-layernorm), which Hugging Face GPT-2 cannot "
+        "represent");
   return Status::OK();
 }
 

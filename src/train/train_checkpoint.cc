@@ -60,7 +60,8 @@ json SpecToJson(const GptSpec& s) {
               {"ffn_hidden", s.ffn_hidden},           {"heads", s.heads},
               {"max_positions", s.max_positions},     {"vocab", s.vocab},
               {"padded_vocab", s.padded_vocab},       {"alibi", s.alibi},
-              {"embed_layernorm", s.embed_layernorm}, {"layernorm_eps", s.layernorm_eps}};
+              {"embed_layernorm", s.embed_layernorm}, {"layernorm_eps", s.layernorm_eps},
+              {"qk_layernorm", s.qk_layernorm},       {"z_loss", s.z_loss}};
 }
 
 Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
@@ -76,6 +77,8 @@ Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
     s.alibi = m.at("alibi");
     s.embed_layernorm = m.at("embed_layernorm");
     s.layernorm_eps = m.at("layernorm_eps");
+    s.qk_layernorm = m.value("qk_layernorm", false);  // absent in checkpoints before the option
+    s.z_loss = m.value("z_loss", 0.0f);
     *out = s;
   } catch (const json::exception& e) {
     return Status::Corruption(where + ": malformed model description: " + e.what());
@@ -259,10 +262,12 @@ std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const Tr
                                               "position-embedding-type",
                                               "embed-layernorm",
                                               "make-vocab-size-divisible-by",
-                                              "layernorm-epsilon"};
+                                              "layernorm-epsilon",
+                                              "qk-layernorm"};
   static const std::set<std::string> scheduler = {
       "lr",       "min-lr",       "lr-decay-style", "adam-beta1",        "adam-beta2",
-      "adam-eps", "weight-decay", "clip-grad",      "global-batch-size", "rampup-batch-size"};
+      "adam-eps", "weight-decay", "clip-grad",      "global-batch-size", "rampup-batch-size",
+      "z-loss"};
   // Warmup and decay lengths are compared in samples (below), whichever form set them.
   static const std::set<std::string> schedule_lengths = {"lr-warmup-samples", "lr-warmup-iters",
                                                          "lr-decay-samples", "lr-decay-iters"};

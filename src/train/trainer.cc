@@ -23,6 +23,8 @@ GptSpec SpecFromConfig(const TrainConfig& cfg) {
   s.alibi = cfg.position_embedding_type == PositionEmbedding::kAlibi;
   s.embed_layernorm = cfg.embed_layernorm;
   s.layernorm_eps = cfg.layernorm_epsilon;
+  s.qk_layernorm = cfg.qk_layernorm;
+  s.z_loss = static_cast<float>(cfg.z_loss);
   return s;
 }
 
@@ -105,6 +107,7 @@ StepResult Trainer::TrainStep() {
 
   model_->ZeroGrad();
   double sums[2] = {0.0, 0.0};  // lm loss, log Z (means over each micro-batch)
+  double max_attn = -INFINITY;
   for (int64_t m = 0; m < num_micro; ++m) {
     // Sample order: micro-batch m of rank r reads global samples (m * dp + r) * mbs + b.
     const int64_t first =
@@ -116,7 +119,10 @@ StepResult Trainer::TrainStep() {
       std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
     }
     sums[0] += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
-    if (gate_) sums[1] += model_->MeanLogZ();
+    if (gate_) {
+      sums[1] += model_->MeanLogZ();
+      max_attn = std::max(max_attn, model_->LastMaxAttentionLogit());
+    }
     model_->Backward();
   }
   comm_->AllReduceSumHost(sums, 2);
@@ -140,6 +146,7 @@ StepResult Trainer::TrainStep() {
     g.log_z = sums[1] / static_cast<double>(num_micro * dp);
     g.update_ratio = last_update_ratio_;
     g.max_exp_avg_sq = last_max_v_;
+    g.max_attn_logit = max_attn;  // this rank's; the guard reads it for the journal
     apply = gate_(g) && finite;
   }
   if (!finite) {

@@ -346,8 +346,27 @@ std::vector<double> ReferenceAttention(const std::vector<float>& qkv, const floa
 
 void CheckAttention(Backend* be, int B, int T, int C, int NH, const float* slopes, bool all_grads) {
   Floats qkv(be, RandomVec(size_t(B) * T * 3 * C, -2, 2, 17 + T));
-  Floats out(be, size_t(B) * T * C), att(be, size_t(B) * NH * T * T);
-  be->AttentionForward(out.data(), att.data(), qkv.data(), slopes, B, T, C, NH);
+  Floats out(be, size_t(B) * T * C), att(be, size_t(B) * NH * T * T), mx(be, size_t(B) * NH);
+  be->AttentionForward(out.data(), att.data(), qkv.data(), slopes, B, T, C, NH, mx.data());
+
+  // The max pre-softmax score per (b, h), brute force in double.
+  const int hs = C / NH;
+  const double a = std::pow(double(hs), -0.25);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      double want_max = -1e300;
+      for (int i = 0; i < T; i++)
+        for (int j = 0; j <= i; j++) {
+          double d = 0;
+          for (int k = 0; k < hs; k++)
+            d += a * qkv[(size_t(b) * T + i) * 3 * C + h * hs + k] * a *
+                 qkv[(size_t(b) * T + j) * 3 * C + C + h * hs + k];
+          if (slopes != nullptr) d -= slopes[h] * (i - j);
+          want_max = std::max(want_max, d);
+        }
+      EXPECT_NEAR(mx[size_t(b) * NH + h], want_max, 1e-4 * (1 + std::fabs(want_max)))
+          << "max logit of sequence " << b << " head " << h;
+    }
 
   std::vector<double> want_att;
   const std::vector<double> want = ReferenceAttention(qkv.vec(), slopes, B, T, C, NH, &want_att);

@@ -606,5 +606,41 @@ TEST(ConfigTest, FormatAndHash) {
   EXPECT_NE(ConfigHash(a), ConfigHash(c));
 }
 
+TEST(ConfigTest, StabilityOptionsParseAndValidate) {
+  const char* ok[] = {"train", "--qk-layernorm", "--z-loss", "1e-4"};
+  ParsedConfig p;
+  ASSERT_TRUE(ParseTrainArgs(4, ok, &p).ok());
+  EXPECT_TRUE(p.config.qk_layernorm);
+  EXPECT_DOUBLE_EQ(p.config.z_loss, 1e-4);
+  const char* neg[] = {"train", "--z-loss", "-0.1"};
+  Status st = ParseTrainArgs(3, neg, &p);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("--z-loss -0.1 must be between 0 (off) and 1"), std::string::npos)
+      << st.message();
+  TrainConfig c;
+  ASSERT_TRUE(ApplyToml("qk-layernorm = true\nz-loss = 0.001\n", "t.toml", &c).ok());
+  EXPECT_TRUE(c.qk_layernorm);
+  EXPECT_DOUBLE_EQ(c.z_loss, 0.001);
+}
+
+TEST(ConfigTest, GuardSettingsParseAndValidate) {
+  const char* ok[] = {"train", "--guard", "observe", "--skip-train-iteration-range",
+                      "5-9",   "20-20"};
+  ParsedConfig p;
+  ASSERT_TRUE(ParseTrainArgs(6, ok, &p).ok());
+  EXPECT_EQ(p.config.guard, GuardLevel::kObserve);
+  std::vector<std::pair<int64_t, int64_t>> r;
+  ASSERT_TRUE(ParseIterationRanges(p.config.skip_train_iteration_range, &r).ok());
+  EXPECT_EQ(r, (std::vector<std::pair<int64_t, int64_t>>{{5, 9}, {20, 20}}));
+  for (const char* bad : {"0-5", "9-5", "5", "a-b", "5-"}) {
+    EXPECT_FALSE(ParseIterationRanges({bad}, &r).ok()) << bad;
+  }
+  const char* cut[] = {"train", "--guard-lr-cut", "0"};
+  EXPECT_FALSE(ParseTrainArgs(3, cut, &p).ok());
+  TrainConfig c;
+  ASSERT_TRUE(ApplyToml("skip-train-iteration-range = [\"1-2\", \"4-8\"]\n", "t.toml", &c).ok());
+  EXPECT_EQ(c.skip_train_iteration_range, (std::vector<std::string>{"1-2", "4-8"}));
+}
+
 }  // namespace
 }  // namespace keel

@@ -48,8 +48,9 @@ Vec Linear(const Vec& x, const double* W, const double* b, int N, int IC, int OC
   return y;
 }
 
+// The objective: mean cross-entropy, plus z_loss * mean (log Z)^2 (returned in *z_out too).
 double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::vector<int32_t>& tgt,
-               int B, int T, std::vector<double>* logits_out = nullptr) {
+               int B, int T, std::vector<double>* logits_out = nullptr, double* z_out = nullptr) {
   const GptSpec& s = m.s;
   const int C = s.hidden, NH = s.heads, hs = C / NH, N = B * T, F = s.ffn_hidden;
   auto P = [&](const std::string& n) { return m.p.at(n); };
@@ -71,6 +72,21 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
                       s.layernorm_eps);
     Vec qkv = Linear(h, P(pre + "attention.query_key_value.weight"),
                      P(pre + "attention.query_key_value.bias"), N, C, 3 * C);
+    if (s.qk_layernorm) {
+      // Each head's q and k, LayerNorm-ed over the head dimension (weights shared by heads).
+      for (int part = 0; part < 2; ++part) {
+        const std::string nm =
+            pre + (part == 0 ? "attention.q_layernorm." : "attention.k_layernorm.");
+        Vec seg(hs);
+        for (int n = 0; n < N; ++n)
+          for (int hd = 0; hd < NH; ++hd) {
+            double* at = &qkv[static_cast<size_t>(n) * 3 * C + part * C + hd * hs];
+            seg.assign(at, at + hs);
+            const Vec y = LayerNorm(seg, P(nm + "weight"), P(nm + "bias"), 1, hs, s.layernorm_eps);
+            std::copy(y.begin(), y.end(), at);
+          }
+      }
+    }
     Vec y(static_cast<size_t>(N) * C, 0.0);
     const double sc = std::pow(static_cast<double>(hs), -0.25);
     for (int b = 0; b < B; ++b)
@@ -109,18 +125,23 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
   x = LayerNorm(x, P("final_layernorm.weight"), P("final_layernorm.bias"), N, C, s.layernorm_eps);
   Vec logits = Linear(x, P("embedding.word_embeddings.weight"), nullptr, N, C, s.padded_vocab);
   if (logits_out) *logits_out = logits;
-  double loss = 0;
+  double loss = 0, zl = 0;
   for (int i = 0; i < N; ++i) {
     double mx = -1e300, z = 0;
     for (int v = 0; v < s.vocab; ++v) mx = std::max(mx, logits[i * s.padded_vocab + v]);
     for (int v = 0; v < s.vocab; ++v) z += std::exp(logits[i * s.padded_vocab + v] - mx);
     loss += -(logits[i * s.padded_vocab + tgt[i]] - mx - std::log(z));
+    const double log_z = mx + std::log(z);
+    zl += log_z * log_z;
   }
-  return loss / N;
+  zl *= s.z_loss / N;
+  if (z_out) *z_out = zl;
+  return loss / N + zl;
 }
 
 struct Case {
-  bool alibi, embed_ln;
+  bool alibi, embed_ln, qk_ln = false;
+  float z_loss = 0.0f;
 };
 
 class GptReferenceTest : public ::testing::TestWithParam<Case> {};
@@ -136,6 +157,8 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   s.padded_vocab = 16;
   s.alibi = GetParam().alibi;
   s.embed_layernorm = GetParam().embed_ln;
+  s.qk_layernorm = GetParam().qk_ln;
+  s.z_loss = GetParam().z_loss;
   const int B = 2, T = 5, N = B * T;
   auto be = MakeCpuBackend(2);
   GptModel model(be.get(), s);
@@ -161,8 +184,13 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   std::vector<double> dp(host.begin(), host.end());
   RefModel ref{s, {}};
   for (const ParamInfo& p : model.params()) ref.p[p.name] = dp.data() + p.offset;
-  const double ref_loss = RefLoss(ref, tok, tgt, B, T);
-  EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss));
+  double ref_z = 0;
+  const double ref_loss = RefLoss(ref, tok, tgt, B, T, nullptr, &ref_z);
+  EXPECT_NEAR(loss, ref_loss - ref_z, 1e-5 * std::abs(ref_loss));  // Forward reports lm loss
+  EXPECT_NEAR(model.LastZLoss(), ref_z, 1e-5 * std::abs(ref_z) + 1e-12);
+  if (s.z_loss > 0) {
+    EXPECT_GT(ref_z, 1e-3);  // the term is large enough to test its gradient
+  }
 
   // Logits: a Forward without targets keeps them.
   model.Forward(tok.data(), nullptr, B, T, 0.0f);
@@ -193,10 +221,14 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, GptReferenceTest,
                          ::testing::Values(Case{false, false}, Case{true, false}, Case{false, true},
-                                           Case{true, true}),
+                                           Case{true, true}, Case{false, false, true},
+                                           Case{false, false, false, 0.05f},
+                                           Case{true, true, true, 0.05f}),
                          [](const auto& info) {
                            return std::string(info.param.alibi ? "Alibi" : "Learned") +
-                                  (info.param.embed_ln ? "EmbedLN" : "");
+                                  (info.param.embed_ln ? "EmbedLN" : "") +
+                                  (info.param.qk_ln ? "QkLN" : "") +
+                                  (info.param.z_loss > 0 ? "ZLoss" : "");
                          });
 
 TEST(GptModelTest, ParameterCountMatchesSeedsFormulaForStandardShape) {

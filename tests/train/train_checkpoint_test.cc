@@ -205,6 +205,20 @@ TEST(TrainCheckpointTest, ConfigChangesAreClassifiedAndNeedTheRightFlag) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("num-layers: 2 -> 3"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("cannot change on resume"), std::string::npos);
+
+  // QK-LayerNorm adds parameters: a shape change. The z-loss changes the objective: a scheduler
+  // change. Guard settings and skip ranges are free.
+  TrainConfig stab = saved;
+  stab.qk_layernorm = true;
+  stab.z_loss = 1e-4;
+  stab.guard_lr_cut = 0.25;
+  stab.skip_train_iteration_range = {"3-4"};
+  kinds.clear();
+  for (const auto& ch : DiffConfigForResume(saved, stab)) kinds[ch.key] = ch.kind;
+  EXPECT_EQ(kinds.at("qk-layernorm"), ConfigChange::Kind::kShape);
+  EXPECT_EQ(kinds.at("z-loss"), ConfigChange::Kind::kScheduler);
+  EXPECT_EQ(kinds.at("guard-lr-cut"), ConfigChange::Kind::kFree);
+  EXPECT_EQ(kinds.at("skip-train-iteration-range"), ConfigChange::Kind::kFree);
 }
 
 TEST(TrainCheckpointTest, LongerRunWithTheSameDecayIsAFreeChange) {

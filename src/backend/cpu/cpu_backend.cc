@@ -309,6 +309,91 @@ void CpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, co
   }
 }
 
+// ---- QK-LayerNorm ---------------------------------------------------------------------------
+
+// For row n, part (0: q, 1: k) and head h: the hs values at qkv[n, part*C + h*hs ...].
+void CpuBackend::QkLayerNormForward(float* out, float* mean, float* rstd, const float* qkv,
+                                    const float* q_weight, const float* q_bias,
+                                    const float* k_weight, const float* k_bias, int N, int C,
+                                    int NH, float eps) {
+  const int hs = C / NH, C3 = 3 * C;
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * C3))
+  for (int n = 0; n < N; n++) {
+    const float* x = qkv + size_t(n) * C3;
+    float* y = out + size_t(n) * C3;
+    for (int part = 0; part < 2; part++) {
+      const float* w = part == 0 ? q_weight : k_weight;
+      const float* b = part == 0 ? q_bias : k_bias;
+      for (int h = 0; h < NH; h++) {
+        const float* xs = x + part * C + h * hs;
+        float* ys = y + part * C + h * hs;
+        float m = 0.0f, v = 0.0f;
+        for (int c = 0; c < hs; c++) m += xs[c];
+        m /= hs;
+        for (int c = 0; c < hs; c++) v += (xs[c] - m) * (xs[c] - m);
+        const float s = 1.0f / std::sqrt(v / hs + eps);
+        for (int c = 0; c < hs; c++) ys[c] = (xs[c] - m) * s * w[c] + b[c];
+        const size_t stat = (size_t(part) * N + n) * NH + h;
+        mean[stat] = m;
+        rstd[stat] = s;
+      }
+    }
+    std::memcpy(y + 2 * C, x + 2 * C, sizeof(float) * C);  // v passes through
+  }
+}
+
+void CpuBackend::QkLayerNormBackward(float* dqkv, float* dq_weight, float* dq_bias,
+                                     float* dk_weight, float* dk_bias, const float* dout,
+                                     const float* qkv, const float* q_weight, const float* k_weight,
+                                     const float* mean, const float* rstd, int N, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  // dx = rstd (dy w - mean(dy w) - xhat mean(dy w xhat)), per head segment; v: dx = dy.
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * C3))
+  for (int n = 0; n < N; n++) {
+    const float* x = qkv + size_t(n) * C3;
+    const float* dy = dout + size_t(n) * C3;
+    float* dx = dqkv + size_t(n) * C3;
+    for (int part = 0; part < 2; part++) {
+      const float* w = part == 0 ? q_weight : k_weight;
+      for (int h = 0; h < NH; h++) {
+        const int off = part * C + h * hs;
+        const size_t stat = (size_t(part) * N + n) * NH + h;
+        const float m = mean[stat], s = rstd[stat];
+        float dmean = 0.0f, dxhat_mean = 0.0f;
+        for (int c = 0; c < hs; c++) {
+          const float dn = dy[off + c] * w[c];
+          dmean += dn;
+          dxhat_mean += dn * (x[off + c] - m) * s;
+        }
+        dmean /= hs;
+        dxhat_mean /= hs;
+        for (int c = 0; c < hs; c++) {
+          const float xhat = (x[off + c] - m) * s;
+          dx[off + c] += s * (dy[off + c] * w[c] - dmean - xhat * dxhat_mean);
+        }
+      }
+    }
+    for (int c = 2 * C; c < C3; c++) dx[c] += dy[c];
+  }
+  // Weight and bias gradients: one fixed order over (row, head), thread-count independent.
+  for (int part = 0; part < 2; part++) {
+    float* dw = part == 0 ? dq_weight : dk_weight;
+    float* db = part == 0 ? dq_bias : dk_bias;
+    for (int n = 0; n < N; n++) {
+      const float* x = qkv + size_t(n) * C3 + part * C;
+      const float* dy = dout + size_t(n) * C3 + part * C;
+      for (int h = 0; h < NH; h++) {
+        const size_t stat = (size_t(part) * N + n) * NH + h;
+        const float m = mean[stat], s = rstd[stat];
+        for (int c = 0; c < hs; c++) {
+          dw[c] += dy[h * hs + c] * (x[h * hs + c] - m) * s;
+          db[c] += dy[h * hs + c];
+        }
+      }
+    }
+  }
+}
+
 // ---- linear layer ---------------------------------------------------------------------------
 
 // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias (OC)
@@ -387,7 +472,8 @@ float HeadScale(int hs) {
 }  // namespace
 
 void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
-                                  const float* alibi_slopes, int B, int T, int C, int NH) {
+                                  const float* alibi_slopes, int B, int T, int C, int NH,
+                                  float* max_logit) {
   UseThreads();  // with one thread the region is inactive and OpenBLAS would use its own count
   const int hs = C / NH, C3 = 3 * C;
   const float a = HeadScale(hs);
@@ -413,16 +499,20 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
       }
       // P = softmax over j <= i of S - slope (i - j), max subtracted; masked entries are 0
       const float slope = alibi_slopes != nullptr ? alibi_slopes[h] : 0.0f;
+      float head_max = -INFINITY;
       for (int i = 0; i < T; i++) {
         float* row = p + size_t(i) * T;
         if (slope != 0.0f) {
           for (int j = 0; j <= i; j++) row[j] -= slope * static_cast<float>(i - j);
         }
-        const double sum = ExpShiftSum(row, i + 1, MaxOf(row, i + 1));
+        const float row_max = MaxOf(row, i + 1);
+        head_max = std::max(head_max, row_max);
+        const double sum = ExpShiftSum(row, i + 1, row_max);
         const float inv = static_cast<float>(1.0 / sum);
         for (int j = 0; j <= i; j++) row[j] *= inv;
         for (int j = i + 1; j < T; j++) row[j] = 0.0f;
       }
+      if (max_logit != nullptr) max_logit[bh] = head_max;
       // out_h (T,hs) = P @ v, v read in place with row stride 3C
       for (int i0 = 0; i0 < T; i0 += kAttBlock) {
         const int rows = BlockRows(i0, T);
@@ -533,7 +623,7 @@ void CpuBackend::Scale(float* x, size_t n, float s) {
 //   dl_j = (exp(l_j - log Z) - [j == target]) * dloss for j < V;  dl_j = 0 for padding j >= V
 void CpuBackend::CrossEntropyForwardBackward(float* losses, float* logz, float* logits,
                                              const int32_t* targets, int N, int V, int Vp,
-                                             float dloss) {
+                                             float dloss, float z_loss) {
   for (int i = 0; i < N; i++) {
     if (targets[i] < 0 || targets[i] >= V) {
       throw KeelError(Status::InvalidArgument(
@@ -552,7 +642,8 @@ void CpuBackend::CrossEntropyForwardBackward(float* losses, float* logz, float* 
     const double lz = mx + std::log(sum);
     losses[i] = static_cast<float>(lz - target_logit);
     if (logz != nullptr) logz[i] = static_cast<float>(lz);
-    const float scale = static_cast<float>(dloss / sum);
+    // d/dl_j [CE + z (log Z)^2] = p_j (1 + 2 z log Z) - onehot_j
+    const float scale = static_cast<float>(dloss * (1.0 + 2.0 * z_loss * lz) / sum);
     for (int j = 0; j < V; j++) row[j] *= scale;
     row[t] -= dloss;
     for (int j = V; j < Vp; j++) row[j] = 0.0f;

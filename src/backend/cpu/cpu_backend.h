@@ -46,7 +46,7 @@ class CpuBackend : public Backend {
                       const float* inp, const float* weight, int N, int IC, int OC) override;
 
   void AttentionForward(float* out, float* att, const float* qkv, const float* alibi_slopes, int B,
-                        int T, int C, int NH) override;
+                        int T, int C, int NH, float* max_logit) override;
   void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                          int T, int C, int NH) override;
 
@@ -56,16 +56,24 @@ class CpuBackend : public Backend {
   void Accumulate(float* dst, const float* src, size_t n) override;
   void Scale(float* x, size_t n, float s) override;
 
+  void QkLayerNormForward(float* out, float* mean, float* rstd, const float* qkv,
+                          const float* q_weight, const float* q_bias, const float* k_weight,
+                          const float* k_bias, int N, int C, int NH, float eps) override;
+  void QkLayerNormBackward(float* dqkv, float* dq_weight, float* dq_bias, float* dk_weight,
+                           float* dk_bias, const float* dout, const float* qkv,
+                           const float* q_weight, const float* k_weight, const float* mean,
+                           const float* rstd, int N, int C, int NH) override;
   void CrossEntropyForwardBackward(float* losses, float* logz, float* logits,
-                                   const int32_t* targets, int N, int V, int Vp,
-                                   float dloss) override;
+                                   const int32_t* targets, int N, int V, int Vp, float dloss,
+                                   float z_loss) override;
   void Softmax(float* probs, const float* logits, int V, float temperature) override;
 
   double SumSquares(const float* x, size_t n) override;
   size_t CountZeros(const float* x, size_t n) override;
   size_t CountNonFinite(const float* x, size_t n) override;
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                   float beta1, float beta2, float eps, float weight_decay, int64_t step, AdamWStats* stats) override;
+                   float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                   AdamWStats* stats) override;
 
  private:
   // OpenBLAS's OpenMP build takes its thread count from omp_get_max_threads() of the calling
