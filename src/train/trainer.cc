@@ -256,6 +256,14 @@ Status Trainer::Run(const RunHooks& hooks) {
       s.samples_per_second = static_cast<double>(iv.samples) / secs;
       s.tflops = iv.flops / secs / 1e12;
       hooks.log(FormatIterationLine(s));
+      // The guard's signals of this iteration, on a line of their own (the iteration line keeps
+      // Megatron's format for the tools that parse it).
+      if (gate_ && !r.data_skipped)
+        hooks.log(fmt::format(
+            " guard signals | max attention logit: {:.3f} | log Z: {:.3f} | update/weight: {:.3E} "
+            "| max Adam v: {:.3E} |",
+            r.signals.max_attn_logit, r.signals.log_z, r.signals.update_ratio,
+            r.signals.max_exp_avg_sq));
       iv = LogIntervalState{};
     }
     if (valid_samples_ && cfg_.eval_iters > 0 &&
