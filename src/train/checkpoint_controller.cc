@@ -56,6 +56,7 @@ Status CheckpointController::SaveNow(const std::string& why) {
                    !guard.is_object()              ? ""
                    : guard.value("healthy", false) ? "; guard: healthy"
                                                    : "; guard: NOT healthy (event open)"));
+  if (after_save_) after_save_(it);
   Status rst = store_->ApplyRetention(cfg_.keep_last_checkpoints);
   if (!rst.ok()) log_("WARNING: retention could not remove an old checkpoint: " + rst.message());
   return Status::OK();

@@ -47,6 +47,8 @@ class CheckpointController {
   void set_last_saved_iteration(int64_t it) { last_saved_ = it; }
   // Where the guard's state for each save comes from (null state when unset).
   void set_guard_state_fn(std::function<nlohmann::json()> f) { guard_state_ = std::move(f); }
+  // Called after every successful save with its iteration (the guard pins post-spike saves).
+  void set_after_save(std::function<void(int64_t)> f) { after_save_ = std::move(f); }
   // An event for the history recorded in later checkpoints (e.g. a guard rollback).
   void AddHistory(nlohmann::json event) { history_.push_back(std::move(event)); }
 
@@ -60,6 +62,7 @@ class CheckpointController {
   std::function<void(const std::string&)> log_;
   std::vector<float> staging_;
   std::function<nlohmann::json()> guard_state_;
+  std::function<void(int64_t)> after_save_;
   uint64_t start_us_ = 0, last_save_us_ = 0;
   int64_t last_saved_ = -1;
   int consecutive_failures_ = 0;

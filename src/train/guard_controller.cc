@@ -48,6 +48,8 @@ GuardController::GuardController(const TrainConfig& cfg, Env* env, CheckpointSto
         ev["consumed_samples"] =
             ev.value("consumed_samples", trainer_->counters().consumed_samples);
         if (journal_) journal_->Append(ev, sentence);
+        if (ev.value("event", "") == "detected" && guard_.mode() == GuardMode::kAct)
+          PinAround(ev.value("onset", int64_t{0}));
       }) {
   if (!log_) log_ = [](const std::string&) {};
 }
@@ -111,12 +113,40 @@ Status GuardController::Start(const SavedTrainState* saved) {
       cfg_.guard_window, cfg_.guard_divergence_window, 100 * cfg_.guard_divergence_rel,
       cfg_.guard_max_skips, cfg_.guard_skip_before, cfg_.guard_skip_after, cfg_.guard_lr_cut,
       cfg_.guard_max_rollbacks));
+  if (ckpt_ != nullptr) ckpt_->set_after_save([this](int64_t it) { AfterSave(it); });
   trainer_->set_update_gate([this](const GuardSignals& s) {
     StepVerdict v = guard_.OnStep(s);
     if (v.decision.kind != GuardDecision::Kind::kContinue) pending_ = v.decision;
     return v.apply_update;
   });
   return Status::OK();
+}
+
+void GuardController::PinAround(int64_t onset) {
+  if (store_ == nullptr) return;
+  std::vector<CheckpointInfo> all;
+  if (store_->List(&all).ok()) {
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      if (it->iteration >= onset) continue;
+      Status st = store_->Pin(
+          it->iteration,
+          fmt::format("guard: newest checkpoint before the event at iteration {}", onset));
+      if (!st.ok()) log_("WARNING: guard: could not pin " + it->name + ": " + st.message());
+      break;
+    }
+  }
+  pin_next_save_after_ = onset;
+}
+
+void GuardController::AfterSave(int64_t iteration) {
+  if (pin_next_save_after_ < 0 || iteration < pin_next_save_after_) return;
+  Status st = store_->Pin(
+      iteration,
+      fmt::format("guard: first checkpoint after the event at iteration {}", pin_next_save_after_));
+  if (!st.ok())
+    log_("WARNING: guard: could not pin checkpoint " + std::to_string(iteration) + ": " +
+         st.message());
+  pin_next_save_after_ = -1;
 }
 
 json GuardController::StateForCheckpoint() const {
@@ -193,6 +223,7 @@ Status GuardController::Rollback(const GuardDecision& d) {
   trainer_->set_lr_scale(lr_scale);
   trainer_->set_data_salt(salt);
   guard_.OnRolledBack(d, to, target->guard);
+  pin_next_save_after_ = -1;  // the post-onset checkpoints are kept as .rolled-back
   if (ckpt_ != nullptr) ckpt_->set_last_saved_iteration(to);
 
   const int64_t s0 = trainer_->SamplesBefore(skip_first);

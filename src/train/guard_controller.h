@@ -52,6 +52,10 @@ class GuardController {
 
  private:
   Status Rollback(const GuardDecision& d);
+  // A spike or divergence was detected with onset `onset`: pin the newest checkpoint before it
+  // now, and the first one saved after it (AfterSave), so both can be studied.
+  void PinAround(int64_t onset);
+  void AfterSave(int64_t iteration);
   Status WritePolicyFile();
 
   TrainConfig cfg_;
@@ -63,6 +67,7 @@ class GuardController {
   std::function<void(const std::string&)> log_;
   Guard guard_;
   GuardDecision pending_;
+  int64_t pin_next_save_after_ = -1;  // onset of the last event whose post-onset save is unpinned
   bool stopped_ = false;
   std::string stop_message_;
 };

@@ -40,7 +40,7 @@ TrainConfig GuardTiny() {
   c.eval_iters = 0;
   c.threads = 2;
   c.save_interval = 20;
-  c.keep_last_checkpoints = 0;
+  c.keep_last_checkpoints = 2;  // retention on: pinned checkpoints must survive it
   c.guard_skip_before = 0;
   c.guard_skip_after = 15;
   std::vector<std::string> notes;
@@ -136,6 +136,7 @@ Outcome RunGuarded(const TrainConfig& c, const std::string& root,
   CheckpointController ckpt(c, Env::Default(), &store, &tr, run, json::array(), nullptr);
   if (saved) ckpt.set_last_saved_iteration(saved->counters.iteration);
   RunJournal journal(Env::Default(), root, nullptr);
+  // (GuardController hooks itself into ckpt's saves to pin the checkpoints around an event.)
   GuardController guard(c, Env::Default(), &store, &tr, &ckpt, &journal, nullptr);
   EXPECT_TRUE(guard.Start(saved.get()).ok());
   ckpt.set_guard_state_fn([&] { return guard.StateForCheckpoint(); });
@@ -247,6 +248,16 @@ TEST(GuardControllerTest, SingleNanGradientIsSkippedAndWindowOfNansRolledBack) {
   ASSERT_GE(ev.size(), 2u);
   EXPECT_EQ(ev[0]["kind"], "non-finite");
   EXPECT_EQ(ev.back()["classification"], "transient non-finite values");
+  {
+    // The checkpoints just before and just after the event are pinned for study.
+    std::map<int64_t, std::string> pins;
+    CheckpointStore store(Env::Default(), root, nullptr);
+    ASSERT_TRUE(store.ReadPins(&pins).ok());
+    EXPECT_EQ(pins.size(), 2u);
+    EXPECT_NE(pins[40].find("before the event at iteration 50"), std::string::npos) << pins[40];
+    EXPECT_NE(pins[60].find("first checkpoint after the event at iteration 50"), std::string::npos)
+        << pins[60];
+  }
   // A NaN update is never applied, guard or not: the guard only adds the journal.
   TrainConfig off = GuardTiny();
   off.guard = GuardLevel::kOff;
