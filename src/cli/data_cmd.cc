@@ -1,8 +1,12 @@
 // `keel data prepare`: text files -> Megatron indexed dataset.
+// `keel data inspect PREFIX`: counts, document lengths, a decoded sample.
+// `keel data verify PREFIX`: structure and contents checked; exit 0 clean, 1 not.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 
 #include "cli/commands.h"
 #include "core/log.h"
+#include "data/dataset_check.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 
@@ -35,10 +39,95 @@ int DataCommand(int argc, const char* const* argv) {
   prep->add_option("--seed", opt.seed, "seed for sentencepiece training");
   bool quiet = false;
   prep->add_flag("--quiet", quiet, "no progress bar");
+  std::string prefix;
+  int vocab = 0, doc = 0, show = 64;
+  CLI::App* inspect = app.add_subcommand(
+      "inspect", "Documents, tokens, length histogram and a decoded sample of PREFIX.bin/.idx");
+  inspect->add_option("prefix", prefix, "dataset prefix (PREFIX.bin, PREFIX.idx)")->required();
+  inspect->add_option("--doc", doc, "document to show decoded (default 0)");
+  inspect->add_option("--tokens", show, "tokens of it to show (default 64)");
+  CLI::App* verify = app.add_subcommand(
+      "verify",
+      "Check PREFIX.bin/.idx: structure, token ids below the vocabulary, empty documents");
+  verify->add_option("prefix", prefix, "dataset prefix (PREFIX.bin, PREFIX.idx)")->required();
+  verify->add_option("--vocab-size", vocab,
+                     "vocabulary size to check ids against (default: PREFIX.meta.json's)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (inspect->parsed() || verify->parsed()) {
+    std::unique_ptr<IndexedDataset> data;
+    Status st = IndexedDataset::Open(Env::Default(), prefix, &data);
+    if (!st.ok()) {
+      LogError("error: " + st.message());
+      LogError(
+          "the dataset cannot be read; rebuild it with `keel data prepare` (or the tool "
+          "that wrote it)");
+      return st.code() == Status::Code::kNotFound ? 2 : 1;
+    }
+    const DatasetMeta& meta = data->meta();
+    const int vocab_size = vocab > 0 ? vocab : meta.vocab_size;
+    const DatasetReport r = CheckDataset(*data, vocab_size, meta.eod_id);
+    Log("{}: {} documents, {} tokens; document length min {}, max {}, mean {:.1f}", prefix,
+        r.documents, r.tokens, r.min_length, r.max_length,
+        r.documents ? static_cast<double>(r.tokens) / static_cast<double>(r.documents) : 0.0);
+    Log("tokenizer: {} (vocab {}, EOD id {}; {} EOD tokens); ids in [{}, {}]",
+        meta.tokenizer.empty() ? "unknown (no PREFIX.meta.json)" : meta.tokenizer, meta.vocab_size,
+        meta.eod_id, r.eod_tokens, r.min_id, r.max_id);
+    if (inspect->parsed()) {
+      Log("document lengths (tokens):");
+      const int64_t most = *std::max_element(r.length_buckets.begin(), r.length_buckets.end());
+      for (size_t k = 0; k < r.length_buckets.size(); ++k) {
+        const int64_t lo = k == 0 ? 0 : int64_t{1} << k, hi = (int64_t{2} << k) - 1;
+        Log("  {:>8} - {:<8} {:>8}  {}", lo, hi, r.length_buckets[k],
+            std::string(static_cast<size_t>(40 * r.length_buckets[k] / std::max<int64_t>(most, 1)),
+                        '#'));
+      }
+      if (doc < 0 || doc >= r.documents) {
+        LogError(fmt::format("error: --doc {} is outside the {} documents", doc, r.documents));
+        return 2;
+      }
+      const int64_t n = std::min<int64_t>(show, data->DocumentLength(doc));
+      std::vector<int32_t> ids(static_cast<size_t>(n));
+      if (n > 0) data->ReadStream(data->DocumentStarts()[doc], n, ids.data());
+      std::string id_text;
+      for (int32_t v : ids) id_text += (id_text.empty() ? "" : " ") + std::to_string(v);
+      Log("document {} ({} tokens), first {} ids: {}", doc, data->DocumentLength(doc), n, id_text);
+      std::unique_ptr<Tokenizer> tok;
+      if (!meta.tokenizer.empty() && r.out_of_vocab == 0 &&
+          LoadTokenizerForDataset(prefix, meta, &tok).ok())
+        Log("decoded:\n{}", tok->Decode(ids));
+      else
+        Log("(not decoded: {})", meta.tokenizer.empty() ? "no tokenizer is recorded"
+                                 : r.out_of_vocab       ? "ids outside the vocabulary"
+                                                        : "the tokenizer could not be loaded");
+      return 0;
+    }
+    bool ok = true;
+    if (vocab_size <= 0) {
+      LogError("error: the vocabulary size is unknown (no PREFIX.meta.json): pass --vocab-size N");
+      return 2;
+    }
+    if (r.out_of_vocab > 0) {
+      ok = false;
+      LogError(fmt::format(
+          "error: {} token ids are outside the vocabulary [0, {}); the first is {} at token {} of "
+          "document {}: the data was tokenized with another vocabulary; re-tokenize it, or pass "
+          "the right --vocab-size",
+          r.out_of_vocab, vocab_size, r.first_bad_id, r.first_bad_position, r.first_bad_document));
+    }
+    if (r.empty_documents > 0)
+      Log("WARNING: {} empty documents (the first is document {}): they add nothing to training",
+          r.empty_documents, r.first_empty_document);
+    if (ok)
+      Log("verify: OK ({} documents, {} tokens, every id below {})", r.documents, r.tokens,
+          vocab_size);
+    else
+      Log("verify: FAILED ({} documents, {} tokens, vocabulary {})", r.documents, r.tokens,
+          vocab_size);
+    return ok ? 0 : 1;
   }
   opt.progress = !quiet;
   PrepareStats stats;
