@@ -72,7 +72,8 @@ int BenchCommand(int argc, const char* const* argv) {
   std::string ckpt_dir;
   app.add_flag("--checkpoint", checkpoint,
                "instead: save/load GB/s of a ~100M-parameter checkpoint beside dd's write speed");
-  app.add_option("--dir", ckpt_dir, "--checkpoint: directory to write in (default: a temp dir)");
+  app.add_option("--dir", ckpt_dir,
+                 "--checkpoint, --data: directory to write in (default: a temp dir)");
   int repeats = 5;
   app.add_option("--repeats", repeats, "--checkpoint: save, dd, load rounds (median reported)")
       ->check(CLI::Range(1, 100));
@@ -80,6 +81,16 @@ int BenchCommand(int argc, const char* const* argv) {
   app.add_flag("--guard", guard,
                "instead: step time of the default model with and without the guard (paired "
                "ratios; uses --iters, --warmup)");
+  bool data = false;
+  double data_gb = 2.0;
+  int seq = 2048;
+  app.add_flag("--data", data,
+               "instead: sampler tokens/s on one core from a synthetic dataset (written to --dir "
+               "or a temp dir, removed after); uses --repeats");
+  app.add_option("--data-gb", data_gb, "--data: dataset size in GB (default 2)")
+      ->check(CLI::Range(0.01, 1000.0));
+  app.add_option("--seq-length", seq, "--data: tokens per sample (default 2048)")
+      ->check(CLI::Range(1, 1 << 20));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -87,6 +98,7 @@ int BenchCommand(int argc, const char* const* argv) {
   }
   if (checkpoint) return BenchCheckpoint(ckpt_dir, repeats, threads);
   if (guard) return BenchGuard(iters, warmup, threads);
+  if (data) return BenchData(ckpt_dir, data_gb, repeats, seq);
   const std::vector<BenchModel> models = {
       {"tiny", 2, 128, 4, 128, 8, 4096},
       {"small", 6, 512, 8, 256, 8, 8192},
