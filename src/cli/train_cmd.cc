@@ -39,12 +39,7 @@ int Fail(const Status& st) {
 }
 
 std::string Now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
+  return UtcTimestamp();
 }
 
 }  // namespace

@@ -9,24 +9,14 @@
 #include <filesystem>
 #include <string>
 
+#include "keel_process.h"
+
 namespace {
 
-struct Result {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using Result = keel_test::KeelResult;
 
 Result RunKeel(const std::string& args) {
-  const std::string cmd = std::string(KEEL_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return keel_test::RunKeelShell("", args);
 }
 
 std::string TempDir(const std::string& name) {
