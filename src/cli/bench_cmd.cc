@@ -136,6 +136,7 @@ int BenchCommand(int argc, const char* const* argv) {
       const RngKey key{cfg.seed, RngPurpose::kTest, static_cast<uint64_t>(index)};
       for (int t = 0; t <= cfg.seq_length; ++t)
         tokens[t] = static_cast<int32_t>(U64At(key, t) % static_cast<uint64_t>(m.vocab));
+      return 0;
     };
     Trainer trainer(cfg, backend.get(), comm.get(), Env::Default(), fn, SampleFn());
     trainer.InitializeWeights();

@@ -43,6 +43,7 @@ int BenchGuard(int iters, int warmup, int threads) {
     const RngKey key{cfg.seed, RngPurpose::kTest, static_cast<uint64_t>(index)};
     for (int t = 0; t <= cfg.seq_length; ++t)
       tokens[t] = static_cast<int32_t>(U64At(key, t) % 4096);
+    return 0;
   };
   Trainer bare(cfg, backend.get(), comm.get(), Env::Default(), fn, SampleFn());
   Trainer guarded(cfg, backend.get(), comm.get(), Env::Default(), fn, SampleFn());

@@ -19,10 +19,12 @@
 #include "core/rng.h"
 #include "core/stop_signal.h"
 #include "data/default_corpus.h"
-#include "data/gpt_dataset.h"
-#include "data/indexed_dataset.h"
+#include "data/blended_dataset.h"
+#include "data/sample_prefetcher.h"
+#include "data/train_data.h"
 #include "data/prepare.h"
 #include "journal/run_journal.h"
+#include "metrics/metrics_log.h"
 #include "model/generate.h"
 #include "train/checkpoint_controller.h"
 #include "train/flops.h"
@@ -112,16 +114,24 @@ int TrainCommand(int argc, const char* const* argv) {
   }
 
   // ---- data ----
-  std::string prefix = cfg.data_path;
   std::vector<std::string> notes;
-  if (prefix.empty()) {
+  std::vector<std::pair<double, std::string>> blend;
+  const bool default_corpus =
+      cfg.data_path.empty() || (cfg.data_path.size() == 1 && cfg.data_path[0].empty());
+  if (default_corpus) {
+    std::string prefix;
     const std::string tok = cfg.tokenizer == TokenizerKind::kGpt2 ? "gpt2" : "sentencepiece";
     st = EnsureDefaultCorpus(env, tok, 4096, &prefix, &notes);
     if (!st.ok()) return Fail(st);
+    blend.emplace_back(1.0, prefix);
+  } else {
+    st = ParseDataBlend(cfg.data_path, &blend);
+    if (!st.ok()) return Fail(st);
   }
-  std::unique_ptr<IndexedDataset> data;
-  st = IndexedDataset::Open(env, prefix, &data);
+  std::unique_ptr<TrainData> data;
+  st = TrainData::Open(env, blend, cfg.split, cfg.seq_length, cfg.seed, &data);
   if (!st.ok()) return Fail(st);
+  const std::string prefix = data->source(0).shards[0];  // its tokenizer is the run's
   DatasetMeta meta = data->meta();
   if (meta.vocab_size <= 0)
     return Fail(Status::InvalidArgument(
@@ -132,27 +142,37 @@ int TrainCommand(int argc, const char* const* argv) {
   if (!st.ok()) return Fail(st);
   for (const std::string& n : notes) Log("note: {}", n);
 
-  std::unique_ptr<GptDataset> train_set, valid_set;
-  st = GptDataset::Create(data.get(), cfg.split, Split::kTrain, cfg.seq_length, cfg.seed,
-                          &train_set);
-  if (!st.ok()) return Fail(st);
-  Status vst = GptDataset::Create(data.get(), cfg.split, Split::kValid, cfg.seq_length, cfg.seed,
-                                  &valid_set);
-  if (!vst.ok()) {
-    Warn("no validation set ({}); validation is skipped", vst.message());
-    valid_set.reset();
+  const bool mixture = data->NumDatasets() > 1;
+  bool any_valid = false;
+  for (int d = 0; d < data->NumDatasets(); ++d) {
+    const TrainData::Source& src = data->source(d);
+    Log("data: {}{} ({}{} documents, {} tokens; train split {} samples of {} tokens per epoch{})",
+        mixture ? fmt::format("{} = {} (weight {:.4f}) ", src.name, src.prefix, src.weight)
+                : src.prefix + " ",
+        "", src.shards.size() > 1 ? fmt::format("{} shards, ", src.shards.size()) : "",
+        src.data->NumDocuments(), src.data->NumTokens(), src.train->SamplesPerEpoch(),
+        cfg.seq_length,
+        src.valid ? fmt::format(", validation split {} samples", src.valid->SamplesPerEpoch())
+                  : "");
+    if (!src.valid) {
+      Warn("no validation set for {} ({}); it is not evaluated", src.name, src.valid_missing);
+      continue;
+    }
+    any_valid = true;
+    if (cfg.eval_iters * cfg.global_batch_size > src.valid->SamplesPerEpoch())
+      Warn(
+          "an evaluation of {} reads --eval-iters {} x global batch {} = {} samples but its "
+          "validation split has {}: samples repeat within an evaluation; lower --eval-iters or "
+          "give the validation split more weight in --split",
+          src.name, cfg.eval_iters, cfg.global_batch_size, cfg.eval_iters * cfg.global_batch_size,
+          src.valid->SamplesPerEpoch());
   }
-  Log("data: {} ({} documents, {} tokens; train split {} samples of {} tokens per epoch{})", prefix,
-      data->NumDocuments(), data->NumTokens(), train_set->SamplesPerEpoch(), cfg.seq_length,
-      valid_set ? fmt::format(", validation split {} samples", valid_set->SamplesPerEpoch()) : "");
-
-  if (valid_set && cfg.eval_iters * cfg.global_batch_size > valid_set->SamplesPerEpoch())
-    Warn(
-        "an evaluation reads --eval-iters {} x global batch {} = {} samples but the validation "
-        "split has {}: samples repeat within an evaluation; lower --eval-iters or give the "
-        "validation split more weight in --split",
-        cfg.eval_iters, cfg.global_batch_size, cfg.eval_iters * cfg.global_batch_size,
-        valid_set->SamplesPerEpoch());
+  if (mixture)
+    Log("data: mixture of {} datasets by error diffusion over the weights: over any window of N "
+        "samples each dataset gets its share within 2 samples; the order is a pure function of "
+        "(seed, position)",
+        data->NumDatasets());
+  if (!any_valid) Warn("no dataset has a validation split: validation is skipped");
 
   // ---- the checkpoint to resume from, if any ----
   // --load SAVE/iter_N inside the run's own --save is a rollback: newer checkpoints are moved
@@ -247,50 +267,78 @@ int TrainCommand(int argc, const char* const* argv) {
   Log("resolved config:\n{}", FormatConfig(cfg));
   auto backend = MakeCpuBackend(cfg.threads);
   Log("backend: {}", backend->Describe());
-  int64_t last_epoch = -1;
-  // The guard's re-seeding rung raises the trainer's data salt: the samples from then on come
-  // from the same split in the order of seed + salt (one dataset index per salt, built once).
+  // Samples are read ahead on a background thread (data/sample_prefetcher.h); the loop's own
+  // thread sees each sample's dataset and epoch, and logs a dataset's new epoch as it begins.
   Trainer* trainer_ptr = nullptr;
-  std::map<uint64_t, std::unique_ptr<GptDataset>> reseeded;
-  SampleFn train_fn = [&](int64_t index, int32_t* tokens) {
+  const int64_t depth = std::max<int64_t>(
+      8, std::min<int64_t>(2 * cfg.global_batch_size,
+                           (256 << 20) / (4 * static_cast<int64_t>(cfg.seq_length + 1))));
+  SamplePrefetcher prefetcher(
+      [&data](int64_t index, uint64_t salt, int32_t* tokens) {
+        return data->GetTrainSample(index, salt, tokens);
+      },
+      cfg.seq_length + 1, depth);
+  std::vector<int64_t> last_epoch(static_cast<size_t>(data->NumDatasets()), -1);
+  uint64_t last_salt = 0;
+  SampleFn train_fn = [&](int64_t index, int32_t* tokens) -> int {
     const int64_t iteration = trainer_ptr ? trainer_ptr->counters().iteration + 1 : 0;
     for (auto [a, b] : poison) {
       if (iteration >= a && iteration <= b) {
         const RngKey key{cfg.seed + 77, RngPurpose::kTest, static_cast<uint64_t>(index)};
         for (int t = 0; t <= cfg.seq_length; ++t)
           tokens[t] = static_cast<int32_t>(U64At(key, t) % static_cast<uint64_t>(cfg.vocab_size));
-        return;
+        return 0;
       }
     }
+    // The guard's re-seeding rung raises the trainer's data salt: from then on the samples come
+    // from the same splits in the order of seed + salt.
     const uint64_t salt = trainer_ptr ? trainer_ptr->data_salt() : 0;
-    if (salt != 0) {
-      std::unique_ptr<GptDataset>& ds = reseeded[salt];
-      if (!ds) {
-        const uint64_t seed = cfg.seed + salt * 0x9E3779B97F4A7C15ull;
-        Status cst =
-            GptDataset::Create(data.get(), cfg.split, Split::kTrain, cfg.seq_length, seed, &ds);
-        KEEL_CHECK(cst.ok(), "the train split opened before cannot be reopened: " + cst.message());
-        Log("data: order re-seeded (salt {}, seed {})", salt, seed);
-      }
-      ds->GetSample(index, tokens);
-      return;
+    if (salt != last_salt) {
+      Log("data: order re-seeded (salt {}) from sample {}", salt, index);
+      last_salt = salt;
     }
-    const int64_t epoch = train_set->EpochOf(index);
-    if (epoch != last_epoch) {
-      if (epoch > 0 && last_epoch >= 0)
-        Log("data: train split exhausted after {} samples; starting epoch {} (new deterministic "
-            "order)",
-            index, epoch + 1);
-      last_epoch = epoch;
+    const SampleOrigin o = prefetcher.Get(index, salt, tokens);
+    int64_t& seen = last_epoch[static_cast<size_t>(o.dataset)];
+    if (o.epoch != seen) {
+      const TrainData::Source& src = data->source(o.dataset);
+      if (seen >= 0 && o.epoch > seen)
+        Log("data: {} exhausted after {} epoch(s) of {} samples; epoch {} begins with a new "
+            "deterministic order (run sample {})",
+            src.name, o.epoch, src.train->SamplesPerEpoch(), o.epoch + 1, index);
+      else if (o.epoch > 0)
+        Log("data: {} is in epoch {} (run sample {})", src.name, o.epoch + 1, index);
+      seen = o.epoch;
     }
-    train_set->GetSample(index, tokens);
+    return o.dataset;
   };
   SampleFn valid_fn;
-  if (valid_set)
-    valid_fn = [&](int64_t index, int32_t* tokens) { valid_set->GetSample(index, tokens); };
+  std::vector<ValidationSet> valid_sets;
+  if (!mixture && data->source(0).valid) {
+    valid_fn = [&](int64_t index, int32_t* tokens) {
+      data->GetValidSample(0, index, tokens);
+      return 0;
+    };
+  } else if (mixture) {
+    for (int d = 0; d < data->NumDatasets(); ++d) {
+      if (!data->source(d).valid) continue;
+      valid_sets.push_back({data->source(d).name, data->source(d).weight,
+                            [&data, d](int64_t index, int32_t* tokens) {
+                              data->GetValidSample(d, index, tokens);
+                              return d;
+                            }});
+    }
+  }
 
   Trainer trainer(cfg, backend.get(), comm.get(), env, train_fn, valid_fn);
   trainer_ptr = &trainer;
+  if (mixture) {
+    trainer.set_dataset_names(data->Names());
+    trainer.set_validation_sets(valid_sets);
+  }
+  for (const IterationRange& r : trainer.config_skip_ranges())
+    Log("data: iterations {}..{} will be skipped (--skip-train-iteration-range / "
+        "--skip-train-samples-range)",
+        r.first, r.last);
   if (!nan_grad.empty())
     trainer.set_gradient_fault([&](int64_t it, float* g, size_t) {
       for (auto [a, b] : nan_grad) {
@@ -332,7 +380,12 @@ int TrainCommand(int argc, const char* const* argv) {
         std::make_unique<CheckpointStore>(env, cfg.save, [](const std::string& l) { LogLine(l); });
     InstallStopSignalHandlers();
   }
-  RunInfo run_info{prefix, meta};
+  RunInfo run_info{prefix, meta, nlohmann::json::array()};
+  for (int d = 0; d < data->NumDatasets(); ++d)
+    run_info.datasets.push_back({{"name", data->source(d).name},
+                                 {"prefix", data->source(d).prefix},
+                                 {"shards", data->source(d).shards},
+                                 {"weight", data->source(d).weight}});
   CheckpointController ckpt(cfg, env, store.get(), &trainer, run_info, history,
                             [](const std::string& l) { LogLine(l); });
   if (saved && load_dir == cfg.save) ckpt.set_last_saved_iteration(saved->counters.iteration);
@@ -390,6 +443,19 @@ int TrainCommand(int argc, const char* const* argv) {
     RunHooks hooks;
     hooks.log = [](const std::string& line) { LogLine(line); };
     hooks.after_iteration = [&] { return guard.AfterIteration() && ckpt.AfterIteration(); };
+    std::unique_ptr<MetricsLog> metrics;
+    st = MetricsLog::Open(env, cfg.save.empty() ? "" : JoinPath(cfg.save, "metrics.jsonl"),
+                          &metrics);
+    if (!st.ok()) return Fail(st);
+    bool metrics_failed = false;
+    hooks.metrics = [&](const nlohmann::json& m) {
+      Status ms = metrics->Append(m);
+      if (!ms.ok() && !metrics_failed) {  // metrics must never stop training; said once
+        Warn("metrics: cannot append to {}: {}; training goes on without it", metrics->path(),
+             ms.message());
+        metrics_failed = true;
+      }
+    };
     st = trainer.Run(hooks);
     if (!st.ok()) return Fail(st);
     if (guard.stopped()) {
@@ -413,6 +479,10 @@ int TrainCommand(int argc, const char* const* argv) {
       return 0;
     }
     Log("training finished: iteration {} in {:.1f} s", trainer.counters().iteration, secs);
+    const SamplePrefetcher::Stats ps = prefetcher.stats();
+    Log("data: {} samples read ahead on a background thread; the loop waited for {} of them "
+        "({:.1f} ms in all, {} read-ahead restarts)",
+        ps.served, ps.waited, ps.wait_ms, ps.restarts);
   }
   Log("state fingerprint: {:016x}", trainer.StateFingerprint());
   if (store) Log("checkpoints are in {} (sample with `keel sample --load {}`)", cfg.save, cfg.save);

@@ -165,9 +165,16 @@ class TomlInput : public Input {
     if (arr == nullptr) return std::nullopt;
     std::vector<std::string> out;
     for (const toml::node& n : *arr) {
-      auto x = n.value_exact<std::string>();
-      if (!x) return std::nullopt;
-      out.push_back(*x);
+      // Numbers are taken as written (a mixture's weights: data-path = [0.7, "a", 0.3, "b"]).
+      if (auto i = n.value_exact<int64_t>()) {
+        out.push_back(std::to_string(*i));
+      } else if (auto f = n.value_exact<double>()) {
+        out.push_back(fmt::format("{}", *f));
+      } else if (auto x = n.value_exact<std::string>()) {
+        out.push_back(*x);
+      } else {
+        return std::nullopt;
+      }
     }
     return out;
   }
@@ -374,6 +381,8 @@ Setting StringListSetting(std::string name, std::string type, std::string help,
   s.set = [m](const Input& in, TrainConfig* c) -> Status {
     auto v = in.StringList();
     if (!v) return TypeError(in, "a list of strings");
+    // A lone empty string is no value (configs written before data-path became a list hold "").
+    if (v->size() == 1 && (*v)[0].empty()) v->clear();
     c->*m = *v;
     return Status::OK();
   };
@@ -452,12 +461,19 @@ const std::vector<Setting>& Settings() {
       IntSetting("log-interval", "iterations between log lines", &TC::log_interval),
       IntSetting("threads", "CPU threads (0: all cores)", &TC::threads),
       // data
-      StringSetting("data-path", "PREFIX",
-                    "Megatron indexed dataset prefix (empty: default corpus)", &TC::data_path),
+      StringListSetting("data-path", "[W] PREFIX ...",
+                        "Megatron indexed dataset prefix, or a mixture W1 PREFIX1 W2 PREFIX2 ... "
+                        "(empty: default corpus)",
+                        &TC::data_path),
       StringSetting("split", "TRAIN,VALID,TEST", "document split weights", &TC::split),
       EnumSetting(
           "tokenizer", "tokenizer for the default corpus", &TC::tokenizer,
           {{TokenizerKind::kGpt2, "gpt2"}, {TokenizerKind::kSentencePiece, "sentencepiece"}}),
+      BoolSetting("reset-position-ids", "restart position ids after each end-of-document token",
+                  &TC::reset_position_ids),
+      BoolSetting("reset-attention-mask",
+                  "tokens attend only within their own document of a packed sequence",
+                  &TC::reset_attention_mask),
       // checkpoints and stopping
       StringSetting("save", "DIR",
                     "run directory: checkpoints and the run's files; keel train with the same "
@@ -535,6 +551,10 @@ const std::vector<Setting>& Settings() {
                         "skip the data of these iterations (inclusive ranges): read past, no "
                         "update",
                         &TC::skip_train_iteration_range),
+      StringListSetting("skip-train-samples-range", "A-B ...",
+                        "skip the iterations that read these samples (inclusive, 0-based "
+                        "positions in the sample stream)",
+                        &TC::skip_train_samples_range),
       // output
       IntSetting("sample-tokens", "tokens generated at the end (0: none)", &TC::sample_tokens),
       StringSetting("sample-prompt", "TEXT", "prompt for the end-of-run sample",
@@ -1117,7 +1137,8 @@ Status ValidateGuard(const TrainConfig& c) {
                          std::pair{"guard-escalation-window", c.guard_escalation_window}})
     KEEL_RETURN_IF_ERROR(NonNegative(flag, v, "give 0 or more"));
   std::vector<std::pair<int64_t, int64_t>> ranges;
-  return ParseIterationRanges(c.skip_train_iteration_range, &ranges);
+  KEEL_RETURN_IF_ERROR(ParseIterationRanges(c.skip_train_iteration_range, &ranges));
+  return ParseSampleRanges(c.skip_train_samples_range, &ranges);
 }
 
 Status Validate(TrainConfig* cfg, std::vector<std::string>* notes) {
@@ -1140,8 +1161,11 @@ Status Validate(TrainConfig* cfg, std::vector<std::string>* notes) {
   return Status::OK();
 }
 
-Status ParseIterationRanges(const std::vector<std::string>& text,
-                            std::vector<std::pair<int64_t, int64_t>>* out) {
+namespace {
+
+Status ParseRanges(const std::vector<std::string>& text, const char* flag, int64_t min_first,
+                   const char* what, const char* example,
+                   std::vector<std::pair<int64_t, int64_t>>* out) {
   out->clear();
   for (const std::string& r : text) {
     const size_t dash = r.find('-');
@@ -1150,14 +1174,27 @@ Status ParseIterationRanges(const std::vector<std::string>& text,
       a = ParseWhole<int64_t>(std::string_view(r).substr(0, dash));
       b = ParseWhole<int64_t>(std::string_view(r).substr(dash + 1));
     }
-    if (!a || !b || *a < 1 || *b < *a)
+    if (!a || !b || *a < min_first || *b < *a)
       return Invalid(fmt::format(
-          "--skip-train-iteration-range {}: expected FIRST-LAST with 1 <= FIRST <= LAST "
-          "(inclusive iterations), e.g. --skip-train-iteration-range 101-200 301-400",
-          r));
+          "--{} {}: expected FIRST-LAST with {} <= FIRST <= LAST ({}), e.g. --{} {}", flag, r,
+          min_first, what, flag, example));
     out->emplace_back(*a, *b);
   }
   return Status::OK();
+}
+
+}  // namespace
+
+Status ParseIterationRanges(const std::vector<std::string>& text,
+                            std::vector<std::pair<int64_t, int64_t>>* out) {
+  return ParseRanges(text, "skip-train-iteration-range", 1, "inclusive iterations",
+                     "101-200 301-400", out);
+}
+
+Status ParseSampleRanges(const std::vector<std::string>& text,
+                         std::vector<std::pair<int64_t, int64_t>>* out) {
+  return ParseRanges(text, "skip-train-samples-range", 0,
+                     "inclusive 0-based sample positions", "204800-409599", out);
 }
 
 std::string FormatConfig(const TrainConfig& cfg) {

@@ -68,10 +68,16 @@ struct TrainConfig {
   int threads = 0;  // 0: all cores
 
   // ---- data ----
-  std::string data_path;           // prefix of a Megatron indexed dataset; empty: default corpus
+  // Megatron indexed dataset prefixes: "PREFIX", or a mixture "W1 PREFIX1 W2 PREFIX2 ..."
+  // (Megatron's syntax); empty: the default corpus.
+  std::vector<std::string> data_path;
   std::string split = "969,30,1";  // train,valid,test weights over documents
   TokenizerKind tokenizer = TokenizerKind::kSentencePiece;  // default corpus only
   int vocab_size = 0;  // from the dataset's metadata; padded by Validate
+  // Documents inside a packed sequence: restart position ids at each EOD, and/or let tokens attend
+  // only within their own document (Megatron's --reset-position-ids / --reset-attention-mask).
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
 
   // ---- checkpoints and stopping ----
   std::string save;  // run directory: checkpoints (iter_NNNNNNN/), marker, the run's journal
@@ -106,6 +112,10 @@ struct TrainConfig {
   // Iterations whose data is skipped (read past, no update): "A-B" inclusive ranges (Megatron's
   // --skip-train-iteration-range).
   std::vector<std::string> skip_train_iteration_range;
+  // Samples whose iterations are skipped the same way: "A-B" inclusive positions in the run's
+  // sample stream (0-based, as consumed samples count them); every iteration that reads one of
+  // them is skipped whole.
+  std::vector<std::string> skip_train_samples_range;
 
   // ---- output ----
   int sample_tokens = 64;  // tokens of text generated at the end of training (0: none)
@@ -121,6 +131,9 @@ struct TrainConfig {
 // Parses "A-B" (inclusive, 1 <= A <= B) ranges of --skip-train-iteration-range.
 Status ParseIterationRanges(const std::vector<std::string>& text,
                             std::vector<std::pair<int64_t, int64_t>>* out);
+// Parses "A-B" (inclusive, 0 <= A <= B) ranges of --skip-train-samples-range.
+Status ParseSampleRanges(const std::vector<std::string>& text,
+                         std::vector<std::pair<int64_t, int64_t>>* out);
 
 // The outcome of parsing: a config, or an error naming the flag, the value, the rule and a fix.
 // `notes` collects the choices keel made on the user's behalf (e.g. FFN size defaulted to 4h);

@@ -71,7 +71,7 @@ int64_t PermuteSample(int64_t k, int64_t n, uint64_t seed, Split split, int64_t 
   return static_cast<int64_t>(x);
 }
 
-Status GptDataset::Create(const IndexedDataset* data, const std::string& split_weights, Split split,
+Status GptDataset::Create(const DocumentStream* data, const std::string& split_weights, Split split,
                           int seq_length, uint64_t seed, std::unique_ptr<GptDataset>* out) {
   if (data == nullptr) return Status::InvalidArgument("GptDataset needs a dataset");
   if (seq_length < 1) {

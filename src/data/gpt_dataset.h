@@ -1,4 +1,4 @@
-// GptDataset: fixed-length training samples over an IndexedDataset, in a deterministic,
+// GptDataset: fixed-length training samples over a DocumentStream, in a deterministic,
 // seed-keyed order. Documents are split into train/valid/test by the --split weights (whole
 // documents, in order); each split's documents are concatenated (with their EOD tokens) into one
 // stream and cut into samples of seq_length+1 tokens that overlap by one token (inputs and
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "data/indexed_dataset.h"
+#include "data/document_stream.h"
 
 namespace keel {
 
@@ -23,7 +23,7 @@ class GptDataset {
   // split_weights: e.g. "969,30,1" (documents are divided as Megatron does). An error if the
   // split is empty (no documents) or has fewer tokens than one sample; callers may treat that as
   // "no validation set" for kValid/kTest.
-  static Status Create(const IndexedDataset* data, const std::string& split_weights, Split split,
+  static Status Create(const DocumentStream* data, const std::string& split_weights, Split split,
                        int seq_length, uint64_t seed, std::unique_ptr<GptDataset>* out);
 
   // Samples in one epoch of this split.
@@ -35,7 +35,7 @@ class GptDataset {
   int64_t NumTokens() const { return stream_end_ - stream_begin_; }
 
  private:
-  const IndexedDataset* data_ = nullptr;
+  const DocumentStream* data_ = nullptr;
   int seq_length_ = 0;
   uint64_t seed_ = 0;
   Split split_ = Split::kTrain;

@@ -16,6 +16,7 @@
 
 #include "core/env.h"
 #include "core/status.h"
+#include "data/document_stream.h"
 
 namespace keel {
 
@@ -49,21 +50,21 @@ class IndexedDatasetWriter {
   int64_t offset_ = 0;
 };
 
-class IndexedDataset {
+class IndexedDataset : public DocumentStream {
  public:
   // Opens PREFIX.idx/.bin (mmap) and checks them: magic, version, dtype, sizes consistent with
   // the .bin length. Errors name the file and the problem.
   static Status Open(Env* env, const std::string& prefix, std::unique_ptr<IndexedDataset>* out);
 
-  size_t NumDocuments() const { return sizes_.size(); }
-  int64_t NumTokens() const { return total_tokens_; }
+  size_t NumDocuments() const override { return sizes_.size(); }
+  int64_t NumTokens() const override { return total_tokens_; }
   int32_t DocumentLength(size_t doc) const { return sizes_[doc]; }
   // Token `i` (0-based) of document `doc`.
   int32_t Token(size_t doc, int64_t i) const;
   // Copies `count` tokens starting at token `start` of the whole stream (documents concatenated).
-  void ReadStream(int64_t start, int64_t count, int32_t* out) const;
+  void ReadStream(int64_t start, int64_t count, int32_t* out) const override;
   // First token index in the stream of each document (size NumDocuments()+1).
-  const std::vector<int64_t>& DocumentStarts() const { return doc_starts_; }
+  const std::vector<int64_t>& DocumentStarts() const override { return doc_starts_; }
   const DatasetMeta& meta() const { return meta_; }
 
  private:

@@ -171,6 +171,12 @@ Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* sta
   return Status::OK();
 }
 
+std::string TokenizerModelPath(const std::string& prefix, const DatasetMeta& meta) {
+  if (meta.tokenizer_model.empty()) return "";
+  return meta.tokenizer_model[0] == '/' ? meta.tokenizer_model
+                                        : JoinPath(DirName(prefix), meta.tokenizer_model);
+}
+
 Status LoadTokenizerForDataset(const std::string& prefix, const DatasetMeta& meta,
                                std::unique_ptr<Tokenizer>* out) {
   std::unique_ptr<Tokenizer> tok;
@@ -183,10 +189,7 @@ Status LoadTokenizerForDataset(const std::string& prefix, const DatasetMeta& met
       return Status::Corruption("dataset '" + prefix +
                                 "': meta.json names sentencepiece but no tokenizer_model file");
     }
-    const std::string model = meta.tokenizer_model[0] == '/'
-                                  ? meta.tokenizer_model
-                                  : JoinPath(DirName(prefix), meta.tokenizer_model);
-    KEEL_RETURN_IF_ERROR(LoadSentencePieceTokenizer(model, &tok));
+    KEEL_RETURN_IF_ERROR(LoadSentencePieceTokenizer(TokenizerModelPath(prefix, meta), &tok));
   } else {
     return Status::NotFound("dataset '" + prefix + "' has no " + prefix +
                             ".meta.json naming its tokenizer, so its token ids cannot be decoded; "

@@ -37,6 +37,9 @@ Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* sta
 
 // Opens the tokenizer that `meta` (of the dataset at `prefix`) names: gpt2 from the npm assets,
 // sentencepiece from the model file next to the dataset.
+// The sentencepiece model file `meta` names, resolved against the dataset's directory.
+std::string TokenizerModelPath(const std::string& prefix, const DatasetMeta& meta);
+
 Status LoadTokenizerForDataset(const std::string& prefix, const DatasetMeta& meta,
                                std::unique_ptr<Tokenizer>* out);
 

@@ -442,6 +442,14 @@ double GptModel::LastMaxAttentionLogit() {
   return mx;
 }
 
+double GptModel::SequenceLoss(int b) const {
+  KEEL_CHECK(acts_ && has_targets_ && b >= 0 && b < cur_B_, "SequenceLoss needs a Forward with targets");
+  const float* row = acts_->host_losses.data() + static_cast<size_t>(b) * cur_T_;
+  double s = 0.0;
+  for (int t = 0; t < cur_T_; ++t) s += row[t];
+  return s / cur_T_;
+}
+
 double GptModel::MeanLogZ() {
   KEEL_CHECK(acts_ && has_targets_, "MeanLogZ needs a Forward with targets");
   const int N = cur_B_ * cur_T_;

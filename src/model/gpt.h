@@ -80,6 +80,9 @@ class GptModel {
 
   // Host copy of the logits row (first V entries) at position t of sequence b of the last Forward.
   std::vector<float> LogitsAt(int b, int t);
+  // Mean cross-entropy of sequence b (its T tokens) of the last Forward with targets: the
+  // per-dataset loss of a mixture is built from these.
+  double SequenceLoss(int b) const;
   // Mean of log Z over the tokens of the last Forward with targets (a guard signal).
   double MeanLogZ();
   // z_loss * mean (log Z)^2 of the last Forward with targets (0 when z_loss is off).

@@ -25,12 +25,12 @@ std::string FormatIterationLine(const IterationStats& s) {
   return out;
 }
 
-std::string FormatValidationLine(int64_t iteration, double loss) {
+std::string FormatValidationLine(int64_t iteration, double loss, const std::string& dataset) {
   // Megatron caps the exponent at 20 so PPL stays printable for a diverged model.
   const double ppl = std::exp(std::min(20.0, loss));
   return fmt::format(
-      " validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", iteration,
-      loss, ppl);
+      " validation loss at iteration {}{} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |",
+      iteration, dataset.empty() ? "" : " [" + dataset + "]", loss, ppl);
 }
 
 }  // namespace keel

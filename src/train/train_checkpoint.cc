@@ -165,7 +165,10 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
                {"seed", cfg.seed},
                {"seq_length", cfg.seq_length},
                {"cursor_samples", c.consumed_samples},
-               {"order", "Feistel permutation per (seed, split, epoch)"},
+               {"datasets", run.datasets},
+               {"order",
+                "Feistel permutation per (seed, split, epoch) of each dataset; a mixture "
+                "interleaves them by error diffusion over the weights"},
                {"order_salt", trainer.data_salt()},
                {"skipped_iteration_ranges", json::array()}};
   for (const IterationRange& r : trainer.skip_ranges())
@@ -177,7 +180,10 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
                     {"iters", iv.iters},
                     {"ok", iv.ok},
                     {"skipped", iv.skipped},
-                    {"samples", iv.samples}}}};
+                    {"samples", iv.samples},
+                    {"dataset_loss_sum", ojson::array()},
+                    {"dataset_sequences", iv.dataset_sequences}}}};
+  for (double v : iv.dataset_loss_sum) s["metrics"]["interval"]["dataset_loss_sum"].push_back(Num(v));
   s["guard"] = guard_state;
   s["model"] = SpecToJson(model.spec());
   s["tokenizer"] = {{"kind", run.meta.tokenizer},
@@ -424,6 +430,14 @@ Status RestoreTrainCheckpoint(Env* env, const SavedTrainState& saved, Trainer& t
     l.ok = iv.at("ok");
     l.skipped = iv.at("skipped");
     l.samples = iv.at("samples");
+    l.dataset_loss_sum.clear();
+    for (const json& v : iv.value("dataset_loss_sum", json::array()))
+      l.dataset_loss_sum.push_back(NumFrom(v));
+    l.dataset_sequences = iv.value("dataset_sequences", std::vector<int64_t>{});
+    if (l.dataset_loss_sum.size() != l.dataset_sequences.size())
+      return Status::Corruption(saved.dir +
+                                "/state.json: metrics.interval: per-dataset sums and counts differ "
+                                "in length");
   } catch (const json::exception& e) {
     return Status::Corruption(saved.dir + "/state.json: metrics.interval: " + e.what());
   }

@@ -32,8 +32,10 @@ namespace keel {
 
 // Run-level facts recorded beside the trainer's state.
 struct RunInfo {
-  std::string data_path;  // resolved dataset prefix (the default corpus's when none was given)
+  std::string data_path;  // resolved dataset prefix (the default corpus's when none was given);
+                          // of a mixture, its first dataset's first shard
   DatasetMeta meta;       // tokenizer of the data
+  nlohmann::json datasets = nlohmann::json::array();  // [{name, prefix, shards, weight}]
 };
 
 // The files of a checkpoint of `trainer`'s current state. Tensor data is staged in `staging`

@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cmath>
 
@@ -54,6 +56,26 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, E
   KEEL_CHECK(ParseIterationRanges(cfg_.skip_train_iteration_range, &ranges).ok(),
              "unvalidated --skip-train-iteration-range");
   for (auto [a, b] : ranges) config_skip_ranges_.push_back({a, b});
+  // --skip-train-samples-range: the iterations whose batches read any of those samples.
+  KEEL_CHECK(ParseSampleRanges(cfg_.skip_train_samples_range, &ranges).ok(),
+             "unvalidated --skip-train-samples-range");
+  for (auto [a, b] : ranges) {
+    int64_t pos = 0, first = -1, last = -1;
+    for (int64_t it = 1; it <= total_iters_ && pos <= b; ++it) {
+      const int64_t gb = rampup_.GlobalBatchAt(pos);
+      if (pos + gb - 1 >= a) {
+        if (first < 0) first = it;
+        last = it;
+      }
+      pos += gb;
+    }
+    if (first > 0) config_skip_ranges_.push_back({first, last});
+  }
+}
+
+void Trainer::set_dataset_names(std::vector<std::string> names) {
+  KEEL_CHECK(!names.empty(), "a run has at least one dataset");
+  dataset_names_ = std::move(names);
 }
 
 Trainer::~Trainer() = default;
@@ -106,7 +128,12 @@ StepResult Trainer::TrainStep() {
   const float dloss = 1.0f / static_cast<float>(r.global_batch * T);
 
   model_->ZeroGrad();
-  double sums[2] = {0.0, 0.0};  // lm loss, log Z (means over each micro-batch)
+  const size_t nd = dataset_names_.size();
+  // lm loss, log Z (means over each micro-batch), then per dataset: summed sequence losses and
+  // sequence counts.
+  std::vector<double> sums(2 + 2 * nd, 0.0);
+  int dataset_of[1024];
+  KEEL_CHECK(mbs <= 1024, "micro-batch size above 1024");
   double max_attn = -INFINITY;
   for (int64_t m = 0; m < num_micro; ++m) {
     // Sample order: micro-batch m of rank r reads global samples (m * dp + r) * mbs + b.
@@ -114,19 +141,35 @@ StepResult Trainer::TrainStep() {
         counters_.consumed_samples + (m * dp + comm_->rank()) * static_cast<int64_t>(mbs);
     for (int b = 0; b < mbs; ++b) {
       int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
-      train_samples_(first + b, s);
+      dataset_of[b] = train_samples_(first + b, s);
+      KEEL_CHECK(dataset_of[b] >= 0 && static_cast<size_t>(dataset_of[b]) < nd,
+                 "sample from an unknown dataset");
       std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
       std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
     }
     sums[0] += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
+    if (nd > 1) {
+      for (int b = 0; b < mbs; ++b) {
+        sums[2 + 2 * dataset_of[b]] += model_->SequenceLoss(b);
+        sums[3 + 2 * dataset_of[b]] += 1.0;
+      }
+    }
     if (gate_) {
       sums[1] += model_->MeanLogZ();
       max_attn = std::max(max_attn, model_->LastMaxAttentionLogit());
     }
     model_->Backward();
   }
-  comm_->AllReduceSumHost(sums, 2);
+  comm_->AllReduceSumHost(sums.data(), sums.size());
   r.loss = sums[0] / static_cast<double>(num_micro * dp);
+  if (nd > 1) {
+    r.dataset_loss.resize(nd);
+    r.dataset_sequences.resize(nd);
+    for (size_t d = 0; d < nd; ++d) {
+      r.dataset_sequences[d] = static_cast<int64_t>(sums[3 + 2 * d]);
+      r.dataset_loss[d] = r.dataset_sequences[d] > 0 ? sums[2 + 2 * d] / sums[3 + 2 * d] : NAN;
+    }
+  }
   comm_->AllReduceSum(model_->grad_data(), model_->num_params());
   if (grad_fault_) grad_fault_(iteration, model_->grad_data(), model_->num_params());
 
@@ -183,7 +226,11 @@ double Trainer::NextLr() const {
 }
 
 double Trainer::Evaluate(int64_t iters) {
-  if (!valid_samples_ || iters <= 0) return NAN;
+  return Evaluate(iters, valid_samples_);
+}
+
+double Trainer::Evaluate(int64_t iters, const SampleFn& samples) {
+  if (!samples || iters <= 0) return NAN;
   const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = comm_->world_size();
   // The final global batch, not the ramp-up's current one: every evaluation reads the same samples.
   const int64_t num_micro = cfg_.global_batch_size / (static_cast<int64_t>(mbs) * dp);
@@ -194,7 +241,7 @@ double Trainer::Evaluate(int64_t iters) {
       const int64_t first = (it * num_micro * dp + m * dp + comm_->rank()) * mbs;
       for (int b = 0; b < mbs; ++b) {
         int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
-        valid_samples_(first + b, s);
+        samples(first + b, s);
         std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
         std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
       }
@@ -207,8 +254,18 @@ double Trainer::Evaluate(int64_t iters) {
   return reduced[0] / reduced[1];
 }
 
+namespace {
+
+// JSON has no NaN or Infinity: non-finite values are written as null.
+nlohmann::json Finite(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
 Status Trainer::Run(const RunHooks& hooks) {
   LogIntervalState& iv = interval_;
+  const size_t nd = dataset_names_.size();
   bool in_skip = false;  // the previous iteration of this loop was a skipped one
   while (counters_.iteration < total_iters_) {
     const StepResult r = TrainStep();
@@ -221,10 +278,12 @@ Status Trainer::Run(const RunHooks& hooks) {
       if (!in_skip) {
         int64_t last = counters_.iteration;
         while (last < total_iters_ && IsSkipped(last + 1)) ++last;
+        const int64_t first_sample = counters_.consumed_samples - r.global_batch;
         hooks.log(fmt::format(
-            "skipping iterations {}..{}: their {} samples are read past without an update",
-            counters_.iteration, last,
-            SamplesBefore(last + 1) - counters_.consumed_samples + r.global_batch));
+            "skipping iterations {}..{}: their {} samples are read past without an update "
+            "(samples {}..{})",
+            counters_.iteration, last, SamplesBefore(last + 1) - first_sample, first_sample,
+            SamplesBefore(last + 1) - 1));
       }
     } else if (r.skipped && std::isfinite(r.loss) && std::isfinite(r.grad_norm)) {
       ++iv.skipped;  // the guard skipped it and journals why
@@ -236,6 +295,43 @@ Status Trainer::Run(const RunHooks& hooks) {
     } else {
       iv.loss_sum += r.loss;
       ++iv.ok;
+      if (nd > 1) {
+        iv.dataset_loss_sum.resize(nd, 0.0);
+        iv.dataset_sequences.resize(nd, 0);
+        for (size_t d = 0; d < nd; ++d) {
+          if (r.dataset_sequences[d] == 0) continue;
+          iv.dataset_loss_sum[d] += r.dataset_loss[d] * static_cast<double>(r.dataset_sequences[d]);
+          iv.dataset_sequences[d] += r.dataset_sequences[d];
+        }
+      }
+    }
+    if (hooks.metrics) {
+      nlohmann::json m = {{"kind", "train"},
+                          {"iteration", counters_.iteration},
+                          {"train_iters", total_iters_},
+                          {"consumed_samples", counters_.consumed_samples},
+                          {"consumed_tokens", counters_.consumed_tokens},
+                          {"iteration_ms", r.step_ms},
+                          {"learning_rate", r.lr},
+                          {"global_batch_size", r.global_batch},
+                          {"lm_loss", Finite(r.loss)},
+                          {"loss_scale", 1.0},
+                          {"grad_norm", Finite(r.grad_norm)},
+                          {"num_zeros", r.num_zeros},
+                          {"skipped", r.skipped},
+                          {"data_skipped", r.data_skipped},
+                          {"nan", !r.data_skipped && r.skipped &&
+                                      !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))},
+                          {"samples_per_second", 1000.0 * r.global_batch / r.step_ms},
+                          {"tflops", FlopsPerIteration(r.global_batch) / (r.step_ms / 1000.0) / 1e12}};
+      if (nd > 1 && !r.data_skipped) {
+        nlohmann::json per = nlohmann::json::object();
+        for (size_t d = 0; d < nd; ++d)
+          per[dataset_names_[d]] = {{"lm_loss", Finite(r.dataset_loss[d])},
+                                    {"sequences", r.dataset_sequences[d]}};
+        m["datasets"] = per;
+      }
+      hooks.metrics(m);
     }
     const bool last = counters_.iteration == total_iters_;
     if (counters_.iteration % cfg_.log_interval == 0 || last) {
@@ -256,6 +352,17 @@ Status Trainer::Run(const RunHooks& hooks) {
       s.samples_per_second = static_cast<double>(iv.samples) / secs;
       s.tflops = iv.flops / secs / 1e12;
       hooks.log(FormatIterationLine(s));
+      // A mixture's loss per dataset, over the same interval (the seeds' cm4/pmd curves).
+      if (nd > 1) {
+        std::string line = " lm loss per dataset |";
+        for (size_t d = 0; d < nd; ++d) {
+          const int64_t n = d < iv.dataset_sequences.size() ? iv.dataset_sequences[d] : 0;
+          line += n > 0 ? fmt::format(" {}: {:.6E} ({} seq) |", dataset_names_[d],
+                                      iv.dataset_loss_sum[d] / static_cast<double>(n), n)
+                        : fmt::format(" {}: - (0 seq) |", dataset_names_[d]);
+        }
+        hooks.log(line);
+      }
       // The guard's signals of this iteration, on a line of their own (the iteration line keeps
       // Megatron's format for the tools that parse it).
       if (gate_ && !r.data_skipped)
@@ -266,14 +373,46 @@ Status Trainer::Run(const RunHooks& hooks) {
             r.signals.max_exp_avg_sq));
       iv = LogIntervalState{};
     }
-    if (valid_samples_ && cfg_.eval_iters > 0 &&
-        (counters_.iteration % cfg_.eval_interval == 0 || last)) {
-      hooks.log(FormatValidationLine(counters_.iteration, Evaluate(cfg_.eval_iters)));
-    }
+    if (cfg_.eval_iters > 0 && (counters_.iteration % cfg_.eval_interval == 0 || last))
+      RunEvaluation(hooks);
     in_skip = r.data_skipped;
     if (hooks.after_iteration && !hooks.after_iteration()) break;
   }
   return Status::OK();
+}
+
+void Trainer::RunEvaluation(const RunHooks& hooks) {
+  nlohmann::json m = {{"kind", "validation"},
+                      {"iteration", counters_.iteration},
+                      {"consumed_samples", counters_.consumed_samples}};
+  if (valid_sets_.empty()) {
+    if (!valid_samples_) return;
+    const double loss = Evaluate(cfg_.eval_iters);
+    hooks.log(FormatValidationLine(counters_.iteration, loss));
+    m["lm_loss"] = Finite(loss);
+    m["lm_loss_ppl"] = Finite(std::exp(std::min(20.0, loss)));
+  } else {
+    // Each dataset on its own validation split; the combined loss is their weighted mean, the
+    // expected loss of the mixture.
+    double wsum = 0, lsum = 0;
+    nlohmann::json per = nlohmann::json::object();
+    std::vector<std::string> lines;
+    for (const ValidationSet& v : valid_sets_) {
+      const double loss = Evaluate(cfg_.eval_iters, v.samples);
+      lines.push_back(FormatValidationLine(counters_.iteration, loss, v.name));
+      per[v.name] = {{"lm_loss", Finite(loss)},
+                     {"lm_loss_ppl", Finite(std::exp(std::min(20.0, loss)))}};
+      wsum += v.weight;
+      lsum += v.weight * loss;
+    }
+    const double loss = lsum / wsum;
+    hooks.log(FormatValidationLine(counters_.iteration, loss));
+    for (const std::string& l : lines) hooks.log(l);
+    m["lm_loss"] = Finite(loss);
+    m["lm_loss_ppl"] = Finite(std::exp(std::min(20.0, loss)));
+    m["datasets"] = per;
+  }
+  if (hooks.metrics) hooks.metrics(m);
 }
 
 uint64_t Trainer::StateFingerprint() {

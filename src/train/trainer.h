@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
@@ -23,8 +25,16 @@
 
 namespace keel {
 
-// Writes sample number `index` (seq_length + 1 tokens: inputs and shifted targets) into `tokens`.
-using SampleFn = std::function<void(int64_t index, int32_t* tokens)>;
+// Writes sample number `index` (seq_length + 1 tokens: inputs and shifted targets) into `tokens`
+// and returns the index of the dataset of a mixture it came from (0 when there is one).
+using SampleFn = std::function<int(int64_t index, int32_t* tokens)>;
+
+// One dataset's validation set (a mixture evaluates each on its own).
+struct ValidationSet {
+  std::string name;
+  double weight = 1;  // its weight in the mixture: the combined validation loss is the weighted mean
+  SampleFn samples;
+};
 
 // Counters that advance with the run; with the model and optimizer, the whole training state.
 struct TrainCounters {
@@ -48,6 +58,8 @@ struct StepResult {
   size_t num_zeros = 0;
   double lr = 0;
   int64_t global_batch = 0;
+  std::vector<double> dataset_loss;        // per dataset: mean loss of its sequences (NaN: none)
+  std::vector<int64_t> dataset_sequences;  // per dataset: sequences in this batch
   bool skipped = false;       // no update applied (non-finite, or the guard skipped it)
   bool data_skipped = false;  // in a skipped data window: nothing was computed
   GuardSignals signals;
@@ -62,6 +74,9 @@ using UpdateGate = std::function<bool(const GuardSignals&)>;
 struct LogIntervalState {
   double loss_sum = 0, ms = 0, flops = 0;
   int64_t iters = 0, ok = 0, skipped = 0, samples = 0;
+  // Per dataset of a mixture: summed mean loss of its sequences, and their count.
+  std::vector<double> dataset_loss_sum;
+  std::vector<int64_t> dataset_sequences;
 };
 
 // What the loop calls around iterations.
@@ -70,6 +85,9 @@ struct RunHooks {
   // After every iteration, its log line and evaluation: false stops the loop (e.g. to save and
   // exit on a signal). May be empty.
   std::function<bool()> after_iteration;
+  // One record per iteration (every field of the iteration line, per-dataset loss) and per
+  // evaluation: the metrics stream. May be empty.
+  std::function<void(const nlohmann::json&)> metrics;
 };
 
 class Trainer {
@@ -82,8 +100,17 @@ class Trainer {
   void InitializeWeights();
   // One training iteration.
   StepResult TrainStep();
-  // Mean lm loss over `iters` validation batches (the same samples at every evaluation).
+  // Mean lm loss over `iters` validation batches (the same samples at every evaluation) of the
+  // constructor's validation samples, or of `samples`.
   double Evaluate(int64_t iters);
+  double Evaluate(int64_t iters, const SampleFn& samples);
+  // Names of the datasets of a mixture (index = what the SampleFn returns). With more than one,
+  // the loop reports the lm loss of each (a line after the iteration line, and the metrics).
+  void set_dataset_names(std::vector<std::string> names);
+  const std::vector<std::string>& dataset_names() const { return dataset_names_; }
+  // Per-dataset validation sets: evaluated one by one at each evaluation; the validation line's
+  // loss is then their weighted mean. Without them, the constructor's validation samples are used.
+  void set_validation_sets(std::vector<ValidationSet> sets) { valid_sets_ = std::move(sets); }
   // The whole run from the current state: iterations until the configured length, the Megatron
   // iteration line every log-interval, validation every eval-interval; lines go to hooks.log.
   Status Run(const RunHooks& hooks);
@@ -102,6 +129,9 @@ class Trainer {
   // Data windows skipped by the guard's rollbacks (part of the checkpoint). IsSkipped also
   // honours --skip-train-iteration-range, which comes from the config of each run.
   const std::vector<IterationRange>& skip_ranges() const { return skip_ranges_; }
+  // The iteration ranges of the config (--skip-train-iteration-range, and the iterations that
+  // read the samples of --skip-train-samples-range), as resolved for this run.
+  const std::vector<IterationRange>& config_skip_ranges() const { return config_skip_ranges_; }
   void set_skip_ranges(std::vector<IterationRange> r) { skip_ranges_ = std::move(r); }
   void AddSkipRange(IterationRange r) { skip_ranges_.push_back(r); }
   bool IsSkipped(int64_t iteration) const;
@@ -127,6 +157,9 @@ class Trainer {
   double FlopsPerIteration(int64_t global_batch) const;
 
  private:
+  // Validation at an eval-interval: one line (and one metrics record), or one per dataset.
+  void RunEvaluation(const RunHooks& hooks);
+
   TrainConfig cfg_;
   Backend* backend_;
   Communicator* comm_;
@@ -142,7 +175,9 @@ class Trainer {
   int64_t total_iters_ = 0;
   std::vector<int32_t> batch_tokens_, inputs_, targets_;
   std::vector<IterationRange> skip_ranges_;         // the guard's (checkpointed)
-  std::vector<IterationRange> config_skip_ranges_;  // --skip-train-iteration-range
+  std::vector<IterationRange> config_skip_ranges_;  // --skip-train-iteration/samples-range
+  std::vector<std::string> dataset_names_{"data"};
+  std::vector<ValidationSet> valid_sets_;
   uint64_t data_salt_ = 0;
   UpdateGate gate_;
   std::function<void(int64_t, float*, size_t)> grad_fault_;

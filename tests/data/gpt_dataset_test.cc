@@ -1,4 +1,5 @@
 #include "data/gpt_dataset.h"
+#include "data/indexed_dataset.h"
 
 #include <gtest/gtest.h>
 

@@ -58,7 +58,7 @@ SampleFn Data(uint64_t seed, std::vector<IterationRange> poisoned = {}) {
         for (int t = 0; t <= 16; ++t)
           tokens[t] = static_cast<int32_t>(
               U64At({seed + 99, RngPurpose::kTest, static_cast<uint64_t>(index)}, t) % 50);
-        return;
+        return 0;
       }
     }
     int32_t v = static_cast<int32_t>(U64At({seed, RngPurpose::kTest, 0}, index) % 50);
@@ -66,6 +66,7 @@ SampleFn Data(uint64_t seed, std::vector<IterationRange> poisoned = {}) {
       tokens[t] = v;
       v = (v * 7 + 3) % 50;
     }
+    return 0;
   };
 }
 

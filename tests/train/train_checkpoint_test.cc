@@ -56,6 +56,7 @@ SampleFn Data(uint64_t seed) {
       tokens[t] = v;
       v = (v * 7 + 3) % 50;
     }
+    return 0;
   };
 }
 

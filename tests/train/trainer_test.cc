@@ -42,6 +42,7 @@ SampleFn PatternData(uint64_t seed) {
       tokens[t] = v;
       v = (v * 7 + 3) % 50;
     }
+    return 0;
   };
 }
 

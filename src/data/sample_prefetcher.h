@@ -1,0 +1,64 @@
+// SamplePrefetcher: reads training samples ahead of the loop on a background thread, so reading
+// and decoding the data never stalls a step. The loop asks for positions in increasing order
+// (the data cursor); the worker keeps the next `depth` positions ready in a ring buffer. A jump
+// (a resume, a skipped data window, a rollback) or a new data-order generation restarts the
+// read-ahead at the position asked for. Samples are a pure function of (position, generation),
+// so prefetching never changes what is trained on.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "data/train_data.h"
+
+namespace keel {
+
+class SamplePrefetcher {
+ public:
+  // Reads sample `index` of data-order `generation` into tokens[sample_tokens]. Called on the
+  // worker thread only, never concurrently.
+  using ReadFn = std::function<SampleOrigin(int64_t index, uint64_t generation, int32_t* tokens)>;
+
+  SamplePrefetcher(ReadFn read, int sample_tokens, int64_t depth);
+  ~SamplePrefetcher();
+  SamplePrefetcher(const SamplePrefetcher&) = delete;
+  SamplePrefetcher& operator=(const SamplePrefetcher&) = delete;
+
+  // Sample `index` of `generation`: from the buffer when the worker has read it, else after
+  // waiting for it (counted in stats()).
+  SampleOrigin Get(int64_t index, uint64_t generation, int32_t* tokens);
+
+  struct Stats {
+    int64_t served = 0;    // Get calls
+    int64_t waited = 0;    // of which had to wait for the worker
+    double wait_ms = 0;    // total time those waited
+    int64_t restarts = 0;  // read-ahead restarted at a new position or generation
+  };
+  Stats stats() const;
+
+ private:
+  void Worker();
+
+  ReadFn read_;
+  const int sample_tokens_;
+  const int64_t depth_;
+  std::vector<int32_t> tokens_;        // depth_ slots of sample_tokens_
+  std::vector<SampleOrigin> origins_;  // per slot
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t start_ = 0;    // lowest position still wanted
+  int64_t filled_ = 0;   // positions [start_, filled_) are in the buffer
+  uint64_t generation_ = 0;
+  uint64_t resets_ = 0;  // bumped by every restart: a read that straddles one is dropped
+  bool started_ = false, stop_ = false;
+  std::exception_ptr error_;  // the worker's read failed: Get rethrows it
+  Stats stats_;
+  std::thread worker_;
+};
+
+}  // namespace keel
