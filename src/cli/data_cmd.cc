@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "core/log.h"
 #include "data/dataset_check.h"
+#include "data/default_corpus.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 
@@ -22,8 +23,17 @@ int DataCommand(int argc, const char* const* argv) {
   opt.vocab_size = 4096;
   opt.gpt2_assets_dir = DefaultGpt2AssetsDir();
   opt.seed = 1234;
-  prep->add_option("--input", opt.inputs, "text files; each is one document")
-      ->required()
+  std::string corpus;
+  auto* input = prep->add_option("--input", opt.inputs, "text files; each is one document")
+                    ->check(CLI::ExistingFile);
+  prep->add_option("--corpus", corpus,
+                   "a bundled corpus instead of --input: moby-dick, or sotu (State of the Union "
+                   "addresses, 1790-2021)")
+      ->check(CLI::IsMember({"moby-dick", "sotu"}))
+      ->excludes(input);
+  prep->add_option("--tokenizer-model", opt.tokenizer_model,
+                   "sentencepiece: reuse this trained model (e.g. another dataset's PREFIX.model) "
+                   "so the datasets can be mixed")
       ->check(CLI::ExistingFile);
   prep->add_option("--output-prefix", opt.output_prefix,
                    "writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json")
@@ -130,6 +140,17 @@ int DataCommand(int argc, const char* const* argv) {
     return ok ? 0 : 1;
   }
   opt.progress = !quiet;
+  if (!corpus.empty()) {
+    Status cs = CorpusFiles(Env::Default(), corpus, &opt.inputs);
+    if (!cs.ok()) {
+      LogError("error: " + cs.message());
+      return 1;
+    }
+    Log("corpus {}: {} documents", corpus, opt.inputs.size());
+  } else if (opt.inputs.empty()) {
+    LogError("error: data prepare needs --input FILE... or --corpus NAME");
+    return 2;
+  }
   PrepareStats stats;
   Status st = PrepareDataset(Env::Default(), opt, &stats);
   if (!st.ok()) {

@@ -146,10 +146,10 @@ int TrainCommand(int argc, const char* const* argv) {
   bool any_valid = false;
   for (int d = 0; d < data->NumDatasets(); ++d) {
     const TrainData::Source& src = data->source(d);
-    Log("data: {}{} ({}{} documents, {} tokens; train split {} samples of {} tokens per epoch{})",
-        mixture ? fmt::format("{} = {} (weight {:.4f}) ", src.name, src.prefix, src.weight)
-                : src.prefix + " ",
-        "", src.shards.size() > 1 ? fmt::format("{} shards, ", src.shards.size()) : "",
+    Log("data: {} ({}{} documents, {} tokens; train split {} samples of {} tokens per epoch{})",
+        mixture ? fmt::format("{} = {} (weight {:.4f})", src.name, src.prefix, src.weight)
+                : src.prefix,
+        src.shards.size() > 1 ? fmt::format("{} shards, ", src.shards.size()) : "",
         src.data->NumDocuments(), src.data->NumTokens(), src.train->SamplesPerEpoch(),
         cfg.seq_length,
         src.valid ? fmt::format(", validation split {} samples", src.valid->SamplesPerEpoch())

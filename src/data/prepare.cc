@@ -81,6 +81,9 @@ Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* sta
   if (options.output_prefix.empty()) {
     return Status::InvalidArgument("data prepare: no output prefix given");
   }
+  if (!options.tokenizer_model.empty() && options.tokenizer != "sentencepiece")
+    return Status::InvalidArgument("data prepare: --tokenizer-model is a sentencepiece model; "
+                                   "pass --tokenizer sentencepiece with it");
   if (options.tokenizer != "gpt2" && options.tokenizer != "sentencepiece") {
     return Status::InvalidArgument("data prepare: unknown tokenizer '" + options.tokenizer +
                                    "' (expected gpt2 or sentencepiece)");
@@ -105,6 +108,18 @@ Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* sta
         options.gpt2_assets_dir.empty() ? DefaultGpt2AssetsDir() : options.gpt2_assets_dir;
     KEEL_RETURN_IF_ERROR(
         LoadGpt2Tokenizer(JoinPath(dir, "encoder.json"), JoinPath(dir, "vocab.bpe"), &tokenizer));
+  } else if (!options.tokenizer_model.empty()) {
+    std::string model;
+    Status rs = env->ReadFileToString(options.tokenizer_model, &model);
+    if (!rs.ok())
+      return Status::NotFound("data prepare: --tokenizer-model " + options.tokenizer_model +
+                              " cannot be read: " + rs.message());
+    Status ls = LoadSentencePieceTokenizer(options.tokenizer_model, &tokenizer);
+    if (!ls.ok())
+      return Status::InvalidArgument("data prepare: --tokenizer-model " + options.tokenizer_model +
+                                     " is not a sentencepiece model: " + ls.message());
+    KEEL_RETURN_IF_ERROR(WriteFileAtomic(env, prefix + ".model", model));
+    meta.tokenizer_model = BaseName(prefix) + ".model";
   } else {
     if (options.progress) {
       std::string line =

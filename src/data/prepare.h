@@ -19,6 +19,9 @@ struct PrepareOptions {
   std::string output_prefix;        // writes PREFIX.bin, .idx, .meta.json (+ .model, .vocab)
   std::string tokenizer = "sentencepiece";  // "gpt2" | "sentencepiece"
   int vocab_size = 4096;                    // sentencepiece only: trained vocabulary size
+  // sentencepiece only: use this trained model (another dataset's PREFIX.model) instead of
+  // training one, so datasets share a vocabulary and can be mixed. Copied to PREFIX.model.
+  std::string tokenizer_model;
   std::string gpt2_assets_dir;              // gpt2 only; empty: DefaultGpt2AssetsDir()
   uint64_t seed = 1234;                     // sentencepiece training seed
   bool progress = false;                    // progress bar on stderr

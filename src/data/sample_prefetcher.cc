@@ -75,7 +75,7 @@ SampleOrigin SamplePrefetcher::Get(int64_t index, uint64_t generation, int32_t* 
     stats_.wait_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
-  if (error_) std::rethrow_exception(error_);
+  if (filled_ <= index) std::rethrow_exception(error_);  // only a failed read ends the wait
   const size_t slot = static_cast<size_t>(index % depth_);
   std::memcpy(tokens, tokens_.data() + slot * sample_tokens_, sizeof(int32_t) * sample_tokens_);
   return origins_[slot];
