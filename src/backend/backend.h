@@ -43,12 +43,14 @@ class Backend {
   virtual void Copy(float* dst, const float* src, size_t n) = 0;  // device to device
 
   // ---- embeddings -------------------------------------------------------------------------
-  // out[b,t,:] = wte[tokens[b,t],:] + (wpe ? wpe[t,:] : 0)          out (N,C), tokens (N)
+  // out[b,t,:] = wte[tokens[b,t],:] + (wpe ? wpe[pos(b,t),:] : 0)   out (N,C), tokens (N)
+  // pos(b,t) = positions[b,t] if positions (N) is given (ids restarted per document), else t.
   virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* wte,
-                                const float* wpe, int B, int T, int C) = 0;
-  // dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t,:] += dout[b,t,:] (dwpe may be null)
+                                const float* wpe, int B, int T, int C,
+                                const int32_t* positions = nullptr) = 0;
+  // dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[pos(b,t),:] += dout[b,t,:] (dwpe may be null)
   virtual void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                                 int B, int T, int C) = 0;
+                                 int B, int T, int C, const int32_t* positions = nullptr) = 0;
 
   // ---- layer norm ---------------------------------------------------------------------------
   // y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), var biased.   x,y (N,C); mean,rstd (N)
@@ -75,9 +77,12 @@ class Backend {
   //   p = softmax_j(s) in fp32;  out_i = sum_j p[i,j] v_j            out (B,T,C)
   // att (B,NH,T,T) keeps p for the backward. alibi_slopes (NH) may be null. max_logit (B*NH),
   // nullable, receives max_{i, j<=i} s[i,j] per (b,h): the attention-logit growth the guard
-  // watches (Wortsman et al. 2023), at no extra pass.
+  // watches (Wortsman et al. 2023), at no extra pass. doc_start (N), nullable, narrows the causal
+  // window to j in [doc_start[b,i], i]: packed documents do not attend to each other (p = 0
+  // outside, so the backward needs no mask of its own).
   virtual void AttentionForward(float* out, float* att, const float* qkv, const float* alibi_slopes,
-                                int B, int T, int C, int NH, float* max_logit = nullptr) = 0;
+                                int B, int T, int C, int NH, float* max_logit = nullptr,
+                                const int32_t* doc_start = nullptr) = 0;
   virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
                                  int B, int T, int C, int NH) = 0;
 

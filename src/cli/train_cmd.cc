@@ -138,6 +138,12 @@ int TrainCommand(int argc, const char* const* argv) {
         prefix + ".meta.json is missing, so the vocabulary size of --data-path " + prefix +
         " is unknown: prepare the data with `keel data prepare` (it writes the metadata)"));
   cfg.vocab_size = meta.vocab_size;
+  cfg.eod_id = meta.eod_id;
+  if ((cfg.reset_position_ids || cfg.reset_attention_mask) && meta.eod_id < 0)
+    return Fail(Status::InvalidArgument(
+        "--reset-position-ids / --reset-attention-mask find documents by their end-of-document "
+        "token, but " + prefix + ".meta.json names none; prepare the data with `keel data "
+        "prepare` (it records the EOD id) or drop the flags"));
   st = Validate(&cfg, &notes);
   if (!st.ok()) return Fail(st);
   for (const std::string& n : notes) Log("note: {}", n);

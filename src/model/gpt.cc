@@ -30,6 +30,7 @@ struct GptModel::Activations {
   std::vector<Layer> layers;
   float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *logz;
   int32_t *tokens, *targets;
+  int32_t *positions, *doc_start;  // (N) per-document positions and first tokens, when reset
   // gradient scratch, reused by every layer
   float *dres_a, *dres_b, *dres2, *dln, *dqkv, *datty, *dfch, *dgelu, *demb;
   float* dqkv_raw = nullptr;  // qk_layernorm: gradient w.r.t. the matmul's qkv
@@ -206,6 +207,8 @@ void GptModel::AllocateActivations(int B, int T) {
   a.logz = be->AllocFloats(N);
   a.tokens = be->AllocInts(N);
   a.targets = be->AllocInts(N);
+  a.positions = be->AllocInts(N);
+  a.doc_start = be->AllocInts(N);
   a.dres_a = be->AllocFloats(N * C);
   a.dres_b = be->AllocFloats(N * C);
   a.dres2 = be->AllocFloats(N * C);
@@ -240,6 +243,8 @@ void GptModel::FreeActivations() {
   if (a.dqkv_raw) be->Free(a.dqkv_raw);
   be->Free(a.tokens);
   be->Free(a.targets);
+  be->Free(a.positions);
+  be->Free(a.doc_start);
   delete acts_;
   acts_ = nullptr;
 }
@@ -255,15 +260,35 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   auto next = [&]() { return P + params_[pi++].offset; };
 
   be->CopyIntsToDevice(a.tokens, tokens, N);
+  // Packed documents: token t of a sequence belongs to the document that starts after the last
+  // EOD before t (an EOD closes its own document); its position counts from that start.
+  const int32_t* positions = nullptr;
+  doc_start_ = nullptr;
+  if (spec_.reset_position_ids || spec_.reset_attention_mask) {
+    std::vector<int32_t> pos(static_cast<size_t>(N)), start(static_cast<size_t>(N));
+    for (int b = 0; b < B; ++b) {
+      int s = 0;
+      for (int t = 0; t < T; ++t) {
+        start[b * T + t] = s;
+        pos[b * T + t] = t - s;
+        if (tokens[b * T + t] == spec_.eod_id) s = t + 1;
+      }
+    }
+    be->CopyIntsToDevice(a.positions, pos.data(), N);
+    be->CopyIntsToDevice(a.doc_start, start.data(), N);
+    if (spec_.reset_position_ids) positions = a.positions;
+    if (spec_.reset_attention_mask) doc_start_ = a.doc_start;
+  }
+  positions_ = positions;
   const float* wte = next();
   const float* wpe = spec_.alibi ? nullptr : next();
   if (spec_.embed_layernorm) {
-    be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C);
+    be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C, positions);
     const float* w = next();
     const float* b = next();
     be->LayerNormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, N, C, spec_.layernorm_eps);
   } else {
-    be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C);
+    be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C, positions);
   }
   for (int l = 0; l < spec_.num_layers; ++l) {
     Activations::Layer& y = a.layers[l];
@@ -281,7 +306,8 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
     } else {
       be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, 3 * C);
     }
-    be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit);
+    be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit,
+                         doc_start_);
     be->MatmulForward(y.res2, y.atty, projw, projb, N, C, C);  // res2 = attn proj ...
     be->Add(y.res2, y.res2, x, static_cast<size_t>(N) * C);    // ... + x
     be->LayerNormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, ln2w, ln2b, N, C,
@@ -403,7 +429,7 @@ void GptModel::Backward() {
     demb = a.demb;
   }
   if (!spec_.alibi) prev(&dwpe);
-  be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C);
+  be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C, positions_);
 }
 
 void GptModel::ZeroGrad() {

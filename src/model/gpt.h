@@ -35,6 +35,11 @@ struct GptSpec {
   float layernorm_eps = 1e-5f;
   bool qk_layernorm = false;  // LayerNorm of each head's query and key (docs/stability.md)
   float z_loss = 0.0f;        // coefficient of the z-loss (docs/stability.md)
+  // Packed documents (Megatron's --reset-position-ids / --reset-attention-mask): after each
+  // eod_id token of the input, positions restart at 0 and/or attention stops at the boundary.
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  int32_t eod_id = -1;
 };
 
 struct ParamInfo {
@@ -108,6 +113,8 @@ class GptModel {
   float* alibi_slopes_ = nullptr;  // (NH) on the backend, if ALiBi
   Activations* acts_ = nullptr;
   int cur_B_ = 0, cur_T_ = 0;
+  const int32_t* positions_ = nullptr;  // of the last Forward, when position ids are reset
+  const int32_t* doc_start_ = nullptr;  // of the last Forward, when attention is reset
   bool has_targets_ = false;
 };
 

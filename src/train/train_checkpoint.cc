@@ -61,7 +61,10 @@ json SpecToJson(const GptSpec& s) {
               {"max_positions", s.max_positions},     {"vocab", s.vocab},
               {"padded_vocab", s.padded_vocab},       {"alibi", s.alibi},
               {"embed_layernorm", s.embed_layernorm}, {"layernorm_eps", s.layernorm_eps},
-              {"qk_layernorm", s.qk_layernorm},       {"z_loss", s.z_loss}};
+              {"qk_layernorm", s.qk_layernorm},       {"z_loss", s.z_loss},
+              {"reset_position_ids", s.reset_position_ids},
+              {"reset_attention_mask", s.reset_attention_mask},
+              {"eod_id", s.eod_id}};
 }
 
 Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
@@ -79,6 +82,9 @@ Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
     s.layernorm_eps = m.at("layernorm_eps");
     s.qk_layernorm = m.value("qk_layernorm", false);  // absent in checkpoints before the option
     s.z_loss = m.value("z_loss", 0.0f);
+    s.reset_position_ids = m.value("reset_position_ids", false);
+    s.reset_attention_mask = m.value("reset_attention_mask", false);
+    s.eod_id = m.value("eod_id", int32_t{-1});
     *out = s;
   } catch (const json::exception& e) {
     return Status::Corruption(where + ": malformed model description: " + e.what());
@@ -277,7 +283,9 @@ std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const Tr
   // Warmup and decay lengths are compared in samples (below), whichever form set them.
   static const std::set<std::string> schedule_lengths = {"lr-warmup-samples", "lr-warmup-iters",
                                                          "lr-decay-samples", "lr-decay-iters"};
-  static const std::set<std::string> data_order = {"seed", "data-path", "split", "tokenizer"};
+  static const std::set<std::string> data_order = {"seed",      "data-path",
+                                                   "split",     "tokenizer",
+                                                   "reset-position-ids", "reset-attention-mask"};
   // Settings that only steer this process (where to save, when to stop, how to resume).
   static const std::set<std::string> operational = {"save",
                                                     "load",

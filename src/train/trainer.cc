@@ -27,6 +27,9 @@ GptSpec SpecFromConfig(const TrainConfig& cfg) {
   s.layernorm_eps = cfg.layernorm_epsilon;
   s.qk_layernorm = cfg.qk_layernorm;
   s.z_loss = static_cast<float>(cfg.z_loss);
+  s.reset_position_ids = cfg.reset_position_ids;
+  s.reset_attention_mask = cfg.reset_attention_mask;
+  s.eod_id = cfg.eod_id;
   return s;
 }
 

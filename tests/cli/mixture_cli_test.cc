@@ -198,6 +198,19 @@ TEST_F(MixtureCliTest, SkipTrainSamplesRangeSkipsTheIterationsThatReadThem) {
   EXPECT_NE(bad.out.find("--skip-train-samples-range 9-3"), std::string::npos) << bad.out;
 }
 
+TEST_F(MixtureCliTest, DocumentResetsChangeTrainingAndNeedOverrideOnResume) {
+  const std::string base = "train" + std::string(kModel) + mix_ + " --train-iters 6";
+  const auto plain = RunKeelShell("", base);
+  const auto reset =
+      RunKeelShell("", base + " --reset-position-ids --reset-attention-mask --save " + dir_ + "/r");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  ASSERT_EQ(reset.code, 0) << reset.out;
+  EXPECT_NE(Fingerprint(plain.out), Fingerprint(reset.out));  // documents are 20-80 tokens
+  const auto again = RunKeelShell("", base + " --train-iters 8 --override-scheduler --save " + dir_ + "/r");
+  EXPECT_EQ(again.code, 2) << again.out;
+  EXPECT_NE(again.out.find("reset-position-ids: true -> false"), std::string::npos) << again.out;
+}
+
 TEST(SotuCorpusTest, PreparedWithMobyDicksModelAndMixed) {
   const std::string dir = FreshTempDir("sotu");
   auto moby = RunKeelShell("", "data prepare --corpus moby-dick --tokenizer sentencepiece --quiet "

@@ -54,12 +54,18 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
   const GptSpec& s = m.s;
   const int C = s.hidden, NH = s.heads, hs = C / NH, N = B * T, F = s.ffn_hidden;
   auto P = [&](const std::string& n) { return m.p.at(n); };
+  // Packed documents: start[b*T+t] = first token of t's document (after the last EOD before t).
+  std::vector<int> start(static_cast<size_t>(N), 0);
+  for (int b = 0; b < B; ++b)
+    for (int t = 1; t < T; ++t)
+      start[b * T + t] = tok[b * T + t - 1] == s.eod_id ? t : start[b * T + t - 1];
   Vec x(static_cast<size_t>(N) * C);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t)
       for (int c = 0; c < C; ++c) {
+        const int pos = s.reset_position_ids ? t - start[b * T + t] : t;
         double v = P("embedding.word_embeddings.weight")[tok[b * T + t] * C + c];
-        if (!s.alibi) v += P("embedding.position_embeddings.weight")[t * C + c];
+        if (!s.alibi) v += P("embedding.position_embeddings.weight")[pos * C + c];
         x[(b * T + t) * C + c] = v;
       }
   if (s.embed_layernorm)
@@ -94,7 +100,8 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
         for (int i = 0; i < T; ++i) {
           std::vector<double> sco(i + 1);
           double mx = -1e300;
-          for (int j = 0; j <= i; ++j) {
+          const int j0 = s.reset_attention_mask ? start[b * T + i] : 0;
+          for (int j = j0; j <= i; ++j) {
             double d = 0;
             for (int k = 0; k < hs; ++k)
               d += (qkv[(b * T + i) * 3 * C + hd * hs + k] * sc) *
@@ -104,8 +111,8 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
             mx = std::max(mx, d);
           }
           double z = 0;
-          for (int j = 0; j <= i; ++j) z += sco[j] = std::exp(sco[j] - mx);
-          for (int j = 0; j <= i; ++j)
+          for (int j = j0; j <= i; ++j) z += sco[j] = std::exp(sco[j] - mx);
+          for (int j = j0; j <= i; ++j)
             for (int k = 0; k < hs; ++k)
               y[(b * T + i) * C + hd * hs + k] +=
                   sco[j] / z * qkv[(b * T + j) * 3 * C + 2 * C + hd * hs + k];
@@ -142,6 +149,7 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
 struct Case {
   bool alibi, embed_ln, qk_ln = false;
   float z_loss = 0.0f;
+  bool reset_docs = false;  // --reset-position-ids and --reset-attention-mask
 };
 
 class GptReferenceTest : public ::testing::TestWithParam<Case> {};
@@ -159,6 +167,8 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   s.embed_layernorm = GetParam().embed_ln;
   s.qk_layernorm = GetParam().qk_ln;
   s.z_loss = GetParam().z_loss;
+  s.reset_position_ids = s.reset_attention_mask = GetParam().reset_docs;
+  s.eod_id = 3;
   const int B = 2, T = 5, N = B * T;
   auto be = MakeCpuBackend(2);
   GptModel model(be.get(), s);
@@ -174,6 +184,11 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   for (int i = 0; i < N; ++i) {
     tok[i] = static_cast<int32_t>(U64At({1, RngPurpose::kTest, 2}, i) % s.vocab);
     tgt[i] = static_cast<int32_t>(U64At({1, RngPurpose::kTest, 3}, i) % s.vocab);
+    if (tok[i] == s.eod_id) tok[i] = 4;
+  }
+  if (GetParam().reset_docs) {
+    // Documents [0,1,2] [3,4] in sequence 0; [0] [1,2,3] [4] in sequence 1.
+    tok[2] = tok[T] = tok[T + 3] = s.eod_id;
   }
   model.ZeroGrad();
   const double loss = model.Forward(tok.data(), tgt.data(), B, T, 1.0f / N);
@@ -223,12 +238,15 @@ INSTANTIATE_TEST_SUITE_P(Variants, GptReferenceTest,
                          ::testing::Values(Case{false, false}, Case{true, false}, Case{false, true},
                                            Case{true, true}, Case{false, false, true},
                                            Case{false, false, false, 0.05f},
-                                           Case{true, true, true, 0.05f}),
+                                           Case{true, true, true, 0.05f},
+                                           Case{false, false, false, 0.0f, true},
+                                           Case{true, false, false, 0.0f, true}),
                          [](const auto& info) {
                            return std::string(info.param.alibi ? "Alibi" : "Learned") +
                                   (info.param.embed_ln ? "EmbedLN" : "") +
                                   (info.param.qk_ln ? "QkLN" : "") +
-                                  (info.param.z_loss > 0 ? "ZLoss" : "");
+                                  (info.param.z_loss > 0 ? "ZLoss" : "") +
+                                  (info.param.reset_docs ? "ResetDocs" : "");
                          });
 
 TEST(GptModelTest, ParameterCountMatchesSeedsFormulaForStandardShape) {

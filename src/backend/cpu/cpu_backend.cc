@@ -198,13 +198,14 @@ void CpuBackend::Copy(float* dst, const float* src, size_t n) {
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]          out (B,T,C), wte (V,C), wpe (maxT,C)
 void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* wte,
-                                  const float* wpe, int B, int T, int C) {
+                                  const float* wpe, int B, int T, int C,
+                                  const int32_t* positions) {
 #pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
   for (int bt = 0; bt < B * T; bt++) {
     float* o = out + size_t(bt) * C;
     const float* e = wte + size_t(tokens[bt]) * C;
     if (wpe != nullptr) {
-      const float* pos = wpe + size_t(bt % T) * C;
+      const float* pos = wpe + size_t(positions ? positions[bt] : bt % T) * C;
       for (int c = 0; c < C; c++) o[c] = e[c] + pos[c];
     } else {
       std::memcpy(o, e, C * sizeof(float));
@@ -216,7 +217,8 @@ void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float
 // Repeated tokens hit the same row, so threads split channels (not tokens): each element of dwte
 // is summed by one thread in token order. No atomics, same bits every run.
 void CpuBackend::EmbeddingBackward(float* dwte, float* dwpe, const float* dout,
-                                   const int32_t* tokens, int B, int T, int C) {
+                                   const int32_t* tokens, int B, int T, int C,
+                                   const int32_t* positions) {
   const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
 #pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
   for (int blk = 0; blk < nblocks; blk++) {
@@ -226,7 +228,7 @@ void CpuBackend::EmbeddingBackward(float* dwte, float* dwpe, const float* dout,
       float* dw = dwte + size_t(tokens[bt]) * C;
       for (int c = c0; c < c1; c++) dw[c] += d[c];
       if (dwpe != nullptr) {
-        float* dp = dwpe + size_t(bt % T) * C;
+        float* dp = dwpe + size_t(positions ? positions[bt] : bt % T) * C;
         for (int c = c0; c < c1; c++) dp[c] += d[c];
       }
     }
@@ -473,7 +475,7 @@ float HeadScale(int hs) {
 
 void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
                                   const float* alibi_slopes, int B, int T, int C, int NH,
-                                  float* max_logit) {
+                                  float* max_logit, const int32_t* doc_start) {
   UseThreads();  // with one thread the region is inactive and OpenBLAS would use its own count
   const int hs = C / NH, C3 = 3 * C;
   const float a = HeadScale(hs);
@@ -497,19 +499,22 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
         blas::Sgemm(false, true, rows, i0 + rows, hs, 1.0f, qs + size_t(i0) * hs, hs, ks, hs, 0.0f,
                     p + size_t(i0) * T, T);
       }
-      // P = softmax over j <= i of S - slope (i - j), max subtracted; masked entries are 0
+      // P = softmax over s0 <= j <= i of S - slope (i - j), max subtracted; masked entries are 0
+      // (s0 = the first token of i's document with doc_start, else 0)
       const float slope = alibi_slopes != nullptr ? alibi_slopes[h] : 0.0f;
       float head_max = -INFINITY;
       for (int i = 0; i < T; i++) {
         float* row = p + size_t(i) * T;
+        const int s0 = doc_start != nullptr ? doc_start[size_t(b) * T + i] : 0;
         if (slope != 0.0f) {
-          for (int j = 0; j <= i; j++) row[j] -= slope * static_cast<float>(i - j);
+          for (int j = s0; j <= i; j++) row[j] -= slope * static_cast<float>(i - j);
         }
-        const float row_max = MaxOf(row, i + 1);
+        const float row_max = MaxOf(row + s0, i + 1 - s0);
         head_max = std::max(head_max, row_max);
-        const double sum = ExpShiftSum(row, i + 1, row_max);
+        const double sum = ExpShiftSum(row + s0, i + 1 - s0, row_max);
         const float inv = static_cast<float>(1.0 / sum);
-        for (int j = 0; j <= i; j++) row[j] *= inv;
+        for (int j = 0; j < s0; j++) row[j] = 0.0f;
+        for (int j = s0; j <= i; j++) row[j] *= inv;
         for (int j = i + 1; j < T; j++) row[j] = 0.0f;
       }
       if (max_logit != nullptr) max_logit[bh] = head_max;

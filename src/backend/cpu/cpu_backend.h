@@ -30,9 +30,9 @@ class CpuBackend : public Backend {
   void Copy(float* dst, const float* src, size_t n) override;
 
   void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                        int B, int T, int C) override;
+                        int B, int T, int C, const int32_t* positions) override;
   void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                         int T, int C) override;
+                         int T, int C, const int32_t* positions) override;
 
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int N, int C, float eps) override;
@@ -46,7 +46,8 @@ class CpuBackend : public Backend {
                       const float* inp, const float* weight, int N, int IC, int OC) override;
 
   void AttentionForward(float* out, float* att, const float* qkv, const float* alibi_slopes, int B,
-                        int T, int C, int NH, float* max_logit) override;
+                        int T, int C, int NH, float* max_logit,
+                        const int32_t* doc_start) override;
   void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                          int T, int C, int NH) override;
 
