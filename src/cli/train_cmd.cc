@@ -18,11 +18,11 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/stop_signal.h"
-#include "data/default_corpus.h"
 #include "data/blended_dataset.h"
+#include "data/default_corpus.h"
+#include "data/prepare.h"
 #include "data/sample_prefetcher.h"
 #include "data/train_data.h"
-#include "data/prepare.h"
 #include "journal/run_journal.h"
 #include "metrics/metrics_log.h"
 #include "model/generate.h"
@@ -142,7 +142,9 @@ int TrainCommand(int argc, const char* const* argv) {
   if ((cfg.reset_position_ids || cfg.reset_attention_mask) && meta.eod_id < 0)
     return Fail(Status::InvalidArgument(
         "--reset-position-ids / --reset-attention-mask find documents by their end-of-document "
-        "token, but " + prefix + ".meta.json names none; prepare the data with `keel data "
+        "token, but " +
+        prefix +
+        ".meta.json names none; prepare the data with `keel data "
         "prepare` (it records the EOD id) or drop the flags"));
   st = Validate(&cfg, &notes);
   if (!st.ok()) return Fail(st);

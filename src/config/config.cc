@@ -1175,9 +1175,9 @@ Status ParseRanges(const std::vector<std::string>& text, const char* flag, int64
       b = ParseWhole<int64_t>(std::string_view(r).substr(dash + 1));
     }
     if (!a || !b || *a < min_first || *b < *a)
-      return Invalid(fmt::format(
-          "--{} {}: expected FIRST-LAST with {} <= FIRST <= LAST ({}), e.g. --{} {}", flag, r,
-          min_first, what, flag, example));
+      return Invalid(
+          fmt::format("--{} {}: expected FIRST-LAST with {} <= FIRST <= LAST ({}), e.g. --{} {}",
+                      flag, r, min_first, what, flag, example));
     out->emplace_back(*a, *b);
   }
   return Status::OK();
@@ -1193,8 +1193,8 @@ Status ParseIterationRanges(const std::vector<std::string>& text,
 
 Status ParseSampleRanges(const std::vector<std::string>& text,
                          std::vector<std::pair<int64_t, int64_t>>* out) {
-  return ParseRanges(text, "skip-train-samples-range", 0,
-                     "inclusive 0-based sample positions", "204800-409599", out);
+  return ParseRanges(text, "skip-train-samples-range", 0, "inclusive 0-based sample positions",
+                     "204800-409599", out);
 }
 
 std::string FormatConfig(const TrainConfig& cfg) {

@@ -73,7 +73,7 @@ struct TrainConfig {
   std::vector<std::string> data_path;
   std::string split = "969,30,1";  // train,valid,test weights over documents
   TokenizerKind tokenizer = TokenizerKind::kSentencePiece;  // default corpus only
-  int vocab_size = 0;  // from the dataset's metadata; padded by Validate
+  int vocab_size = 0;   // from the dataset's metadata; padded by Validate
   int32_t eod_id = -1;  // from the dataset's metadata (the document separator)
   // Documents inside a packed sequence: restart position ids at each EOD, and/or let tokens attend
   // only within their own document (Megatron's --reset-position-ids / --reset-attention-mask).

@@ -115,7 +115,8 @@ Status CorpusFiles(Env* env, const std::string& name, std::vector<std::string>* 
   for (const std::string& n : names)
     if (n.size() > 4 && n.compare(n.size() - 4, 4, ".txt") == 0) files->push_back(JoinPath(dir, n));
   if (files->empty())
-    return Status::Corruption("'" + dir + "' holds no .txt addresses; reinstall with scripts/setup.sh");
+    return Status::Corruption("'" + dir +
+                              "' holds no .txt addresses; reinstall with scripts/setup.sh");
   return Status::OK();
 }
 

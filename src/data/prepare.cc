@@ -82,8 +82,9 @@ Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* sta
     return Status::InvalidArgument("data prepare: no output prefix given");
   }
   if (!options.tokenizer_model.empty() && options.tokenizer != "sentencepiece")
-    return Status::InvalidArgument("data prepare: --tokenizer-model is a sentencepiece model; "
-                                   "pass --tokenizer sentencepiece with it");
+    return Status::InvalidArgument(
+        "data prepare: --tokenizer-model is a sentencepiece model; "
+        "pass --tokenizer sentencepiece with it");
   if (options.tokenizer != "gpt2" && options.tokenizer != "sentencepiece") {
     return Status::InvalidArgument("data prepare: unknown tokenizer '" + options.tokenizer +
                                    "' (expected gpt2 or sentencepiece)");

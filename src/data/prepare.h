@@ -22,9 +22,9 @@ struct PrepareOptions {
   // sentencepiece only: use this trained model (another dataset's PREFIX.model) instead of
   // training one, so datasets share a vocabulary and can be mixed. Copied to PREFIX.model.
   std::string tokenizer_model;
-  std::string gpt2_assets_dir;              // gpt2 only; empty: DefaultGpt2AssetsDir()
-  uint64_t seed = 1234;                     // sentencepiece training seed
-  bool progress = false;                    // progress bar on stderr
+  std::string gpt2_assets_dir;  // gpt2 only; empty: DefaultGpt2AssetsDir()
+  uint64_t seed = 1234;         // sentencepiece training seed
+  bool progress = false;        // progress bar on stderr
 };
 
 struct PrepareStats {

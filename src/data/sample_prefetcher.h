@@ -51,8 +51,8 @@ class SamplePrefetcher {
   std::vector<SampleOrigin> origins_;  // per slot
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  int64_t start_ = 0;    // lowest position still wanted
-  int64_t filled_ = 0;   // positions [start_, filled_) are in the buffer
+  int64_t start_ = 0;   // lowest position still wanted
+  int64_t filled_ = 0;  // positions [start_, filled_) are in the buffer
   uint64_t generation_ = 0;
   uint64_t resets_ = 0;  // bumped by every restart: a read that straddles one is dropped
   bool started_ = false, stop_ = false;

@@ -28,8 +28,7 @@ Status ExpandShardPattern(Env* env, const std::string& prefix, std::vector<std::
   const std::string idx_pattern = pattern + ".idx";
   for (const std::string& n : names) {
     if (fnmatch(idx_pattern.c_str(), n.c_str(), FNM_PATHNAME) == 0)
-      out->push_back((slash == std::string::npos ? "" : dir + "/") +
-                     n.substr(0, n.size() - 4));
+      out->push_back((slash == std::string::npos ? "" : dir + "/") + n.substr(0, n.size() - 4));
   }
   std::sort(out->begin(), out->end());
   if (out->empty())
@@ -70,9 +69,9 @@ Status ShardedDataset::Open(Env* env, const std::vector<std::string>& prefixes,
 void ShardedDataset::ReadStream(int64_t start, int64_t count, int32_t* out) const {
   KEEL_CHECK(start >= 0 && count >= 0 && start + count <= NumTokens(),
              "stream range outside the sharded dataset");
-  size_t s = static_cast<size_t>(
-      std::upper_bound(shard_starts_.begin(), shard_starts_.end(), start) - shard_starts_.begin() -
-      1);
+  size_t s =
+      static_cast<size_t>(std::upper_bound(shard_starts_.begin(), shard_starts_.end(), start) -
+                          shard_starts_.begin() - 1);
   while (count > 0) {
     const int64_t offset = start - shard_starts_[s];
     const int64_t take = std::min<int64_t>(count, shards_[s]->NumTokens() - offset);

@@ -67,8 +67,10 @@ Status TrainData::Open(Env* env, const std::vector<std::pair<double, std::string
               "--tokenizer sentencepiece --tokenizer-model {}`",
               td->sources_[0].prefix, prefix, TokenizerModelPath(td->sources_[0].shards[0], a),
               TokenizerModelPath(s.shards[0], b),
-              !ra.ok() ? ": " + ra.message() : !rb.ok() ? ": " + rb.message() : "", prefix,
-              TokenizerModelPath(td->sources_[0].shards[0], a)));
+              !ra.ok()   ? ": " + ra.message()
+              : !rb.ok() ? ": " + rb.message()
+                         : "",
+              prefix, TokenizerModelPath(td->sources_[0].shards[0], a)));
       }
     }
     Status st = GptDataset::Create(s.data.get(), split, Split::kTrain, seq_length, seed, &s.train);
@@ -82,8 +84,7 @@ Status TrainData::Open(Env* env, const std::vector<std::pair<double, std::string
     td->sources_.push_back(std::move(s));
   }
   KEEL_RETURN_IF_ERROR(BlendedDataset::Create(weights, "--data-path", &td->blend_));
-  for (size_t d = 0; d < td->sources_.size(); ++d)
-    td->sources_[d].weight = td->blend_.weights()[d];
+  for (size_t d = 0; d < td->sources_.size(); ++d) td->sources_[d].weight = td->blend_.weights()[d];
   *out = std::move(td);
   return Status::OK();
 }

@@ -32,10 +32,10 @@ struct SampleOrigin {
 class TrainData {
  public:
   struct Source {
-    std::string name;    // for logs and metrics: the prefix's file name (made unique)
-    std::string prefix;  // as given (a shard pattern stays a pattern)
+    std::string name;                 // for logs and metrics: the prefix's file name (made unique)
+    std::string prefix;               // as given (a shard pattern stays a pattern)
     std::vector<std::string> shards;  // the prefixes it stands for
-    double weight = 1;   // normalised: the weights sum to 1
+    double weight = 1;                // normalised: the weights sum to 1
     std::unique_ptr<ShardedDataset> data;
     std::unique_ptr<GptDataset> train, valid;  // valid is null when the split leaves none
     std::string valid_missing;                 // why, when valid is null

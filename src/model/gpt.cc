@@ -306,8 +306,7 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
     } else {
       be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, 3 * C);
     }
-    be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit,
-                         doc_start_);
+    be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit, doc_start_);
     be->MatmulForward(y.res2, y.atty, projw, projb, N, C, C);  // res2 = attn proj ...
     be->Add(y.res2, y.res2, x, static_cast<size_t>(N) * C);    // ... + x
     be->LayerNormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, ln2w, ln2b, N, C,
@@ -469,7 +468,8 @@ double GptModel::LastMaxAttentionLogit() {
 }
 
 double GptModel::SequenceLoss(int b) const {
-  KEEL_CHECK(acts_ && has_targets_ && b >= 0 && b < cur_B_, "SequenceLoss needs a Forward with targets");
+  KEEL_CHECK(acts_ && has_targets_ && b >= 0 && b < cur_B_,
+             "SequenceLoss needs a Forward with targets");
   const float* row = acts_->host_losses.data() + static_cast<size_t>(b) * cur_T_;
   double s = 0.0;
   for (int t = 0; t < cur_T_; ++t) s += row[t];

@@ -45,9 +45,8 @@ std::string RefusalReason(const std::string& key) {
                                               "embed-layernorm",
                                               "make-vocab-size-divisible-by",
                                               "layernorm-epsilon"};
-  static const std::set<std::string> data_order = {"seed",      "data-path",
-                                                   "split",     "tokenizer",
-                                                   "reset-position-ids", "reset-attention-mask"};
+  static const std::set<std::string> data_order = {
+      "seed", "data-path", "split", "tokenizer", "reset-position-ids", "reset-attention-mask"};
   if (shape.count(key))
     return "it is part of the model shape, which is fixed by the saved weights and can never be "
            "edited";

@@ -56,12 +56,18 @@ std::string SiblingPath(const std::string& prefix, const std::string& file) {
 }  // namespace
 
 json SpecToJson(const GptSpec& s) {
-  return json{{"num_layers", s.num_layers},           {"hidden", s.hidden},
-              {"ffn_hidden", s.ffn_hidden},           {"heads", s.heads},
-              {"max_positions", s.max_positions},     {"vocab", s.vocab},
-              {"padded_vocab", s.padded_vocab},       {"alibi", s.alibi},
-              {"embed_layernorm", s.embed_layernorm}, {"layernorm_eps", s.layernorm_eps},
-              {"qk_layernorm", s.qk_layernorm},       {"z_loss", s.z_loss},
+  return json{{"num_layers", s.num_layers},
+              {"hidden", s.hidden},
+              {"ffn_hidden", s.ffn_hidden},
+              {"heads", s.heads},
+              {"max_positions", s.max_positions},
+              {"vocab", s.vocab},
+              {"padded_vocab", s.padded_vocab},
+              {"alibi", s.alibi},
+              {"embed_layernorm", s.embed_layernorm},
+              {"layernorm_eps", s.layernorm_eps},
+              {"qk_layernorm", s.qk_layernorm},
+              {"z_loss", s.z_loss},
               {"reset_position_ids", s.reset_position_ids},
               {"reset_attention_mask", s.reset_attention_mask},
               {"eod_id", s.eod_id}};
@@ -189,7 +195,8 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
                     {"samples", iv.samples},
                     {"dataset_loss_sum", ojson::array()},
                     {"dataset_sequences", iv.dataset_sequences}}}};
-  for (double v : iv.dataset_loss_sum) s["metrics"]["interval"]["dataset_loss_sum"].push_back(Num(v));
+  for (double v : iv.dataset_loss_sum)
+    s["metrics"]["interval"]["dataset_loss_sum"].push_back(Num(v));
   s["guard"] = guard_state;
   s["model"] = SpecToJson(model.spec());
   s["tokenizer"] = {{"kind", run.meta.tokenizer},
@@ -283,9 +290,8 @@ std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const Tr
   // Warmup and decay lengths are compared in samples (below), whichever form set them.
   static const std::set<std::string> schedule_lengths = {"lr-warmup-samples", "lr-warmup-iters",
                                                          "lr-decay-samples", "lr-decay-iters"};
-  static const std::set<std::string> data_order = {"seed",      "data-path",
-                                                   "split",     "tokenizer",
-                                                   "reset-position-ids", "reset-attention-mask"};
+  static const std::set<std::string> data_order = {
+      "seed", "data-path", "split", "tokenizer", "reset-position-ids", "reset-attention-mask"};
   // Settings that only steer this process (where to save, when to stop, how to resume).
   static const std::set<std::string> operational = {"save",
                                                     "load",

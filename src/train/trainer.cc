@@ -2,10 +2,9 @@
 
 #include <xxhash.h>
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "core/log.h"
 #include "train/flops.h"
@@ -309,24 +308,25 @@ Status Trainer::Run(const RunHooks& hooks) {
       }
     }
     if (hooks.metrics) {
-      nlohmann::json m = {{"kind", "train"},
-                          {"iteration", counters_.iteration},
-                          {"train_iters", total_iters_},
-                          {"consumed_samples", counters_.consumed_samples},
-                          {"consumed_tokens", counters_.consumed_tokens},
-                          {"iteration_ms", r.step_ms},
-                          {"learning_rate", r.lr},
-                          {"global_batch_size", r.global_batch},
-                          {"lm_loss", Finite(r.loss)},
-                          {"loss_scale", 1.0},
-                          {"grad_norm", Finite(r.grad_norm)},
-                          {"num_zeros", r.num_zeros},
-                          {"skipped", r.skipped},
-                          {"data_skipped", r.data_skipped},
-                          {"nan", !r.data_skipped && r.skipped &&
-                                      !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))},
-                          {"samples_per_second", 1000.0 * r.global_batch / r.step_ms},
-                          {"tflops", FlopsPerIteration(r.global_batch) / (r.step_ms / 1000.0) / 1e12}};
+      nlohmann::json m = {
+          {"kind", "train"},
+          {"iteration", counters_.iteration},
+          {"train_iters", total_iters_},
+          {"consumed_samples", counters_.consumed_samples},
+          {"consumed_tokens", counters_.consumed_tokens},
+          {"iteration_ms", r.step_ms},
+          {"learning_rate", r.lr},
+          {"global_batch_size", r.global_batch},
+          {"lm_loss", Finite(r.loss)},
+          {"loss_scale", 1.0},
+          {"grad_norm", Finite(r.grad_norm)},
+          {"num_zeros", r.num_zeros},
+          {"skipped", r.skipped},
+          {"data_skipped", r.data_skipped},
+          {"nan",
+           !r.data_skipped && r.skipped && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))},
+          {"samples_per_second", 1000.0 * r.global_batch / r.step_ms},
+          {"tflops", FlopsPerIteration(r.global_batch) / (r.step_ms / 1000.0) / 1e12}};
       if (nd > 1 && !r.data_skipped) {
         nlohmann::json per = nlohmann::json::object();
         for (size_t d = 0; d < nd; ++d)

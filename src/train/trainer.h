@@ -32,7 +32,8 @@ using SampleFn = std::function<int(int64_t index, int32_t* tokens)>;
 // One dataset's validation set (a mixture evaluates each on its own).
 struct ValidationSet {
   std::string name;
-  double weight = 1;  // its weight in the mixture: the combined validation loss is the weighted mean
+  double weight =
+      1;  // its weight in the mixture: the combined validation loss is the weighted mean
   SampleFn samples;
 };
 

@@ -28,9 +28,11 @@ void WriteDataset(const std::string& prefix, int docs, int tag, int vocab = 512)
   ASSERT_TRUE(w.Open().ok());
   for (int d = 0; d < docs; ++d) {
     // Each dataset has its own simple statistics (a learnable pattern per tag).
-    const int len = 20 + static_cast<int>(U64At({7, RngPurpose::kTest, static_cast<uint64_t>(tag)}, d) % 60);
+    const int len =
+        20 + static_cast<int>(U64At({7, RngPurpose::kTest, static_cast<uint64_t>(tag)}, d) % 60);
     std::vector<int32_t> doc(len);
-    int32_t v = 1 + static_cast<int32_t>(U64At({5, RngPurpose::kTest, static_cast<uint64_t>(tag)}, d) % 200);
+    int32_t v = 1 + static_cast<int32_t>(
+                        U64At({5, RngPurpose::kTest, static_cast<uint64_t>(tag)}, d) % 200);
     for (int i = 0; i < len; ++i) {
       doc[i] = v;
       v = 1 + (v * (tag + 2) + 7) % 250;
@@ -91,11 +93,13 @@ class MixtureCliTest : public ::testing::Test {
 };
 
 TEST_F(MixtureCliTest, ThreeRestartsGiveTheUninterruptedRunBitForBit) {
-  const auto ref = RunKeelShell("", "train" + std::string(kModel) + mix_ + " --save " + dir_ + "/ref");
+  const auto ref =
+      RunKeelShell("", "train" + std::string(kModel) + mix_ + " --save " + dir_ + "/ref");
   ASSERT_EQ(ref.code, 0) << ref.out;
   EXPECT_NE(ref.out.find("data: a = " + dir_ + "/a (weight 0.7500)"), std::string::npos) << ref.out;
   EXPECT_NE(ref.out.find(" lm loss per dataset | a: "), std::string::npos) << ref.out;
-  EXPECT_NE(ref.out.find(" validation loss at iteration 20 [b] | lm loss value: "), std::string::npos);
+  EXPECT_NE(ref.out.find(" validation loss at iteration 20 [b] | lm loss value: "),
+            std::string::npos);
   const std::vector<std::string> want = TrainingLines(ref.out);
   ASSERT_EQ(want.size(), 4u * 2 + 2u * 3);  // 4 iteration + 4 per-dataset, 2 x 3 validation
 
@@ -104,8 +108,8 @@ TEST_F(MixtureCliTest, ThreeRestartsGiveTheUninterruptedRunBitForBit) {
   std::string last;
   for (int stop : {7, 19, 33, 0}) {
     const std::string extra = stop ? " --exit-interval " + std::to_string(stop) : "";
-    const auto r = RunKeelShell("", "train" + std::string(kModel) + mix_ + " --save " + dir_ +
-                                        "/resumed" + extra);
+    const auto r = RunKeelShell(
+        "", "train" + std::string(kModel) + mix_ + " --save " + dir_ + "/resumed" + extra);
     ASSERT_EQ(r.code, 0) << r.out;
     for (const std::string& l : TrainingLines(r.out)) got.push_back(l);
     last = r.out;
@@ -142,8 +146,8 @@ TEST_F(MixtureCliTest, ThreeRestartsGiveTheUninterruptedRunBitForBit) {
 TEST_F(MixtureCliTest, TomlListEqualsFlagsAndWeightsChangeNeedsOverride) {
   const auto flags = RunKeelShell("", "train" + std::string(kModel) + mix_ + " --train-iters 10");
   ASSERT_EQ(flags.code, 0) << flags.out;
-  std::ofstream(dir_ + "/mix.toml") << "data-path = [0.75, \"" << dir_ << "/a\", 0.25, \"" << dir_
-                                    << "/b\"]\n";
+  std::ofstream(dir_ + "/mix.toml")
+      << "data-path = [0.75, \"" << dir_ << "/a\", 0.25, \"" << dir_ << "/b\"]\n";
   const auto toml = RunKeelShell(
       "", "train" + std::string(kModel) + " --config " + dir_ + "/mix.toml --train-iters 10");
   ASSERT_EQ(toml.code, 0) << toml.out;
@@ -171,15 +175,17 @@ TEST_F(MixtureCliTest, DifferentVocabulariesAreRefusedBeforeAnyWork) {
   EXPECT_NE(r.out.find("vocab 1024"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("same tokenizer"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find(" iteration "), std::string::npos);
-  const auto bad = RunKeelShell("", "train" + std::string(kModel) + " --data-path 0.5 " + dir_ + "/a " + dir_ + "/b");
+  const auto bad = RunKeelShell(
+      "", "train" + std::string(kModel) + " --data-path 0.5 " + dir_ + "/a " + dir_ + "/b");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("WEIGHT PREFIX pairs"), std::string::npos) << bad.out;
 }
 
 TEST_F(MixtureCliTest, SkipTrainSamplesRangeSkipsTheIterationsThatReadThem) {
   // Global batch 8: samples 80..99 are read by iterations 11..13 (samples 80..103).
-  const auto by_samples = RunKeelShell(
-      "", "train" + std::string(kModel) + mix_ + " --train-iters 20 --skip-train-samples-range 80-99");
+  const auto by_samples =
+      RunKeelShell("", "train" + std::string(kModel) + mix_ +
+                           " --train-iters 20 --skip-train-samples-range 80-99");
   ASSERT_EQ(by_samples.code, 0) << by_samples.out;
   EXPECT_NE(by_samples.out.find("data: iterations 11..13 will be skipped"), std::string::npos)
       << by_samples.out;
@@ -187,13 +193,15 @@ TEST_F(MixtureCliTest, SkipTrainSamplesRangeSkipsTheIterationsThatReadThem) {
                                 "without an update (samples 80..103)"),
             std::string::npos)
       << by_samples.out;
-  const auto by_iters = RunKeelShell(
-      "", "train" + std::string(kModel) + mix_ + " --train-iters 20 --skip-train-iteration-range 11-13");
+  const auto by_iters =
+      RunKeelShell("", "train" + std::string(kModel) + mix_ +
+                           " --train-iters 20 --skip-train-iteration-range 11-13");
   ASSERT_EQ(by_iters.code, 0) << by_iters.out;
   EXPECT_EQ(Fingerprint(by_samples.out), Fingerprint(by_iters.out));
   const auto none = RunKeelShell("", "train" + std::string(kModel) + mix_ + " --train-iters 20");
   EXPECT_NE(Fingerprint(none.out), Fingerprint(by_iters.out));
-  const auto bad = RunKeelShell("", "train" + std::string(kModel) + mix_ + " --skip-train-samples-range 9-3");
+  const auto bad =
+      RunKeelShell("", "train" + std::string(kModel) + mix_ + " --skip-train-samples-range 9-3");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("--skip-train-samples-range 9-3"), std::string::npos) << bad.out;
 }
@@ -206,32 +214,56 @@ TEST_F(MixtureCliTest, DocumentResetsChangeTrainingAndNeedOverrideOnResume) {
   ASSERT_EQ(plain.code, 0) << plain.out;
   ASSERT_EQ(reset.code, 0) << reset.out;
   EXPECT_NE(Fingerprint(plain.out), Fingerprint(reset.out));  // documents are 20-80 tokens
-  const auto again = RunKeelShell("", base + " --train-iters 8 --override-scheduler --save " + dir_ + "/r");
+  const auto again =
+      RunKeelShell("", base + " --train-iters 8 --override-scheduler --save " + dir_ + "/r");
   EXPECT_EQ(again.code, 2) << again.out;
   EXPECT_NE(again.out.find("reset-position-ids: true -> false"), std::string::npos) << again.out;
 }
 
+TEST_F(MixtureCliTest, AnExhaustedDatasetSaysSoAndAResumeSaysWhichEpoch) {
+  WriteDataset(dir_ + "/tiny", 12, 4);  // about 20 train samples of 33 tokens
+  const std::string base = "train" + std::string(kModel) + " --data-path 0.5 " + dir_ + "/a 0.5 " +
+                           dir_ + "/tiny --save " + dir_ + "/ep";
+  const auto first = RunKeelShell("", base + " --exit-interval 12");
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_NE(first.out.find("data: tiny exhausted after 1 epoch(s) of "), std::string::npos)
+      << first.out;
+  EXPECT_NE(first.out.find("epoch 2 begins with a new deterministic order"), std::string::npos);
+  const auto resumed = RunKeelShell("", base);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("data: tiny is in epoch "), std::string::npos) << resumed.out;
+}
+
 TEST(SotuCorpusTest, PreparedWithMobyDicksModelAndMixed) {
   const std::string dir = FreshTempDir("sotu");
-  auto moby = RunKeelShell("", "data prepare --corpus moby-dick --tokenizer sentencepiece --quiet "
-                               "--output-prefix " + dir + "/moby");
+  auto moby = RunKeelShell("",
+                           "data prepare --corpus moby-dick --tokenizer sentencepiece --quiet "
+                           "--output-prefix " +
+                               dir + "/moby");
   ASSERT_EQ(moby.code, 0) << moby.out;
-  auto sotu = RunKeelShell("", "data prepare --corpus sotu --tokenizer sentencepiece --quiet "
-                               "--tokenizer-model " + dir + "/moby.model --output-prefix " + dir + "/sotu");
+  auto sotu = RunKeelShell("",
+                           "data prepare --corpus sotu --tokenizer sentencepiece --quiet "
+                           "--tokenizer-model " +
+                               dir + "/moby.model --output-prefix " + dir + "/sotu");
   ASSERT_EQ(sotu.code, 0) << sotu.out;
   EXPECT_NE(sotu.out.find("corpus sotu: 233 documents"), std::string::npos) << sotu.out;
   auto inspect = RunKeelShell("", "data inspect " + dir + "/sotu --doc 0 --tokens 12");
   ASSERT_EQ(inspect.code, 0) << inspect.out;
   EXPECT_NE(inspect.out.find("Fellow-Citizens of the Sen"), std::string::npos) << inspect.out;
   // Trained separately, the two sentencepiece models differ: a mixture of them is refused.
-  ASSERT_EQ(RunKeelShell("", "data prepare --corpus sotu --tokenizer sentencepiece --quiet "
-                             "--output-prefix " + dir + "/sotu_own").code, 0);
+  ASSERT_EQ(RunKeelShell("",
+                         "data prepare --corpus sotu --tokenizer sentencepiece --quiet "
+                         "--output-prefix " +
+                             dir + "/sotu_own")
+                .code,
+            0);
   auto refused = RunKeelShell("", "train" + std::string(kModel) + " --data-path 0.5 " + dir +
                                       "/moby 0.5 " + dir + "/sotu_own");
   EXPECT_EQ(refused.code, 2) << refused.out;
   EXPECT_NE(refused.out.find("different sentencepiece models"), std::string::npos) << refused.out;
-  auto mixed = RunKeelShell("", "train" + std::string(kModel) + " --train-iters 10 --data-path 0.5 " +
-                                    dir + "/moby 0.5 " + dir + "/sotu --sample-tokens 8");
+  auto mixed =
+      RunKeelShell("", "train" + std::string(kModel) + " --train-iters 10 --data-path 0.5 " + dir +
+                           "/moby 0.5 " + dir + "/sotu --sample-tokens 8");
   ASSERT_EQ(mixed.code, 0) << mixed.out;
   EXPECT_NE(mixed.out.find(" lm loss per dataset | moby: "), std::string::npos) << mixed.out;
   EXPECT_NE(mixed.out.find("sample (temperature"), std::string::npos) << mixed.out;

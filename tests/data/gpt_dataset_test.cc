@@ -1,11 +1,11 @@
 #include "data/gpt_dataset.h"
-#include "data/indexed_dataset.h"
 
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <set>
 
+#include "data/indexed_dataset.h"
 #include "data_test_util.h"
 
 namespace keel {

@@ -34,9 +34,9 @@ TEST(SamplePrefetcherTest, ReturnsWhatTheReadFunctionGivesThroughJumpsAndGenerat
     EXPECT_EQ(o.epoch, w.epoch);
   };
   for (int64_t i = 0; i < 40; ++i) check(i, 0);
-  for (int64_t i = 10; i < 20; ++i) check(i, 0);  // back (a rollback)
+  for (int64_t i = 10; i < 20; ++i) check(i, 0);       // back (a rollback)
   for (int64_t i = 100; i < 130; i += 3) check(i, 0);  // forward with gaps (a skipped window)
-  for (int64_t i = 130; i < 140; ++i) check(i, 1);  // a new data order
+  for (int64_t i = 130; i < 140; ++i) check(i, 1);     // a new data order
   for (int64_t i = 5; i < 9; ++i) check(i, 0);
   const auto s = p.stats();
   EXPECT_EQ(s.served, 40 + 10 + 10 + 10 + 4);

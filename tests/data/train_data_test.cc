@@ -11,8 +11,8 @@
 #include <set>
 
 #include "core/rng.h"
-#include "data_test_util.h"
 #include "data/indexed_dataset.h"
+#include "data_test_util.h"
 
 namespace keel {
 namespace {
@@ -20,14 +20,18 @@ namespace {
 using datatest::TempDir;
 
 // `docs` documents of 5..40 tokens, ids in [1, 200) tagged by `tag` in the first token, EOD 0.
-void WriteDataset(const std::string& prefix, int docs, int tag, DatasetMeta meta = {"gpt2", "", 512, 0}) {
+void WriteDataset(const std::string& prefix, int docs, int tag,
+                  DatasetMeta meta = {"gpt2", "", 512, 0}) {
   IndexedDatasetWriter w(Env::Default(), prefix, meta.vocab_size);
   ASSERT_TRUE(w.Open().ok());
   for (int d = 0; d < docs; ++d) {
-    const int len = 5 + static_cast<int>(U64At({7, RngPurpose::kTest, static_cast<uint64_t>(tag)}, d) % 36);
+    const int len =
+        5 + static_cast<int>(U64At({7, RngPurpose::kTest, static_cast<uint64_t>(tag)}, d) % 36);
     std::vector<int32_t> doc(len);
     for (int i = 0; i < len; ++i)
-      doc[i] = 1 + static_cast<int32_t>(U64At({9, RngPurpose::kTest, static_cast<uint64_t>(tag * 1000 + d)}, i) % 199);
+      doc[i] =
+          1 + static_cast<int32_t>(
+                  U64At({9, RngPurpose::kTest, static_cast<uint64_t>(tag * 1000 + d)}, i) % 199);
     doc.push_back(0);
     ASSERT_TRUE(w.AddDocument(doc).ok());
   }
@@ -159,8 +163,8 @@ TEST(TrainDataTest, DatasetsWithDifferentTokenizersAreRefusedWithAFix) {
   WriteDataset(dir.Join("a"), 50, 1);
   WriteDataset(dir.Join("b"), 50, 2, {"gpt2", "", 1024, 0});
   std::unique_ptr<TrainData> td;
-  Status st =
-      TrainData::Open(Env::Default(), {{1, dir.Join("a")}, {1, dir.Join("b")}}, "90,10,0", 16, 1, &td);
+  Status st = TrainData::Open(Env::Default(), {{1, dir.Join("a")}, {1, dir.Join("b")}}, "90,10,0",
+                              16, 1, &td);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
   EXPECT_NE(st.message().find("vocab 1024"), std::string::npos) << st.message();
@@ -173,8 +177,7 @@ TEST(TrainDataTest, DatasetsWithDifferentTokenizersAreRefusedWithAFix) {
   st = TrainData::Open(Env::Default(), {{1, dir.Join("sa")}, {1, dir.Join("sc")}}, "90,10,0", 16, 1,
                        &td);
   ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("different sentencepiece models"), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find("different sentencepiece models"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("--tokenizer-model"), std::string::npos) << st.message();
 }
 

@@ -234,20 +234,17 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, GptReferenceTest,
-                         ::testing::Values(Case{false, false}, Case{true, false}, Case{false, true},
-                                           Case{true, true}, Case{false, false, true},
-                                           Case{false, false, false, 0.05f},
-                                           Case{true, true, true, 0.05f},
-                                           Case{false, false, false, 0.0f, true},
-                                           Case{true, false, false, 0.0f, true}),
-                         [](const auto& info) {
-                           return std::string(info.param.alibi ? "Alibi" : "Learned") +
-                                  (info.param.embed_ln ? "EmbedLN" : "") +
-                                  (info.param.qk_ln ? "QkLN" : "") +
-                                  (info.param.z_loss > 0 ? "ZLoss" : "") +
-                                  (info.param.reset_docs ? "ResetDocs" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Variants, GptReferenceTest,
+    ::testing::Values(Case{false, false}, Case{true, false}, Case{false, true}, Case{true, true},
+                      Case{false, false, true}, Case{false, false, false, 0.05f},
+                      Case{true, true, true, 0.05f}, Case{false, false, false, 0.0f, true},
+                      Case{true, false, false, 0.0f, true}),
+    [](const auto& info) {
+      return std::string(info.param.alibi ? "Alibi" : "Learned") +
+             (info.param.embed_ln ? "EmbedLN" : "") + (info.param.qk_ln ? "QkLN" : "") +
+             (info.param.z_loss > 0 ? "ZLoss" : "") + (info.param.reset_docs ? "ResetDocs" : "");
+    });
 
 TEST(GptModelTest, ParameterCountMatchesSeedsFormulaForStandardShape) {
   GptSpec s{3, 32, 128, 4, 16, 100, 128, false, false, 1e-5f};

@@ -198,8 +198,7 @@ void CpuBackend::Copy(float* dst, const float* src, size_t n) {
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]          out (B,T,C), wte (V,C), wpe (maxT,C)
 void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* wte,
-                                  const float* wpe, int B, int T, int C,
-                                  const int32_t* positions) {
+                                  const float* wpe, int B, int T, int C, const int32_t* positions) {
 #pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
   for (int bt = 0; bt < B * T; bt++) {
     float* o = out + size_t(bt) * C;

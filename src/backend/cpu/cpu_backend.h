@@ -46,8 +46,7 @@ class CpuBackend : public Backend {
                       const float* inp, const float* weight, int N, int IC, int OC) override;
 
   void AttentionForward(float* out, float* att, const float* qkv, const float* alibi_slopes, int B,
-                        int T, int C, int NH, float* max_logit,
-                        const int32_t* doc_start) override;
+                        int T, int C, int NH, float* max_logit, const int32_t* doc_start) override;
   void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                          int T, int C, int NH) override;
 
