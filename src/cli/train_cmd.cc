@@ -24,7 +24,7 @@
 #include "data/sample_prefetcher.h"
 #include "data/train_data.h"
 #include "journal/run_journal.h"
-#include "metrics/metrics_log.h"
+#include "metrics/run_metrics.h"
 #include "model/generate.h"
 #include "train/checkpoint_controller.h"
 #include "train/flops.h"
@@ -407,6 +407,25 @@ int TrainCommand(int argc, const char* const* argv) {
     journal.Append(history.back(), fmt::format("{} from {} at iteration {}",
                                                rollback ? "rolled back by hand" : "resumed",
                                                saved->dir, saved->counters.iteration));
+  // ---- metrics: metrics.jsonl and TensorBoard files, rewound to where this run continues ----
+  std::unique_ptr<RunMetrics> metrics;
+  st = RunMetrics::Open(env, cfg.save, &metrics);
+  if (st.ok()) {
+    std::string archived;
+    const TrainCounters& c = trainer.counters();
+    st = metrics->Rewind({c.iteration, c.consumed_samples, c.consumed_tokens},
+                         rollback ? "rollback" : saved ? "resume" : "restart", &archived);
+    if (st.ok() && !archived.empty())
+      Log("metrics: the records after iteration {} were moved to {}; metrics.jsonl and "
+          "tensorboard/ continue from iteration {}",
+          c.iteration, archived, c.iteration);
+  }
+  if (!st.ok()) return Fail(st);
+  journal.set_observer([&](const nlohmann::json& ev, const std::string& sentence) {
+    const bool has_it = ev.contains("iteration") && ev["iteration"].is_number_integer();
+    (void)metrics->AppendText(has_it ? ev["iteration"].get<int64_t>() : trainer.counters().iteration,
+                              "guard/events", sentence);
+  });
   GuardController guard(cfg, env, store.get(), &trainer, store ? &ckpt : nullptr, &journal,
                         [](const std::string& l) { LogLine(l); });
   st = guard.Start(saved.get());
@@ -451,15 +470,11 @@ int TrainCommand(int argc, const char* const* argv) {
     RunHooks hooks;
     hooks.log = [](const std::string& line) { LogLine(line); };
     hooks.after_iteration = [&] { return guard.AfterIteration() && ckpt.AfterIteration(); };
-    std::unique_ptr<MetricsLog> metrics;
-    st = MetricsLog::Open(env, cfg.save.empty() ? "" : JoinPath(cfg.save, "metrics.jsonl"),
-                          &metrics);
-    if (!st.ok()) return Fail(st);
     bool metrics_failed = false;
     hooks.metrics = [&](const nlohmann::json& m) {
       Status ms = metrics->Append(m);
       if (!ms.ok() && !metrics_failed) {  // metrics must never stop training; said once
-        Warn("metrics: cannot append to {}: {}; training goes on without it", metrics->path(),
+        Warn("metrics: cannot write to {}: {}; training goes on without them", cfg.save,
              ms.message());
         metrics_failed = true;
       }

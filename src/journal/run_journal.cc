@@ -33,6 +33,7 @@ void RunJournal::Append(nlohmann::json event, const std::string& sentence) {
   if (log_) log_("guard: " + sentence);
   Write(kEventsFile, event.dump() + "\n");
   Write(kChronicleFile, "- " + sentence + "\n");
+  if (observer_) observer_(event, sentence);
 }
 
 void RunJournal::Heading(const std::string& text) {

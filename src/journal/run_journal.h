@@ -31,6 +31,10 @@ class RunJournal {
   void Append(nlohmann::json event, const std::string& sentence);
   // A heading line in CHRONICLE.md (e.g. at the start of each process).
   void Heading(const std::string& text);
+  // Also called with every appended event and its sentence (e.g. to put it in TensorBoard).
+  void set_observer(std::function<void(const nlohmann::json&, const std::string&)> f) {
+    observer_ = std::move(f);
+  }
 
  private:
   void Write(const std::string& file, const std::string& text);
@@ -38,6 +42,7 @@ class RunJournal {
   std::string dir_;
   Logger log_;
   bool warned_ = false;
+  std::function<void(const nlohmann::json&, const std::string&)> observer_;
 };
 
 // Current UTC time as 2026-11-22T10:00:00Z.

@@ -68,6 +68,24 @@ TEST(GuardCliTest, PoisonedWindowIsRolledBackSkippedAndJournaled) {
   EXPECT_EQ(state["guard"]["healthy"], true);
   EXPECT_EQ(state["data"]["skipped_iteration_ranges"], json::parse("[[61, 111]]"));
   EXPECT_EQ(state["counters"]["data_skipped_iterations"], 51);
+  // Metrics follow the rollback: the live metrics.jsonl runs 1..150 once, in order; what the
+  // rolled-back iterations 61..64 wrote is in metrics-archive/rollback-iter64-to-iter60-*.
+  std::istringstream metrics(ReadFile(dir + "/run/metrics.jsonl"));
+  int64_t expect = 1;
+  for (std::string line; std::getline(metrics, line);) {
+    const json m = json::parse(line);
+    if (m["kind"] == "train") {
+      EXPECT_EQ(m["iteration"], expect++) << line;
+    }
+  }
+  EXPECT_EQ(expect, 151);
+  int archives = 0;
+  for (const auto& e : fs::directory_iterator(dir + "/run/metrics-archive")) {
+    ++archives;
+    EXPECT_EQ(e.path().filename().string().rfind("rollback-iter64-to-iter60-", 0), 0u) << e.path();
+    EXPECT_TRUE(fs::exists(e.path() / "metrics.jsonl"));
+  }
+  EXPECT_EQ(archives, 1);
   fs::remove_all(dir);
 }
 

@@ -234,6 +234,27 @@ TEST_F(MixtureCliTest, AnExhaustedDatasetSaysSoAndAResumeSaysWhichEpoch) {
   EXPECT_NE(resumed.out.find("data: tiny is in epoch "), std::string::npos) << resumed.out;
 }
 
+TEST_F(MixtureCliTest, RestartFromAnOlderCheckpointArchivesTheMetricsAfterIt) {
+  const std::string base = "train" + std::string(kModel) + mix_ + " --train-iters 20 " +
+                           "--save-interval 10 --keep-last-checkpoints 0 --save " + dir_ + "/run";
+  ASSERT_EQ(RunKeelShell("", base).code, 0);
+  const auto again = RunKeelShell("", base + " --load " + dir_ + "/run/iter_0000010");
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("metrics: the records after iteration 10 were moved to " + dir_ +
+                           "/run/metrics-archive/rollback-iter20-to-iter10-"),
+            std::string::npos)
+      << again.out;
+  std::ifstream live(dir_ + "/run/metrics.jsonl");
+  int64_t expect = 1;
+  for (std::string line; std::getline(live, line);) {
+    const auto m = nlohmann::json::parse(line);
+    if (m["kind"] == "train") {
+      EXPECT_EQ(m["iteration"], expect++);
+    }
+  }
+  EXPECT_EQ(expect, 21);
+}
+
 TEST(SotuCorpusTest, PreparedWithMobyDicksModelAndMixed) {
   const std::string dir = FreshTempDir("sotu");
   auto moby = RunKeelShell("",

@@ -1,0 +1,60 @@
+// RunMetrics: the run's metrics, in its run directory (--save):
+//   metrics.jsonl                       one JSON object per iteration ("kind": "train": every field
+//                                       of the iteration line, per-dataset loss) and per evaluation
+//   tensorboard/events.out.tfevents.*   the same as TensorBoard scalars under Megatron's grouped
+//                                       tags, plus the guard's events as text
+//   metrics-archive/NAME/               what a rewind moved aside (nothing is deleted)
+// Rollback-aware: when the run goes back to an earlier iteration (a resume from an older
+// checkpoint, the guard's rollback), everything written after that iteration is moved to
+// metrics-archive/ under a name that says what happened, and the live files continue cleanly
+// from the resume point, so TensorBoard shows one curve without hand surgery.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/env.h"
+#include "core/status.h"
+
+namespace keel {
+
+constexpr const char* kMetricsFile = "metrics.jsonl";
+constexpr const char* kTensorBoardDir = "tensorboard";
+constexpr const char* kMetricsArchiveDir = "metrics-archive";
+
+// Where a run stands, on the three x-axes of the TensorBoard tags.
+struct MetricsPosition {
+  int64_t iteration = 0, samples = 0, tokens = 0;
+};
+
+class RunMetrics {
+ public:
+  // `run_dir` empty: nothing is written. Opening does not touch existing files; call Rewind.
+  static Status Open(Env* env, const std::string& run_dir, std::unique_ptr<RunMetrics>* out);
+
+  // The run continues after `at`: records of later iterations (and TensorBoard events past
+  // its iteration, samples or tokens) move to metrics-archive/<reason>-<from>-to-<at>-<time>/,
+  // the live files keep the rest. Nothing to move: nothing happens. `*archived` gets the
+  // archive's path ("" if none).
+  Status Rewind(const MetricsPosition& at, const std::string& reason, std::string* archived);
+
+  // One record of the Trainer's metrics stream. A train record at or before the last one
+  // written means the run went back (an in-process rollback): the files are rewound first.
+  Status Append(const nlohmann::json& record);
+  // A text event (the guard's journal) at `iteration`.
+  Status AppendText(int64_t iteration, const std::string& tag, const std::string& text);
+
+  const std::string& run_dir() const { return dir_; }
+
+ private:
+  Status OpenLive();
+  Status WriteScalar(int64_t step, const std::string& tag, double value, double wall);
+
+  Env* env_ = nullptr;
+  std::string dir_;
+  std::unique_ptr<WritableFile> jsonl_, events_;
+  int64_t last_iteration_ = -1;  // of the last train record appended by this process
+};
+
+}  // namespace keel
