@@ -414,7 +414,10 @@ int TrainCommand(int argc, const char* const* argv) {
     std::string archived;
     const TrainCounters& c = trainer.counters();
     st = metrics->Rewind({c.iteration, c.consumed_samples, c.consumed_tokens},
-                         rollback ? "rollback" : saved ? "resume" : "restart", &archived);
+                         rollback ? "rollback"
+                         : saved  ? "resume"
+                                  : "restart",
+                         &archived);
     if (st.ok() && !archived.empty())
       Log("metrics: the records after iteration {} were moved to {}; metrics.jsonl and "
           "tensorboard/ continue from iteration {}",
@@ -423,8 +426,9 @@ int TrainCommand(int argc, const char* const* argv) {
   if (!st.ok()) return Fail(st);
   journal.set_observer([&](const nlohmann::json& ev, const std::string& sentence) {
     const bool has_it = ev.contains("iteration") && ev["iteration"].is_number_integer();
-    (void)metrics->AppendText(has_it ? ev["iteration"].get<int64_t>() : trainer.counters().iteration,
-                              "guard/events", sentence);
+    (void)metrics->AppendText(
+        has_it ? ev["iteration"].get<int64_t>() : trainer.counters().iteration, "guard/events",
+        sentence);
   });
   GuardController guard(cfg, env, store.get(), &trainer, store ? &ckpt : nullptr, &journal,
                         [](const std::string& l) { LogLine(l); });

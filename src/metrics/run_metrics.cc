@@ -14,12 +14,12 @@ namespace keel {
 namespace {
 
 double WallTime() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // The x-axis limit of a tag at a rewind: "... vs samples" and "... vs tokens" tags count samples
@@ -156,8 +156,8 @@ Status RunMetrics::Append(const nlohmann::json& r) {
     const int64_t samples = r.value("consumed_samples", int64_t{0});
     const int64_t tokens = r.value("consumed_tokens", int64_t{0});
     const int64_t per_sample = samples > 0 ? tokens / samples : 0;
-    KEEL_RETURN_IF_ERROR(Rewind({it - 1, samples - gb, tokens - gb * per_sample}, "rollback",
-                                nullptr));
+    KEEL_RETURN_IF_ERROR(
+        Rewind({it - 1, samples - gb, tokens - gb * per_sample}, "rollback", nullptr));
   }
   KEEL_RETURN_IF_ERROR(OpenLive());
   if (train) last_iteration_ = it;
@@ -210,7 +210,8 @@ Status RunMetrics::Append(const nlohmann::json& r) {
 Status RunMetrics::AppendText(int64_t iteration, const std::string& tag, const std::string& text) {
   if (dir_.empty()) return Status::OK();
   KEEL_RETURN_IF_ERROR(OpenLive());
-  KEEL_RETURN_IF_ERROR(events_->Append(FrameRecord(EncodeTextEvent(WallTime(), iteration, tag, text))));
+  KEEL_RETURN_IF_ERROR(
+      events_->Append(FrameRecord(EncodeTextEvent(WallTime(), iteration, tag, text))));
   return events_->Flush();
 }
 

@@ -115,8 +115,7 @@ std::string EncodeFileVersionEvent(double wall_time) {
   return e;
 }
 
-std::string EncodeScalarEvent(double wall_time, int64_t step, const std::string& tag,
-                              float value) {
+std::string EncodeScalarEvent(double wall_time, int64_t step, const std::string& tag, float value) {
   std::string v;
   PutBytes(&v, 1, tag);
   PutFixed(&v, 2, value);
@@ -138,7 +137,8 @@ std::string EncodeTextEvent(double wall_time, int64_t step, const std::string& t
   PutVarint(&dim, 1);
   std::string shape;  // TensorShapeProto { dim = 2 }
   PutBytes(&shape, 2, dim);
-  std::string tensor;  // TensorProto { dtype = 1 (DT_STRING = 7); tensor_shape = 2; string_val = 8 }
+  std::string
+      tensor;  // TensorProto { dtype = 1 (DT_STRING = 7); tensor_shape = 2; string_val = 8 }
   PutKey(&tensor, 1, 0);
   PutVarint(&tensor, 7);
   PutBytes(&tensor, 2, shape);
@@ -171,7 +171,8 @@ Status ParseEventFile(std::string_view bytes, const std::string& what,
   size_t off = 0;
   auto le = [&](size_t at, int n) {
     uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[at + i])) << (8 * i);
+    for (int i = 0; i < n; ++i)
+      v |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[at + i])) << (8 * i);
     return v;
   };
   while (off < bytes.size()) {

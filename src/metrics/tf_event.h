@@ -37,8 +37,8 @@ struct DecodedEvent {
   std::string tag;           // of the first summary value ("" if none)
   bool has_scalar = false;
   float scalar = 0;
-  std::string text;          // a text-plugin value
-  std::string data;          // the record's data, as read
+  std::string text;  // a text-plugin value
+  std::string data;  // the record's data, as read
 };
 // Splits an event file into records, checking both CRCs of each; an error names the offset.
 Status ParseEventFile(std::string_view bytes, const std::string& what,

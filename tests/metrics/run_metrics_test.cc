@@ -18,11 +18,20 @@ namespace {
 namespace fs = std::filesystem;
 
 nlohmann::json Train(int64_t it) {
-  return {{"kind", "train"},          {"iteration", it},        {"consumed_samples", it * 8},
-          {"consumed_tokens", it * 256}, {"global_batch_size", 8}, {"lm_loss", 10.0 - it * 0.1},
-          {"learning_rate", 1e-3},    {"grad_norm", 1.0},        {"loss_scale", 1.0},
-          {"num_zeros", 0},           {"iteration_ms", 50.0},    {"samples_per_second", 160.0},
-          {"tflops", 0.1},            {"data_skipped", false}};
+  return {{"kind", "train"},
+          {"iteration", it},
+          {"consumed_samples", it * 8},
+          {"consumed_tokens", it * 256},
+          {"global_batch_size", 8},
+          {"lm_loss", 10.0 - it * 0.1},
+          {"learning_rate", 1e-3},
+          {"grad_norm", 1.0},
+          {"loss_scale", 1.0},
+          {"num_zeros", 0},
+          {"iteration_ms", 50.0},
+          {"samples_per_second", 160.0},
+          {"tflops", 0.1},
+          {"data_skipped", false}};
 }
 
 std::vector<int64_t> JsonlIterations(const std::string& path) {
@@ -66,8 +75,11 @@ TEST_F(RunMetricsTest, WritesJsonlAndMegatronTags) {
     r["datasets"] = {{"sotu", {{"lm_loss", 5.0}, {"sequences", 6}}}};
     ASSERT_TRUE(m->Append(r).ok());
   }
-  ASSERT_TRUE(m->Append({{"kind", "validation"}, {"iteration", 4}, {"consumed_samples", 32},
-                         {"lm_loss", 6.0}, {"lm_loss_ppl", 403.4}})
+  ASSERT_TRUE(m->Append({{"kind", "validation"},
+                         {"iteration", 4},
+                         {"consumed_samples", 32},
+                         {"lm_loss", 6.0},
+                         {"lm_loss_ppl", 403.4}})
                   .ok());
   ASSERT_TRUE(m->AppendText(3, "guard/events", "spike").ok());
   EXPECT_EQ(JsonlIterations(dir_ + "/metrics.jsonl"), (std::vector<int64_t>{1, 2, 3, 4, 4}));
@@ -75,10 +87,10 @@ TEST_F(RunMetricsTest, WritesJsonlAndMegatronTags) {
   EXPECT_EQ(ev["lm-loss-training/lm loss"], (std::vector<int64_t>{1, 2, 3, 4}));
   EXPECT_EQ(ev["lm-loss-training/lm loss vs samples"], (std::vector<int64_t>{8, 16, 24, 32}));
   EXPECT_EQ(ev["lm-loss-training/lm loss vs tokens"], (std::vector<int64_t>{256, 512, 768, 1024}));
-  for (const char* tag : {"learning-rate/learning-rate", "grad-norm/grad-norm",
-                          "loss-scale/loss-scale", "batch-size/batch-size",
-                          "iteration-time/iteration-time", "batch-size/batch-size vs samples",
-                          "lm-loss-training/sotu lm loss", "throughput/TFLOPs"})
+  for (const char* tag :
+       {"learning-rate/learning-rate", "grad-norm/grad-norm", "loss-scale/loss-scale",
+        "batch-size/batch-size", "iteration-time/iteration-time",
+        "batch-size/batch-size vs samples", "lm-loss-training/sotu lm loss", "throughput/TFLOPs"})
     EXPECT_EQ(ev[tag].size(), 4u) << tag;
   EXPECT_EQ(ev["lm-loss-validation/lm loss validation"], (std::vector<int64_t>{4}));
   EXPECT_EQ(ev["lm-loss-validation/lm loss validation ppl vs samples"], (std::vector<int64_t>{32}));
@@ -94,7 +106,8 @@ TEST_F(RunMetricsTest, RewindArchivesWhatFollowsAndContinuesCleanly) {
   std::string archived;
   ASSERT_TRUE(m->Rewind({6, 48, 1536}, "resume", &archived).ok());
   ASSERT_FALSE(archived.empty());
-  EXPECT_NE(archived.find("metrics-archive/resume-iter10-to-iter6-"), std::string::npos) << archived;
+  EXPECT_NE(archived.find("metrics-archive/resume-iter10-to-iter6-"), std::string::npos)
+      << archived;
   // The archive holds everything as it was; the live files stop at 6, then continue.
   EXPECT_EQ(JsonlIterations(archived + "/metrics.jsonl").size(), 10u);
   EXPECT_EQ(Events(archived + "/tensorboard")["lm-loss-training/lm loss"].size(), 10u);

@@ -44,7 +44,8 @@ TEST(TfEventTest, ScalarEventGoldenBytes) {
 
 TEST(TfEventTest, Crc32cAndFrame) {
   EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);  // the CRC-32C check value
-  for (const std::string& s : std::vector<std::string>{"", "a", "hello tensorboard", std::string(1000, 0x7f)})
+  for (const std::string& s :
+       std::vector<std::string>{"", "a", "hello tensorboard", std::string(1000, 0x7f)})
     EXPECT_EQ(Crc32c(s), ReferenceCrc32c(s));
   const uint32_t c = Crc32c("abc");
   EXPECT_EQ(MaskedCrc32c("abc"), ((c >> 15) | (c << 17)) + 0xa282ead8u);
