@@ -35,6 +35,19 @@ void PutLe(std::string* out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
+// Re-encodes a field as FieldReader returned it.
+void PutField(std::string* out, int field, int wire, uint64_t num, std::string_view bytes) {
+  if (wire == 2) {
+    PutBytes(out, field, bytes);
+  } else if (wire == 0) {
+    PutKey(out, field, 0);
+    PutVarint(out, num);
+  } else {
+    PutKey(out, field, wire);
+    PutLe(out, num, wire == 1 ? 8 : 4);
+  }
+}
+
 std::string EventHeader(double wall_time, int64_t step) {
   std::string e;
   PutFixed(&e, 1, wall_time);
@@ -247,28 +260,16 @@ std::string RetagEvent(const std::string& data, const std::string& new_tag) {
         while (vr.Next(&field, &wire, &num, &vb)) {
           if (field == 1 && wire == 2 && first) {
             PutBytes(&v, 1, new_tag);
-          } else if (wire == 2) {
-            PutBytes(&v, field, vb);
-          } else if (wire == 0) {
-            PutKey(&v, field, 0);
-            PutVarint(&v, num);
           } else {
-            PutKey(&v, field, wire);
-            PutLe(&v, num, wire == 1 ? 8 : 4);
+            PutField(&v, field, wire, num, vb);
           }
         }
         first = false;
         PutBytes(&summary, 1, v);
       }
       PutBytes(&out, 5, summary);
-    } else if (wire == 2) {
-      PutBytes(&out, field, b);
-    } else if (wire == 0) {
-      PutKey(&out, field, 0);
-      PutVarint(&out, num);
     } else {
-      PutKey(&out, field, wire);
-      PutLe(&out, num, wire == 1 ? 8 : 4);
+      PutField(&out, field, wire, num, b);
     }
   }
   return out;

@@ -30,6 +30,24 @@ inline KeelResult RunKeelShell(const std::string& env, const std::string& args) 
   return r;
 }
 
+// An iteration or validation line without its timing fields (elapsed time, samples per second,
+// TFLOPs): what must be equal between an interrupted run and one that never stopped.
+inline std::string WithoutTimings(const std::string& line) {
+  std::string kept;
+  size_t f = 0;
+  while (f < line.size()) {
+    size_t bar = line.find('|', f);
+    if (bar == std::string::npos) bar = line.size();
+    const std::string field = line.substr(f, bar - f);
+    if (field.find("elapsed time") == std::string::npos &&
+        field.find("samples per second") == std::string::npos &&
+        field.find("TFLOPs") == std::string::npos)
+      kept += field + "|";
+    f = bar + 1;
+  }
+  return kept;
+}
+
 inline std::string FreshTempDir(const std::string& name) {
   auto dir =
       std::filesystem::temp_directory_path() / ("keel_" + name + "_" + std::to_string(getpid()));

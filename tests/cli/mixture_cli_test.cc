@@ -57,19 +57,7 @@ std::vector<std::string> TrainingLines(const std::string& out) {
     if (line.rfind(" iteration ", 0) != 0 && line.rfind(" lm loss per dataset", 0) != 0 &&
         line.rfind(" validation loss", 0) != 0)
       continue;
-    std::string kept;
-    size_t f = 0;
-    while (f < line.size()) {
-      size_t bar = line.find('|', f);
-      if (bar == std::string::npos) bar = line.size();
-      const std::string field = line.substr(f, bar - f);
-      if (field.find("elapsed time") == std::string::npos &&
-          field.find("samples per second") == std::string::npos &&
-          field.find("TFLOPs") == std::string::npos)
-        kept += field + "|";
-      f = bar + 1;
-    }
-    lines.push_back(kept);
+    lines.push_back(keel_test::WithoutTimings(line));
   }
   return lines;
 }

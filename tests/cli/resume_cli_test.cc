@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "keel_process.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -100,19 +102,7 @@ void CollectLines(const std::string& out, std::map<std::string, std::string>* li
     } else {
       continue;
     }
-    std::string kept;
-    size_t f = 0;
-    while (f < line.size()) {
-      size_t bar = line.find('|', f);
-      if (bar == std::string::npos) bar = line.size();
-      const std::string field = line.substr(f, bar - f);
-      if (field.find("elapsed time") == std::string::npos &&
-          field.find("samples per second") == std::string::npos &&
-          field.find("TFLOPs") == std::string::npos)
-        kept += field + "|";
-      f = bar + 1;
-    }
-    (*lines)[key] = kept;
+    (*lines)[key] = keel_test::WithoutTimings(line);
   }
 }
 
