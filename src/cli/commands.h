@@ -18,6 +18,7 @@ int BenchGuard(int iters, int warmup, int threads);
 int BenchData(const std::string& dir, double gb, int repeats, int seq_length);
 // `keel ckpt list|inspect|verify|diff|edit|pin|unpin|export` (ckpt_cmd.cc).
 int CkptCommand(int argc, const char* const* argv);
+int TbCommand(int argc, const char* const* argv);
 // `keel ckpt export PATH --hf OUT` (ckpt_export_cmd.cc); argv[0] is "export".
 int CkptExportCommand(int argc, const char* const* argv);
 

@@ -16,8 +16,9 @@ usage: keel <command> [options]
 commands:
   train          train a model (Megatron-LM flags or --config run.toml); no flags: the default job
   sample         generate text from a checkpoint of `keel train --save DIR`
-  data prepare   tokenize text files into a Megatron indexed dataset (.bin/.idx)
+  data           prepare (tokenize text into .bin/.idx), inspect and verify datasets
   ckpt           list, inspect, verify, diff, edit, pin and export checkpoints
+  tb             rename tags in TensorBoard event files, truncate them after a step
   bench          measure tokens/s, GFLOP/s and MFU against this machine's sgemm peak
   version        print the version
 
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
     if (cmd == "data") return keel::cli::DataCommand(subc, sub);
     if (cmd == "bench") return keel::cli::BenchCommand(subc, sub);
     if (cmd == "ckpt") return keel::cli::CkptCommand(subc, sub);
+    if (cmd == "tb") return keel::cli::TbCommand(subc, sub);
     if (cmd == "version" || cmd == "--version") {
       std::printf("keel %s\n", KEEL_VERSION);
       return 0;

@@ -1,0 +1,75 @@
+// `keel tb rename --map MAP.json DIR`: rename tags in every event file of DIR, one pass per file,
+// each file replaced atomically. `keel tb truncate --after-step N DIR`: keep the curves up to
+// iteration N; the original files go whole to DIR/tb-archive/ (docs/observability.md).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/log.h"
+#include "metrics/tb_tools.h"
+
+namespace keel::cli {
+
+int TbCommand(int argc, const char* const* argv) {
+  CLI::App app("TensorBoard event directories", "keel tb");
+  app.require_subcommand(1);
+  std::string dir, map_path;
+  int64_t step = -1;
+  CLI::App* rename = app.add_subcommand("rename", "Rename tags in every event file of DIR");
+  rename->add_option("--map", map_path, "JSON object {\"old tag\": \"new tag\", ...}")->required();
+  rename->add_option("dir", dir, "directory of events.out.tfevents.* files")->required();
+  CLI::App* truncate =
+      app.add_subcommand("truncate", "Keep the events up to a step; archive the originals");
+  truncate->add_option("--after-step", step, "last iteration kept")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  truncate->add_option("dir", dir, "directory of events.out.tfevents.* files")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  Env* env = Env::Default();
+  auto fail = [](const Status& st) {
+    LogError("error: " + st.message());
+    return st.code() == Status::Code::kNotFound || st.code() == Status::Code::kInvalidArgument ? 2
+                                                                                               : 1;
+  };
+  if (rename->parsed()) {
+    std::string text;
+    Status st = env->ReadFileToString(map_path, &text);
+    if (!st.ok()) return fail(Status::NotFound("--map " + map_path + ": " + st.message()));
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    std::map<std::string, std::string> map;
+    bool ok = j.is_object() && !j.empty();
+    if (ok)
+      for (const auto& [from, to] : j.items()) {
+        if (!to.is_string() || to.get<std::string>().empty() || from.empty()) ok = false;
+        if (ok) map[from] = to.get<std::string>();
+      }
+    if (!ok)
+      return fail(Status::InvalidArgument(
+          "--map " + map_path +
+          " must be a JSON object of non-empty tag names, e.g. {\"lm loss\": "
+          "\"lm-loss-training/lm loss\"}"));
+    TagRenameReport r;
+    st = RenameTags(env, dir, map, &r);
+    if (!st.ok()) return fail(st);
+    for (const auto& [from, n] : r.renamed) Log("renamed {} events: {} -> {}", n, from, map[from]);
+    for (const auto& [from, to] : map)
+      if (!r.renamed.count(from)) Warn("no event has the tag '{}'", from);
+    Log("{} of {} event files rewritten", r.files_changed, r.files);
+    return 0;
+  }
+  TruncateReport r;
+  Status st = TruncateAfterStep(env, dir, step, &r);
+  if (!st.ok()) return fail(st);
+  if (r.archive.empty())
+    Log("nothing follows step {}: no file changed ({} events)", step, r.kept);
+  else
+    Log("kept {} events up to step {}; the original files ({} more events) are in {}", r.kept, step,
+        r.moved, r.archive);
+  return 0;
+}
+
+}  // namespace keel::cli
