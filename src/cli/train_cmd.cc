@@ -116,9 +116,7 @@ int TrainCommand(int argc, const char* const* argv) {
   // ---- data ----
   std::vector<std::string> notes;
   std::vector<std::pair<double, std::string>> blend;
-  const bool default_corpus =
-      cfg.data_path.empty() || (cfg.data_path.size() == 1 && cfg.data_path[0].empty());
-  if (default_corpus) {
+  if (cfg.data_path.empty()) {  // (a lone "" is normalised away by the config)
     std::string prefix;
     const std::string tok = cfg.tokenizer == TokenizerKind::kGpt2 ? "gpt2" : "sentencepiece";
     st = EnsureDefaultCorpus(env, tok, 4096, &prefix, &notes);
@@ -343,10 +341,20 @@ int TrainCommand(int argc, const char* const* argv) {
     trainer.set_dataset_names(data->Names());
     trainer.set_validation_sets(valid_sets);
   }
-  for (const IterationRange& r : trainer.config_skip_ranges())
-    Log("data: iterations {}..{} will be skipped (--skip-train-iteration-range / "
-        "--skip-train-samples-range)",
-        r.first, r.last);
+  {
+    // Iteration ranges are journaled below; here the iterations the sample ranges stand for.
+    std::vector<std::pair<int64_t, int64_t>> sample_ranges;
+    (void)ParseSampleRanges(cfg.skip_train_samples_range, &sample_ranges);  // validated above
+    for (auto [a, b] : sample_ranges) {
+      const IterationRange r = trainer.IterationsReading(a, b);
+      if (r.first > 0)
+        Log("data: iterations {}..{} will be skipped (--skip-train-samples-range {}-{})", r.first,
+            r.last, a, b);
+      else
+        Warn("--skip-train-samples-range {}-{} lies past the end of this run: nothing to skip", a,
+             b);
+    }
+  }
   if (!nan_grad.empty())
     trainer.set_gradient_fault([&](int64_t it, float* g, size_t) {
       for (auto [a, b] : nan_grad) {

@@ -17,17 +17,10 @@ double WallTime() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// The x-axis limit of a tag at a rewind: "... vs samples" and "... vs tokens" tags count samples
-// and tokens, every other tag iterations.
+// The x-axis limit of a tag at a rewind: samples, tokens or iterations.
 int64_t LimitFor(const std::string& tag, const MetricsPosition& at) {
-  if (EndsWith(tag, " vs samples")) return at.samples;
-  if (EndsWith(tag, " vs tokens")) return at.tokens;
-  return at.iteration;
+  const std::string axis = TagAxisSuffix(tag);
+  return axis == " vs samples" ? at.samples : axis == " vs tokens" ? at.tokens : at.iteration;
 }
 
 std::string Compact(std::string t) {  // 2026-11-23T05:00:00Z -> 20261123T050000Z

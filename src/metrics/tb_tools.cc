@@ -10,16 +10,10 @@
 namespace keel {
 namespace {
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The tag X that "X vs samples" / "X vs tokens" pairs with ("" for a tag on the iteration axis).
 std::string PairedTag(const std::string& tag) {
-  for (const char* s : {" vs samples", " vs tokens"})
-    if (EndsWith(tag, s)) return tag.substr(0, tag.size() - std::string(s).size());
-  return "";
+  const size_t n = TagAxisSuffix(tag).size();
+  return n == 0 ? "" : tag.substr(0, tag.size() - n);
 }
 
 struct LoadedFile {

@@ -128,15 +128,20 @@ std::string EncodeFileVersionEvent(double wall_time) {
   return e;
 }
 
+// Event { wall_time, step, summary = 5 { value = 1 { <value> } } }
+std::string EventWithValue(double wall_time, int64_t step, const std::string& value) {
+  std::string summary;
+  PutBytes(&summary, 1, value);
+  std::string e = EventHeader(wall_time, step);
+  PutBytes(&e, 5, summary);
+  return e;
+}
+
 std::string EncodeScalarEvent(double wall_time, int64_t step, const std::string& tag, float value) {
   std::string v;
   PutBytes(&v, 1, tag);
   PutFixed(&v, 2, value);
-  std::string summary;
-  PutBytes(&summary, 1, v);
-  std::string e = EventHeader(wall_time, step);
-  PutBytes(&e, 5, summary);
-  return e;
+  return EventWithValue(wall_time, step, v);
 }
 
 std::string EncodeTextEvent(double wall_time, int64_t step, const std::string& tag,
@@ -150,8 +155,8 @@ std::string EncodeTextEvent(double wall_time, int64_t step, const std::string& t
   PutVarint(&dim, 1);
   std::string shape;  // TensorShapeProto { dim = 2 }
   PutBytes(&shape, 2, dim);
-  std::string
-      tensor;  // TensorProto { dtype = 1 (DT_STRING = 7); tensor_shape = 2; string_val = 8 }
+  // TensorProto { dtype = 1 (DT_STRING = 7); tensor_shape = 2; string_val = 8 }
+  std::string tensor;
   PutKey(&tensor, 1, 0);
   PutVarint(&tensor, 7);
   PutBytes(&tensor, 2, shape);
@@ -160,11 +165,15 @@ std::string EncodeTextEvent(double wall_time, int64_t step, const std::string& t
   PutBytes(&v, 1, tag);
   PutBytes(&v, 8, tensor);
   PutBytes(&v, 9, meta);
-  std::string summary;
-  PutBytes(&summary, 1, v);
-  std::string e = EventHeader(wall_time, step);
-  PutBytes(&e, 5, summary);
-  return e;
+  return EventWithValue(wall_time, step, v);
+}
+
+std::string TagAxisSuffix(const std::string& tag) {
+  for (const std::string suffix : {" vs samples", " vs tokens"})
+    if (tag.size() >= suffix.size() &&
+        tag.compare(tag.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return suffix;
+  return "";
 }
 
 std::string FrameRecord(std::string_view data) {

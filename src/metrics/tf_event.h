@@ -26,6 +26,10 @@ std::string EncodeFileVersionEvent(double wall_time);  // "brain.Event:2", writt
 std::string EncodeScalarEvent(double wall_time, int64_t step, const std::string& tag, float value);
 std::string EncodeTextEvent(double wall_time, int64_t step, const std::string& tag,
                             const std::string& text);
+// The x-axis suffix of a tag: " vs samples" or " vs tokens" (Megatron's naming), "" when the
+// tag is plotted against iterations.
+std::string TagAxisSuffix(const std::string& tag);
+
 // One TFRecord around `data`.
 std::string FrameRecord(std::string_view data);
 

@@ -25,9 +25,12 @@ std::string FormatIterationLine(const IterationStats& s) {
   return out;
 }
 
+double LossPpl(double loss) {
+  return std::exp(std::min(20.0, loss));  // a diverged model's PPL stays printable
+}
+
 std::string FormatValidationLine(int64_t iteration, double loss, const std::string& dataset) {
-  // Megatron caps the exponent at 20 so PPL stays printable for a diverged model.
-  const double ppl = std::exp(std::min(20.0, loss));
+  const double ppl = LossPpl(loss);
   return fmt::format(
       " validation loss at iteration {}{} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |",
       iteration, dataset.empty() ? "" : " [" + dataset + "]", loss, ppl);

@@ -28,6 +28,8 @@ struct IterationStats {
 //  iteration       10/     300 | consumed samples:           80 | ... | TFLOPs: 0.05 |
 std::string FormatIterationLine(const IterationStats& s);
 //  validation loss at iteration 100 | lm loss value: 5.123456E+00 | lm loss PPL: 1.678E+02 |
+// exp(loss), with the exponent capped at 20 as Megatron does, so PPL stays printable.
+double LossPpl(double loss);
 // With `dataset`: one dataset of a mixture, " validation loss at iteration 100 [sotu] | ...".
 std::string FormatValidationLine(int64_t iteration, double loss, const std::string& dataset = "");
 

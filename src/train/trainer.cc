@@ -54,6 +54,7 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, E
   batch_tokens_.resize(mb * (cfg_.seq_length + 1));
   inputs_.resize(mb * cfg_.seq_length);
   targets_.resize(mb * cfg_.seq_length);
+  dataset_of_.resize(mb);
   std::vector<std::pair<int64_t, int64_t>> ranges;
   KEEL_CHECK(ParseIterationRanges(cfg_.skip_train_iteration_range, &ranges).ok(),
              "unvalidated --skip-train-iteration-range");
@@ -62,17 +63,23 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, E
   KEEL_CHECK(ParseSampleRanges(cfg_.skip_train_samples_range, &ranges).ok(),
              "unvalidated --skip-train-samples-range");
   for (auto [a, b] : ranges) {
-    int64_t pos = 0, first = -1, last = -1;
-    for (int64_t it = 1; it <= total_iters_ && pos <= b; ++it) {
-      const int64_t gb = rampup_.GlobalBatchAt(pos);
-      if (pos + gb - 1 >= a) {
-        if (first < 0) first = it;
-        last = it;
-      }
-      pos += gb;
-    }
-    if (first > 0) config_skip_ranges_.push_back({first, last});
+    const IterationRange r = IterationsReading(a, b);
+    if (r.first > 0) config_skip_ranges_.push_back(r);
   }
+}
+
+IterationRange Trainer::IterationsReading(int64_t first_sample, int64_t last_sample) const {
+  IterationRange r{-1, -1};
+  int64_t pos = 0;  // samples before iteration `it`, following the batch ramp-up
+  for (int64_t it = 1; it <= total_iters_ && pos <= last_sample; ++it) {
+    const int64_t gb = rampup_.GlobalBatchAt(pos);
+    if (pos + gb - 1 >= first_sample) {
+      if (r.first < 0) r.first = it;
+      r.last = it;
+    }
+    pos += gb;
+  }
+  return r;
 }
 
 void Trainer::set_dataset_names(std::vector<std::string> names) {
@@ -134,8 +141,6 @@ StepResult Trainer::TrainStep() {
   // lm loss, log Z (means over each micro-batch), then per dataset: summed sequence losses and
   // sequence counts.
   std::vector<double> sums(2 + 2 * nd, 0.0);
-  int dataset_of[1024];
-  KEEL_CHECK(mbs <= 1024, "micro-batch size above 1024");
   double max_attn = -INFINITY;
   for (int64_t m = 0; m < num_micro; ++m) {
     // Sample order: micro-batch m of rank r reads global samples (m * dp + r) * mbs + b.
@@ -143,8 +148,8 @@ StepResult Trainer::TrainStep() {
         counters_.consumed_samples + (m * dp + comm_->rank()) * static_cast<int64_t>(mbs);
     for (int b = 0; b < mbs; ++b) {
       int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
-      dataset_of[b] = train_samples_(first + b, s);
-      KEEL_CHECK(dataset_of[b] >= 0 && static_cast<size_t>(dataset_of[b]) < nd,
+      dataset_of_[b] = train_samples_(first + b, s);
+      KEEL_CHECK(dataset_of_[b] >= 0 && static_cast<size_t>(dataset_of_[b]) < nd,
                  "sample from an unknown dataset");
       std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
       std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
@@ -152,8 +157,8 @@ StepResult Trainer::TrainStep() {
     sums[0] += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
     if (nd > 1) {
       for (int b = 0; b < mbs; ++b) {
-        sums[2 + 2 * dataset_of[b]] += model_->SequenceLoss(b);
-        sums[3 + 2 * dataset_of[b]] += 1.0;
+        sums[2 + 2 * dataset_of_[b]] += model_->SequenceLoss(b);
+        sums[3 + 2 * dataset_of_[b]] += 1.0;
       }
     }
     if (gate_) {
@@ -393,7 +398,7 @@ void Trainer::RunEvaluation(const RunHooks& hooks) {
     const double loss = Evaluate(cfg_.eval_iters);
     hooks.log(FormatValidationLine(counters_.iteration, loss));
     m["lm_loss"] = Finite(loss);
-    m["lm_loss_ppl"] = Finite(std::exp(std::min(20.0, loss)));
+    m["lm_loss_ppl"] = Finite(LossPpl(loss));
   } else {
     // Each dataset on its own validation split; the combined loss is their weighted mean, the
     // expected loss of the mixture.
@@ -403,8 +408,7 @@ void Trainer::RunEvaluation(const RunHooks& hooks) {
     for (const ValidationSet& v : valid_sets_) {
       const double loss = Evaluate(cfg_.eval_iters, v.samples);
       lines.push_back(FormatValidationLine(counters_.iteration, loss, v.name));
-      per[v.name] = {{"lm_loss", Finite(loss)},
-                     {"lm_loss_ppl", Finite(std::exp(std::min(20.0, loss)))}};
+      per[v.name] = {{"lm_loss", Finite(loss)}, {"lm_loss_ppl", Finite(LossPpl(loss))}};
       wsum += v.weight;
       lsum += v.weight * loss;
     }
@@ -412,7 +416,7 @@ void Trainer::RunEvaluation(const RunHooks& hooks) {
     hooks.log(FormatValidationLine(counters_.iteration, loss));
     for (const std::string& l : lines) hooks.log(l);
     m["lm_loss"] = Finite(loss);
-    m["lm_loss_ppl"] = Finite(std::exp(std::min(20.0, loss)));
+    m["lm_loss_ppl"] = Finite(LossPpl(loss));
     m["datasets"] = per;
   }
   if (hooks.metrics) hooks.metrics(m);

@@ -32,8 +32,8 @@ using SampleFn = std::function<int(int64_t index, int32_t* tokens)>;
 // One dataset's validation set (a mixture evaluates each on its own).
 struct ValidationSet {
   std::string name;
-  double weight =
-      1;  // its weight in the mixture: the combined validation loss is the weighted mean
+  // Its weight in the mixture: the combined validation loss is the weighted mean.
+  double weight = 1;
   SampleFn samples;
 };
 
@@ -108,7 +108,6 @@ class Trainer {
   // Names of the datasets of a mixture (index = what the SampleFn returns). With more than one,
   // the loop reports the lm loss of each (a line after the iteration line, and the metrics).
   void set_dataset_names(std::vector<std::string> names);
-  const std::vector<std::string>& dataset_names() const { return dataset_names_; }
   // Per-dataset validation sets: evaluated one by one at each evaluation; the validation line's
   // loss is then their weighted mean. Without them, the constructor's validation samples are used.
   void set_validation_sets(std::vector<ValidationSet> sets) { valid_sets_ = std::move(sets); }
@@ -130,9 +129,9 @@ class Trainer {
   // Data windows skipped by the guard's rollbacks (part of the checkpoint). IsSkipped also
   // honours --skip-train-iteration-range, which comes from the config of each run.
   const std::vector<IterationRange>& skip_ranges() const { return skip_ranges_; }
-  // The iteration ranges of the config (--skip-train-iteration-range, and the iterations that
-  // read the samples of --skip-train-samples-range), as resolved for this run.
-  const std::vector<IterationRange>& config_skip_ranges() const { return config_skip_ranges_; }
+  // The iterations whose batches read any of samples [first_sample, last_sample] (0-based
+  // positions in the run's sample stream); first = -1 when the run never reaches them.
+  IterationRange IterationsReading(int64_t first_sample, int64_t last_sample) const;
   void set_skip_ranges(std::vector<IterationRange> r) { skip_ranges_ = std::move(r); }
   void AddSkipRange(IterationRange r) { skip_ranges_.push_back(r); }
   bool IsSkipped(int64_t iteration) const;
@@ -175,6 +174,7 @@ class Trainer {
   double lr_scale_ = 1.0;
   int64_t total_iters_ = 0;
   std::vector<int32_t> batch_tokens_, inputs_, targets_;
+  std::vector<int> dataset_of_;                     // dataset of each sequence of the micro-batch
   std::vector<IterationRange> skip_ranges_;         // the guard's (checkpointed)
   std::vector<IterationRange> config_skip_ranges_;  // --skip-train-iteration/samples-range
   std::vector<std::string> dataset_names_{"data"};
