@@ -59,20 +59,20 @@ std::vector<float> AlibiSlopes(int heads) {
   return slopes;
 }
 
-GptModel::GptModel(Backend* backend, const GptSpec& spec) : backend_(backend), spec_(spec) {
-  KEEL_CHECK(spec.hidden % spec.heads == 0, "hidden size must divide by heads");
-  KEEL_CHECK(spec.padded_vocab >= spec.vocab, "padded vocab smaller than vocab");
+std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec) {
   const int64_t C = spec.hidden, F = spec.ffn_hidden, Vp = spec.padded_vocab;
+  std::vector<ParamInfo> params;
+  size_t offset = 0;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
     ParamInfo p;
     p.name = name;
     p.shape = std::move(shape);
     p.numel = 1;
     for (int64_t d : p.shape) p.numel *= static_cast<size_t>(d);
-    p.offset = num_params_;
+    p.offset = offset;
     p.weight_decay = decay;
-    num_params_ += p.numel;
-    params_.push_back(std::move(p));
+    offset += p.numel;
+    params.push_back(std::move(p));
   };
   add("embedding.word_embeddings.weight", {Vp, C}, true);
   if (!spec.alibi) add("embedding.position_embeddings.weight", {spec.max_positions, C}, true);
@@ -104,6 +104,14 @@ GptModel::GptModel(Backend* backend, const GptSpec& spec) : backend_(backend), s
   }
   add("final_layernorm.weight", {C}, false);
   add("final_layernorm.bias", {C}, false);
+  return params;
+}
+
+GptModel::GptModel(Backend* backend, const GptSpec& spec)
+    : backend_(backend), spec_(spec), params_(ParamLayout(spec)) {
+  KEEL_CHECK(spec.hidden % spec.heads == 0, "hidden size must divide by heads");
+  KEEL_CHECK(spec.padded_vocab >= spec.vocab, "padded vocab smaller than vocab");
+  for (const ParamInfo& p : params_) num_params_ += p.numel;
   params_mem_ = backend_->AllocFloats(num_params_);
   grads_mem_ = backend_->AllocFloats(num_params_);
   if (spec.alibi) {

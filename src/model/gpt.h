@@ -68,6 +68,8 @@ class GptModel {
   // The seeds' formula n*(12h^2+13h) + v*h + s*h + 2h (exact for FFN = 4h, learned positions,
   // no embedding LayerNorm); compare with num_params() to catch a wrong FFN size.
   static int64_t FormulaParamCount(const GptSpec& spec);
+  // Every parameter tensor of `spec` in buffer order, without allocating (keel plan counts these).
+  static std::vector<ParamInfo> ParamLayout(const GptSpec& spec);
 
   // Megatron initialisation: weights ~ N(0, std), output projections (attention dense and
   // dense_4h_to_h) ~ N(0, std / sqrt(2 * num_layers)), biases 0, norms weight 1 bias 0. Each value

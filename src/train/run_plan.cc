@@ -1,0 +1,410 @@
+#include "train/run_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "model/gpt.h"
+#include "optim/batch_rampup.h"
+#include "train/flops.h"
+#include "train/trainer.h"
+
+namespace keel {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Elements of `p` one tensor-parallel rank holds (Megatron's sharding): QKV and h->4h are split by
+// output columns, the attention and 4h->h projections by input rows, the word embedding by
+// vocabulary rows; norms, position embeddings and the row-parallel biases are replicated.
+int64_t ShardNumel(const ParamInfo& p, int tp) {
+  const int64_t n = static_cast<int64_t>(p.numel);
+  const bool split = p.name.find("query_key_value") != std::string::npos ||
+                     p.name.find("dense_h_to_4h") != std::string::npos ||
+                     EndsWith(p.name, "attention.dense.weight") ||
+                     EndsWith(p.name, "dense_4h_to_h.weight") ||
+                     p.name == "embedding.word_embeddings.weight";
+  return split ? n / tp : n;
+}
+
+// Layer index of a "layers.N." parameter, or -1.
+int LayerOf(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return -1;
+  return std::stoi(name.substr(7));
+}
+
+std::string Thousands(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+std::string Human(double v) {
+  const char* units[] = {"", " K", " M", " B", " T"};
+  int u = 0;
+  while (std::abs(v) >= 1000 && u < 4) v /= 1000, ++u;
+  return fmt::format("{:.2f}{}", v, units[u]);
+}
+
+std::string BatchList(const std::vector<PlanRampStage>& stages, bool feasible) {
+  std::vector<int64_t> b;
+  for (const PlanRampStage& s : stages)
+    if (s.feasible == feasible) b.push_back(s.batch);
+  std::string out;
+  const size_t n = b.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (n > 8 && i == 4) {
+      out += ", ...";
+      i = n - 3;
+    }
+    out += (out.empty() ? "" : ", ") + std::to_string(b[i]);
+  }
+  return out;
+}
+
+Status Invalid(std::string msg) {
+  return Status::InvalidArgument(std::move(msg));
+}
+
+Status CheckInput(const PlanInput& in) {
+  if (in.num_nodes < 1)
+    return Invalid(fmt::format("--num-nodes {} must be at least 1", in.num_nodes));
+  if (in.gpus_per_node < 1)
+    return Invalid(fmt::format("--gpus-per-node {} must be at least 1", in.gpus_per_node));
+  if (in.tensor_parallel < 1)
+    return Invalid(
+        fmt::format("--tensor-model-parallel-size {} must be at least 1", in.tensor_parallel));
+  if (in.pipeline_parallel < 1)
+    return Invalid(
+        fmt::format("--pipeline-model-parallel-size {} must be at least 1", in.pipeline_parallel));
+  if (in.zero_stage != 0 && in.zero_stage != 1)
+    return Invalid(
+        fmt::format("--zero-stage {} is not modelled: use 0 (none) or 1 (optimizer "
+                    "states sharded over data-parallel ranks)",
+                    in.zero_stage));
+  if (!(in.iteration_seconds >= 0) || !(in.tflops_per_gpu >= 0))
+    return Invalid("--iteration-time and --tflops-per-gpu must not be negative");
+  if (!(in.hours_per_day > 0 && in.hours_per_day <= 24))
+    return Invalid(fmt::format("--hours-per-day {} must be in (0, 24]", in.hours_per_day));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
+  KEEL_RETURN_IF_ERROR(CheckInput(in));
+  const TrainConfig& c = in.cfg;
+  RunPlan p;
+  const int tp = in.tensor_parallel, pp = in.pipeline_parallel;
+  p.world = in.num_nodes * in.gpus_per_node;
+  if (p.world % (tp * pp) != 0) {
+    return Invalid(fmt::format(
+        "{} nodes x {} GPUs = {} GPUs is not a multiple of tensor parallel {} x pipeline parallel "
+        "{} = {}: every model replica needs TP x PP GPUs; change --num-nodes or the parallel sizes",
+        in.num_nodes, in.gpus_per_node, p.world, tp, pp, tp * pp));
+  }
+  p.dp = p.world / (tp * pp);
+  if (c.num_attention_heads % tp != 0 || c.ffn_hidden_size % tp != 0) {
+    return Invalid(fmt::format(
+        "--tensor-model-parallel-size {} must divide --num-attention-heads {} and the FFN size {}: "
+        "each rank holds whole heads and an equal slice of the MLP",
+        tp, c.num_attention_heads, c.ffn_hidden_size));
+  }
+  if (c.num_layers < pp) {
+    return Invalid(fmt::format(
+        "--pipeline-model-parallel-size {} is larger than --num-layers {}: every pipeline stage "
+        "needs at least one layer; use a pipeline size of at most {}",
+        pp, c.num_layers, c.num_layers));
+  }
+  const int64_t unit = int64_t{c.micro_batch_size} * p.dp;
+  if (c.global_batch_size % unit != 0) {
+    return Invalid(fmt::format(
+        "--global-batch-size {} is not divisible by --micro-batch-size {} x data-parallel size {} "
+        "= {} ({} GPUs / (TP {} x PP {})): change the batch, the micro-batch or the layout",
+        c.global_batch_size, c.micro_batch_size, p.dp, unit, p.world, tp, pp));
+  }
+  if (tp > in.gpus_per_node) {
+    p.notes.push_back(
+        fmt::format("tensor parallel {} spans more than one node of {} GPUs: its "
+                    "all-reduces in every layer go over the network",
+                    tp, in.gpus_per_node));
+  }
+
+  // Parameters: the model's own layout with Megatron's vocabulary padding for TP.
+  GptSpec spec = SpecFromConfig(c);
+  const int64_t pad = int64_t{c.make_vocab_size_divisible_by} * tp;
+  p.padded_vocab = (c.vocab_size + pad - 1) / pad * pad;
+  spec.padded_vocab = static_cast<int>(p.padded_vocab);
+  if (tp > 1) {
+    p.notes.push_back(
+        fmt::format("vocab {} padded to {} (multiple of --make-vocab-size-divisible-by "
+                    "{} x tensor parallel {})",
+                    c.vocab_size, p.padded_vocab, c.make_vocab_size_divisible_by, tp));
+  }
+  const std::vector<ParamInfo> layout = GptModel::ParamLayout(spec);
+  p.params_formula = GptModel::FormulaParamCount(spec);
+  p.params_per_stage.assign(pp, 0);
+  // Layers per stage: equal, or (DeepSpeed's uniform partition) the first L % PP stages one more.
+  std::vector<int> stage_of(c.num_layers);
+  for (int s = 0, l = 0; s < pp; ++s)
+    for (int k = 0; k < c.num_layers / pp + (s < c.num_layers % pp ? 1 : 0); ++k) stage_of[l++] = s;
+  if (c.num_layers % pp != 0) {
+    p.notes.push_back(fmt::format(
+        "{} layers over {} pipeline stages: {} stages of {} and {} of {} (Megatron-DeepSpeed's "
+        "uniform partition; Megatron-LM needs --num-layers divisible by the pipeline size)",
+        c.num_layers, pp, c.num_layers % pp, c.num_layers / pp + 1, pp - c.num_layers % pp,
+        c.num_layers / pp));
+  }
+  for (const ParamInfo& info : layout) {
+    p.params_total += static_cast<int64_t>(info.numel);
+    const int64_t shard = ShardNumel(info, tp);
+    const int layer = LayerOf(info.name);
+    if (layer >= 0) {
+      p.params_per_stage[stage_of[layer]] += shard;
+    } else if (info.name.rfind("embedding.", 0) == 0) {
+      p.params_per_stage[0] += shard;
+      // The output layer reuses the word embedding; the last stage keeps its own copy.
+      if (pp > 1 && info.name == "embedding.word_embeddings.weight")
+        p.params_per_stage[pp - 1] += shard;
+    } else {
+      p.params_per_stage[pp - 1] += shard;  // final LayerNorm
+    }
+  }
+  p.max_stage =
+      static_cast<int>(std::max_element(p.params_per_stage.begin(), p.params_per_stage.end()) -
+                       p.params_per_stage.begin());
+
+  // Memory per GPU. Mixed precision keeps fp32 master weights and Adam's m and v (12 bytes);
+  // bf16 accumulates gradients in fp32 (Megatron's default for bf16), fp16 in fp16. 8-bit Adam
+  // stores m and v in one byte each plus an fp32 scale per block of 2048.
+  const double per_gpu = static_cast<double>(p.params_per_stage[p.max_stage]);
+  const double opt_share = in.zero_stage == 1 ? 1.0 / p.dp : 1.0;
+  const double blockwise = 2.0 * 4.0 / 2048.0;
+  const struct {
+    const char* name;
+    double w, g, o;
+  } recipes[] = {{"fp32", 4, 4, 8},
+                 {"bf16 mixed", 2, 4, 12},
+                 {"fp16 mixed", 2, 2, 12},
+                 {"bf16 + 8-bit Adam", 2, 4, 4 + 2 + blockwise}};
+  for (const auto& r : recipes) {
+    PlanMemory m;
+    m.recipe = r.name;
+    m.weight_bytes = r.w;
+    m.grad_bytes = r.g;
+    m.optimizer_bytes = r.o;
+    m.weights_gib = per_gpu * r.w / kGiB;
+    m.grads_gib = per_gpu * r.g / kGiB;
+    m.optimizer_gib = per_gpu * r.o * opt_share / kGiB;
+    m.total_gib = m.weights_gib + m.grads_gib + m.optimizer_gib;
+    p.memory.push_back(m);
+  }
+
+  // The batch schedule: every ramp-up stage with the sample and iteration where it begins.
+  p.micro_batches_per_iteration = c.global_batch_size / unit;
+  const BatchRampup ramp = BatchRampup::FromConfig(c);
+  p.train_iters = TotalTrainIters(c);
+  int64_t consumed = 0;
+  for (int64_t it = 1; it <= p.train_iters; ++it) {
+    const int64_t b = ramp.GlobalBatchAt(consumed);
+    if (ramp.ramps() && (p.stages.empty() || p.stages.back().batch != b)) {
+      p.stages.push_back({b, consumed, it, b % unit == 0});
+    }
+    consumed += b;
+  }
+  p.train_samples = consumed;
+  p.train_tokens = consumed * c.seq_length;
+  if (ramp.ramps()) {
+    int64_t g = 0;
+    for (const PlanRampStage& s : p.stages) g = std::gcd(g, s.batch);
+    p.max_rampup_dp = g / c.micro_batch_size;
+    int64_t k = static_cast<int64_t>(p.stages.size());
+    while (k > 0 && p.stages[k - 1].feasible) --k;
+    p.all_feasible_from = k < static_cast<int64_t>(p.stages.size()) ? k : -1;
+    if (k > 0) {
+      const std::string from =
+          p.all_feasible_from >= 0
+              ? fmt::format(
+                    "it can join the run at iteration {} (sample {}), when the global "
+                    "batch reaches {}",
+                    Thousands(p.stages[k].first_iteration), Thousands(p.stages[k].first_sample),
+                    p.stages[k].batch)
+              : std::string("no point of the ramp-up suits it");
+      const int64_t gpus = p.max_rampup_dp * tp * pp;
+      const std::string nodes = gpus % in.gpus_per_node == 0
+                                    ? fmt::format("{} nodes", gpus / in.gpus_per_node)
+                                    : fmt::format("{} GPUs", gpus);
+      p.problems.push_back(fmt::format(
+          "ramp-up batch sizes {} are not multiples of --micro-batch-size {} x data-parallel size "
+          "{} = {}: this layout cannot run the whole ramp-up; {}; before that use a data-parallel "
+          "size of at most {} ({})",
+          BatchList(p.stages, false), c.micro_batch_size, p.dp, unit, from, p.max_rampup_dp,
+          nodes));
+    }
+  }
+
+  // FLOPs (matmuls, Megatron's convention) and time.
+  const double per_token =
+      TrainingFlopsPerToken(spec, c.seq_length) * (in.recompute_activations ? 4.0 / 3.0 : 1.0);
+  p.flops_per_iteration = per_token * static_cast<double>(c.global_batch_size) * c.seq_length;
+  p.total_flops = per_token * static_cast<double>(p.train_tokens);
+  if (in.iteration_seconds > 0) {
+    // Ramp-up iterations cost in proportion to their batch.
+    p.seconds = in.iteration_seconds * static_cast<double>(p.train_samples) / c.global_batch_size;
+    p.tflops_per_gpu = p.flops_per_iteration / in.iteration_seconds / p.world / 1e12;
+  } else if (in.tflops_per_gpu > 0) {
+    p.tflops_per_gpu = in.tflops_per_gpu;
+    p.seconds = p.total_flops / (in.tflops_per_gpu * 1e12 * p.world);
+  }
+  p.days = p.seconds / (3600.0 * in.hours_per_day);
+  *out = std::move(p);
+  return Status::OK();
+}
+
+std::string FormatRunPlan(const PlanInput& in, const RunPlan& p) {
+  const TrainConfig& c = in.cfg;
+  std::string s;
+  s += fmt::format(
+      "model: {} layers, hidden {}, {} heads, FFN {}, sequence {}, vocab {} (padded {})\n",
+      c.num_layers, c.hidden_size, c.num_attention_heads, c.ffn_hidden_size, c.seq_length,
+      c.vocab_size, p.padded_vocab);
+  s += fmt::format(
+      "parameters: {} exact ({}); formula n(12h^2+13h)+vh+sh+2h gives {}{}\n",
+      Thousands(p.params_total), Human(static_cast<double>(p.params_total)),
+      Thousands(p.params_formula),
+      p.params_formula == p.params_total ? " (equal)" : " (differs: non-default shape)");
+  s += fmt::format(
+      "layout: {} nodes x {} GPUs = {} GPUs = tensor parallel {} x pipeline parallel {} "
+      "x data parallel {}\n",
+      in.num_nodes, in.gpus_per_node, p.world, in.tensor_parallel, in.pipeline_parallel, p.dp);
+  s += "parameters per GPU:";
+  for (size_t i = 0; i < p.params_per_stage.size(); ++i)
+    s += fmt::format("{} stage {}: {}", i ? "," : "", i, Thousands(p.params_per_stage[i]));
+  s += fmt::format(" (most: stage {})\n", p.max_stage);
+  s += fmt::format(
+      "memory per GPU, stage {} (weights + gradients + optimizer states{}; "
+      "activations not included):\n",
+      p.max_stage, in.zero_stage == 1 ? ", optimizer sharded over DP (ZeRO-1)" : "");
+  s += fmt::format("  {:<18} {:>10} {:>10} {:>10} {:>10}   bytes/param\n", "recipe", "weights",
+                   "grads", "optimizer", "total");
+  for (const PlanMemory& m : p.memory) {
+    s += fmt::format(
+        "  {:<18} {:>6.2f} GiB {:>6.2f} GiB {:>6.2f} GiB {:>6.2f} GiB   {:g}+{:g}+{:.3g}\n",
+        m.recipe, m.weights_gib, m.grads_gib, m.optimizer_gib, m.total_gib, m.weight_bytes,
+        m.grad_bytes, m.optimizer_bytes);
+  }
+  s += fmt::format(
+      "batch: global {}, micro {}, {} micro-batches per data-parallel rank per iteration\n",
+      c.global_batch_size, c.micro_batch_size, p.micro_batches_per_iteration);
+  if (!p.stages.empty()) {
+    const auto& r = c.rampup_batch_size;
+    size_t ok = 0;
+    for (const PlanRampStage& st : p.stages) ok += st.feasible;
+    s += fmt::format(
+        "ramp-up {} {} {}: {} batch sizes, {} of them runnable at data parallel {} "
+        "(multiples of {})\n",
+        r[0], r[1], r[2], p.stages.size(), ok, p.dp, int64_t{c.micro_batch_size} * p.dp);
+    if (ok) s += "  runnable: " + BatchList(p.stages, true) + "\n";
+    if (ok < p.stages.size()) s += "  not runnable: " + BatchList(p.stages, false) + "\n";
+    s += fmt::format("  largest data-parallel size for the whole ramp-up: {}\n", p.max_rampup_dp);
+    if (p.all_feasible_from >= 0) {
+      const PlanRampStage& st = p.stages[p.all_feasible_from];
+      s += fmt::format("  runnable from iteration {} (sample {}, batch {}) to the end\n",
+                       Thousands(st.first_iteration), Thousands(st.first_sample), st.batch);
+    }
+  }
+  s += fmt::format("length: {} iterations, {} samples, {} tokens\n", Thousands(p.train_iters),
+                   Thousands(p.train_samples), Human(static_cast<double>(p.train_tokens)));
+  s += fmt::format("FLOPs: {:.4g} per iteration (global batch), {:.4g} for the run{}\n",
+                   p.flops_per_iteration, p.total_flops,
+                   in.recompute_activations ? " (with activation recomputation: 4x forward)" : "");
+  if (p.seconds > 0) {
+    s += fmt::format(
+        "time: {:.1f} days at {:g} h/day ({:.0f} hours of training); {:.1f} TFLOPs "
+        "per GPU{}\n",
+        p.days, in.hours_per_day, p.seconds / 3600, p.tflops_per_gpu,
+        in.iteration_seconds > 0 ? " implied by the iteration time" : " assumed");
+  } else {
+    s += "time: give --iteration-time SECONDS (measured) or --tflops-per-gpu N (assumed)\n";
+  }
+  return s;
+}
+
+nlohmann::json RunPlanJson(const PlanInput& in, const RunPlan& p) {
+  using nlohmann::json;
+  const TrainConfig& c = in.cfg;
+  json memory = json::array();
+  for (const PlanMemory& m : p.memory) {
+    memory.push_back(
+        {{"recipe", m.recipe},
+         {"bytes_per_param",
+          {{"weights", m.weight_bytes}, {"grads", m.grad_bytes}, {"optimizer", m.optimizer_bytes}}},
+         {"weights_gib", m.weights_gib},
+         {"grads_gib", m.grads_gib},
+         {"optimizer_gib", m.optimizer_gib},
+         {"total_gib", m.total_gib}});
+  }
+  json stages = json::array();
+  for (const PlanRampStage& st : p.stages) {
+    stages.push_back({{"batch", st.batch},
+                      {"first_sample", st.first_sample},
+                      {"first_iteration", st.first_iteration},
+                      {"feasible", st.feasible}});
+  }
+  json j = {{"model",
+             {{"num_layers", c.num_layers},
+              {"hidden_size", c.hidden_size},
+              {"num_attention_heads", c.num_attention_heads},
+              {"ffn_hidden_size", c.ffn_hidden_size},
+              {"seq_length", c.seq_length},
+              {"vocab_size", c.vocab_size},
+              {"padded_vocab_size", p.padded_vocab}}},
+            {"parameters", p.params_total},
+            {"parameters_formula", p.params_formula},
+            {"layout",
+             {{"num_nodes", in.num_nodes},
+              {"gpus_per_node", in.gpus_per_node},
+              {"world_size", p.world},
+              {"tensor_model_parallel_size", in.tensor_parallel},
+              {"pipeline_model_parallel_size", in.pipeline_parallel},
+              {"data_parallel_size", p.dp},
+              {"zero_stage", in.zero_stage}}},
+            {"parameters_per_gpu", p.params_per_stage},
+            {"most_loaded_stage", p.max_stage},
+            {"memory_per_gpu", memory},
+            {"global_batch_size", c.global_batch_size},
+            {"micro_batch_size", c.micro_batch_size},
+            {"micro_batches_per_iteration", p.micro_batches_per_iteration},
+            {"rampup_stages", stages},
+            {"max_rampup_data_parallel_size", p.max_rampup_dp},
+            {"train_iters", p.train_iters},
+            {"train_samples", p.train_samples},
+            {"train_tokens", p.train_tokens},
+            {"flops_per_iteration", p.flops_per_iteration},
+            {"total_flops", p.total_flops},
+            {"seconds", p.seconds},
+            {"days", p.days},
+            {"hours_per_day", in.hours_per_day},
+            {"tflops_per_gpu", p.tflops_per_gpu},
+            {"recompute_activations", in.recompute_activations},
+            {"feasible", p.problems.empty()},
+            {"problems", p.problems},
+            {"notes", p.notes}};
+  if (p.all_feasible_from >= 0) {
+    const PlanRampStage& st = p.stages[p.all_feasible_from];
+    j["feasible_from"] = {
+        {"iteration", st.first_iteration}, {"sample", st.first_sample}, {"batch", st.batch}};
+  }
+  return j;
+}
+
+}  // namespace keel

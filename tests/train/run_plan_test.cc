@@ -1,0 +1,208 @@
+#include "train/run_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace keel {
+namespace {
+
+// A PlanInput from `keel train` flags, as `keel plan` builds it.
+PlanInput Input(std::vector<std::string> flags, int vocab, int nodes, int gpus, int tp, int pp) {
+  std::vector<const char*> argv{"plan"};
+  for (const std::string& f : flags) argv.push_back(f.c_str());
+  ParsedConfig parsed;
+  Status st = ParseTrainArgs(static_cast<int>(argv.size()), argv.data(), &parsed);
+  EXPECT_TRUE(st.ok()) << st.message();
+  PlanInput in;
+  in.cfg = parsed.config;
+  in.cfg.vocab_size = vocab;
+  in.num_nodes = nodes;
+  in.gpus_per_node = gpus;
+  in.tensor_parallel = tp;
+  in.pipeline_parallel = pp;
+  return in;
+}
+
+// BLOOM-176B as the seeds describe it (tr11): 70 layers, hidden 14336, 112 heads, ALiBi, embedding
+// LayerNorm, vocab 250880, 48 nodes x 8 GPUs, TP 4, PP 12, micro 2, global 2048 ramped from 192.
+PlanInput Bloom176B() {
+  PlanInput in = Input({"--num-layers",
+                        "70",
+                        "--hidden-size",
+                        "14336",
+                        "--num-attention-heads",
+                        "112",
+                        "--seq-length",
+                        "2048",
+                        "--position-embedding-type",
+                        "alibi",
+                        "--embed-layernorm",
+                        "--micro-batch-size",
+                        "2",
+                        "--global-batch-size",
+                        "2048",
+                        "--rampup-batch-size",
+                        "192",
+                        "16",
+                        "9765625",
+                        "--train-samples",
+                        "220000000",
+                        "--lr-warmup-samples",
+                        "183105"},
+                       250880, 48, 8, 4, 12);
+  in.recompute_activations = true;
+  in.iteration_seconds = 105;
+  return in;
+}
+
+// tr1-13B: 40 layers, hidden 5120, 32 heads, 4 GPUs per node, TP 2, PP 4, micro 1, global 1024
+// ramped up by 16 from 16.
+PlanInput Tr13B(int nodes) {
+  return Input({"--num-layers",
+                "40",
+                "--hidden-size",
+                "5120",
+                "--num-attention-heads",
+                "32",
+                "--seq-length",
+                "2048",
+                "--micro-batch-size",
+                "1",
+                "--global-batch-size",
+                "1024",
+                "--rampup-batch-size",
+                "16",
+                "16",
+                "6000000",
+                "--train-samples",
+                "300000000",
+                "--lr-warmup-samples",
+                "216320"},
+               50257, nodes, 4, 2, 4);
+}
+
+TEST(RunPlanTest, Bloom176BMatchesItsPublishedSizeIterationsAndTflops) {
+  const PlanInput in = Bloom176B();
+  RunPlan p;
+  ASSERT_TRUE(MakeRunPlan(in, &p).ok());
+  EXPECT_EQ(p.params_total, 176247271424);  // BLOOM's model card
+  EXPECT_EQ(p.dp, 8);
+  EXPECT_EQ(p.train_iters, 115311);  // the seed's log: "iteration 12695/ 115311"
+  EXPECT_TRUE(p.problems.empty());
+  EXPECT_EQ(p.max_rampup_dp, 8);  // gcd(192, 16) / micro 2
+  // The log's 105 s iterations at 149-150 TFLOPs (BLOOM counts the recomputed forward).
+  EXPECT_GT(p.tflops_per_gpu, 148.0);
+  EXPECT_LT(p.tflops_per_gpu, 151.0);
+  // Days: every sample costs 105 s / 2048.
+  EXPECT_NEAR(p.seconds, 105.0 * static_cast<double>(p.train_samples) / 2048, 1e-6 * p.seconds);
+  EXPECT_NEAR(p.days, p.seconds / 86400, 1e-9);
+}
+
+TEST(RunPlanTest, ParameterCountIsTheClosedFormAndShardsAddUp) {
+  // L=4, h=64, 4 heads, F=4h, s=32, V=1000 -> padded to a multiple of 128 x TP 2 = 1024.
+  const PlanInput in = Input(
+      {"--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length",
+       "32", "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "100"},
+      1000, 1, 4, 2, 2);
+  RunPlan p;
+  ASSERT_TRUE(MakeRunPlan(in, &p).ok());
+  const int64_t h = 64, F = 256, s = 32, V = 1024, L = 4;
+  EXPECT_EQ(p.padded_vocab, V);
+  EXPECT_EQ(p.params_total, L * (12 * h * h + 13 * h) + V * h + s * h + 2 * h);
+  EXPECT_EQ(p.params_formula, p.params_total);
+  // One layer on one TP rank: LayerNorms and the row-parallel biases whole, the rest halved.
+  const int64_t layer =
+      4 * h + (3 * h * h + 3 * h) / 2 + h * h / 2 + h + (F * h + F) / 2 + h * F / 2 + h;
+  ASSERT_EQ(p.params_per_stage.size(), 2u);
+  EXPECT_EQ(p.params_per_stage[0], V * h / 2 + s * h + 2 * layer);
+  // The last stage keeps its own copy of the (tied) word embedding for the output layer.
+  EXPECT_EQ(p.params_per_stage[1], V * h / 2 + 2 * layer + 2 * h);
+  EXPECT_EQ(p.dp, 1);
+  // Memory of the most loaded GPU: bf16 mixed is 2 + 4 + 12 bytes per parameter.
+  const double most = static_cast<double>(std::max(p.params_per_stage[0], p.params_per_stage[1]));
+  ASSERT_EQ(p.memory.size(), 4u);
+  EXPECT_EQ(p.memory[1].recipe, "bf16 mixed");
+  EXPECT_NEAR(p.memory[1].total_gib, most * 18 / (1024.0 * 1024 * 1024), 1e-12);
+  EXPECT_NEAR(p.memory[0].total_gib, most * 16 / (1024.0 * 1024 * 1024), 1e-12);
+  // FLOPs per iteration: 3 x forward of 8 sequences of 32 tokens.
+  const double fwd = L * (8.0 * h * h + 4.0 * h * F + 4.0 * s * h) + 2.0 * h * V;
+  EXPECT_DOUBLE_EQ(p.flops_per_iteration, 3 * fwd * 8 * 32);
+}
+
+TEST(RunPlanTest, Tr13BCannotUse64NodesUntilTheBatchReaches1024) {
+  RunPlan p;
+  ASSERT_TRUE(MakeRunPlan(Tr13B(64), &p).ok());
+  EXPECT_EQ(p.dp, 32);
+  ASSERT_EQ(p.stages.size(), 64u);  // 16, 32, ..., 1024
+  int runnable = 0;
+  for (const PlanRampStage& s : p.stages) {
+    EXPECT_EQ(s.feasible, s.batch % 32 == 0) << s.batch;
+    runnable += s.feasible;
+  }
+  EXPECT_EQ(runnable, 32);
+  EXPECT_EQ(p.max_rampup_dp, 16);  // "limits us to DP_SIZE=16 ... so we can do 32 nodes"
+  ASSERT_GE(p.all_feasible_from, 0);
+  EXPECT_EQ(p.stages[p.all_feasible_from].batch, 1024);
+  ASSERT_EQ(p.problems.size(), 1u);
+  EXPECT_NE(p.problems[0].find("at most 16 (32 nodes)"), std::string::npos) << p.problems[0];
+  EXPECT_NE(p.problems[0].find("when the global batch reaches 1024"), std::string::npos);
+
+  RunPlan at32;
+  ASSERT_TRUE(MakeRunPlan(Tr13B(32), &at32).ok());
+  EXPECT_EQ(at32.dp, 16);
+  EXPECT_TRUE(at32.problems.empty());
+  EXPECT_EQ(at32.all_feasible_from, 0);
+}
+
+TEST(RunPlanTest, ImpossibleLayoutsAreErrorsThatNameTheRule) {
+  RunPlan p;
+  // 9 nodes x 4 GPUs = 36 is not a multiple of TP 2 x PP 4.
+  Status st = MakeRunPlan(Tr13B(9), &p);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("not a multiple of tensor parallel 2 x pipeline parallel 4"),
+            std::string::npos)
+      << st.message();
+  // TP 3 does not divide 32 heads.
+  PlanInput tp3 = Tr13B(6);
+  tp3.tensor_parallel = 3;
+  tp3.pipeline_parallel = 1;
+  st = MakeRunPlan(tp3, &p);
+  EXPECT_NE(st.message().find("must divide --num-attention-heads 32"), std::string::npos)
+      << st.message();
+  // More stages than layers.
+  PlanInput pp = Tr13B(16);
+  pp.pipeline_parallel = 64;
+  pp.tensor_parallel = 1;
+  st = MakeRunPlan(pp, &p);
+  EXPECT_NE(st.message().find("larger than --num-layers 40"), std::string::npos) << st.message();
+  // A global batch the data-parallel ranks cannot split: 1000 over micro 1 x DP 16.
+  PlanInput gb = Input({"--num-layers", "40", "--hidden-size", "5120", "--num-attention-heads",
+                        "32", "--micro-batch-size", "1", "--global-batch-size", "1000"},
+                       50257, 32, 4, 2, 4);
+  st = MakeRunPlan(gb, &p);
+  EXPECT_NE(st.message().find("--global-batch-size 1000 is not divisible"), std::string::npos)
+      << st.message();
+  PlanInput bad = Tr13B(32);
+  bad.hours_per_day = 0;
+  EXPECT_FALSE(MakeRunPlan(bad, &p).ok());
+}
+
+TEST(RunPlanTest, AssumedTflopsGiveTheDays) {
+  PlanInput in = Tr13B(32);
+  in.tflops_per_gpu = 100;
+  in.hours_per_day = 20;
+  RunPlan p;
+  ASSERT_TRUE(MakeRunPlan(in, &p).ok());
+  EXPECT_NEAR(p.seconds, p.total_flops / (100e12 * 128), 1e-6 * p.seconds);
+  EXPECT_NEAR(p.days, p.seconds / (20 * 3600.0), 1e-9);
+  const nlohmann::json j = RunPlanJson(in, p);
+  EXPECT_EQ(j["layout"]["data_parallel_size"], 16);
+  EXPECT_EQ(j["feasible"], true);
+  EXPECT_EQ(j["rampup_stages"].size(), 64u);
+  EXPECT_EQ(j["parameters"], p.params_total);
+}
+
+}  // namespace
+}  // namespace keel
