@@ -19,6 +19,8 @@ int BenchData(const std::string& dir, double gb, int repeats, int seq_length);
 // `keel ckpt list|inspect|verify|diff|edit|pin|unpin|export` (ckpt_cmd.cc).
 int CkptCommand(int argc, const char* const* argv);
 int TbCommand(int argc, const char* const* argv);
+// `keel logs analyze` (logs_cmd.cc).
+int LogsCommand(int argc, const char* const* argv);
 // `keel plan` (plan_cmd.cc): the cost of a model and layout before launching it.
 int PlanCommand(int argc, const char* const* argv);
 // `keel ckpt export PATH --hf OUT` (ckpt_export_cmd.cc); argv[0] is "export".

@@ -28,6 +28,10 @@ double InstabilityDetector::LossZ(double loss) const {
   return loss_.Z(loss, cfg_.loss_rel_floor, 1e-6);
 }
 
+double InstabilityDetector::GradZ(double grad_norm) const {
+  return grad_.Z(grad_norm, cfg_.grad_rel_floor, 1e-6);
+}
+
 Anomaly InstabilityDetector::Check(const GuardSignals& s) const {
   Anomaly a;
   if (s.nonfinite || !std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
@@ -40,7 +44,7 @@ Anomaly InstabilityDetector::Check(const GuardSignals& s) const {
   }
   if (loss_.size() >= static_cast<size_t>(cfg_.min_history)) {
     const double zl = LossZ(s.loss);
-    const double zg = grad_.Z(s.grad_norm, cfg_.grad_rel_floor, 1e-6);
+    const double zg = GradZ(s.grad_norm);
     if (zl > cfg_.z_threshold || zg > cfg_.grad_z_threshold) {
       const bool by_loss = zl > cfg_.z_threshold;
       a.kind = AnomalyKind::kSpike;

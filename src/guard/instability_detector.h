@@ -69,6 +69,8 @@ class InstabilityDetector {
   void Accept(const GuardSignals& s);
   // Robust z of the loss against the current window (for recovery checks).
   double LossZ(double loss) const;
+  // Robust z of the gradient norm against its window (for recovery checks of grad-norm spikes).
+  double GradZ(double grad_norm) const;
   double LossBaseline() const { return loss_.RecentMedian(20); }
   // After a divergence was handled: forget the level so the rolled-back run starts afresh.
   void ResetDivergence();

@@ -1,0 +1,462 @@
+#include "metrics/log_analysis.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace keel {
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  const size_t m = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + m, v.end());
+  double hi = v[m];
+  if (v.size() % 2) return hi;
+  return (hi + *std::max_element(v.begin(), v.begin() + m)) / 2;
+}
+
+SeriesStats Stats(const std::vector<LogRecord>& recs, double LogRecord::*field) {
+  std::vector<double> v;
+  for (const LogRecord& r : recs)
+    if (std::isfinite(r.*field)) v.push_back(r.*field);
+  SeriesStats s;
+  s.count = static_cast<int64_t>(v.size());
+  if (v.empty()) return s;
+  s.min = *std::min_element(v.begin(), v.end());
+  s.max = *std::max_element(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean = sum / static_cast<double>(v.size());
+  s.median = Median(v);
+  return s;
+}
+
+// Adds a one-record event, or extends the last event of the same kind when it ended at the
+// previous record.
+void AddOrExtend(std::vector<LogEvent>* events, const std::string& kind, int64_t start, int64_t end,
+                 int64_t prev_iteration, int64_t count, const std::string& what) {
+  for (auto it = events->rbegin(); it != events->rend(); ++it) {
+    if (it->kind != kind) continue;
+    if (it->end == prev_iteration) {
+      it->end = end;
+      it->value += static_cast<double>(count);
+      it->detail = fmt::format("{} {} iterations between iterations {} and {}", it->value, what,
+                               it->start, it->end);
+      return;
+    }
+    break;
+  }
+  LogEvent e;
+  e.kind = kind;
+  e.start = start;
+  e.end = end;
+  e.value = static_cast<double>(count);
+  e.signal = what + " iterations";
+  e.detail = fmt::format("{} {} iterations between iterations {} and {}", count, what, start, end);
+  events->push_back(e);
+}
+
+// Spikes and divergences through the guard's detector, record by record.
+class InstabilityScan {
+ public:
+  InstabilityScan(const LogAnalysisOptions& opt, std::vector<LogEvent>* events)
+      : opt_(opt), det_(opt.detector), events_(events) {}
+
+  void Restart(int64_t last_before, int64_t resumed_at) {
+    if (open_) {
+      cur_.kind = "spike_unresolved";
+      cur_.end = last_before;
+      cur_.detail =
+          Onset() + "; " + Peaks() +
+          fmt::format("; the run restarted (at iteration {}) before it recovered", resumed_at);
+      events_->push_back(cur_);
+      open_ = false;
+    }
+    resumed_at_ = resumed_at;
+  }
+
+  void Feed(const LogRecord& r) {
+    GuardSignals s;
+    s.iteration = r.iteration;
+    s.consumed_samples = std::max<int64_t>(r.consumed_samples, 0);
+    s.loss = r.lm_loss;
+    // A log without grad norms: a constant never spikes, and the loss decides alone.
+    s.grad_norm = std::isnan(r.grad_norm) ? 0.0 : r.grad_norm;
+    s.nonfinite = r.nonfinite;
+    if (s.nonfinite || !std::isfinite(s.loss)) return;  // NaN events are counted by the caller
+    if (open_) {
+      if (s.loss > peak_loss_) peak_loss_ = s.loss, peak_loss_at_ = r.iteration;
+      peak_grad_ = std::max(peak_grad_, s.grad_norm);
+      // Back when the loss is within recover_z of its median, and the grad norm within the same
+      // fraction of its own threshold.
+      const DetectorConfig& d = opt_.detector;
+      const bool loss_back = det_.LossZ(s.loss) < d.recover_z;
+      const bool grad_back =
+          det_.GradZ(s.grad_norm) < d.recover_z * d.grad_z_threshold / d.z_threshold;
+      if (loss_back && grad_back) {
+        const bool after_resume = resumed_at_ >= 0 && cur_.start >= resumed_at_ &&
+                                  cur_.start - resumed_at_ <= opt_.resume_window;
+        cur_.kind = after_resume ? "resume_spike" : "spike_recovered";
+        cur_.end = r.iteration;
+        cur_.detail = Onset() +
+                      (after_resume ? fmt::format(", {} iterations after the restart at {}",
+                                                  cur_.start - resumed_at_, resumed_at_)
+                                    : "") +
+                      fmt::format("; {}; back by iteration {} (lm loss {:.6g}, grad norm {:.4g})",
+                                  Peaks(), r.iteration, s.loss, s.grad_norm);
+        events_->push_back(cur_);
+        open_ = false;
+        det_.Accept(s);
+      } else if (r.iteration - cur_.start > opt_.recover_iters) {
+        cur_.kind = "divergence";
+        cur_.end = r.iteration;
+        cur_.detail = Onset() + fmt::format(
+                                    "; {}; not back within {} iterations: the loss level shifted "
+                                    "(lm loss {:.6g} at iteration {})",
+                                    Peaks(), opt_.recover_iters, s.loss, r.iteration);
+        events_->push_back(cur_);
+        open_ = false;
+        det_ = InstabilityDetector(opt_.detector);  // judge what follows against the new level
+        det_.Accept(s);
+      }
+      return;
+    }
+    // A divergence lasts while the loss stays above its pre-onset level.
+    if (div_open_) {
+      LogEvent& d = (*events_)[div_index_];
+      if (s.loss > d.baseline * (1 + opt_.detector.divergence_rel)) {
+        d.end = std::max(d.end, r.iteration);
+      } else {
+        div_open_ = false;
+      }
+    }
+    const Anomaly a = det_.Check(s);
+    if (a.kind == AnomalyKind::kSpike) {
+      open_ = true;
+      z_ = a.z;
+      cur_ = LogEvent();
+      cur_.start = r.iteration;
+      cur_.signal = a.signal;
+      cur_.value = a.value;
+      cur_.baseline = a.baseline;
+      peak_loss_ = s.loss;
+      peak_loss_at_ = r.iteration;
+      peak_grad_ = s.grad_norm;
+      return;
+    }
+    if (a.kind == AnomalyKind::kDivergence) {
+      LogEvent* last = div_index_ >= 0 ? &(*events_)[div_index_] : nullptr;
+      if (last && (div_open_ || a.onset <= last->end + opt_.detector.divergence_window)) {
+        last->end = r.iteration;
+        last->value = std::max(last->value, a.value);
+      } else {
+        LogEvent e;
+        e.kind = "divergence";
+        e.start = a.onset;
+        e.end = r.iteration;
+        e.signal = "lm loss";
+        e.value = a.value;
+        e.baseline = a.baseline;
+        events_->push_back(e);
+        div_index_ = static_cast<int64_t>(events_->size()) - 1;
+        last = &events_->back();
+      }
+      div_open_ = true;
+      last->detail = fmt::format(
+          "the median lm loss of the last {} records rose from {:.6g} (iteration {}) to {:.6g} "
+          "(iteration {}), more than {:.0f}% above its lowest level",
+          opt_.detector.divergence_window, last->baseline, last->start, last->value, last->end,
+          100 * opt_.detector.divergence_rel);
+      det_.ResetDivergence();
+    }
+    det_.Accept(s);
+  }
+
+  void Finish(int64_t last_iteration) {
+    if (!open_) return;
+    cur_.kind = "spike_unresolved";
+    cur_.end = last_iteration;
+    cur_.detail = Onset() + "; " + Peaks() + "; not back by the end of the log";
+    events_->push_back(cur_);
+    open_ = false;
+  }
+
+ private:
+  std::string Onset() const {
+    return fmt::format("{} spike at iteration {}: {:.6g} against a median of {:.6g} (z {:.1f})",
+                       cur_.signal, cur_.start, cur_.value, cur_.baseline, z_);
+  }
+  std::string Peaks() const {
+    return fmt::format("peak lm loss {:.6g} (iteration {}), peak grad norm {:.4g}", peak_loss_,
+                       peak_loss_at_, peak_grad_);
+  }
+
+  const LogAnalysisOptions& opt_;
+  InstabilityDetector det_;
+  std::vector<LogEvent>* events_;
+  bool open_ = false;
+  LogEvent cur_;
+  double z_ = 0;
+  double peak_loss_ = 0, peak_grad_ = 0;
+  int64_t peak_loss_at_ = 0;
+  int64_t resumed_at_ = -1;
+  int64_t div_index_ = -1;  // the last divergence event in events_
+  bool div_open_ = false;   // ... and the loss is still above its level
+};
+
+// A sustained drop of the windowed median throughput.
+void FindThroughputDrops(const std::vector<int64_t>& iters, const std::vector<double>& v,
+                         const std::string& signal, const LogAnalysisOptions& opt,
+                         std::vector<LogEvent>* events) {
+  const int n = static_cast<int>(v.size());
+  const int w = opt.drop_window > 0 ? opt.drop_window : std::clamp(n / 20, 3, 50);
+  if (n < 2 * w) return;
+  auto median = [&](int from, int to) {
+    return Median(std::vector<double>(v.begin() + from, v.begin() + to));
+  };
+  for (int i = w; i + w <= n;) {
+    const double before = median(i - w, i), after = median(i, i + w);
+    if (!(after < before * (1 - opt.drop_threshold))) {
+      ++i;
+      continue;
+    }
+    // The deepest point of this stretch of drops is where the drop happened.
+    int best = i;
+    double best_ratio = after / before;
+    for (int j = i + 1; j + w <= n; ++j) {
+      const double b = median(j - w, j), a = median(j, j + w);
+      if (!(a < b * (1 - opt.drop_threshold))) break;
+      if (a / b < best_ratio) best_ratio = a / b, best = j;
+    }
+    const double base = median(best - w, best), level = median(best, best + w);
+    // It lasts until a window is back within half the threshold of the level before.
+    int end = n;
+    for (int j = best + 1; j + w <= n; ++j) {
+      if (median(j, j + w) >= base * (1 - opt.drop_threshold / 2)) {
+        end = j + w / 2;
+        break;
+      }
+    }
+    LogEvent e;
+    e.kind = "throughput_drop";
+    e.start = iters[best];
+    e.end = iters[std::min(end, n) - 1];
+    e.signal = signal;
+    e.value = level;
+    e.baseline = base;
+    e.detail = fmt::format(
+        "{} fell from {:.4g} to {:.4g} ({:+.1f}%) at iteration {} and {}", signal, base, level,
+        100 * (level / base - 1), e.start,
+        end >= n ? fmt::format("stayed down to the end of the log (iteration {})", e.end)
+                 : fmt::format("was back by iteration {}", e.end));
+    events->push_back(e);
+    i = std::max(end, best + w);
+  }
+}
+
+}  // namespace
+
+Status AnalyzeLog(const ParsedLog& log, const LogAnalysisOptions& opt, LogAnalysis* out) {
+  if (log.records.empty()) {
+    std::string files;
+    for (const std::string& f : log.files) files += (files.empty() ? "" : ", ") + f;
+    return Status::InvalidArgument(fmt::format(
+        "{}: no Megatron iteration lines (\"iteration N/ TOTAL | ... lm loss: ... |\") in {} "
+        "lines; is this the training log of rank 0 (the last pipeline stage prints them)?",
+        files, log.lines));
+  }
+  LogAnalysis a;
+  const auto& recs = log.records;
+  a.records = static_cast<int64_t>(recs.size());
+  a.validations = static_cast<int64_t>(log.validations.size());
+  a.first_iteration = recs.front().iteration;
+  a.last_iteration = recs.back().iteration;
+  for (const LogRecord& r : recs) {
+    a.min_iteration = std::min(a.min_iteration < 0 ? r.iteration : a.min_iteration, r.iteration);
+    a.max_iteration = std::max(a.max_iteration, r.iteration);
+  }
+  a.train_iters = recs.back().train_iters;
+  a.tflops = Stats(recs, &LogRecord::tflops);
+  a.samples_per_second = Stats(recs, &LogRecord::samples_per_second);
+  a.iteration_seconds = Stats(recs, &LogRecord::iteration_seconds);
+
+  std::vector<LogEvent> events;
+  InstabilityScan scan(opt, &events);
+  int64_t prev = -1;
+  for (const LogRecord& r : recs) {
+    if (prev >= 0 && (r.iteration <= prev || r.after_start)) {
+      LogEvent e;
+      e.kind = "restart";
+      e.start = prev;
+      e.end = r.iteration;
+      e.signal = "iteration";
+      e.value = static_cast<double>(r.iteration);
+      e.baseline = static_cast<double>(prev);
+      e.detail = r.iteration <= prev
+                     ? fmt::format(
+                           "the log went back from iteration {} to {} ({}:{}): a resume "
+                           "from an earlier checkpoint; iterations {}-{} were run again",
+                           prev, r.iteration, r.file, r.line, r.iteration, prev)
+                     : fmt::format("a new process started ({}:{}) and resumed at iteration {}",
+                                   r.file, r.line, r.iteration);
+      events.push_back(e);
+      ++a.restarts;
+      scan.Restart(prev, r.iteration);
+      prev = -1;  // counters of the first record after a restart cover an unknown interval
+    }
+    const int64_t from = prev >= 0 ? prev + 1 : r.iteration;
+    if (r.nan > 0 || r.nonfinite) {
+      AddOrExtend(&events, "nan", from, r.iteration, prev, std::max<int64_t>(r.nan, 1), "NaN");
+      a.nan_iterations += std::max<int64_t>(r.nan, 1);
+    }
+    if (r.skipped > 0) {
+      AddOrExtend(&events, "skipped", from, r.iteration, prev, r.skipped, "skipped");
+      a.skipped_iterations += r.skipped;
+    }
+    scan.Feed(r);
+    prev = r.iteration;
+  }
+  scan.Finish(a.last_iteration);
+
+  // Throughput: TFLOPs where the log has them, else samples/s, else iterations/s.
+  std::vector<int64_t> iters;
+  std::vector<double> tp;
+  a.throughput_signal = a.tflops.count == a.records               ? "TFLOPs"
+                        : a.samples_per_second.count == a.records ? "samples per second"
+                                                                  : "iterations per second";
+  for (const LogRecord& r : recs) {
+    double v = a.throughput_signal == "TFLOPs"               ? r.tflops
+               : a.throughput_signal == "samples per second" ? r.samples_per_second
+                                                             : 1.0 / r.iteration_seconds;
+    if (!std::isfinite(v)) continue;
+    iters.push_back(r.iteration);
+    tp.push_back(v);
+  }
+  FindThroughputDrops(iters, tp, a.throughput_signal, opt, &events);
+
+  // ETA from the recent median time per iteration.
+  if (a.train_iters > 0) {
+    std::vector<double> recent;
+    for (auto it = recs.rbegin(); it != recs.rend() && recent.size() < 20; ++it)
+      if (std::isfinite(it->iteration_seconds)) recent.push_back(it->iteration_seconds);
+    if (!recent.empty()) {
+      a.recent_iteration_seconds = Median(recent);
+      a.eta_seconds = static_cast<double>(std::max<int64_t>(a.train_iters - a.last_iteration, 0)) *
+                      a.recent_iteration_seconds;
+    }
+  }
+  std::stable_sort(events.begin(), events.end(),
+                   [](const LogEvent& x, const LogEvent& y) { return x.start < y.start; });
+  a.events = std::move(events);
+  *out = std::move(a);
+  return Status::OK();
+}
+
+std::string FormatLogAnalysis(const ParsedLog& log, const LogAnalysis& a) {
+  std::string s;
+  std::string files;
+  for (const std::string& f : log.files) files += (files.empty() ? "" : ", ") + f;
+  s += fmt::format(
+      "log: {} ({} lines; {} iteration records, {} of them joined from wrapped "
+      "lines; {} validation lines)\n",
+      files, log.lines, a.records, log.wrapped, a.validations);
+  s += fmt::format("iterations: {} to {}{}{}\n", a.min_iteration, a.max_iteration,
+                   a.train_iters > 0 ? fmt::format(" of {}", a.train_iters) : "",
+                   a.last_iteration != a.max_iteration
+                       ? fmt::format(" (the last record, after restarts: {})", a.last_iteration)
+                       : "");
+  auto stat = [](const char* name, const SeriesStats& st, const char* unit) {
+    if (st.count == 0) return std::string();
+    return fmt::format("{}: median {:.4g}{} (min {:.4g}, mean {:.4g}, max {:.4g}; {} records)\n",
+                       name, st.median, unit, st.min, st.mean, st.max, st.count);
+  };
+  s += stat("TFLOPs per GPU", a.tflops, "");
+  s += stat("samples per second", a.samples_per_second, "");
+  s += stat("time per iteration", a.iteration_seconds, " s");
+  s += fmt::format("skipped iterations: {}; NaN iterations: {}; restarts: {}\n",
+                   a.skipped_iterations, a.nan_iterations, a.restarts);
+  if (a.events.empty()) {
+    s += "events: none\n";
+  } else {
+    s += fmt::format("events ({}):\n", a.events.size());
+    for (const LogEvent& e : a.events)
+      s += fmt::format("  {:>8}-{:<8} {:<17} {}\n", e.start, e.end, e.kind, e.detail);
+  }
+  if (a.eta_seconds >= 0) {
+    s += fmt::format(
+        "ETA: {:.2f} days ({} iterations left at {:.4g} s, the median of the last "
+        "records; no downtime counted)\n",
+        a.eta_seconds / 86400, a.train_iters - a.last_iteration, a.recent_iteration_seconds);
+  } else {
+    s += "ETA: unknown (the log gives no total iterations or no time per iteration)\n";
+  }
+  return s;
+}
+
+nlohmann::json LogAnalysisJson(const ParsedLog& log, const LogAnalysis& a) {
+  using nlohmann::json;
+  auto stat = [](const SeriesStats& st) -> json {
+    if (st.count == 0) return nullptr;
+    return {{"count", st.count},
+            {"min", st.min},
+            {"median", st.median},
+            {"mean", st.mean},
+            {"max", st.max}};
+  };
+  json events = json::array();
+  for (const LogEvent& e : a.events) {
+    events.push_back({{"kind", e.kind},
+                      {"start", e.start},
+                      {"end", e.end},
+                      {"signal", e.signal},
+                      {"value", e.value},
+                      {"baseline", e.baseline},
+                      {"detail", e.detail}});
+  }
+  return {{"files", log.files},
+          {"lines", log.lines},
+          {"records", a.records},
+          {"wrapped_records", log.wrapped},
+          {"validations", a.validations},
+          {"first_iteration", a.first_iteration},
+          {"min_iteration", a.min_iteration},
+          {"max_iteration", a.max_iteration},
+          {"last_iteration", a.last_iteration},
+          {"train_iters", a.train_iters},
+          {"tflops", stat(a.tflops)},
+          {"samples_per_second", stat(a.samples_per_second)},
+          {"iteration_seconds", stat(a.iteration_seconds)},
+          {"throughput_signal", a.throughput_signal},
+          {"skipped_iterations", a.skipped_iterations},
+          {"nan_iterations", a.nan_iterations},
+          {"restarts", a.restarts},
+          {"eta_seconds", a.eta_seconds >= 0 ? json(a.eta_seconds) : json(nullptr)},
+          {"events", events}};
+}
+
+nlohmann::json LogRecordToMetrics(const LogRecord& r) {
+  nlohmann::json m = {{"kind", "train"}, {"iteration", r.iteration}};
+  auto put = [&](const char* key, double v) {
+    if (std::isfinite(v)) m[key] = v;
+  };
+  if (r.train_iters > 0) m["train_iters"] = r.train_iters;
+  if (r.consumed_samples >= 0) m["consumed_samples"] = r.consumed_samples;
+  if (r.consumed_tokens >= 0) m["consumed_tokens"] = r.consumed_tokens;
+  put("iteration_ms", r.iteration_seconds * 1000.0);
+  put("learning_rate", r.learning_rate);
+  put("global_batch_size", r.global_batch);
+  put("lm_loss", r.lm_loss);
+  put("loss_scale", r.loss_scale);
+  put("grad_norm", r.grad_norm);
+  put("num_zeros", r.num_zeros);
+  put("samples_per_second", r.samples_per_second);
+  put("tflops", r.tflops);
+  m["skipped_iterations"] = r.skipped;
+  m["nan_iterations"] = r.nan;
+  m["nan"] = r.nonfinite || r.nan > 0;
+  return m;
+}
+
+}  // namespace keel

@@ -1,0 +1,98 @@
+// `keel logs analyze` as a user runs it: findings, --json for machines, --to-metrics for
+// `keel report`, and refusals that leave existing files alone.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "../metrics/megatron_log_fixture.h"
+#include "keel_process.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using keel_test::RunKeelShell;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST(LogsCliTest, AnalyzeJsonAndToMetrics) {
+  const std::string dir = keel_test::FreshTempDir("logs_cli");
+  const std::string log = dir + "/main_log.txt";
+  std::ofstream(log) << keel_test::GenerateMegatronLog({});
+
+  auto r = RunKeelShell("", "logs analyze " + log);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("iterations: 1 to 400 of 400"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("restarts: 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("TFLOPs fell from 150"), std::string::npos) << r.out;
+
+  r = RunKeelShell("", "logs analyze --json " + log + " 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  std::set<std::string> kinds;
+  for (const auto& e : j["events"]) {
+    kinds.insert(e["kind"].get<std::string>());
+    EXPECT_LE(e["start"].get<int64_t>(), 400);
+    EXPECT_TRUE(e.contains("end"));
+  }
+  EXPECT_EQ(kinds, (std::set<std::string>{"spike_recovered", "nan", "skipped", "restart",
+                                          "resume_spike", "throughput_drop", "divergence"}));
+
+  const std::string run = dir + "/run";
+  r = RunKeelShell("", "logs analyze " + log + " --to-metrics " + run);
+  ASSERT_EQ(r.code, 0) << r.out;
+  // The live metrics hold iterations 1..400 once each; what the restart redid is archived.
+  std::istringstream live(Slurp(run + "/metrics.jsonl"));
+  std::string line;
+  int64_t expect = 1, validations = 0;
+  while (std::getline(live, line)) {
+    const auto m = nlohmann::json::parse(line);
+    if (m["kind"] == "validation") {
+      ++validations;
+      continue;
+    }
+    EXPECT_EQ(m["iteration"].get<int64_t>(), expect);
+    ++expect;
+  }
+  EXPECT_EQ(expect, 401);
+  EXPECT_EQ(validations, 4);
+  int archives = 0;
+  for (const auto& e : fs::directory_iterator(run + "/metrics-archive")) {
+    EXPECT_EQ(e.path().filename().string().rfind("restart-iter260-to-iter240", 0), 0u) << e.path();
+    ++archives;
+  }
+  EXPECT_EQ(archives, 1);
+  const auto analysis = nlohmann::json::parse(Slurp(run + "/log-analysis.json"));
+  EXPECT_EQ(analysis["events"].size(), j["events"].size());
+  int tb = 0;
+  for (const auto& e : fs::directory_iterator(run + "/tensorboard"))
+    tb += e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  EXPECT_EQ(tb, 1);
+
+  // A second conversion into the same directory is refused; nothing there changes.
+  const std::string before = Slurp(run + "/metrics.jsonl");
+  r = RunKeelShell("", "logs analyze " + log + " --to-metrics " + run);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("already holds metrics.jsonl"), std::string::npos) << r.out;
+  EXPECT_EQ(Slurp(run + "/metrics.jsonl"), before);
+
+  // Not a training log; a missing file.
+  std::ofstream(dir + "/notes.txt") << "nothing to see\n";
+  r = RunKeelShell("", "logs analyze " + dir + "/notes.txt");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("no Megatron iteration lines"), std::string::npos) << r.out;
+  r = RunKeelShell("", "logs analyze " + dir + "/missing.txt");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("cannot read the log"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+}  // namespace

@@ -1,0 +1,76 @@
+// A Megatron-DeepSpeed style training log with known events, in the shapes real logs come in
+// (timestamps, [defaultN]: prefixes, a terminal-wrapped line, iteration time in ms), for the
+// `keel logs analyze` tests.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace keel_test {
+
+struct LogEvents {
+  bool spike = true;         // lm loss x1.8 and grad norm 40 at iterations 150-152
+  bool nan = true;           // iteration 200: lm loss nan, one nan iteration
+  bool restart = true;       // after 260 the log resumes at 241 (a process start is logged) ...
+  bool resume_spike = true;  // ... and the loss jumps at 245-246
+  bool slow_gpu = true;      // TFLOPs 150 -> 140 from iteration 300
+  bool divergence = true;    // from 330 the loss rises 15% over 70 iterations
+};
+
+inline std::string MegatronLogLine(int64_t it, double loss, double grad, double tflops, int nan) {
+  const double ms = 1000.0 * 150.0 / tflops;  // time follows throughput
+  return fmt::format(
+      " iteration {:8d}/     400 | consumed samples: {:12d} | consumed tokens: {:14d} | elapsed "
+      "time per iteration (ms): {:.1f} | learning rate: 3.000E-04 | global batch size: 64 | lm "
+      "loss: {} | loss scale: 1.0 | grad norm: {:.3f} | num zeros: 0.0 | number of skipped "
+      "iterations: {:3d} | number of nan iterations: {:3d} | samples per second: {:.3f} | TFLOPs: "
+      "{:.2f} |",
+      it, it * 64, it * 64 * 2048, ms, nan ? std::string("nan") : fmt::format("{:.6E}", loss), grad,
+      nan, nan, 64000.0 / ms, tflops);
+}
+
+inline std::string GenerateMegatronLog(const LogEvents& ev) {
+  std::string log = "using world size: 8, data-parallel-size: 8, tensor-model-parallel size: 1\n";
+  uint64_t state = 12345;
+  auto noise = [&] {  // deterministic uniform in [-1, 1)
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<double>(state >> 11) / static_cast<double>(1ULL << 52) - 1.0;
+  };
+  auto emit = [&](int64_t it, bool after_restart) {
+    double loss = 3.0 + 4.0 * std::exp(-static_cast<double>(it) / 80.0) + 0.02 * noise();
+    double grad = 0.3 + 0.03 * noise();
+    double tflops = 150.0 + 0.5 * noise();
+    int nan = 0;
+    if (ev.spike && it >= 150 && it <= 152) loss *= 1.8, grad = 40;
+    if (ev.nan && it == 200) nan = 1;
+    if (ev.resume_spike && after_restart && (it == 245 || it == 246)) loss *= 1.5, grad = 20;
+    if (ev.slow_gpu && it >= 300) tflops -= 10;
+    if (ev.divergence && it >= 330) loss *= 1.0 + 0.15 * static_cast<double>(it - 330) / 70.0;
+    std::string line = MegatronLogLine(it, loss, grad, tflops, nan);
+    if (it % 7 == 0) line = "[default3]:" + line;
+    if (it % 11 == 0) line = fmt::format("[2024-03-01 10:{:02d}:00] ", it % 60) + line;
+    if (it == 123) {  // wrapped by a terminal inside a number and inside a field name
+      const size_t a = line.find("lm loss: ") + 12, b = line.find("number of nan") + 10;
+      line = line.substr(0, a) + "\n" + line.substr(a, b - a) + "\n" + line.substr(b);
+    }
+    log += line + "\n";
+    if (it % 100 == 0)
+      log += fmt::format(
+          " validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: "
+          "{:.6E} |\n",
+          it, loss, std::exp(loss));
+  };
+  for (int64_t it = 1; it <= (ev.restart ? 260 : 400); ++it) emit(it, false);
+  if (ev.restart) {
+    log += "srun: error: node17: task 3: Exited with exit code 1\n";
+    log += "using world size: 8, data-parallel-size: 8, tensor-model-parallel size: 1\n";
+    log += " loading checkpoint from /ckpt at iteration 240\n";
+    for (int64_t it = 241; it <= 400; ++it) emit(it, true);
+  }
+  return log;
+}
+
+}  // namespace keel_test
