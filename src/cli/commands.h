@@ -21,6 +21,8 @@ int CkptCommand(int argc, const char* const* argv);
 int TbCommand(int argc, const char* const* argv);
 // `keel logs analyze` (logs_cmd.cc).
 int LogsCommand(int argc, const char* const* argv);
+// `keel report RUN_DIR` (report_cmd.cc).
+int ReportCommand(int argc, const char* const* argv);
 // `keel plan` (plan_cmd.cc): the cost of a model and layout before launching it.
 int PlanCommand(int argc, const char* const* argv);
 // `keel ckpt export PATH --hf OUT` (ckpt_export_cmd.cc); argv[0] is "export".

@@ -19,6 +19,7 @@ commands:
   data           prepare (tokenize text into .bin/.idx), inspect and verify datasets
   ckpt           list, inspect, verify, diff, edit, pin and export checkpoints
   logs           analyze Megatron-LM / Megatron-DeepSpeed / keel training logs; convert to metrics
+  report         one self-contained HTML page of a run: curves, events marked, its chronicle
   plan           parameters, memory per GPU, feasible batch ramp-up and days for a model and layout
   tb             rename tags in TensorBoard event files, truncate them after a step
   bench          measure tokens/s, GFLOP/s and MFU against this machine's sgemm peak
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return keel::cli::BenchCommand(subc, sub);
     if (cmd == "ckpt") return keel::cli::CkptCommand(subc, sub);
     if (cmd == "logs") return keel::cli::LogsCommand(subc, sub);
+    if (cmd == "report") return keel::cli::ReportCommand(subc, sub);
     if (cmd == "plan") return keel::cli::PlanCommand(subc, sub);
     if (cmd == "tb") return keel::cli::TbCommand(subc, sub);
     if (cmd == "version" || cmd == "--version") {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "headless_chromium.h"
 #include "keel_process.h"
 
 namespace {
@@ -86,6 +87,21 @@ TEST(GuardCliTest, PoisonedWindowIsRolledBackSkippedAndJournaled) {
     EXPECT_TRUE(fs::exists(e.path() / "metrics.jsonl"));
   }
   EXPECT_EQ(archives, 1);
+  // The report marks the guard's decisions and the rollback, and renders the chronicle.
+  const auto rep = RunKeelShell("", "report " + dir + "/run");
+  ASSERT_EQ(rep.code, 0) << rep.out;
+  const std::string html = ReadFile(dir + "/run/report.html");
+  EXPECT_NE(html.find("<td>rollback</td><td>events.jsonl</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td>rollback</td><td>metrics-archive</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td>detected</td>"), std::string::npos);
+  EXPECT_NE(html.find("<li>iteration 64: 4 anomalous iterations in a row"), std::string::npos);
+  if (keel_test::HaveChromium()) {
+    const keel_test::PageLoad page = keel_test::LoadInChromium(dir + "/run/report.html", dir);
+    ASSERT_TRUE(page.ran) << page.log;
+    EXPECT_EQ(page.status, "ok") << page.log;
+    EXPECT_EQ(page.errors, "");
+    EXPECT_EQ(keel_test::ConsoleLines(page.log), "");
+  }
   fs::remove_all(dir);
 }
 

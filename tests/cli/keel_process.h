@@ -8,6 +8,8 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace keel_test {
@@ -17,10 +19,10 @@ struct KeelResult {
   std::string out;
 };
 
-inline KeelResult RunKeelShell(const std::string& env, const std::string& args) {
-  const std::string cmd = env + (env.empty() ? "" : " ") + KEEL_BINARY + " " + args + " 2>&1";
+// Runs `cmd` through the shell, stdout and stderr together.
+inline KeelResult RunShell(const std::string& cmd) {
   KeelResult r;
-  FILE* p = popen(cmd.c_str(), "r");
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf;
   size_t n;
@@ -28,6 +30,10 @@ inline KeelResult RunKeelShell(const std::string& env, const std::string& args) 
   const int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+inline KeelResult RunKeelShell(const std::string& env, const std::string& args) {
+  return RunShell(env + (env.empty() ? "" : " ") + KEEL_BINARY + " " + args);
 }
 
 // An iteration or validation line without its timing fields (elapsed time, samples per second,
@@ -46,6 +52,13 @@ inline std::string WithoutTimings(const std::string& line) {
     f = bar + 1;
   }
   return kept;
+}
+
+inline std::string ReadText(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 inline std::string FreshTempDir(const std::string& name) {

@@ -1,0 +1,426 @@
+#include "metrics/run_report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "metrics/run_metrics.h"
+
+namespace keel {
+namespace {
+
+using nlohmann::json;
+
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// `code` and **bold** inside an escaped line.
+std::string Inline(const std::string& text) {
+  std::string s = Escape(text), out;
+  bool code = false, bold = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '`') {
+      out += code ? "</code>" : "<code>";
+      code = !code;
+    } else if (!code && s.compare(i, 2, "**") == 0) {
+      out += bold ? "</strong>" : "<strong>";
+      bold = !bold;
+      ++i;
+    } else {
+      out += s[i];
+    }
+  }
+  if (code) out += "</code>";
+  if (bold) out += "</strong>";
+  return out;
+}
+
+// A JSON number, or null for NaN/missing (uPlot draws a gap).
+json Num(const json& r, const char* key) {
+  if (!r.contains(key) || !r[key].is_number()) return nullptr;
+  const double v = r[key].get<double>();
+  return std::isfinite(v) ? json(v) : json(nullptr);
+}
+
+// Trailing mean over the last `w` finite values.
+json RollingMean(const json& values, size_t w) {
+  json out = json::array();
+  std::vector<double> window;
+  double sum = 0;
+  for (const json& v : values) {
+    if (v.is_number()) {
+      window.push_back(v.get<double>());
+      sum += window.back();
+      if (window.size() > w) {
+        sum -= window.front();
+        window.erase(window.begin());
+      }
+    }
+    out.push_back(window.empty() ? json(nullptr) : json(sum / static_cast<double>(window.size())));
+  }
+  return out;
+}
+
+// "<reason>-iter<last>-to-iter<at>-<time>" of metrics-archive/: the iteration the run went back to.
+bool ParseArchiveName(const std::string& name, std::string* reason, int64_t* from, int64_t* to) {
+  const size_t a = name.find("-iter"), b = name.find("-to-iter");
+  if (a == std::string::npos || b == std::string::npos || b < a) return false;
+  *reason = name.substr(0, a);
+  *from = std::strtoll(name.c_str() + a + 5, nullptr, 10);
+  *to = std::strtoll(name.c_str() + b + 8, nullptr, 10);
+  return true;
+}
+
+constexpr const char* kPageScript = R"JS(
+(function () {
+  const D = JSON.parse(document.getElementById('keel-data').textContent);
+  const colors = {rollback: '#d62728', divergence: '#d62728', detected: '#ff7f0e',
+    spike_recovered: '#ff7f0e', resume_spike: '#ff7f0e', spike_unresolved: '#ff7f0e',
+    skip: '#7f7f7f', skipped: '#7f7f7f', skip_range: '#7f7f7f', nan: '#9467bd',
+    restart: '#1f77b4', resume: '#1f77b4', resumed: '#1f77b4', throughput_drop: '#8c564b'};
+  const colorOf = (k) => colors[k] || '#17becf';
+  const palette = ['#1f77b4', '#2ca02c', '#9467bd', '#8c564b', '#e377c2', '#17becf', '#bcbd22'];
+
+  // Dashed vertical line at each marked iteration, on every chart.
+  const markers = {hooks: {draw: [(u) => {
+    const ctx = u.ctx;
+    ctx.save();
+    ctx.lineWidth = 2 * devicePixelRatio;
+    ctx.setLineDash([6 * devicePixelRatio, 4 * devicePixelRatio]);
+    for (const m of D.markers) {
+      const x = u.valToPos(m.iteration, 'x', true);
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      ctx.strokeStyle = colorOf(m.kind);
+      ctx.beginPath();
+      ctx.moveTo(x, u.bbox.top);
+      ctx.lineTo(x, u.bbox.top + u.bbox.height);
+      ctx.stroke();
+    }
+    ctx.restore();
+  }]}};
+
+  // Axis numbers: 3 significant digits, exponents for small values (learning rates).
+  const fmt = (v) => v === null ? '' : v === 0 ? '0' :
+    Math.abs(v) < 0.01 ? v.toExponential(1) : String(Number(v.toPrecision(3)));
+  const width = Math.max(480, Math.min(1100, window.innerWidth - 48));
+  let charts = 0;
+  function chart(title, x, series) {
+    const present = series.filter((s) => s.values.some((v) => v !== null));
+    if (present.length === 0 || x.length === 0) return;
+    const el = document.createElement('div');
+    el.className = 'chart';
+    document.getElementById('charts').appendChild(el);
+    const opts = {
+      title: title, width: width, height: 260, plugins: [markers],
+      scales: {x: {time: false}},
+      axes: [{label: 'iteration'}, {size: 64, values: (u, vals) => vals.map(fmt)}],
+      series: [{label: 'iteration'}].concat(present.map((s, i) => ({
+        label: s.label, stroke: s.stroke || palette[i % palette.length],
+        width: s.width || 1.5, spanGaps: false, points: {show: x.length < 60}}))),
+    };
+    new uPlot(opts, [x].concat(present.map((s) => s.values)), el);
+    charts++;
+  }
+
+  const T = D.train, V = D.validation;
+  chart('lm loss (training)', T.iteration, [
+    {label: 'lm loss', values: T.lm_loss, stroke: 'rgba(31,119,180,0.45)', width: 1},
+    {label: 'rolling mean (' + D.rolling_window + ')', values: T.lm_loss_mean, stroke: '#0b3d91', width: 2.5}]);
+  const ds = Object.keys(T.datasets);
+  if (ds.length > 0)
+    chart('lm loss per dataset', T.iteration, ds.map((n) => ({label: n, values: T.datasets[n]})));
+  chart('validation lm loss', V.iteration, [{label: 'lm loss validation', values: V.lm_loss, stroke: '#d62728'}]
+    .concat(Object.keys(V.datasets).map((n) => ({label: n, values: V.datasets[n]}))));
+  chart('learning rate', T.iteration, [{label: 'learning rate', values: T.learning_rate}]);
+  chart('global batch size', T.iteration, [{label: 'batch size', values: T.global_batch_size}]);
+  chart('grad norm', T.iteration, [{label: 'grad norm', values: T.grad_norm, stroke: '#2ca02c'}]);
+  chart('loss scale', T.iteration, [{label: 'loss scale', values: T.loss_scale}]);
+  chart('throughput: samples per second', T.iteration,
+    [{label: 'samples per second', values: T.samples_per_second, stroke: '#8c564b'}]);
+  chart('throughput: TFLOPs per GPU', T.iteration,
+    [{label: 'TFLOPs', values: T.tflops, stroke: '#e377c2'}]);
+
+  const legend = document.getElementById('marker-legend');
+  for (const k of [...new Set(D.markers.map((m) => m.kind))]) {
+    const span = document.createElement('span');
+    span.className = 'key';
+    span.innerHTML = '<i style="border-color:' + colorOf(k) + '"></i>' + k;
+    legend.appendChild(span);
+  }
+  document.body.dataset.charts = charts;
+  document.body.dataset.status = 'ok';
+})();
+)JS";
+
+constexpr const char* kPageStyle = R"CSS(
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #222; }
+h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin-top: 28px; }
+table { border-collapse: collapse; } td, th { padding: 3px 10px; border-bottom: 1px solid #ddd;
+  text-align: left; vertical-align: top; }
+.chart { margin: 12px 0 20px; } .key { margin-right: 14px; }
+.key i { display: inline-block; width: 18px; border-top: 2px dashed; margin-right: 5px;
+  vertical-align: middle; }
+pre { background: #f6f6f6; padding: 8px; overflow-x: auto; }
+#chronicle { max-width: 1100px; }
+)CSS";
+
+}  // namespace
+
+std::string MarkdownToHtml(const std::string& md) {
+  std::istringstream in(md);
+  std::string line, out, para;
+  bool list = false, code = false;
+  auto close_para = [&] {
+    if (!para.empty()) out += "<p>" + Inline(para) + "</p>\n";
+    para.clear();
+  };
+  auto close_list = [&] {
+    if (list) out += "</ul>\n";
+    list = false;
+  };
+  while (std::getline(in, line)) {
+    if (line.rfind("```", 0) == 0) {
+      close_para();
+      close_list();
+      out += code ? "</pre>\n" : "<pre>";
+      code = !code;
+      continue;
+    }
+    if (code) {
+      out += Escape(line) + "\n";
+      continue;
+    }
+    size_t h = 0;
+    while (h < line.size() && line[h] == '#') ++h;
+    if (h > 0 && h <= 6 && h < line.size() && line[h] == ' ') {
+      close_para();
+      close_list();
+      out +=
+          fmt::format("<h{0}>{1}</h{0}>\n", std::min<size_t>(h + 2, 6), Inline(line.substr(h + 1)));
+    } else if (line.rfind("- ", 0) == 0 || line.rfind("* ", 0) == 0) {
+      close_para();
+      if (!list) out += "<ul>\n";
+      list = true;
+      out += "<li>" + Inline(line.substr(2)) + "</li>\n";
+    } else if (line.find_first_not_of(" \t") == std::string::npos) {
+      close_para();
+      close_list();
+    } else {
+      close_list();
+      para += (para.empty() ? "" : " ") + line;
+    }
+  }
+  close_para();
+  close_list();
+  if (code) out += "</pre>\n";
+  return out;
+}
+
+Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& assets,
+                      std::string* html, ReportSummary* summary) {
+  const std::string metrics_path = JoinPath(run_dir, kMetricsFile);
+  std::string text;
+  if (!env->FileExists(metrics_path)) {
+    return Status::NotFound(fmt::format(
+        "{} has no {}: give the --save directory of a `keel train` run (keel writes metrics "
+        "there) or the output of `keel logs analyze LOG --to-metrics DIR`",
+        run_dir, kMetricsFile));
+  }
+  KEEL_RETURN_IF_ERROR(env->ReadFileToString(metrics_path, &text));
+
+  json T = {{"iteration", json::array()},          {"lm_loss", json::array()},
+            {"learning_rate", json::array()},      {"global_batch_size", json::array()},
+            {"grad_norm", json::array()},          {"loss_scale", json::array()},
+            {"samples_per_second", json::array()}, {"tflops", json::array()},
+            {"datasets", json::object()}};
+  json V = {{"iteration", json::array()}, {"lm_loss", json::array()}, {"datasets", json::object()}};
+  std::istringstream lines(text);
+  std::string line;
+  int lineno = 0;
+  size_t n_train = 0, n_valid = 0;
+  while (std::getline(lines, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    const json r = json::parse(line, nullptr, false);
+    if (r.is_discarded() || !r.is_object()) {
+      return Status::Corruption(fmt::format(
+          "{}:{}: not a JSON object; the file was edited or cut: fix or remove that line",
+          metrics_path, lineno));
+    }
+    const std::string kind = r.value("kind", "");
+    if (kind == "train") {
+      T["iteration"].push_back(r.value("iteration", int64_t{0}));
+      for (const char* k : {"lm_loss", "learning_rate", "global_batch_size", "grad_norm",
+                            "loss_scale", "samples_per_second", "tflops"})
+        T[k].push_back(Num(r, k));
+      // Per-dataset columns, padded with nulls where a record lacks a dataset.
+      if (r.contains("datasets") && r["datasets"].is_object())
+        for (const auto& [name, d] : r["datasets"].items())
+          if (!T["datasets"].contains(name))
+            T["datasets"][name] = json(std::vector<json>(n_train, nullptr));
+      for (auto& [name, col] : T["datasets"].items())
+        col.push_back(r.contains("datasets") && r["datasets"].contains(name)
+                          ? Num(r["datasets"][name], "lm_loss")
+                          : json(nullptr));
+      ++n_train;
+    } else if (kind == "validation") {
+      V["iteration"].push_back(r.value("iteration", int64_t{0}));
+      V["lm_loss"].push_back(Num(r, "lm_loss"));
+      if (r.contains("datasets") && r["datasets"].is_object())
+        for (const auto& [name, d] : r["datasets"].items())
+          if (!V["datasets"].contains(name))
+            V["datasets"][name] = json(std::vector<json>(n_valid, nullptr));
+      for (auto& [name, col] : V["datasets"].items())
+        col.push_back(r.contains("datasets") && r["datasets"].contains(name)
+                          ? Num(r["datasets"][name], "lm_loss")
+                          : json(nullptr));
+      ++n_valid;
+    }
+  }
+  const size_t window = std::clamp<size_t>(n_train / 50, 5, 200);
+  T["lm_loss_mean"] = RollingMean(T["lm_loss"], window);
+
+  // Markers: the guard's journal, the archive of rewinds, and a converted log's findings.
+  struct Marker {
+    int64_t iteration, end;
+    std::string kind, source, detail;
+  };
+  std::vector<Marker> markers;
+  std::string journal;
+  if (env->ReadFileToString(JoinPath(run_dir, "events.jsonl"), &journal).ok()) {
+    std::istringstream jl(journal);
+    while (std::getline(jl, line)) {
+      const json e = json::parse(line, nullptr, false);
+      if (e.is_discarded() || !e.is_object() || !e.contains("iteration") ||
+          !e["iteration"].is_number_integer())
+        continue;
+      std::string detail = e.value("reason", "");
+      if (detail.empty()) detail = e.value("signal", "");
+      if (e.contains("at") && e["at"].is_string())
+        detail += (detail.empty() ? "" : "; ") + e["at"].get<std::string>();
+      const int64_t it = e["iteration"].get<int64_t>();
+      markers.push_back({it, it, e.value("event", "event"), "events.jsonl", detail});
+    }
+  }
+  std::vector<std::string> archives;
+  if (env->GetChildren(JoinPath(run_dir, kMetricsArchiveDir), &archives).ok()) {
+    std::sort(archives.begin(), archives.end());
+    for (const std::string& a : archives) {
+      std::string reason;
+      int64_t from = 0, to = 0;
+      if (!ParseArchiveName(a, &reason, &from, &to)) continue;
+      markers.push_back({to, from, reason, "metrics-archive",
+                         fmt::format("the run went back from iteration {} to {}; the curves it "
+                                     "left are in {}/{}",
+                                     from, to, kMetricsArchiveDir, a)});
+    }
+  }
+  std::string analysis_text;
+  if (env->ReadFileToString(JoinPath(run_dir, "log-analysis.json"), &analysis_text).ok()) {
+    const json a = json::parse(analysis_text, nullptr, false);
+    if (a.is_object() && a.contains("events") && a["events"].is_array())
+      for (const json& e : a["events"])
+        markers.push_back({e.value("start", int64_t{0}), e.value("end", int64_t{0}),
+                           e.value("kind", "event"), "log-analysis.json", e.value("detail", "")});
+  }
+  std::stable_sort(markers.begin(), markers.end(),
+                   [](const Marker& a, const Marker& b) { return a.iteration < b.iteration; });
+  json M = json::array();
+  for (const Marker& m : markers) M.push_back({{"iteration", m.iteration}, {"kind", m.kind}});
+
+  const json data = {{"train", T}, {"validation", V}, {"markers", M}, {"rolling_window", window}};
+  std::string data_text = data.dump();
+  // Inside <script>, "</" would end the element early.
+  for (size_t p = data_text.find("</"); p != std::string::npos; p = data_text.find("</", p + 3))
+    data_text.replace(p, 2, "<\\/");
+
+  // Summary line.
+  std::string summary_html;
+  if (n_train > 0) {
+    const json& its = T["iteration"];
+    const json& losses = T["lm_loss"];
+    json last_loss = nullptr;
+    for (size_t i = losses.size(); i-- > 0;)
+      if (losses[i].is_number()) {
+        last_loss = losses[i];
+        break;
+      }
+    summary_html += fmt::format("iterations {} to {} ({} records)", its.front().get<int64_t>(),
+                                its.back().get<int64_t>(), n_train);
+    if (last_loss.is_number())
+      summary_html += fmt::format("; last lm loss {:.4f}", last_loss.get<double>());
+  }
+  if (n_valid > 0 && V["lm_loss"].back().is_number())
+    summary_html +=
+        fmt::format("; last validation lm loss {:.4f} at iteration {}",
+                    V["lm_loss"].back().get<double>(), V["iteration"].back().get<int64_t>());
+  summary_html += fmt::format("; {} marked events", markers.size());
+
+  std::string events_html;
+  if (markers.empty()) {
+    events_html = "<p>No guard decisions, rollbacks, restarts or log findings.</p>\n";
+  } else {
+    events_html = "<table><tr><th>iteration</th><th>event</th><th>from</th><th>detail</th></tr>\n";
+    for (const Marker& m : markers) {
+      const std::string range = m.end != m.iteration && m.end > m.iteration
+                                    ? fmt::format("{}-{}", m.iteration, m.end)
+                                    : std::to_string(m.iteration);
+      events_html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n", range,
+                                 Escape(m.kind), Escape(m.source), Escape(m.detail));
+    }
+    events_html += "</table>\n";
+  }
+  std::string chronicle;
+  std::string chronicle_html = "<p>No CHRONICLE.md in this directory.</p>\n";
+  if (env->ReadFileToString(JoinPath(run_dir, "CHRONICLE.md"), &chronicle).ok())
+    chronicle_html = MarkdownToHtml(chronicle);
+
+  std::string& h = *html;
+  h = "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
+  h += "<title>keel report: " + Escape(run_dir) + "</title>\n";
+  h += "<style>" + assets.uplot_css + "</style>\n<style>" + kPageStyle + "</style>\n";
+  // Before anything else runs: record script errors on the page for people and for tests.
+  h += "<script>window.addEventListener('error', function (e) { document.documentElement.dataset."
+       "errors = (document.documentElement.dataset.errors || '') + e.message + '\\n'; "
+       "});</script>\n";
+  h += "</head><body>\n";
+  h += "<h1>keel report: " + Escape(run_dir) + "</h1>\n<p>" + Escape(summary_html) + "</p>\n";
+  h += "<div id=\"marker-legend\"></div>\n<div id=\"charts\"></div>\n";
+  h += "<h2>Events</h2>\n" + events_html;
+  h += "<h2>Chronicle</h2>\n<div id=\"chronicle\">\n" + chronicle_html + "</div>\n";
+  h += "<script id=\"keel-data\" type=\"application/json\">" + data_text + "</script>\n";
+  h += "<script>" + assets.uplot_js + "</script>\n";
+  h += std::string("<script>") + kPageScript + "</script>\n</body></html>\n";
+  if (summary) {
+    summary->train_records = static_cast<int64_t>(n_train);
+    summary->validation_records = static_cast<int64_t>(n_valid);
+    summary->markers = static_cast<int64_t>(markers.size());
+  }
+  return Status::OK();
+}
+
+}  // namespace keel
