@@ -5,7 +5,6 @@
 #include <vector>
 
 namespace keel {
-namespace {
 
 double MedianOf(std::vector<double> v) {
   if (v.empty()) return NAN;
@@ -16,8 +15,6 @@ double MedianOf(std::vector<double> v) {
   const double lo = *std::max_element(v.begin(), v.begin() + mid);
   return 0.5 * (lo + hi);
 }
-
-}  // namespace
 
 bool RobustWindow::Add(double v) {
   if (!std::isfinite(v)) return false;

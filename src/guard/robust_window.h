@@ -7,10 +7,14 @@
 #include <deque>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
 namespace keel {
+
+// Median of v (mean of the two middle values for an even count); NaN when empty.
+double MedianOf(std::vector<double> v);
 
 class RobustWindow {
  public:

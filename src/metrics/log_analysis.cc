@@ -5,17 +5,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "guard/robust_window.h"
+
 namespace keel {
 namespace {
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  const size_t m = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + m, v.end());
-  double hi = v[m];
-  if (v.size() % 2) return hi;
-  return (hi + *std::max_element(v.begin(), v.begin() + m)) / 2;
-}
 
 SeriesStats Stats(const std::vector<LogRecord>& recs, double LogRecord::*field) {
   std::vector<double> v;
@@ -29,7 +22,7 @@ SeriesStats Stats(const std::vector<LogRecord>& recs, double LogRecord::*field) 
   double sum = 0;
   for (double x : v) sum += x;
   s.mean = sum / static_cast<double>(v.size());
-  s.median = Median(v);
+  s.median = MedianOf(v);
   return s;
 }
 
@@ -214,7 +207,7 @@ void FindThroughputDrops(const std::vector<int64_t>& iters, const std::vector<do
   const int w = opt.drop_window > 0 ? opt.drop_window : std::clamp(n / 20, 3, 50);
   if (n < 2 * w) return;
   auto median = [&](int from, int to) {
-    return Median(std::vector<double>(v.begin() + from, v.begin() + to));
+    return MedianOf(std::vector<double>(v.begin() + from, v.begin() + to));
   };
   for (int i = w; i + w <= n;) {
     const double before = median(i - w, i), after = median(i, i + w);
@@ -342,7 +335,7 @@ Status AnalyzeLog(const ParsedLog& log, const LogAnalysisOptions& opt, LogAnalys
     for (auto it = recs.rbegin(); it != recs.rend() && recent.size() < 20; ++it)
       if (std::isfinite(it->iteration_seconds)) recent.push_back(it->iteration_seconds);
     if (!recent.empty()) {
-      a.recent_iteration_seconds = Median(recent);
+      a.recent_iteration_seconds = MedianOf(recent);
       a.eta_seconds = static_cast<double>(std::max<int64_t>(a.train_iters - a.last_iteration, 0)) *
                       a.recent_iteration_seconds;
     }
