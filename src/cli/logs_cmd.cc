@@ -33,19 +33,12 @@ Status WriteMetrics(Env* env, const std::string& dir, const ParsedLog& log, cons
   KEEL_RETURN_IF_ERROR(env->CreateDirs(dir));
   std::unique_ptr<RunMetrics> metrics;
   KEEL_RETURN_IF_ERROR(RunMetrics::Open(env, dir, &metrics));
-  // Validation lines follow the iteration line of the same iteration; merge by file and line.
+  // Each validation goes where it stood in the log: after the records that preceded it.
   size_t v = 0;
-  int64_t last = -1;
-  auto flush_validations = [&](const std::string& file, int before_line, bool all) -> Status {
-    for (; v < log.validations.size(); ++v) {
+  auto write_validations = [&](size_t records_written) -> Status {
+    for (; v < log.validations.size() && log.validations[v].records_before <= records_written;
+         ++v) {
       const LogValidation& val = log.validations[v];
-      if (!all && val.file == file && val.line > before_line) break;
-      if (!all && val.file != file) {
-        // A validation of an earlier file: write it; of a later one: stop.
-        auto fi = std::find(log.files.begin(), log.files.end(), val.file);
-        auto fr = std::find(log.files.begin(), log.files.end(), file);
-        if (fi > fr) break;
-      }
       nlohmann::json m = {{"kind", "validation"}, {"iteration", val.iteration}};
       if (std::isfinite(val.lm_loss)) m["lm_loss"] = val.lm_loss;
       if (std::isfinite(val.ppl)) m["lm_loss_ppl"] = val.ppl;
@@ -53,9 +46,10 @@ Status WriteMetrics(Env* env, const std::string& dir, const ParsedLog& log, cons
     }
     return Status::OK();
   };
-  for (const LogRecord& r : log.records) {
-    KEEL_RETURN_IF_ERROR(flush_validations(r.file, r.line, false));
-    if (last >= 0 && r.iteration <= last) {
+  for (size_t k = 0; k < log.records.size(); ++k) {
+    const LogRecord& r = log.records[k];
+    KEEL_RETURN_IF_ERROR(write_validations(k));
+    if (k > 0 && r.iteration <= log.records[k - 1].iteration) {
       const int64_t gb = std::isfinite(r.global_batch) ? static_cast<int64_t>(r.global_batch) : 0;
       const int64_t samples = std::max<int64_t>(r.consumed_samples, 0);
       const int64_t per_sample =
@@ -70,9 +64,8 @@ Status WriteMetrics(Env* env, const std::string& dir, const ParsedLog& log, cons
             archived);
     }
     KEEL_RETURN_IF_ERROR(metrics->Append(LogRecordToMetrics(r)));
-    last = r.iteration;
   }
-  KEEL_RETURN_IF_ERROR(flush_validations("", 0, true));
+  KEEL_RETURN_IF_ERROR(write_validations(log.records.size()));
   for (const LogEvent& e : a.events) {
     KEEL_RETURN_IF_ERROR(
         metrics->AppendText(e.start, "guard/events", fmt::format("{}: {}", e.kind, e.detail)));

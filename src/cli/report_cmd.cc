@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <cstdlib>
 #include <string>
 
 #include "cli/commands.h"
@@ -35,8 +34,7 @@ int ReportCommand(int argc, const char* const* argv) {
         fmt::format("error: {} is not a directory; give a run directory (keel train --save)", dir));
     return 2;
   }
-  const char* v = std::getenv("KEEL_ASSETS_DIR");
-  const std::string assets_dir = JoinPath(v != nullptr && v[0] ? v : KEEL_ASSETS_DIR, "uplot/dist");
+  const std::string assets_dir = JoinPath(AssetsDir(), "uplot/dist");
   ReportAssets assets;
   Status st = env->ReadFileToString(JoinPath(assets_dir, "uPlot.iife.min.js"), &assets.uplot_js);
   if (st.ok()) st = env->ReadFileToString(JoinPath(assets_dir, "uPlot.min.css"), &assets.uplot_css);

@@ -62,6 +62,10 @@ class Env {
 // Either the old content or the new content is visible afterwards, never a mix.
 Status WriteFileAtomic(Env* env, const std::string& path, std::string_view data);
 
+// Where set-up installed the npm assets (corpora, GPT-2 BPE files, uPlot): $KEEL_ASSETS_DIR if set
+// and not empty, else the directory this build was configured with.
+std::string AssetsDir();
+
 // Joins path components with exactly one '/'.
 std::string JoinPath(const std::string& a, const std::string& b);
 

@@ -284,6 +284,11 @@ Env* Env::Default() {
   return &env;
 }
 
+std::string AssetsDir() {
+  const char* v = std::getenv("KEEL_ASSETS_DIR");
+  return v != nullptr && v[0] != '\0' ? v : KEEL_ASSETS_DIR;
+}
+
 std::string JoinPath(const std::string& a, const std::string& b) {
   if (a.empty()) return b;
   if (a.back() == '/') return a + b;

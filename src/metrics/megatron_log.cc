@@ -42,6 +42,14 @@ size_t SkipDigits(std::string_view s, size_t i) {
   return i;
 }
 
+// The digits at *pos as a number (0 if none); *pos moves past them.
+int64_t ReadInteger(std::string_view s, size_t* pos) {
+  const size_t end = SkipDigits(s, *pos);
+  const int64_t v = std::strtoll(std::string(s.substr(*pos, end - *pos)).c_str(), nullptr, 10);
+  *pos = end;
+  return v;
+}
+
 // Position of "iteration N/ TOTAL" in `line`, or npos.
 size_t FindRecordStart(std::string_view line) {
   for (size_t p = line.find("iteration"); p != std::string_view::npos;
@@ -133,14 +141,12 @@ std::vector<std::pair<std::string, std::string_view>> Fields(std::string_view te
 void ParseRecord(std::string_view text, LogRecord* r) {
   std::string_view head;
   const auto fields = Fields(text, &head);
-  size_t i = SkipSpaces(head, head.find("iteration") + 9);
-  size_t j = SkipDigits(head, i);
-  r->iteration = std::strtoll(std::string(head.substr(i, j - i)).c_str(), nullptr, 10);
+  size_t j = SkipSpaces(head, head.find("iteration") + 9);
+  r->iteration = ReadInteger(head, &j);
   j = SkipSpaces(head, j);
   if (j < head.size() && head[j] == '/') {
-    size_t k = SkipSpaces(head, j + 1);
-    r->train_iters =
-        std::strtoll(std::string(head.substr(k, SkipDigits(head, k) - k)).c_str(), nullptr, 10);
+    j = SkipSpaces(head, j + 1);
+    r->train_iters = ReadInteger(head, &j);
   }
   for (const auto& [key, value] : fields) {
     double v = NAN;
@@ -217,9 +223,9 @@ Status ParseMegatronLog(const std::string& text, const std::string& file, Parsed
       LogValidation val;
       val.file = file;
       val.line = lineno;
+      val.records_before = out->records.size();
       size_t a = SkipSpaces(head, head.find("iteration") + 9);
-      val.iteration =
-          std::strtoll(std::string(head.substr(a, SkipDigits(head, a) - a)).c_str(), nullptr, 10);
+      val.iteration = ReadInteger(head, &a);
       for (const auto& [key, value] : fields) {
         double x = NAN;
         if (!ParseNumber(value, &x)) continue;

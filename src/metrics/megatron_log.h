@@ -37,6 +37,7 @@ struct LogRecord {
 struct LogValidation {
   int64_t iteration = 0;
   double lm_loss = NAN, ppl = NAN;
+  size_t records_before = 0;  // iteration records that precede it in the log (for merging)
   std::string file;
   int line = 0;
 };

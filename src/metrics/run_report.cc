@@ -66,6 +66,18 @@ json Num(const json& r, const char* key) {
   return std::isfinite(v) ? json(v) : json(nullptr);
 }
 
+// One row of per-dataset loss columns: a dataset first seen now gets a column padded with nulls
+// for the `rows` before it; a dataset this record lacks gets a null.
+void AppendDatasetLosses(const json& r, size_t rows, json* columns) {
+  const bool has = r.contains("datasets") && r["datasets"].is_object();
+  if (has)
+    for (const auto& [name, d] : r["datasets"].items())
+      if (!columns->contains(name)) (*columns)[name] = json(std::vector<json>(rows, nullptr));
+  for (auto& [name, col] : columns->items())
+    col.push_back(has && r["datasets"].contains(name) ? Num(r["datasets"][name], "lm_loss")
+                                                      : json(nullptr));
+}
+
 // Trailing mean over the last `w` finite values.
 json RollingMean(const json& values, size_t w) {
   json out = json::array();
@@ -277,28 +289,11 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
       for (const char* k : {"lm_loss", "learning_rate", "global_batch_size", "grad_norm",
                             "loss_scale", "samples_per_second", "tflops"})
         T[k].push_back(Num(r, k));
-      // Per-dataset columns, padded with nulls where a record lacks a dataset.
-      if (r.contains("datasets") && r["datasets"].is_object())
-        for (const auto& [name, d] : r["datasets"].items())
-          if (!T["datasets"].contains(name))
-            T["datasets"][name] = json(std::vector<json>(n_train, nullptr));
-      for (auto& [name, col] : T["datasets"].items())
-        col.push_back(r.contains("datasets") && r["datasets"].contains(name)
-                          ? Num(r["datasets"][name], "lm_loss")
-                          : json(nullptr));
-      ++n_train;
+      AppendDatasetLosses(r, n_train++, &T["datasets"]);
     } else if (kind == "validation") {
       V["iteration"].push_back(r.value("iteration", int64_t{0}));
       V["lm_loss"].push_back(Num(r, "lm_loss"));
-      if (r.contains("datasets") && r["datasets"].is_object())
-        for (const auto& [name, d] : r["datasets"].items())
-          if (!V["datasets"].contains(name))
-            V["datasets"][name] = json(std::vector<json>(n_valid, nullptr));
-      for (auto& [name, col] : V["datasets"].items())
-        col.push_back(r.contains("datasets") && r["datasets"].contains(name)
-                          ? Num(r["datasets"][name], "lm_loss")
-                          : json(nullptr));
-      ++n_valid;
+      AppendDatasetLosses(r, n_valid++, &V["datasets"]);
     }
   }
   const size_t window = std::clamp<size_t>(n_train / 50, 5, 200);

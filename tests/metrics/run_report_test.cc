@@ -15,7 +15,7 @@ namespace {
 namespace fs = std::filesystem;
 
 ReportAssets InstalledUplot() {
-  const std::string dist = std::string(KEEL_ASSETS_DIR) + "/uplot/dist/";
+  const std::string dist = AssetsDir() + "/uplot/dist/";
   ReportAssets a;
   a.uplot_js = keel_test::ReadText(dist + "uPlot.iife.min.js");
   a.uplot_css = keel_test::ReadText(dist + "uPlot.min.css");
