@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "core/fault_injection_env.h"
 #include "train/train_checkpoint.h"
+#include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace keel {
 namespace {

@@ -24,6 +24,7 @@
 
 #include "backend/backend.h"
 #include "train/train_checkpoint.h"
+#include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace keel {
 namespace {

@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint_rewrite.h"
 #include "checkpoint/checkpoint_store.h"
 #include "core/fault_injection_env.h"
+#include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace {
 

@@ -9,6 +9,7 @@
 #include "../metrics/megatron_log_fixture.h"
 #include "headless_chromium.h"
 #include "keel_process.h"
+#include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace {
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "keel_process.h"
+#include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace {
 

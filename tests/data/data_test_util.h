@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/env.h"
+#include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace keel::datatest {
 

@@ -4,6 +4,7 @@
 
 #include "data/default_corpus.h"
 #include "data_test_util.h"
+#include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace keel {
 namespace {

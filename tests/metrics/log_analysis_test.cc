@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "megatron_log_fixture.h"
+#include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace keel {
 namespace {
