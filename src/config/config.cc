@@ -650,8 +650,76 @@ void DropDefaultIterWarmup(const std::set<std::string>& given, TrainConfig* cfg)
   }
 }
 
+// toml++ 3.3.0 (Debian 12's) reaches __builtin_unreachable() when it asks whether some non-ASCII
+// characters (U+00A1..U+0499 and others) are whitespace: undefined behaviour on a config file
+// (marzer/tomlplusplus#190, #295). It asks outside strings and comments, where TOML allows no
+// non-ASCII text anyway, and around a multi-line string's line-ending backslash; keel refuses
+// non-ASCII text in exactly those places before toml++ reads the file.
+Status CheckTomlNonAscii(std::string_view text, const std::string& origin) {
+  int line = 1;
+  size_t line_start = 0;
+  auto refuse = [&](size_t at, std::string_view what) {
+    return Status::InvalidArgument(
+        fmt::format("{}:{}:{}: invalid TOML: {}", origin, line, at - line_start + 1, what));
+  };
+  auto newline = [&](size_t at) {
+    ++line;
+    line_start = at + 1;
+  };
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  auto ascii = [](char c) { return static_cast<unsigned char>(c) < 0x80; };
+  size_t i = text.starts_with("\xEF\xBB\xBF") ? 3 : 0;  // a byte-order mark (toml++ skips it)
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == '\n') {
+      newline(i++);
+    } else if (c == '#') {  // a comment runs to the end of the line
+      while (i < text.size() && text[i] != '\n') ++i;
+    } else if (c == '"' || c == '\'') {
+      const std::string_view quotes = c == '"' ? "\"\"\"" : "'''";
+      const bool multi = text.substr(i).starts_with(quotes);
+      i += multi ? 3 : 1;
+      while (i < text.size()) {
+        const char d = text[i];
+        if (d == '\n') {
+          if (!multi) break;  // an unterminated string: toml++ stops here
+          newline(i++);
+        } else if (d == '\\' && c == '"') {
+          ++i;
+          if (multi && i < text.size() && (space(text[i]) || !ascii(text[i]))) {
+            // A line-ending backslash: toml++ tests each character up to the next text.
+            while (i < text.size() && space(text[i])) {
+              if (text[i] == '\n') newline(i);
+              ++i;
+            }
+            if (i < text.size() && !ascii(text[i]))
+              return refuse(i,
+                            "a non-ASCII character right after a line-ending backslash in a "
+                            "multi-line string; write it as \\uXXXX");
+          } else if (i < text.size() && text[i] != '\n') {
+            ++i;  // the escaped character
+          }
+        } else if (d == c && (!multi || text.substr(i).starts_with(quotes))) {
+          i += multi ? 3 : 1;
+          // Up to two more quotes end a multi-line string's text ("""a""""" is a"").
+          for (int k = 0; multi && k < 2 && i < text.size() && text[i] == c; ++k) ++i;
+          break;
+        } else {
+          ++i;
+        }
+      }
+    } else if (!ascii(c)) {
+      return refuse(i, "a non-ASCII character outside a string or comment");
+    } else {
+      ++i;
+    }
+  }
+  return Status::OK();
+}
+
 Status ApplyTomlImpl(const std::string& text, const std::string& origin, TrainConfig* cfg,
                      std::set<std::string>* given) {
+  KEEL_RETURN_IF_ERROR(CheckTomlNonAscii(text, origin));
   toml::table doc;
   try {
     doc = toml::parse(text, origin);
@@ -1070,8 +1138,9 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
   std::vector<std::string> extras = app.remaining();
   if (!extras.empty()) {
     const std::string& arg = extras.front();
-    if (arg.rfind("-", 0) == 0) {
-      std::string name = arg.substr(arg.find_first_not_of('-'));
+    const size_t name_at = arg.find_first_not_of('-');
+    if (arg.rfind("-", 0) == 0 && name_at != std::string::npos) {  // not "---": no name in it
+      std::string name = arg.substr(name_at);
       name = name.substr(0, name.find('='));
       return Status::InvalidArgument(
           fmt::format("unknown flag '{}': {}", arg, Suggest(name, "--")));

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace keel {
@@ -328,6 +329,50 @@ TEST(ConfigTest, TomlBothRunLengthsIsAnError) {
   ASSERT_FALSE(st.ok());
   EXPECT_CONTAINS(st.message(), "run.toml");
   EXPECT_CONTAINS(st.message(), "train-iters 100 and train-samples 1000");
+}
+
+// Found by fuzz/train_args_fuzz: an argument of only dashes has no flag name to suggest from.
+TEST(ConfigTest, ArgumentOfOnlyDashesIsAnError) {
+  ParsedConfig p;
+  for (const char* arg : {"-", "---"}) {
+    Status st = Parse({arg}, &p);
+    ASSERT_FALSE(st.ok()) << arg;
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+    EXPECT_CONTAINS(st.message(), std::string("unexpected argument '") + arg + "'");
+  }
+}
+
+// Found by fuzz/toml_config_fuzz: toml++ 3.3 reaches __builtin_unreachable() on some non-ASCII
+// characters outside strings (U+0397 here) and right after a multi-line string's line-ending
+// backslash (U+00A7, marzer/tomlplusplus#190). keel refuses those before toml++ reads them.
+TEST(ConfigTest, TomlNonAsciiOutsideStringsIsAnError) {
+  for (const std::string& text :
+       {std::string("\xce\x97"), std::string("num-layers = 2\n  \xcc\xaa = 1\n"),
+        std::string("num-layers = 2\xc3\xa9\n"),
+        std::string("sample-prompt = \"\"\"\\\n\xc2\xa7\"\"\"\n"),
+        std::string("sample-prompt = \"\"\"a\\  \n\n   \xc3\xa9\"\"\"\n"),
+        std::string("sample-prompt = \"\"\"a\\\xc3\xa9\"\"\"\n"),
+        std::string("sample-prompt = \"\"\"a\"\"\"\"\xc3\xa9\n")}) {
+    TrainConfig c;
+    Status st = ApplyToml(text, "run.toml", &c);
+    ASSERT_FALSE(st.ok()) << text;
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+    EXPECT_CONTAINS(st.message(), "run.toml:");
+    EXPECT_CONTAINS(st.message(), "non-ASCII");
+  }
+  // Where TOML allows it (strings, comments, a byte-order mark) it is read as before.
+  TrainConfig c;
+  Status st = ApplyToml(
+      "\xef\xbb\xbf# \xc3\x9c"
+      "bung \xe2\x80\x94 caf\xc3\xa9\n"
+      "sample-prompt = \"Caf\xc3\xa9 \xce\x97\\\"\"  # na\xc3\xafve\n"
+      "data-path = ['d/\xc3\xa9t\xc3\xa9', \"\"\"x\\\n  y\xc3\xa9\"\"\"]\n"
+      "split = \'\'\'1,1,\\1\'\'\'\n",
+      "run.toml", &c);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(c.sample_prompt, "Caf\xc3\xa9 \xce\x97\"");
+  EXPECT_EQ(c.data_path, (std::vector<std::string>{"d/\xc3\xa9t\xc3\xa9", "xy\xc3\xa9"}));
+  EXPECT_EQ(c.split, "1,1,\\1");
 }
 
 TEST(ConfigTest, TomlUnknownKeySuggestsTheClosestName) {
