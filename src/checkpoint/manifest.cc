@@ -4,8 +4,11 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <charconv>
 #include <nlohmann/json.hpp>
 #include <set>
+
+#include "core/json_field.h"
 
 namespace keel {
 
@@ -31,24 +34,34 @@ std::string Manifest::ToJson() const {
 
 Status Manifest::FromJson(const std::string& text, const std::string& path, Manifest* out) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "keel-checkpoint")
+  if (j.is_discarded() || !j.is_object() || JsonStringOr(j, "format", "") != "keel-checkpoint")
     return Status::Corruption(path + " is not a keel checkpoint manifest");
-  try {
-    if (j.at("format_version").get<int>() != 1)
-      return Status::Corruption(path + ": manifest format_version " +
-                                j.at("format_version").dump() +
-                                " is not supported by this keel (" KEEL_VERSION ")");
-    out->iteration = j.at("iteration").get<int64_t>();
-    out->files.clear();
-    for (const auto& f : j.at("files")) {
-      ManifestEntry e;
-      e.name = f.at("name").get<std::string>();
-      e.size = f.at("size").get<uint64_t>();
-      e.xxh3 = std::stoull(f.at("xxh3").get<std::string>(), nullptr, 16);
-      out->files.push_back(std::move(e));
-    }
-  } catch (const std::exception& e) {
-    return Status::Corruption(path + ": malformed manifest: " + e.what());
+  auto malformed = [&](const std::string& what) {
+    return Status::Corruption(path + ": malformed manifest: " + what);
+  };
+  if (!j.contains("format_version")) return malformed("no format_version");
+  if (JsonIntField<int>(j, "format_version") != 1)
+    return Status::Corruption(path + ": manifest format_version " + j["format_version"].dump() +
+                              " is not supported by this keel (" KEEL_VERSION ")");
+  const auto iteration = JsonIntField<int64_t>(j, "iteration");
+  if (!iteration || *iteration < 0) return malformed("iteration is not a non-negative integer");
+  out->iteration = *iteration;
+  out->files.clear();
+  const auto files = j.find("files");
+  if (files == j.end() || !files->is_array()) return malformed("files is not a list");
+  for (const nlohmann::json& f : *files) {
+    ManifestEntry e;
+    e.name = JsonStringOr(f, "name", "");
+    if (e.name.empty()) return malformed("an entry of files has no name");
+    const auto size = JsonIntField<uint64_t>(f, "size");
+    if (!size) return malformed(e.name + ": size is not a non-negative integer");
+    e.size = *size;
+    // 16 hex digits, as ToJson writes them.
+    const std::string hex = JsonStringOr(f, "xxh3", "");
+    const auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), e.xxh3, 16);
+    if (hex.size() != 16 || ec != std::errc() || end != hex.data() + hex.size())
+      return malformed(e.name + ": xxh3 is not 16 hex digits");
+    out->files.push_back(std::move(e));
   }
   return Status::OK();
 }

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "core/json_field.h"
+
 namespace keel {
 namespace {
 
@@ -90,18 +92,34 @@ Status ParseSafetensors(const char* data, size_t size, const std::string& path,
       const auto& t = *it;
       TensorRef r;
       r.dtype = t.at("dtype").get<std::string>();
-      r.shape = t.at("shape").get<std::vector<int64_t>>();
       const int eb = DtypeBytes(r.dtype);
       if (eb == 0)
         return Status::Corruption(path + ": tensor '" + it.key() + "' has unknown dtype " +
                                   r.dtype);
-      const uint64_t b = t.at("data_offsets").at(0).get<uint64_t>(),
-                     e = t.at("data_offsets").at(1).get<uint64_t>();
-      if (e < b || e - b != Numel(r.shape) * eb || e > size - data_start)
+      // Dimensions and offsets are JSON integers; the tensor's bytes must fit in the file (which
+      // also bounds the product of the dimensions, so it is computed without overflow).
+      uint64_t bytes = static_cast<uint64_t>(eb);
+      const nlohmann::json& shape = t.at("shape");
+      if (!shape.is_array())
+        return Status::Corruption(path + ": tensor '" + it.key() + "' has no shape list");
+      for (const nlohmann::json& d : shape) {
+        const auto dim = JsonInt<int64_t>(d);
+        if (!dim || *dim < 0)
+          return Status::Corruption(path + ": tensor '" + it.key() + "' has dimension " + d.dump() +
+                                    ", not a non-negative integer");
+        r.shape.push_back(*dim);
+        if (bytes != 0 && static_cast<uint64_t>(*dim) > (size - data_start) / bytes)
+          bytes = UINT64_MAX;  // more than the file holds
+        else
+          bytes *= static_cast<uint64_t>(*dim);
+      }
+      const nlohmann::json& offsets = t.at("data_offsets");
+      const auto b = JsonInt<uint64_t>(offsets.at(0)), e = JsonInt<uint64_t>(offsets.at(1));
+      if (!b || !e || *e < *b || *e - *b != bytes || *e > size - data_start)
         return Status::Corruption(path + ": tensor '" + it.key() +
                                   "' has inconsistent offsets or is truncated");
-      r.data = data + data_start + b;
-      r.bytes = e - b;
+      r.data = data + data_start + *b;
+      r.bytes = *e - *b;
       (*out)[it.key()] = std::move(r);
     }
   } catch (const nlohmann::json::exception& e) {

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "core/json_field.h"
+
 namespace keel {
 namespace {
 
@@ -85,15 +87,18 @@ Status ReadMeta(Env* env, const std::string& prefix, DatasetMeta* meta) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object())
     return Status::Corruption("dataset metadata '" + path + "' is not a JSON object");
-  try {
-    meta->tokenizer = j.value("tokenizer", std::string());
-    meta->tokenizer_model = j.value("tokenizer_model", std::string());
-    meta->vocab_size = j.value("vocab_size", 0);
-    meta->eod_id = j.value("eod_id", -1);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Corruption("dataset metadata '" + path +
-                              "' has a field of the wrong type: " + e.what());
-  }
+  for (const char* key : {"tokenizer", "tokenizer_model"})
+    if (j.contains(key) && !j[key].is_string())
+      return Status::Corruption("dataset metadata '" + path + "': " + key + " " + j[key].dump() +
+                                " is not a string");
+  for (const char* key : {"vocab_size", "eod_id"})
+    if (j.contains(key) && !JsonIntField<int32_t>(j, key))
+      return Status::Corruption("dataset metadata '" + path + "': " + key + " " + j[key].dump() +
+                                " is not a 32-bit integer");
+  meta->tokenizer = JsonStringOr(j, "tokenizer", "");
+  meta->tokenizer_model = JsonStringOr(j, "tokenizer_model", "");
+  meta->vocab_size = JsonIntField<int32_t>(j, "vocab_size").value_or(0);
+  meta->eod_id = JsonIntField<int32_t>(j, "eod_id").value_or(-1);
   if (!meta->tokenizer.empty() && meta->tokenizer != "gpt2" && meta->tokenizer != "sentencepiece") {
     return Status::Corruption("dataset metadata '" + path + "' names unknown tokenizer '" +
                               meta->tokenizer + "' (expected gpt2 or sentencepiece)");

@@ -1,6 +1,7 @@
 #include "metrics/megatron_log.h"
 
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <string_view>
 
@@ -30,6 +31,12 @@ bool ParseNumber(std::string_view text, double* v) {
   char* end = nullptr;
   *v = std::strtod(s.c_str(), &end);
   return end == s.c_str() + s.size();
+}
+
+// A count printed as a number ("consumed samples: 1.2e6" too) as an integer; `missing` when it is
+// not finite or does not fit (a corrupt line must not make the conversion undefined).
+int64_t ToCount(double v, int64_t missing) {
+  return std::fabs(v) < 9.2e18 ? static_cast<int64_t>(v) : missing;
 }
 
 size_t SkipSpaces(std::string_view s, size_t i) {
@@ -153,9 +160,9 @@ void ParseRecord(std::string_view text, LogRecord* r) {
     if (!ParseNumber(value, &v)) continue;
     if ((key == "lmloss" || key == "gradnorm") && !std::isfinite(v)) r->nonfinite = true;
     if (key == "consumedsamples")
-      r->consumed_samples = static_cast<int64_t>(v);
+      r->consumed_samples = ToCount(v, -1);
     else if (key == "consumedtokens")
-      r->consumed_tokens = static_cast<int64_t>(v);
+      r->consumed_tokens = ToCount(v, -1);
     else if (key == "elapsedtimeperiteration(ms)")
       r->iteration_seconds = v / 1000.0;
     else if (key == "elapsedtimeperiteration(s)")
@@ -173,9 +180,9 @@ void ParseRecord(std::string_view text, LogRecord* r) {
     else if (key == "numzeros")
       r->num_zeros = v;
     else if (key == "numberofskippediterations")
-      r->skipped = static_cast<int64_t>(v);
+      r->skipped = ToCount(v, 0);
     else if (key == "numberofnaniterations")
-      r->nan = static_cast<int64_t>(v);
+      r->nan = ToCount(v, 0);
     else if (key == "samplespersecond")
       r->samples_per_second = v;
     else if (key == "tflops" || key == "throughputpergpu(tflop/s/gpu)")

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "core/json_field.h"
 #include "journal/run_journal.h"
 #include "metrics/tf_event.h"
 
@@ -78,7 +79,7 @@ Status RunMetrics::Rewind(const MetricsPosition& at, const std::string& reason,
     while (std::getline(in, line)) {
       if (line.empty()) continue;
       const auto j = nlohmann::json::parse(line, nullptr, false);
-      const int64_t it = j.is_object() ? j.value("iteration", int64_t{0}) : 0;
+      const int64_t it = JsonIntField<int64_t>(j, "iteration").value_or(0);
       if (it > at.iteration) {
         ++later;
         last_seen = std::max(last_seen, it);

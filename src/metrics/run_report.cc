@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/json_field.h"
 #include "metrics/run_metrics.h"
 
 namespace keel {
@@ -283,15 +284,17 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
           "{}:{}: not a JSON object; the file was edited or cut: fix or remove that line",
           metrics_path, lineno));
     }
-    const std::string kind = r.value("kind", "");
+    // Any field may have been edited to another type: such a field reads as missing.
+    const std::string kind = JsonStringOr(r, "kind", "");
+    const int64_t iteration = JsonIntField<int64_t>(r, "iteration").value_or(0);
     if (kind == "train") {
-      T["iteration"].push_back(r.value("iteration", int64_t{0}));
+      T["iteration"].push_back(iteration);
       for (const char* k : {"lm_loss", "learning_rate", "global_batch_size", "grad_norm",
                             "loss_scale", "samples_per_second", "tflops"})
         T[k].push_back(Num(r, k));
       AppendDatasetLosses(r, n_train++, &T["datasets"]);
     } else if (kind == "validation") {
-      V["iteration"].push_back(r.value("iteration", int64_t{0}));
+      V["iteration"].push_back(iteration);
       V["lm_loss"].push_back(Num(r, "lm_loss"));
       AppendDatasetLosses(r, n_valid++, &V["datasets"]);
     }
@@ -310,15 +313,13 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
     std::istringstream jl(journal);
     while (std::getline(jl, line)) {
       const json e = json::parse(line, nullptr, false);
-      if (e.is_discarded() || !e.is_object() || !e.contains("iteration") ||
-          !e["iteration"].is_number_integer())
-        continue;
-      std::string detail = e.value("reason", "");
-      if (detail.empty()) detail = e.value("signal", "");
-      if (e.contains("at") && e["at"].is_string())
-        detail += (detail.empty() ? "" : "; ") + e["at"].get<std::string>();
-      const int64_t it = e["iteration"].get<int64_t>();
-      markers.push_back({it, it, e.value("event", "event"), "events.jsonl", detail});
+      const auto it = JsonIntField<int64_t>(e, "iteration");
+      if (!it) continue;
+      std::string detail = JsonStringOr(e, "reason", "");
+      if (detail.empty()) detail = JsonStringOr(e, "signal", "");
+      const std::string at = JsonStringOr(e, "at", "");
+      if (!at.empty()) detail += (detail.empty() ? "" : "; ") + at;
+      markers.push_back({*it, *it, JsonStringOr(e, "event", "event"), "events.jsonl", detail});
     }
   }
   std::vector<std::string> archives;
@@ -339,8 +340,10 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
     const json a = json::parse(analysis_text, nullptr, false);
     if (a.is_object() && a.contains("events") && a["events"].is_array())
       for (const json& e : a["events"])
-        markers.push_back({e.value("start", int64_t{0}), e.value("end", int64_t{0}),
-                           e.value("kind", "event"), "log-analysis.json", e.value("detail", "")});
+        markers.push_back({JsonIntField<int64_t>(e, "start").value_or(0),
+                           JsonIntField<int64_t>(e, "end").value_or(0),
+                           JsonStringOr(e, "kind", "event"), "log-analysis.json",
+                           JsonStringOr(e, "detail", "")});
   }
   std::stable_sort(markers.begin(), markers.end(),
                    [](const Marker& a, const Marker& b) { return a.iteration < b.iteration; });

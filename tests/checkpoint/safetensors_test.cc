@@ -40,5 +40,48 @@ TEST(SafetensorsTest, RoundTripKeepsNamesShapesValuesAndMetadata) {
   env->RemoveFile(path);
 }
 
+// An image of `header` (JSON) followed by `data`.
+std::string Image(const std::string& header, const std::string& data) {
+  std::string out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xff));
+  return out + header + data;
+}
+
+// Found by fuzz/safetensors_fuzz: offsets and dimensions written as numbers with an exponent were
+// converted to integers with undefined behaviour, and negative or huge dimensions whose product
+// wrapped around to the byte count were accepted. All are Corruption naming the tensor.
+TEST(SafetensorsTest, DimensionsAndOffsetsMustBeIntegersThatFitTheFile) {
+  const std::string data(16, '\0');
+  for (const std::string& tensor :
+       {std::string(R"({"dtype":"F16","shape":[3],"data_offsets":[4818446744737095516160]})"),
+        std::string(R"({"dtype":"F32","shape":[2],"data_offsets":[0,8e0]})"),
+        std::string(R"({"dtype":"F32","shape":[1e30],"data_offsets":[0,8]})"),
+        std::string(R"({"dtype":"F32","shape":[2.0],"data_offsets":[0,8]})"),
+        std::string(R"({"dtype":"F32","shape":[-1,-1],"data_offsets":[0,4]})"),
+        std::string(R"({"dtype":"F32","shape":[1099511627776,1099511627776,1099511627776],)"
+                    R"("data_offsets":[0,0]})"),
+        std::string(R"({"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]})"),
+        std::string(R"({"dtype":"F32","shape":3,"data_offsets":[0,12]})")}) {
+    const std::string image = Image(R"({"w":)" + tensor + "}", data);
+    std::map<std::string, TensorRef> out;
+    Status st = ParseSafetensors(image.data(), image.size(), "m.safetensors", &out, nullptr);
+    ASSERT_FALSE(st.ok()) << tensor;
+    EXPECT_EQ(st.code(), Status::Code::kCorruption);
+    EXPECT_NE(st.message().find("m.safetensors"), std::string::npos) << st.message();
+  }
+  // What fits is read: an empty tensor, a scalar, and a [2, 2] F32 tensor.
+  const std::string image = Image(R"({"e":{"dtype":"F32","shape":[0,5],"data_offsets":[0,0]},)"
+                                  R"("s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},)"
+                                  R"("w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})",
+                                  data);
+  std::map<std::string, TensorRef> out;
+  Status st = ParseSafetensors(image.data(), image.size(), "m.safetensors", &out, nullptr);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(out["e"].bytes, 0u);
+  EXPECT_EQ(out["s"].bytes, 4u);
+  EXPECT_EQ(out["w"].shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(out["w"].bytes, 16u);
+}
+
 }  // namespace
 }  // namespace keel

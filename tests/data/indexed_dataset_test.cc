@@ -261,5 +261,21 @@ TEST_F(MalformedDatasetTest, BadMetaJson) {
   ExpectError(Status::Code::kCorruption, prefix_ + ".meta.json", "unknown tokenizer");
 }
 
+// Found by fuzz/indexed_dataset_fuzz: a vocab_size written with an exponent (2e22) was converted
+// to int with undefined behaviour, and one beyond 32 bits was silently truncated.
+TEST_F(MalformedDatasetTest, MetaNumbersMustBe32BitIntegers) {
+  for (const char* meta :
+       {"{\"vocab_size\": 2e22}", "{\"vocab_size\": 4294967296}", "{\"vocab_size\": 400.5}",
+        "{\"eod_id\": \"1\"}", "{\"tokenizer_model\": 7}"}) {
+    WriteTextFile(prefix_ + ".meta.json", meta);
+    ExpectError(Status::Code::kCorruption, prefix_ + ".meta.json", "is not a");
+  }
+  WriteTextFile(prefix_ + ".meta.json", "{\"vocab_size\": 400, \"eod_id\": 1}");
+  std::unique_ptr<IndexedDataset> ds;
+  ASSERT_TRUE(IndexedDataset::Open(Env::Default(), prefix_, &ds).ok());
+  EXPECT_EQ(ds->meta().vocab_size, 400);
+  EXPECT_EQ(ds->meta().eod_id, 1);
+}
+
 }  // namespace
 }  // namespace keel

@@ -60,6 +60,25 @@ TEST(MegatronLogTest, ReadsTheSeedsWrappedPrefixedLinesField) {
   EXPECT_DOUBLE_EQ(ms.records[1].lm_loss, 11.42026);
 }
 
+// Found by fuzz/megatron_log_fuzz: a count printed as inf or beyond int64 ("consumed tokens:
+// 1e30") was converted with undefined behaviour. It now reads as unknown.
+TEST(MegatronLogTest, CountsThatDoNotFitReadAsUnknown) {
+  ParsedLog log;
+  ASSERT_TRUE(
+      ParseMegatronLog("iteration5/|consumedtokens:1e30\n"
+                       " iteration 6/ 10 | consumed samples: inf | consumed tokens: 1536 | "
+                       "number of skipped iterations: -inf | number of nan iterations: nan |\n",
+                       "x.log", &log)
+          .ok());
+  ASSERT_EQ(log.records.size(), 2u);
+  EXPECT_EQ(log.records[0].iteration, 5);
+  EXPECT_EQ(log.records[0].consumed_tokens, -1);
+  EXPECT_EQ(log.records[1].consumed_samples, -1);
+  EXPECT_EQ(log.records[1].consumed_tokens, 1536);
+  EXPECT_EQ(log.records[1].skipped, 0);
+  EXPECT_EQ(log.records[1].nan, 0);
+}
+
 TEST(LogAnalysisTest, SeedsSpikeAndSlowGpuAreFoundWhereTheChroniclesSay) {
   LogAnalysisOptions opt;
   opt.detector.min_history = 1;  // an excerpt of a dozen records

@@ -140,5 +140,28 @@ TEST_F(RunMetricsTest, ATrainRecordAtOrBeforeTheLastRewindsByItself) {
   EXPECT_EQ(archives, 1);
 }
 
+// Found by fuzz/metrics_jsonl_fuzz: an "iteration" of another type threw out of Rewind (a resume
+// of a run whose metrics.jsonl was edited), and one written with an exponent was converted with
+// undefined behaviour. Such records are kept, as records of no known iteration.
+TEST_F(RunMetricsTest, RewindKeepsRecordsWhoseIterationIsNotAnInteger) {
+  std::unique_ptr<RunMetrics> m;
+  ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, &m).ok());
+  for (int64_t it = 1; it <= 10; ++it) ASSERT_TRUE(m->Append(Train(it)).ok());
+  std::ofstream(dir_ + "/metrics.jsonl", std::ios::app)
+      << "{\"kind\":\"train\",\"iteration\":\"25\"}\n"
+      << "{\"kind\":\"train\",\"iteration\":1e300}\n";
+  ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, &m).ok());
+  std::string archived;
+  Status st = m->Rewind({6, 48, 1536}, "resume", &archived);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_FALSE(archived.empty());
+  std::ifstream f(dir_ + "/metrics.jsonl");
+  std::vector<std::string> kept;
+  for (std::string line; std::getline(f, line);) kept.push_back(line);
+  ASSERT_EQ(kept.size(), 8u);  // iterations 1..6 and the two unreadable records
+  EXPECT_NE(kept[6].find("\"25\""), std::string::npos);
+  EXPECT_NE(kept[7].find("1e300"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace keel

@@ -1,6 +1,7 @@
 #include "metrics/run_report.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -81,6 +82,37 @@ TEST(RunReportTest, MixtureRunWithHostileNamesLoadsInChromium) {
   EXPECT_EQ(page.errors, "");
   EXPECT_NE(page.dom.find("<title>keel report: "), std::string::npos);  // no injected script ran
   EXPECT_EQ(keel_test::ConsoleLines(page.log), "");
+  fs::remove_all(dir);
+}
+
+// Found by fuzz/metrics_jsonl_fuzz and fuzz/events_jsonl_fuzz: a field of another type ("kind": 4,
+// "signal": [], "iteration": "2") threw out of BuildRunReport, and an iteration written with an
+// exponent was converted with undefined behaviour. Such fields now read as missing.
+TEST(RunReportTest, FieldsOfAnotherTypeReadAsMissing) {
+  const std::string dir = ::testing::TempDir() + "/keel_report_types_" + std::to_string(getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir + "/metrics.jsonl")
+      << "{\"kind\":4}\n"
+      << "{\"kind\":\"train\",\"iteration\":1,\"lm_loss\":5.0}\n"
+      << "{\"kind\":\"train\",\"iteration\":\"2\",\"lm_loss\":4.0,\"datasets\":[1]}\n"
+      << "{\"kind\":\"train\",\"iteration\":1e300,\"lm_loss\":4.5}\n"
+      << "{\"kind\":\"validation\",\"iteration\":1,\"lm_loss\":5.5}\n";
+  std::ofstream(dir + "/events.jsonl")
+      << "{\"iteration\":1,\"signal\":[]}\n"
+      << "{\"iteration\":\"3\",\"event\":\"rollback\"}\n"
+      << "{\"iteration\":1e300,\"event\":\"rollback\"}\n"
+      << "{\"iteration\":2,\"event\":7,\"reason\":{\"a\":1},\"at\":5}\n";
+  std::ofstream(dir + "/log-analysis.json")
+      << "{\"events\":[1,{\"start\":\"x\",\"end\":4,\"kind\":\"restart\",\"detail\":[]}]}\n";
+  std::string html;
+  ReportSummary summary;
+  Status st = BuildRunReport(Env::Default(), dir, ReportAssets{}, &html, &summary);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(summary.train_records, 3);
+  EXPECT_EQ(summary.validation_records, 1);
+  EXPECT_EQ(summary.markers, 4);  // events.jsonl lines 1 and 4, both log-analysis events
+  EXPECT_NE(html.find("<td>restart</td><td>log-analysis.json</td>"), std::string::npos);
   fs::remove_all(dir);
 }
 
