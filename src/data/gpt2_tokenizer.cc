@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "core/env.h"
 #include "data/tokenizer.h"
@@ -89,6 +90,9 @@ class Gpt2Tokenizer : public Tokenizer {
     }
     std::unordered_map<std::string, int32_t> bytes_to_id;
     std::string bytes;
+    // Ids are 0..size-1, each once: a shared id would decode one token as the other.
+    std::vector<std::string> token_of(encoder.size());
+    std::vector<bool> seen(encoder.size());
     for (auto it = encoder.begin(); it != encoder.end(); ++it) {
       if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
           it.value().get<int64_t>() >= static_cast<int64_t>(encoder.size())) {
@@ -96,6 +100,13 @@ class Gpt2Tokenizer : public Tokenizer {
                                   it.key() + "' has an invalid id");
       }
       int32_t id = it.value().get<int32_t>();
+      if (seen[id]) {
+        return Status::Corruption("GPT-2 vocabulary '" + encoder_json_path + "': tokens '" +
+                                  token_of[id] + "' and '" + it.key() + "' share id " +
+                                  std::to_string(id));
+      }
+      seen[id] = true;
+      token_of[id] = it.key();
       if (!VocabStringToBytes(it.key(), cp_to_byte, &bytes)) {
         return Status::Corruption("GPT-2 vocabulary '" + encoder_json_path + "': token '" +
                                   it.key() + "' is not in GPT-2's byte alphabet");

@@ -107,5 +107,43 @@ TEST(Gpt2TokenizerLoad, MalformedVocabularyIsCorruption) {
   EXPECT_NE(st.message().find(dir.Join("encoder.json")), std::string::npos);
 }
 
+// A GPT-2 vocabulary of the 256 byte tokens, <|endoftext|> and the merge "h e" -> "he" (ids as
+// given), with its merges file, in `dir`.
+void WriteSmallVocabulary(const datatest::TempDir& dir, int he_id) {
+  std::string enc = "{";
+  for (int b = 0, extra = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    const int cp = printable ? b : 256 + extra++;
+    std::string utf8;
+    if (cp < 0x80) {
+      utf8 = std::string(1, static_cast<char>(cp));
+    } else {
+      utf8 = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    }
+    if (utf8 == "\"" || utf8 == "\\") utf8 = "\\" + utf8;
+    enc += "\"" + utf8 + "\": " + std::to_string(b) + ", ";
+  }
+  enc += "\"he\": " + std::to_string(he_id) + ", \"<|endoftext|>\": 257}";
+  datatest::WriteTextFile(dir.Join("encoder.json"), enc);
+  datatest::WriteTextFile(dir.Join("vocab.bpe"), "#version: 0.2\nh e\n");
+}
+
+// Caught by fuzz/gpt2_tokenizer_fuzz's decode-of-encode check: two tokens sharing an id loaded,
+// and text then decoded to something else. Such a vocabulary is now Corruption naming both.
+TEST(Gpt2TokenizerLoad, TokensSharingAnIdAreCorruption) {
+  datatest::TempDir dir;
+  WriteSmallVocabulary(dir, 256);
+  std::unique_ptr<Tokenizer> tok;
+  Status st = LoadGpt2Tokenizer(dir.Join("encoder.json"), dir.Join("vocab.bpe"), &tok);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(tok->Encode("the"), (std::vector<int32_t>{'t', 256}));
+  EXPECT_EQ(tok->Decode(tok->Encode("say \"hehe\"!")), "say \"hehe\"!");
+
+  WriteSmallVocabulary(dir, '!');  // "he" takes the id of the byte token "!"
+  st = LoadGpt2Tokenizer(dir.Join("encoder.json"), dir.Join("vocab.bpe"), &tok);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_NE(st.message().find("share id 33"), std::string::npos) << st.message();
+}
+
 }  // namespace
 }  // namespace keel
