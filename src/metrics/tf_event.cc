@@ -204,7 +204,9 @@ Status ParseEventFile(std::string_view bytes, const std::string& what,
     if (bytes.size() - off < 12) return bad("truncated header");
     const uint64_t len = le(off, 8);
     if (le(off + 8, 4) != MaskedCrc32c(bytes.substr(off, 8))) return bad("length CRC mismatch");
-    if (bytes.size() - off - 12 < len + 4) return bad("truncated data");
+    // Compared without adding to `len`, which a corrupt header may set to anything.
+    const uint64_t rest = bytes.size() - off - 12;
+    if (rest < 4 || len > rest - 4) return bad("truncated data");
     const std::string_view data = bytes.substr(off + 12, len);
     if (le(off + 12 + len, 4) != MaskedCrc32c(data)) return bad("data CRC mismatch");
     DecodedEvent ev;

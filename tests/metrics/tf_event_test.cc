@@ -93,6 +93,21 @@ TEST(TfEventTest, ParseBackRetagAndRefuseCorruption) {
   EXPECT_FALSE(ParseEventFile(file.substr(0, file.size() - 3), "f", &evs).ok());
 }
 
+// A header whose length is near 2^64 (its CRC right) is truncated data: the length check used to
+// add 4 to it, which wrapped around and sent the reader to a data CRC inside the header.
+TEST(TfEventTest, LengthNear2To64IsTruncatedData) {
+  for (uint64_t len : {~uint64_t{0}, ~uint64_t{0} - 1, ~uint64_t{0} - 3}) {
+    std::string header;
+    for (int i = 0; i < 8; ++i) header.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
+    const uint32_t crc = MaskedCrc32c(header);
+    for (int i = 0; i < 4; ++i) header.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
+    std::vector<DecodedEvent> evs;
+    Status st = ParseEventFile(header + std::string(20, 'x'), "f", &evs);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption);
+    EXPECT_NE(st.message().find("truncated data"), std::string::npos) << st.message();
+  }
+}
+
 TEST(TfEventTest, ProtocDecodesWhatKeelWrites) {
   ASSERT_EQ(std::system("command -v protoc >/dev/null 2>&1"), 0)
       << "protoc (Debian protobuf-compiler) is needed: run scripts/setup.sh";
