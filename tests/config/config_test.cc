@@ -352,7 +352,12 @@ TEST(ConfigTest, TomlNonAsciiOutsideStringsIsAnError) {
         std::string("sample-prompt = \"\"\"\\\n\xc2\xa7\"\"\"\n"),
         std::string("sample-prompt = \"\"\"a\\  \n\n   \xc3\xa9\"\"\"\n"),
         std::string("sample-prompt = \"\"\"a\\\xc3\xa9\"\"\"\n"),
-        std::string("sample-prompt = \"\"\"a\"\"\"\"\xc3\xa9\n")}) {
+        std::string("sample-prompt = \"\"\"a\"\"\"\"\xc3\xa9\n"),
+        // A quote inside a bare value is read ahead as part of it (fuzz: e=0"\xcc\x80).
+        std::string("e=0\"\xcc\x80"), std::string("num-layers = 1[\"\xc3\xa9\"]\n"),
+        std::string("lr = [1, 2=\"\xc3\xa9\"]\n"), std::string("save = 1979-05-27 0\"\xc3\xa9\"\n"),
+        std::string("data-path = [\"a\"\xc3\xa9]\n"), std::string("a\xc3\xa9 = 1\n"),
+        std::string("\"a\" \xc3\xa9 = 1\n")}) {
     TrainConfig c;
     Status st = ApplyToml(text, "run.toml", &c);
     ASSERT_FALSE(st.ok()) << text;
@@ -366,7 +371,7 @@ TEST(ConfigTest, TomlNonAsciiOutsideStringsIsAnError) {
       "\xef\xbb\xbf# \xc3\x9c"
       "bung \xe2\x80\x94 caf\xc3\xa9\n"
       "sample-prompt = \"Caf\xc3\xa9 \xce\x97\\\"\"  # na\xc3\xafve\n"
-      "data-path = ['d/\xc3\xa9t\xc3\xa9', \"\"\"x\\\n  y\xc3\xa9\"\"\"]\n"
+      "data-path=['d/\xc3\xa9t\xc3\xa9',\"\"\"x\\\n  y\xc3\xa9\"\"\"]\n"
       "split = \'\'\'1,1,\\1\'\'\'\n",
       "run.toml", &c);
   ASSERT_TRUE(st.ok()) << st.ToString();
