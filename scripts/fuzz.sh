@@ -56,8 +56,9 @@ for t in "${targets[@]}"; do
   dirs=("$corpus")
   for d in "fuzz/corpus/$t" "$BUILD_DIR/seeds/$t"; do [ -d "$d" ] && dirs+=("$d"); done
   rc=0
-  # -timeout: an input running this long is a hang; -rss_limit_mb also caps a single malloc.
-  "$bin" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 \
+  # -timeout: an input running this long (wall clock, so with room for a busy machine) is a hang;
+  # -rss_limit_mb also caps a single malloc.
+  "$bin" -max_total_time="$SECONDS_PER_TARGET" -timeout=25 -rss_limit_mb=2048 \
     -dict=fuzz/keel.dict -print_final_stats=1 -artifact_prefix="$crashes/" "${dirs[@]}" \
     >"$log" 2>&1 || rc=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
