@@ -269,7 +269,7 @@ Status CheckpointStore::Save(int64_t iteration, const std::vector<CheckpointFile
   return Status::OK();
 }
 
-Status CheckpointStore::RollbackTo(int64_t iteration) {
+Status CheckpointStore::RollbackTo(int64_t iteration, std::vector<std::string>* moved_names) {
   std::vector<CheckpointInfo> all;
   KEEL_RETURN_IF_ERROR(List(&all));
   bool found = false;
@@ -281,6 +281,7 @@ Status CheckpointStore::RollbackTo(int64_t iteration) {
     if (c.iteration <= iteration) continue;
     std::string moved;
     KEEL_RETURN_IF_ERROR(MoveAside(c.name, "rolled-back", &moved));
+    if (moved_names != nullptr) moved_names->push_back(moved);
     log_(fmt::format("rolling back to {}: moved the newer {} to {}", CheckpointDirName(iteration),
                      c.name, JoinPath(root_, moved)));
   }

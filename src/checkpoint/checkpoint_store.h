@@ -8,7 +8,7 @@
 // the directory, renames it to iter_N, fsyncs SAVE, then replaces the marker atomically. A crash
 // at any instant leaves every earlier checkpoint and the marker intact; Recover() removes the
 // leftovers, saying so. The store knows files, not training: what goes into a checkpoint is the
-// train loop's business (train/train_checkpoint.h).
+// train loop's business (checkpoint/train_checkpoint.h).
 #pragma once
 
 #include <cstdint>
@@ -81,9 +81,10 @@ class CheckpointStore {
   // directory is removed (best effort) and the error says that the previous checkpoints are intact.
   Status Save(int64_t iteration, const std::vector<CheckpointFile>& files, SaveStats* stats);
   // Makes checkpoint `iteration` the newest: every newer checkpoint directory is renamed to
-  // iter_M.rolled-back (kept, never deleted) and the marker set to `iteration`, each logged. The
-  // guard's rollbacks and `keel train --load SAVE/iter_N` use it.
-  Status RollbackTo(int64_t iteration);
+  // iter_M.rolled-back (kept, never deleted) and the marker set to `iteration`, each logged;
+  // `moved` (may be null) gets their new names. The guard's rollbacks and `keel train --load
+  // SAVE/iter_N` both come here through CheckpointController::RollbackTo.
+  Status RollbackTo(int64_t iteration, std::vector<std::string>* moved = nullptr);
   // Pins or unpins a checkpoint: pinned ones survive retention.
   Status Pin(int64_t iteration, const std::string& reason);
   Status Unpin(int64_t iteration);

@@ -21,10 +21,11 @@
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
 #include "core/log.h"
-#include "train/train_checkpoint.h"
+#include "train/checkpoint_controller.h"
 #include "train/trainer.h"
 
 extern char** environ;
@@ -134,7 +135,7 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
   if (!st.ok()) return LogError("error: " + st.message()), 1;
   auto backend = MakeCpuBackend(threads);
   auto comm = MakeSingleProcessCommunicator();
-  Trainer trainer(cfg, backend.get(), comm.get(), Env::Default(), SampleFn(), SampleFn());
+  Trainer trainer(cfg, backend.get(), comm.get(), {SampleFn(), SampleFn()});
   trainer.InitializeWeights();
   // Nonzero moments, so nothing compresses or is special-cased.
   const size_t n = trainer.model().num_params();
@@ -172,11 +173,13 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
   std::vector<float> staging;  // kept across saves, as CheckpointController does
   for (int rep = 0; rep < repeats; ++rep) {
     CheckpointStore store(Env::Default(), dir, nullptr);
-    trainer.counters().iteration = rep + 1;
+    TrainState state = trainer.state();
+    state.counters.iteration = rep + 1;
+    trainer.Restore(state);
     std::vector<CheckpointFile> files;
     t0 = std::chrono::steady_clock::now();
-    st = BuildTrainCheckpoint(Env::Default(), trainer, run, nlohmann::json::array(), &staging,
-                              &files);
+    st = BuildTrainCheckpoint(Env::Default(), CheckpointSourceOf(trainer), run,
+                              nlohmann::json::array(), &staging, &files);
     SaveStats stats;
     if (st.ok()) st = store.Save(rep + 1, files, &stats);
     const double save_s = Seconds(t0);
@@ -201,7 +204,7 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
     const double verify_s = Seconds(t0);
     SavedTrainState saved;
     if (st.ok()) st = ReadSavedTrainState(Env::Default(), info.path, &saved);
-    if (st.ok()) st = RestoreTrainCheckpoint(Env::Default(), saved, trainer);
+    if (st.ok()) st = RestoreTrainer(Env::Default(), saved, &trainer);
     const double load_s = Seconds(t0);
     if (!st.ok()) return LogError("error: " + st.message()), 1;
     fs::remove_all(info.path, ec);  // one checkpoint on disk at a time

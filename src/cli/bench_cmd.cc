@@ -138,7 +138,7 @@ int BenchCommand(int argc, const char* const* argv) {
         tokens[t] = static_cast<int32_t>(U64At(key, t) % static_cast<uint64_t>(m.vocab));
       return 0;
     };
-    Trainer trainer(cfg, backend.get(), comm.get(), Env::Default(), fn, SampleFn());
+    Trainer trainer(cfg, backend.get(), comm.get(), {fn, SampleFn()});
     trainer.InitializeWeights();
     std::vector<double> ms, peer_gflops, ratio;
     const double flops = trainer.FlopsPerIteration(cfg.global_batch_size);

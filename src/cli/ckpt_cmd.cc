@@ -12,10 +12,10 @@
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
 #include "core/log.h"
 #include "train/checkpoint_edit.h"
-#include "train/train_checkpoint.h"
 
 namespace keel::cli {
 namespace {
@@ -132,7 +132,7 @@ int List(const std::string& root, bool verify) {
     }
     LogLine(fmt::format("{} | {} | {:.1f} MB | consumed samples {} | saved {}{}{}", c.name,
                         c.committed ? "committed" : "uncommitted", static_cast<double>(bytes) / 1e6,
-                        readable ? std::to_string(s.counters.consumed_samples) : "?",
+                        readable ? std::to_string(s.train.counters.consumed_samples) : "?",
                         readable ? s.state.value("saved_at", "?") : "?",
                         c.pinned ? " | pinned: " + c.pin_reason : "", status));
   }
@@ -173,8 +173,8 @@ Status DeepVerify(Env* env, const std::string& dir, std::string* summary) {
   if (non_finite > 0)
     return Status::Corruption(
         fmt::format("{}: {} weight or moment values are NaN or Inf", dir, non_finite));
-  *summary = fmt::format("iteration {}, {} parameters, optimizer step {}", s.counters.iteration,
-                         model.num_params(), s.optimizer_step);
+  *summary = fmt::format("iteration {}, {} parameters, optimizer step {}",
+                         s.train.counters.iteration, model.num_params(), s.train.optimizer_step);
   return Status::OK();
 }
 
@@ -245,13 +245,14 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
     LogLine(
         fmt::format("iteration {} | consumed samples {} | consumed tokens {} | skipped {} | "
                     "nan {}",
-                    s.counters.iteration, s.counters.consumed_samples, s.counters.consumed_tokens,
-                    s.counters.skipped_iterations, s.counters.nan_iterations));
+                    s.train.counters.iteration, s.train.counters.consumed_samples,
+                    s.train.counters.consumed_tokens, s.train.counters.skipped_iterations,
+                    s.train.counters.nan_iterations));
     LogLine(fmt::format(
         "optimizer: {} step {} | scheduler: next lr {} (scale {}) | next global "
         "batch {}",
-        j["optimizer"].value("type", "?"), s.optimizer_step, j["scheduler"]["next_lr"].dump(),
-        s.lr_scale, j["batch"]["next_global_batch"].dump()));
+        j["optimizer"].value("type", "?"), s.train.optimizer_step, j["scheduler"]["next_lr"].dump(),
+        s.train.lr_scale, j["batch"]["next_global_batch"].dump()));
     LogLine(fmt::format("model: {} | {} parameters", j["model"].dump(), params));
     Manifest m;
     if (VerifyCheckpointDir(env, dir, false, &m).ok())

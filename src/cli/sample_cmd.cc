@@ -2,10 +2,10 @@
 // one, or a given iter_NNNNNNN directory).
 #include <CLI/CLI.hpp>
 
+#include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
 #include "core/log.h"
 #include "model/generate.h"
-#include "train/train_checkpoint.h"
 
 namespace keel::cli {
 

@@ -9,8 +9,8 @@
 
 #include "checkpoint/checkpoint_rewrite.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
-#include "train/train_checkpoint.h"
 
 namespace keel {
 namespace {
@@ -136,7 +136,7 @@ Status EditCheckpoint(Env* env, const std::string& dir, const CheckpointEditRequ
 
   if (request.scale_lr) {
     const double factor = *request.scale_lr;
-    const double old_scale = saved.lr_scale;
+    const double old_scale = saved.train.lr_scale;
     s["scheduler"]["lr_scale"] = old_scale * factor;
     if (s["scheduler"].contains("next_lr") && s["scheduler"]["next_lr"].is_number())
       s["scheduler"]["next_lr"] = s["scheduler"]["next_lr"].get<double>() * factor;

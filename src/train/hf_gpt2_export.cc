@@ -6,8 +6,8 @@
 #include <string>
 
 #include "checkpoint/manifest.h"
+#include "checkpoint/train_checkpoint.h"
 #include "data/tokenizer.h"
-#include "train/train_checkpoint.h"
 
 namespace keel {
 namespace {

@@ -14,9 +14,9 @@
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
 #include "core/fault_injection_env.h"
-#include "train/train_checkpoint.h"
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace keel {
@@ -186,12 +186,12 @@ TEST_F(CheckpointEditTest, CrashAtEveryMutationLeavesTheOldOrTheEditedCheckpoint
     ASSERT_TRUE(v.ok()) << "crash at " << n << ": " << v.message();
     SavedTrainState saved;
     ASSERT_TRUE(ReadSavedTrainState(Env::Default(), Ckpt(), &saved).ok()) << "crash at " << n;
-    if (saved.lr_scale == 1.0) {
+    if (saved.train.lr_scale == 1.0) {
       EXPECT_DOUBLE_EQ(saved.config.lr, 0.002) << "crash at " << n;
       EXPECT_EQ(ReadFile(Ckpt() + "/state.json"), ReadFile(pristine_ + "/iter_0000004/state.json"));
       ++saw_old;
     } else {
-      EXPECT_EQ(saved.lr_scale, 0.5) << "crash at " << n;
+      EXPECT_EQ(saved.train.lr_scale, 0.5) << "crash at " << n;
       EXPECT_DOUBLE_EQ(saved.config.lr, 0.001) << "crash at " << n;
       EXPECT_EQ(saved.history.back()["reason"], "crash test");
       ++saw_new;

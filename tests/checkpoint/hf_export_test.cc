@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "train/train_checkpoint.h"
+#include "checkpoint/train_checkpoint.h"
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace keel {

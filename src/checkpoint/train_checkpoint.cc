@@ -1,4 +1,4 @@
-#include "train/train_checkpoint.h"
+#include "checkpoint/train_checkpoint.h"
 
 #include <fmt/format.h>
 
@@ -11,6 +11,7 @@
 
 #include "checkpoint/manifest.h"
 #include "data/prepare.h"
+#include "optim/lr_schedule.h"
 
 namespace keel {
 namespace {
@@ -98,14 +99,15 @@ Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
   return Status::OK();
 }
 
-Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, const json& history,
-                            std::vector<float>* staging, std::vector<CheckpointFile>* out,
-                            const json& guard_state) {
+Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const RunInfo& run,
+                            const json& history, std::vector<float>* staging,
+                            std::vector<CheckpointFile>* out, const json& guard_state) {
   out->clear();
-  GptModel& model = trainer.model();
-  AdamW& opt = trainer.optimizer();
-  const TrainConfig& cfg = trainer.config();
-  const TrainCounters& c = trainer.counters();
+  GptModel& model = *src.model;
+  AdamW& opt = *src.optimizer;
+  const TrainConfig& cfg = *src.config;
+  const TrainState& ts = src.state;
+  const TrainCounters& c = ts.counters;
   const size_t n = model.num_params();
   Backend* be = model.backend();
   // Host memory (the CPU backend) is written straight from the model and optimizer: the save runs
@@ -133,9 +135,8 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
   for (const ParamInfo& p : model.params())
     moments.tensors.push_back({"exp_avg_sq." + p.name, p.shape, host_v + p.offset});
 
-  const LrSchedule& sched = trainer.schedule();
-  const LogIntervalState& iv = trainer.log_interval_state();
-  const int64_t next_batch = trainer.rampup().GlobalBatchAt(c.consumed_samples);
+  const LrSchedule sched = LrSchedule::FromConfig(cfg);
+  const LogIntervalState& iv = ts.interval;
   ojson s;
   s["format"] = "keel-train-state";
   s["format_version"] = 1;
@@ -149,7 +150,7 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
                    {"nan_iterations", c.nan_iterations},
                    {"data_skipped_iterations", c.data_skipped_iterations}};
   s["optimizer"] = {{"type", "adamw"},
-                    {"step", opt.step()},
+                    {"step", ts.optimizer_step},
                     {"beta1", opt.config().beta1},
                     {"beta2", opt.config().beta2},
                     {"eps", opt.config().eps},
@@ -160,13 +161,13 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
                     {"min_lr", cfg.min_lr},
                     {"warmup_samples", sched.warmup_samples()},
                     {"decay_samples", sched.decay_samples()},
-                    {"lr_scale", trainer.lr_scale()},
+                    {"lr_scale", ts.lr_scale},
                     {"consumed_samples", c.consumed_samples},
-                    {"next_lr", trainer.NextLr()}};
+                    {"next_lr", src.next_lr}};
   s["batch"] = {{"global_batch_size", cfg.global_batch_size},
                 {"micro_batch_size", cfg.micro_batch_size},
                 {"rampup_batch_size", cfg.rampup_batch_size},
-                {"next_global_batch", next_batch}};
+                {"next_global_batch", src.next_global_batch}};
   s["rng"] = {{"generator", "philox4x32-10"},
               {"seed", cfg.seed},
               {"streams",
@@ -181,9 +182,9 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
                {"order",
                 "Feistel permutation per (seed, split, epoch) of each dataset; a mixture "
                 "interleaves them by error diffusion over the weights"},
-               {"order_salt", trainer.data_salt()},
+               {"order_salt", ts.data_salt},
                {"skipped_iteration_ranges", json::array()}};
-  for (const IterationRange& r : trainer.skip_ranges())
+  for (const IterationRange& r : ts.skip_ranges)
     s["data"]["skipped_iteration_ranges"].push_back({r.first, r.last});
   s["metrics"] = {{"interval",
                    {{"loss_sum", Num(iv.loss_sum)},
@@ -192,6 +193,7 @@ Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run, cons
                     {"iters", iv.iters},
                     {"ok", iv.ok},
                     {"skipped", iv.skipped},
+                    {"nan", iv.nan},
                     {"samples", iv.samples},
                     {"dataset_loss_sum", ojson::array()},
                     {"dataset_sequences", iv.dataset_sequences}}}};
@@ -240,22 +242,38 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
   SavedTrainState r;
   r.dir = dir;
   try {
+    TrainState& t = r.train;
     const json& c = s.at("counters");
-    r.counters.iteration = c.at("iteration");
-    r.counters.consumed_samples = c.at("consumed_samples");
-    r.counters.consumed_tokens = c.at("consumed_tokens");
-    r.counters.skipped_iterations = c.at("skipped_iterations");
-    r.counters.nan_iterations = c.at("nan_iterations");
-    r.counters.data_skipped_iterations = c.value("data_skipped_iterations", int64_t{0});
+    t.counters.iteration = c.at("iteration");
+    t.counters.consumed_samples = c.at("consumed_samples");
+    t.counters.consumed_tokens = c.at("consumed_tokens");
+    t.counters.skipped_iterations = c.at("skipped_iterations");
+    t.counters.nan_iterations = c.at("nan_iterations");
+    t.counters.data_skipped_iterations = c.value("data_skipped_iterations", int64_t{0});
     const json& d = s.at("data");
-    r.data_salt = d.value("order_salt", uint64_t{0});
+    t.data_salt = d.value("order_salt", uint64_t{0});
     for (const json& p : d.value("skipped_iteration_ranges", json::array()))
-      r.skip_ranges.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>()});
+      t.skip_ranges.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>()});
     r.guard = s.value("guard", json());
-    r.optimizer_step = s.at("optimizer").at("step");
-    r.lr_scale = s.at("scheduler").at("lr_scale");
+    t.optimizer_step = s.at("optimizer").at("step");
+    t.lr_scale = s.at("scheduler").at("lr_scale");
     r.history = s.value("history", json::array());
-    s.at("metrics").at("interval");
+    const json& iv = s.at("metrics").at("interval");
+    LogIntervalState& l = t.interval;
+    l.loss_sum = NumFrom(iv.at("loss_sum"));
+    l.ms = NumFrom(iv.at("ms"));
+    l.flops = NumFrom(iv.at("flops"));
+    l.iters = iv.at("iters");
+    l.ok = iv.at("ok");
+    l.skipped = iv.at("skipped");
+    l.nan = iv.value("nan", int64_t{0});  // absent before keel counted NaNs apart from skips
+    l.samples = iv.at("samples");
+    for (const json& v : iv.value("dataset_loss_sum", json::array()))
+      l.dataset_loss_sum.push_back(NumFrom(v));
+    l.dataset_sequences = iv.value("dataset_sequences", std::vector<int64_t>{});
+    if (l.dataset_loss_sum.size() != l.dataset_sequences.size())
+      return Status::Corruption(sp +
+                                ": metrics.interval: per-dataset sums and counts differ in length");
   } catch (const json::exception& e) {
     return Status::Corruption(sp + ": " + e.what());
   }
@@ -270,122 +288,15 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
   return Status::OK();
 }
 
-std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const TrainConfig& now) {
-  using K = ConfigChange::Kind;
-  static const std::set<std::string> shape = {"num-layers",
-                                              "hidden-size",
-                                              "ffn-hidden-size",
-                                              "num-attention-heads",
-                                              "seq-length",
-                                              "max-position-embeddings",
-                                              "position-embedding-type",
-                                              "embed-layernorm",
-                                              "make-vocab-size-divisible-by",
-                                              "layernorm-epsilon",
-                                              "qk-layernorm"};
-  static const std::set<std::string> scheduler = {
-      "lr",       "min-lr",       "lr-decay-style", "adam-beta1",        "adam-beta2",
-      "adam-eps", "weight-decay", "clip-grad",      "global-batch-size", "rampup-batch-size",
-      "z-loss"};
-  // Warmup and decay lengths are compared in samples (below), whichever form set them.
-  static const std::set<std::string> schedule_lengths = {"lr-warmup-samples", "lr-warmup-iters",
-                                                         "lr-decay-samples", "lr-decay-iters"};
-  static const std::set<std::string> data_order = {
-      "seed", "data-path", "split", "tokenizer", "reset-position-ids", "reset-attention-mask"};
-  // Settings that only steer this process (where to save, when to stop, how to resume).
-  static const std::set<std::string> operational = {"save",
-                                                    "load",
-                                                    "override-scheduler",
-                                                    "override-data-order",
-                                                    "lr-scale-on-resume",
-                                                    "init-method",
-                                                    "init-method-std"};
-  std::vector<ConfigChange> out;
-  const auto a = ConfigValues(saved), b = ConfigValues(now);
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    const std::string& key = a[i].first;
-    if (a[i].second == b[i].second || schedule_lengths.count(key) || operational.count(key))
-      continue;
-    K kind = shape.count(key)        ? K::kShape
-             : scheduler.count(key)  ? K::kScheduler
-             : data_order.count(key) ? K::kDataOrder
-                                     : K::kFree;
-    out.push_back({kind, key, a[i].second, b[i].second});
-  }
-  const LrSchedule sa = LrSchedule::FromConfig(saved), sb = LrSchedule::FromConfig(now);
-  if (sa.warmup_samples() != sb.warmup_samples())
-    out.push_back({K::kScheduler, "lr warmup (samples)", std::to_string(sa.warmup_samples()),
-                   std::to_string(sb.warmup_samples())});
-  if (sa.decay_samples() != sb.decay_samples())
-    out.push_back({K::kScheduler, "lr decay (samples)", std::to_string(sa.decay_samples()),
-                   std::to_string(sb.decay_samples())});
-  if (saved.padded_vocab_size != now.padded_vocab_size || saved.vocab_size != now.vocab_size)
-    out.push_back({K::kShape, "vocabulary (from the data)",
-                   fmt::format("{} (padded {})", saved.vocab_size, saved.padded_vocab_size),
-                   fmt::format("{} (padded {})", now.vocab_size, now.padded_vocab_size)});
-  return out;
+Status ReadVerifiedCheckpoint(Env* env, const std::string& dir, SavedTrainState* out) {
+  KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, dir, /*check_contents=*/true, nullptr));
+  return ReadSavedTrainState(env, dir, out);
 }
 
-Status CheckResumeChanges(const std::vector<ConfigChange>& changes, const TrainConfig& now,
-                          std::vector<ConfigChange>* accepted, std::vector<std::string>* notes) {
-  using K = ConfigChange::Kind;
-  std::string refused;
-  bool shape = false, sched = false, data = false;
-  accepted->clear();
-  for (const ConfigChange& c : changes) {
-    const std::string line = fmt::format("\n  {}: {} -> {}", c.key, c.old_value, c.new_value);
-    switch (c.kind) {
-      case K::kShape:
-        shape = true;
-        refused += line + "  (model shape: cannot change on resume)";
-        break;
-      case K::kScheduler:
-        if (now.override_scheduler) {
-          accepted->push_back(c);
-        } else {
-          sched = true;
-          refused += line + "  (accept with --override-scheduler)";
-        }
-        break;
-      case K::kDataOrder:
-        if (now.override_data_order) {
-          accepted->push_back(c);
-        } else {
-          data = true;
-          refused += line + "  (accept with --override-data-order)";
-        }
-        break;
-      case K::kFree:
-        notes->push_back(
-            fmt::format("changed on resume: {}: {} -> {}", c.key, c.old_value, c.new_value));
-        break;
-    }
-  }
-  if (refused.empty()) return Status::OK();
-  std::string fix;
-  if (shape)
-    fix =
-        "the model's shape is fixed by the checkpoint: restore the old values, or start a new "
-        "run with a new --save";
-  else if (sched && data)
-    fix =
-        "pass --override-scheduler and --override-data-order to accept these changes, or "
-        "restore the old values";
-  else if (sched)
-    fix =
-        "pass --override-scheduler to accept them (or --lr-scale-on-resume S to scale the LR "
-        "without changing the schedule), or restore the old values";
-  else
-    fix =
-        "pass --override-data-order to accept them (the data order changes from here on), or "
-        "restore the old values";
-  return Status::InvalidArgument(
-      "the config differs from the checkpoint's (old -> new):" + refused + "\n" + fix);
-}
-
-Status RestoreTrainCheckpoint(Env* env, const SavedTrainState& saved, Trainer& trainer) {
-  GptModel& model = trainer.model();
-  AdamW& opt = trainer.optimizer();
+Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* model_ptr,
+                             AdamW* optimizer) {
+  GptModel& model = *model_ptr;
+  AdamW& opt = *optimizer;
   Backend* be = model.backend();
   auto load = [&](const std::string& file, const std::string& prefix, float* dst) -> Status {
     const std::string path = JoinPath(saved.dir, file);
@@ -429,32 +340,6 @@ Status RestoreTrainCheckpoint(Env* env, const SavedTrainState& saved, Trainer& t
   KEEL_RETURN_IF_ERROR(load("model.safetensors", "", model.param_data()));
   KEEL_RETURN_IF_ERROR(load("optimizer.safetensors", "exp_avg.", opt.exp_avg()));
   KEEL_RETURN_IF_ERROR(load("optimizer.safetensors", "exp_avg_sq.", opt.exp_avg_sq()));
-  opt.set_step(saved.optimizer_step);
-  trainer.counters() = saved.counters;
-  trainer.set_lr_scale(saved.lr_scale);
-  trainer.set_skip_ranges(saved.skip_ranges);
-  trainer.set_data_salt(saved.data_salt);
-  const json& iv = saved.state.at("metrics").at("interval");
-  LogIntervalState& l = trainer.log_interval_state();
-  try {
-    l.loss_sum = NumFrom(iv.at("loss_sum"));
-    l.ms = NumFrom(iv.at("ms"));
-    l.flops = NumFrom(iv.at("flops"));
-    l.iters = iv.at("iters");
-    l.ok = iv.at("ok");
-    l.skipped = iv.at("skipped");
-    l.samples = iv.at("samples");
-    l.dataset_loss_sum.clear();
-    for (const json& v : iv.value("dataset_loss_sum", json::array()))
-      l.dataset_loss_sum.push_back(NumFrom(v));
-    l.dataset_sequences = iv.value("dataset_sequences", std::vector<int64_t>{});
-    if (l.dataset_loss_sum.size() != l.dataset_sequences.size())
-      return Status::Corruption(saved.dir +
-                                "/state.json: metrics.interval: per-dataset sums and counts differ "
-                                "in length");
-  } catch (const json::exception& e) {
-    return Status::Corruption(saved.dir + "/state.json: metrics.interval: " + e.what());
-  }
   return Status::OK();
 }
 

@@ -2,13 +2,14 @@
 // same losses and the same final state bits as one that never stopped, including mid log-interval
 // and across a batch ramp-up; a checkpoint that does not match the model is refused; config
 // changes on resume are classified and refused or accepted by the right flag.
-#include "train/train_checkpoint.h"
+#include "checkpoint/train_checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 
+#include "checkpoint/resume.h"
 #include "core/fault_injection_env.h"
 #include "core/rng.h"
 #include "train/checkpoint_controller.h"
@@ -64,8 +65,7 @@ struct Harness {
   std::unique_ptr<Backend> be = MakeCpuBackend(2);
   std::unique_ptr<Communicator> comm = MakeSingleProcessCommunicator();
   Trainer tr;
-  explicit Harness(const TrainConfig& c)
-      : tr(c, be.get(), comm.get(), Env::Default(), Data(1), Data(2)) {}
+  explicit Harness(const TrainConfig& c) : tr(c, be.get(), comm.get(), {Data(1), Data(2)}) {}
 };
 
 RunInfo NoTokenizer() {
@@ -114,9 +114,9 @@ TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
                              nlohmann::json::array(), nullptr);
     RunHooks hb;
     hb.log = [&](const std::string& l) { lines_b.push_back(Untimed(l)); };
-    hb.after_iteration = [&] { return b.tr.counters().iteration < 6; };
+    hb.after_iteration = [&] { return b.tr.state().counters.iteration < 6; };
     ASSERT_TRUE(b.tr.Run(hb).ok());
-    ASSERT_EQ(b.tr.counters().iteration, 6);
+    ASSERT_EQ(b.tr.state().counters.iteration, 6);
     ASSERT_TRUE(ctl.SaveNow("test").ok());
   }
   Harness r(c);
@@ -125,10 +125,10 @@ TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
   ASSERT_TRUE(store.FindNewestValid(true, &info).ok());
   SavedTrainState saved;
   ASSERT_TRUE(ReadSavedTrainState(Env::Default(), info.path, &saved).ok());
-  EXPECT_EQ(saved.counters.iteration, 6);
-  EXPECT_EQ(saved.optimizer_step, 6);
+  EXPECT_EQ(saved.train.counters.iteration, 6);
+  EXPECT_EQ(saved.train.optimizer_step, 6);
   EXPECT_TRUE(DiffConfigForResume(saved.config, c).empty());
-  ASSERT_TRUE(RestoreTrainCheckpoint(Env::Default(), saved, r.tr).ok());
+  ASSERT_TRUE(RestoreTrainer(Env::Default(), saved, &r.tr).ok());
   RunHooks hr;
   hr.log = [&](const std::string& l) { lines_b.push_back(Untimed(l)); };
   ASSERT_TRUE(r.tr.Run(hr).ok());
@@ -155,7 +155,7 @@ TEST(TrainCheckpointTest, CheckpointOfAnotherShapeIsRefused) {
   TrainConfig other = c;
   other.hidden_size = 64;
   Harness h(other);
-  Status st = RestoreTrainCheckpoint(Env::Default(), saved, h.tr);
+  Status st = RestoreTrainer(Env::Default(), saved, &h.tr);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("differs from this run's"), std::string::npos) << st.message();
   fs::remove_all(root);
@@ -253,7 +253,7 @@ TEST(TrainCheckpointTest, RepeatedSaveFailuresStopTheRunWithTheError) {
   hooks.log = [](const std::string&) {};
   hooks.after_iteration = [&] { return ctl.AfterIteration(); };
   ASSERT_TRUE(h.tr.Run(hooks).ok());
-  EXPECT_EQ(h.tr.counters().iteration, 3);  // stopped after the third failed save
+  EXPECT_EQ(h.tr.state().counters.iteration, 3);  // stopped after the third failed save
   EXPECT_EQ(ctl.stop_reason(), StopReason::kSaveFailures);
   Status st = ctl.Finish();
   EXPECT_FALSE(st.ok());
@@ -295,7 +295,7 @@ TEST(TrainCheckpointTest, TimeBasedSavesAndExitDurationFollowTheClock) {
   // 40 s per iteration: saves after iterations 3 (120 s), 6 (240 s since the start, 120 since the
   // last); the exit duration (300 s) is reached at iteration 8 (320 s), which saves and stops.
   EXPECT_EQ(ctl.stop_reason(), StopReason::kExitDuration);
-  EXPECT_EQ(h.tr.counters().iteration, 8);
+  EXPECT_EQ(h.tr.state().counters.iteration, 8);
   ASSERT_TRUE(ctl.Finish().ok());
   std::vector<CheckpointInfo> all;
   ASSERT_TRUE(store.List(&all).ok());
