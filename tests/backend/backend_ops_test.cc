@@ -33,7 +33,6 @@ namespace {
 
 using testing_backends::TestBackend;
 using testing_backends::TestBackends;
-using testing_backends::Tolerances;
 
 // A backend buffer that frees itself. Its contents move only through the backend's copies.
 template <typename T>
