@@ -32,6 +32,8 @@ class Backend {
   virtual void CopyToDevice(float* dst, const float* host_src, size_t n) = 0;
   virtual void CopyToHost(float* host_dst, const float* src, size_t n) = 0;
   virtual void CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) = 0;
+  // Device ints back to the host (the backend-generic tests read index buffers back with it).
+  virtual void CopyIntsToHost(int32_t* host_dst, const int32_t* src, size_t n) = 0;
   // `p` itself when the backend's memory is host memory the caller may read directly (the CPU
   // backend), so host-side consumers such as checkpoint saves can skip a CopyToHost staging copy;
   // nullptr otherwise (device memory). The pointer is valid only while no op writes to it.
@@ -119,6 +121,7 @@ class Backend {
   // Also writes, per row, the log-partition log Z = logsumexp(logits[i,:V]) into logz (nullable).
   // z_loss > 0 adds PaLM's auxiliary z_loss * (log Z)^2 to each row's objective (not to
   // losses[i]); its gradient 2 z_loss log Z p[i,:] * dloss joins dlogits.
+  // A target outside [0, V) throws KeelError (InvalidArgument) instead of reading out of bounds.
   virtual void CrossEntropyForwardBackward(float* losses, float* logz, float* logits,
                                            const int32_t* targets, int N, int V, int Vp,
                                            float dloss, float z_loss = 0.0f) = 0;

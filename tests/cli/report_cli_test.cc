@@ -19,7 +19,7 @@ using keel_test::RunKeelShell;
 
 TEST(ReportCliTest, ConvertedLogReportLoadsInChromiumAndShowsThePlots) {
   if (!keel_test::HaveChromium())
-    GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it)";
+    GTEST_SKIP() << "chromium is not installed (scripts/test.sh installs it)";
   const std::string dir = keel_test::FreshTempDir("report_cli");
   std::ofstream(dir + "/main_log.txt") << keel_test::GenerateMegatronLog({});
   auto r = RunKeelShell("", "logs analyze " + dir + "/main_log.txt --to-metrics " + dir + "/run");

@@ -73,7 +73,8 @@ TEST(RunReportTest, MixtureRunWithHostileNamesLoadsInChromium) {
   EXPECT_EQ(html.find("a</script>"), std::string::npos);
   EXPECT_NE(html.find("a<\\/script>"), std::string::npos);
   std::ofstream(dir + "/report.html") << html;
-  if (!keel_test::HaveChromium()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh)";
+  if (!keel_test::HaveChromium())
+    GTEST_SKIP() << "chromium is not installed (scripts/test.sh installs it)";
   const keel_test::PageLoad page = keel_test::LoadInChromium(dir + "/report.html", dir);
   ASSERT_TRUE(page.ran) << page.log;
   EXPECT_EQ(page.status, "ok") << page.log;

@@ -187,6 +187,9 @@ void CpuBackend::CopyToHost(float* host_dst, const float* src, size_t n) {
 void CpuBackend::CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) {
   std::memcpy(dst, host_src, n * sizeof(int32_t));
 }
+void CpuBackend::CopyIntsToHost(int32_t* host_dst, const int32_t* src, size_t n) {
+  std::memcpy(host_dst, src, n * sizeof(int32_t));
+}
 void CpuBackend::Zero(float* x, size_t n) {
   std::memset(x, 0, n * sizeof(float));
 }

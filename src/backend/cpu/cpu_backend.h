@@ -25,6 +25,7 @@ class CpuBackend : public Backend {
   void CopyToDevice(float* dst, const float* host_src, size_t n) override;
   void CopyToHost(float* host_dst, const float* src, size_t n) override;
   void CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) override;
+  void CopyIntsToHost(int32_t* host_dst, const int32_t* src, size_t n) override;
   const float* HostReadable(const float* p) const override { return p; }
   void Zero(float* x, size_t n) override;
   void Copy(float* dst, const float* src, size_t n) override;
