@@ -23,6 +23,7 @@
 #include "checkpoint/manifest.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
+#include "config/config.h"
 #include "core/log.h"
 #include "train/train_checkpoint.h"
 #include "train/trainer.h"

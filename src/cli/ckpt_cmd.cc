@@ -13,6 +13,7 @@
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
 #include "cli/commands.h"
+#include "config/config.h"
 #include "core/log.h"
 #include "train/checkpoint_edit.h"
 #include "train/train_checkpoint.h"
