@@ -13,6 +13,13 @@
 
 namespace keel {
 
+// The most CPU threads a command may run: 4 per hardware thread (std::thread::hardware_concurrency,
+// at least 1), and never more than 1024. Far more threads than cores only slow OpenMP down, and
+// thousands of them hang or crash it.
+int MaxThreads();
+// `--threads N` of any command: 0 (all cores) up to MaxThreads(), or an error naming the limit.
+Status ValidateThreads(int threads);
+
 // Parses "A-B" (inclusive, 1 <= A <= B) ranges of --skip-train-iteration-range.
 Status ParseIterationRanges(const std::vector<std::string>& text,
                             std::vector<std::pair<int64_t, int64_t>>* out);
@@ -46,6 +53,8 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out);
 Status ApplyToml(const std::string& toml_text, const std::string& origin, TrainConfig* cfg);
 // Checks every rule and fills derived values (ffn size, max positions, padded vocab, global batch,
 // decay length). Needs vocab_size > 0 for the vocab rules; call again once the data is known.
+// Sizes whose products keel computes in 32- or 64-bit integers are bounded so that none overflows
+// (docs/config.md lists the limits); each error names the settings, the product and the limit.
 Status Validate(TrainConfig* cfg, std::vector<std::string>* notes);
 // The resolved config as TOML-like "key = value" lines, printed once at start.
 std::string FormatConfig(const TrainConfig& cfg);

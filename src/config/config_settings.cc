@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "config/config.h"
 #include "config/config_internal.h"
 
 namespace keel::config_internal {
@@ -244,7 +245,11 @@ const std::vector<Setting>& Settings() {
       IntSetting("eval-interval", "iterations between evaluations", &TC::eval_interval),
       IntSetting("eval-iters", "iterations per evaluation", &TC::eval_iters),
       IntSetting("log-interval", "iterations between log lines", &TC::log_interval),
-      IntSetting("threads", "CPU threads (0: all cores)", &TC::threads),
+      IntSetting("threads",
+                 fmt::format("CPU threads (0: all cores); at most 4 per hardware thread and never "
+                             "above 1024, here {}",
+                             MaxThreads()),
+                 &TC::threads),
       // data
       StringListSetting("data-path", "[W] PREFIX ...",
                         "Megatron indexed dataset prefix, or a mixture W1 PREFIX1 W2 PREFIX2 ... "
@@ -341,7 +346,10 @@ const std::vector<Setting>& Settings() {
                         "positions in the sample stream)",
                         &TC::skip_train_samples_range),
       // output
-      IntSetting("sample-tokens", "tokens generated at the end (0: none)", &TC::sample_tokens),
+      IntSetting("sample-tokens",
+                 fmt::format("tokens generated at the end (0: none; at most {}, as keel sample)",
+                             kMaxSampleTokens),
+                 &TC::sample_tokens),
       StringSetting("sample-prompt", "TEXT", "prompt for the end-of-run sample",
                     &TC::sample_prompt),
   };

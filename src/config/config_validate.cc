@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <optional>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "config/config.h"
@@ -17,6 +20,27 @@ namespace {
 
 using config_internal::FindSetting;
 using config_internal::ParseWhole;
+
+// ---------------------------------------------------------------------------------------------
+// Limits. Products of sizes are formed here in 128 bits, so checking them cannot overflow itself.
+
+using Wide = __int128;
+
+// Sizes the model and its kernels compute with in int: tokens and (sequence, head) pairs of a
+// micro-batch, the 3h and 4h widths, the layer count plus one, the padded vocabulary.
+constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+// Elements of the parameters or of one micro-batch's activations, counted in size_t: 16 bytes per
+// parameter (weights, gradients, two Adam moments) must still fit a signed 64-bit byte count.
+constexpr Wide kMaxFloats = Wide{1} << 59;
+// Tokens of any length of the run (iterations x global batch x sequence): consumed samples and
+// tokens are int64 counters, and 2^62 leaves room for the sums made with them.
+constexpr Wide kMaxRunTokens = Wide{1} << 62;
+
+// `v` exactly when it fits in int64, else in scientific notation.
+std::string Count(Wide v) {
+  if (v <= std::numeric_limits<int64_t>::max()) return fmt::format("{}", static_cast<int64_t>(v));
+  return fmt::format("about {:.3g}", static_cast<double>(v));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Validation helpers.
@@ -68,6 +92,18 @@ Status ValidateModel(TrainConfig* c, std::vector<std::string>* notes) {
   KEEL_RETURN_IF_ERROR(Positive("hidden-size", c->hidden_size));
   KEEL_RETURN_IF_ERROR(Positive("num-attention-heads", c->num_attention_heads));
   KEEL_RETURN_IF_ERROR(Positive("seq-length", c->seq_length));
+  if (c->num_layers > kMaxInt - 1) {
+    return Invalid(fmt::format(
+        "--num-layers {} is more than {}: the model counts its num-layers + 1 residual streams in "
+        "32-bit integers; use fewer layers",
+        c->num_layers, kMaxInt - 1));
+  }
+  if (c->hidden_size > kMaxInt / 4) {
+    return Invalid(fmt::format(
+        "--hidden-size {} is more than {}: the model computes 4 x hidden-size (the default MLP "
+        "width; the QKV width is 3 x hidden-size) in 32-bit integers; use a smaller --hidden-size",
+        c->hidden_size, kMaxInt / 4));
+  }
   if (c->hidden_size % c->num_attention_heads != 0) {
     int h = c->hidden_size, n = c->num_attention_heads;
     // Suggest a head dimension that is a multiple of 8, and a power-of-two head count.
@@ -94,12 +130,18 @@ Status ValidateModel(TrainConfig* c, std::vector<std::string>* notes) {
     notes->push_back(
         fmt::format("--max-position-embeddings not given: using --seq-length = {}", c->seq_length));
   }
-  if (c->position_embedding_type == PositionEmbedding::kLearnedAbsolute &&
-      c->max_position_embeddings < c->seq_length) {
+  if (c->max_position_embeddings < c->seq_length) {
+    // ALiBi has no position table, but the model still runs at most max-position-embeddings
+    // tokens per sequence.
+    const bool learned = c->position_embedding_type == PositionEmbedding::kLearnedAbsolute;
     return Invalid(fmt::format(
-        "--max-position-embeddings {} is smaller than --seq-length {}: learned absolute positions "
-        "need a table row for every position; try --max-position-embeddings {} or --seq-length {}",
-        c->max_position_embeddings, c->seq_length, c->seq_length, c->max_position_embeddings));
+        "--max-position-embeddings {} is smaller than --seq-length {}: {}; try "
+        "--max-position-embeddings {} (or 0 for --seq-length) or --seq-length {}",
+        c->max_position_embeddings, c->seq_length,
+        learned ? "learned absolute positions need a table row for every position"
+                : "the model runs sequences of at most max-position-embeddings tokens, with alibi "
+                  "positions too",
+        c->seq_length, c->max_position_embeddings));
   }
   if (c->make_vocab_size_divisible_by < 1) {
     return Invalid(fmt::format(
@@ -125,12 +167,33 @@ Status ValidateBatch(TrainConfig* c, std::vector<std::string>* notes) {
     return Status::Internal(
         fmt::format("data-parallel size {} must be at least 1", c->data_parallel_size));
   }
+  const int64_t mb_tokens = int64_t{c->micro_batch_size} * (int64_t{c->seq_length} + 1);
+  if (mb_tokens > kMaxInt) {
+    return Invalid(fmt::format(
+        "--micro-batch-size {} x (--seq-length {} + 1) = {} tokens per micro-batch is more than "
+        "{}: keel counts a micro-batch's tokens in 32-bit integers; use a smaller "
+        "--micro-batch-size or --seq-length",
+        c->micro_batch_size, c->seq_length, mb_tokens, kMaxInt));
+  }
+  const int64_t mb_heads = int64_t{c->micro_batch_size} * c->num_attention_heads;
+  if (mb_heads > kMaxInt) {
+    return Invalid(fmt::format(
+        "--micro-batch-size {} x --num-attention-heads {} = {} is more than {}: the attention "
+        "kernels count (sequence, head) pairs in 32-bit integers; use a smaller --micro-batch-size",
+        c->micro_batch_size, c->num_attention_heads, mb_heads, kMaxInt));
+  }
   const int64_t m = int64_t{c->micro_batch_size} * c->data_parallel_size;
   const std::string m_text = fmt::format("--micro-batch-size {} * data-parallel size {} = {}",
                                          c->micro_batch_size, c->data_parallel_size, m);
   KEEL_RETURN_IF_ERROR(NonNegative("global-batch-size", c->global_batch_size,
                                    "set it to 0 for micro-batch-size * data-parallel size"));
   if (c->global_batch_size == 0) {
+    if (m > kMaxInt) {
+      return Invalid(fmt::format(
+          "--global-batch-size not given, and its default {} is more than {}, the largest global "
+          "batch; use a smaller --micro-batch-size",
+          m_text, kMaxInt));
+    }
     c->global_batch_size = static_cast<int>(m);
     notes->push_back(fmt::format("--global-batch-size not given: using {}", m_text));
   }
@@ -200,6 +263,37 @@ Status ValidateBatch(TrainConfig* c, std::vector<std::string>* notes) {
   return Status::OK();
 }
 
+// Every length of the run in tokens stays below kMaxRunTokens: the schedule multiplies iterations
+// by the global batch, and the trainer counts consumed samples and tokens in int64.
+Status ValidateRunTokens(const TrainConfig& c) {
+  const Wide g = c.global_batch_size, t = c.seq_length;
+  const std::string limit = fmt::format("2^62 ({})", Count(kMaxRunTokens));
+  for (auto [flag, v] : {std::pair{"train-iters", c.train_iters},
+                         {"lr-warmup-iters", c.lr_warmup_iters},
+                         {"lr-decay-iters", c.lr_decay_iters},
+                         {"eval-iters", c.eval_iters}}) {
+    const Wide tokens = Wide{v} * g * t;
+    if (tokens > kMaxRunTokens) {
+      return Invalid(fmt::format(
+          "--{} {} x --global-batch-size {} x --seq-length {} = {} tokens is more than {}: keel "
+          "counts samples and tokens in 64-bit integers; use a smaller --{}",
+          flag, v, c.global_batch_size, c.seq_length, Count(tokens), limit, flag));
+    }
+  }
+  for (auto [flag, v] : {std::pair{"train-samples", c.train_samples},
+                         {"lr-warmup-samples", c.lr_warmup_samples},
+                         {"lr-decay-samples", c.lr_decay_samples}}) {
+    const Wide tokens = Wide{v} * t;
+    if (tokens > kMaxRunTokens) {
+      return Invalid(fmt::format(
+          "--{} {} x --seq-length {} = {} tokens is more than {}: keel counts samples and tokens "
+          "in 64-bit integers; use a smaller --{}",
+          flag, v, c.seq_length, Count(tokens), limit, flag));
+    }
+  }
+  return Status::OK();
+}
+
 Status ValidateSchedule(TrainConfig* c, std::vector<std::string>* notes) {
   KEEL_RETURN_IF_ERROR(NonNegative("train-iters", c->train_iters, "give a positive length"));
   KEEL_RETURN_IF_ERROR(NonNegative("train-samples", c->train_samples, "give a positive length"));
@@ -220,6 +314,7 @@ Status ValidateSchedule(TrainConfig* c, std::vector<std::string>* notes) {
                          {"lr-decay-iters", c->lr_decay_iters}}) {
     KEEL_RETURN_IF_ERROR(NonNegative(flag, v, "use 0 or a positive length"));
   }
+  KEEL_RETURN_IF_ERROR(ValidateRunTokens(*c));
   const int64_t g = c->global_batch_size;
   const bool constant = c->lr_decay_style == LrDecayStyle::kConstant;
   if (c->train_iters > 0) {
@@ -317,10 +412,15 @@ Status ValidateOptimizerAndRun(TrainConfig* c) {
   KEEL_RETURN_IF_ERROR(Positive("log-interval", c->log_interval));
   KEEL_RETURN_IF_ERROR(
       NonNegative("eval-iters", c->eval_iters, "use 0 to skip evaluation, e.g. --eval-iters 10"));
-  KEEL_RETURN_IF_ERROR(
-      NonNegative("threads", c->threads, "use 0 for all cores or a positive thread count"));
+  KEEL_RETURN_IF_ERROR(ValidateThreads(c->threads));
   KEEL_RETURN_IF_ERROR(NonNegative("sample-tokens", c->sample_tokens,
                                    "use 0 for no sample or a positive token count"));
+  if (c->sample_tokens > kMaxSampleTokens) {
+    return Invalid(fmt::format(
+        "--sample-tokens {} is more than {}, the most keel generates in one sample (keel sample "
+        "--tokens has the same cap); use --sample-tokens {} or fewer",
+        c->sample_tokens, kMaxSampleTokens, kMaxSampleTokens));
+  }
   KEEL_RETURN_IF_ERROR(NonNegative("save-interval", c->save_interval,
                                    "use 0 to save only at the end and on stop requests"));
   KEEL_RETURN_IF_ERROR(
@@ -381,6 +481,40 @@ Status ValidateGuard(const TrainConfig& c) {
   return ParseSampleRanges(c.skip_train_samples_range, &ranges);
 }
 
+// The parameter count and one micro-batch's activation floats (upper bounds of GptModel's own
+// counts) stay below kMaxFloats. Needs the derived sizes (FFN, max positions, padded vocab).
+Status ValidateModelSize(const TrainConfig& c) {
+  const Wide L = c.num_layers, h = c.hidden_size, F = c.ffn_hidden_size;
+  const Wide NH = c.num_attention_heads, Vp = c.padded_vocab_size, P = c.max_position_embeddings;
+  const Wide B = c.micro_batch_size, T = c.seq_length, N = B * T;
+  const std::string limit = fmt::format("2^59 ({})", Count(kMaxFloats));
+  // Per layer: QKV 3h^2+3h, projection h^2+h, MLP 2hF+F+h, LayerNorms 4h, QK-LayerNorm 4h/NH;
+  // then the word and position tables and the embedding and final LayerNorms.
+  const Wide params = L * (4 * h * h + 2 * h * F + 9 * h + F + 4 * h / NH) + (Vp + P + 4) * h;
+  if (params > kMaxFloats) {
+    return Invalid(fmt::format(
+        "--num-layers {}, --hidden-size {}, --ffn-hidden-size {}: {} parameters is more than {}: "
+        "their weights, gradients and Adam moments (16 bytes each) would overflow 64-bit byte "
+        "counts; use a smaller model",
+        c.num_layers, c.hidden_size, c.ffn_hidden_size, Count(params), limit));
+  }
+  // Per layer: attention probabilities B*NH*T^2, the (N, h), (N, 3h) and (N, F) buffers (QK-
+  // LayerNorm included); then the logits (N, Vp), the final buffers and gradient scratch.
+  const Wide attention = L * B * NH * T * T;
+  const Wide acts =
+      attention + L * (N * (12 * h + 2 * F + 4 * NH + 4) + B * NH) + N * (Vp + 16 * h + 2 * F + 12);
+  if (acts > kMaxFloats) {
+    return Invalid(fmt::format(
+        "one micro-batch's activations would be {} floats (attention probabilities alone: "
+        "--num-layers {} x --micro-batch-size {} x --num-attention-heads {} x --seq-length {} "
+        "squared = {}), more than {}: their byte counts would overflow 64-bit sizes; use a "
+        "smaller --micro-batch-size, --seq-length or --num-layers",
+        Count(acts), c.num_layers, c.micro_batch_size, c.num_attention_heads, c.seq_length,
+        Count(attention), limit));
+  }
+  return Status::OK();
+}
+
 Status ParseRanges(const std::vector<std::string>& text, const char* flag, int64_t min_first,
                    const char* what, const char* example,
                    std::vector<std::pair<int64_t, int64_t>>* out) {
@@ -416,11 +550,36 @@ Status Validate(TrainConfig* cfg, std::vector<std::string>* notes) {
   }
   if (cfg->vocab_size > 0) {
     const int64_t mult = cfg->make_vocab_size_divisible_by;
-    cfg->padded_vocab_size = static_cast<int>(RoundUp(cfg->vocab_size, mult));
+    const int64_t padded = RoundUp(cfg->vocab_size, mult);
+    if (padded > kMaxInt) {
+      return Invalid(fmt::format(
+          "--make-vocab-size-divisible-by {} pads the vocabulary of {} tokens to {}, more than "
+          "{}: the model counts vocabulary rows in 32-bit integers; try "
+          "--make-vocab-size-divisible-by 128",
+          mult, cfg->vocab_size, padded, kMaxInt));
+    }
+    cfg->padded_vocab_size = static_cast<int>(padded);
     notes->push_back(fmt::format("vocab {} padded to {} (multiple of {})", cfg->vocab_size,
                                  cfg->padded_vocab_size, mult));
   }
-  return Status::OK();
+  return ValidateModelSize(*cfg);
+}
+
+int MaxThreads() {
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(std::min(1024u, 4 * hw));
+}
+
+Status ValidateThreads(int threads) {
+  KEEL_RETURN_IF_ERROR(
+      NonNegative("threads", threads, "use 0 for all cores or a positive thread count"));
+  const int max = MaxThreads();
+  if (threads <= max) return Status::OK();
+  return Invalid(fmt::format(
+      "--threads {} is more than {}: keel runs at most 4 threads per hardware thread ({} here) "
+      "and never more than 1024, since far more threads than cores only slow it down and "
+      "thousands of them hang or crash OpenMP; use --threads 0 for all cores, or at most {}",
+      threads, max, std::max(1u, std::thread::hardware_concurrency()), max));
 }
 
 Status ParseIterationRanges(const std::vector<std::string>& text,

@@ -17,6 +17,10 @@ enum class InitMethod { kNormal, kSmallInit, kMegatron530B };
 enum class TokenizerKind { kGpt2, kSentencePiece };
 enum class GuardLevel { kOff, kObserve, kAct };
 
+// The most tokens one generated sample may have: `keel train --sample-tokens` and
+// `keel sample --tokens` share this cap.
+inline constexpr int kMaxSampleTokens = 100000;
+
 struct TrainConfig {
   // ---- model ----
   int num_layers = 4;
@@ -63,7 +67,7 @@ struct TrainConfig {
   int64_t eval_interval = 100;
   int64_t eval_iters = 8;
   int64_t log_interval = 10;
-  int threads = 0;  // 0: all cores
+  int threads = 0;  // 0: all cores; at most MaxThreads() (config/config.h)
 
   // ---- data ----
   // Megatron indexed dataset prefixes: "PREFIX", or a mixture "W1 PREFIX1 W2 PREFIX2 ..."
@@ -117,7 +121,7 @@ struct TrainConfig {
   std::vector<std::string> skip_train_samples_range;
 
   // ---- output ----
-  int sample_tokens = 64;  // tokens of text generated at the end of training (0: none)
+  int sample_tokens = 64;  // tokens generated at the end of training (0: none; kMaxSampleTokens)
   std::string sample_prompt = "Call me";
 
   // ---- derived by Validate (not settable) ----
