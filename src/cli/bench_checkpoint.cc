@@ -24,6 +24,7 @@
 #include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
+#include "config/config.h"
 #include "core/log.h"
 #include "train/checkpoint_controller.h"
 #include "train/trainer.h"

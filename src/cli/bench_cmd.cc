@@ -63,7 +63,8 @@ int BenchCommand(int argc, const char* const* argv) {
                "keel bench");
   int threads = 0, iters = 5, warmup = 2;
   std::vector<std::string> only;
-  app.add_option("--threads", threads, "CPU threads (0: all cores)");
+  app.add_option("--threads", threads,
+                 fmt::format("CPU threads (0: all cores; at most {})", MaxThreads()));
   app.add_option("--iters", iters, "timed iterations per model (median reported)")
       ->check(CLI::Range(1, 1000));
   app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::Range(0, 100));
@@ -95,6 +96,10 @@ int BenchCommand(int argc, const char* const* argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (Status st = ValidateThreads(threads); !st.ok()) {
+    LogError("error: " + st.message());
+    return 2;
   }
   if (checkpoint) return BenchCheckpoint(ckpt_dir, repeats, threads);
   if (guard) return BenchGuard(iters, warmup, threads);

@@ -14,6 +14,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
+#include "config/config.h"
 #include "core/log.h"
 #include "train/checkpoint_edit.h"
 

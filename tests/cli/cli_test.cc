@@ -47,6 +47,18 @@ TEST(CliTest, InvalidShapeIsRefusedBeforeAnyWorkWithFlagAndFix) {
   EXPECT_EQ(r.out.find("iteration"), std::string::npos) << "training started despite the error";
 }
 
+TEST(CliTest, ThreadCountFarAboveTheCoresIsRefusedNotACrash) {
+  // It used to end in SIGSEGV inside OpenMP once training started.
+  Result r = RunKeel("train --threads 100000");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--threads 100000 is more than"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("use --threads 0 for all cores"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("iteration"), std::string::npos) << "training started despite the error";
+  r = RunKeel("sample --load /nonexistent --threads 100000");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--threads 100000 is more than"), std::string::npos) << r.out;
+}
+
 TEST(CliTest, UnknownFlagSuggestsTheClosestOne) {
   Result r = RunKeel("train --num-layer 2");
   EXPECT_EQ(r.code, 2) << r.out;
