@@ -14,7 +14,7 @@
 #include "checkpoint/manifest.h"
 #include "cli/commands.h"
 #include "core/log.h"
-#include "train/checkpoint_edit.h"
+#include "checkpoint/checkpoint_edit.h"
 #include "train/train_checkpoint.h"
 
 namespace keel::cli {

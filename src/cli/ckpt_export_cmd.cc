@@ -1,5 +1,5 @@
 // `keel ckpt export PATH --hf OUT`: a Hugging Face GPT-2 folder from a checkpoint
-// (docs/hf-export.md). The conversion is train/hf_gpt2_export; this file parses flags and logs.
+// (docs/hf-export.md). The conversion is checkpoint/hf_gpt2_export; this file parses flags and logs.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -7,7 +7,7 @@
 
 #include "cli/commands.h"
 #include "core/log.h"
-#include "train/hf_gpt2_export.h"
+#include "checkpoint/hf_gpt2_export.h"
 
 namespace keel::cli {
 

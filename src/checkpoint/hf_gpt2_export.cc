@@ -1,4 +1,4 @@
-#include "train/hf_gpt2_export.h"
+#include "checkpoint/hf_gpt2_export.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

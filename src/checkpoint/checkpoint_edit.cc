@@ -1,4 +1,4 @@
-#include "train/checkpoint_edit.h"
+#include "checkpoint/checkpoint_edit.h"
 
 #include <fmt/format.h>
 
