@@ -14,6 +14,9 @@
 
 #include "core/env.h"
 #include "core/status.h"
+// Entries are stamped with UtcTimestamp(). train_cmd.cc still reaches it through this header; once
+// it includes core/timestamp.h itself, this include can move to run_journal.cc.
+#include "core/timestamp.h"
 
 namespace keel {
 
@@ -44,8 +47,5 @@ class RunJournal {
   bool warned_ = false;
   std::function<void(const nlohmann::json&, const std::string&)> observer_;
 };
-
-// Current UTC time as 2026-11-22T10:00:00Z.
-std::string UtcTimestamp();
 
 }  // namespace keel
