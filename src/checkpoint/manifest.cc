@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -15,6 +16,21 @@ std::string HexDigest(uint64_t v) {
 
 uint64_t Xxh3(const char* data, size_t size) {
   return XXH3_64bits(data, size);
+}
+
+std::string CheckpointDirName(int64_t iteration) {
+  return fmt::format("iter_{:07d}", iteration);
+}
+
+bool ParseCheckpointDirName(const std::string& name, int64_t* iteration) {
+  if (name.size() < 6 || name.compare(0, 5, "iter_") != 0) return false;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(name[i])) || i - 5 >= 15) return false;
+    v = v * 10 + (name[i] - '0');
+  }
+  *iteration = v;
+  return true;
 }
 
 std::string Manifest::ToJson() const {
@@ -76,17 +92,36 @@ uint64_t ChecksummingFile::digest() const {
   return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_));
 }
 
-Status VerifyCheckpointDir(Env* env, const std::string& dir, bool check_contents, Manifest* out) {
+Status ReadManifest(Env* env, const std::string& dir, Manifest* out) {
   const std::string mpath = JoinPath(dir, kManifestFile);
-  if (!env->IsDirectory(dir)) return Status::NotFound(dir + " is not a directory");
   if (!env->FileExists(mpath))
     return Status::Corruption(mpath +
                               " is missing: this is not a complete keel checkpoint (its save was "
                               "interrupted, or another tool wrote it)");
   std::string text;
   KEEL_RETURN_IF_ERROR(env->ReadFileToString(mpath, &text));
+  return Manifest::FromJson(text, mpath, out);
+}
+
+Status CheckCheckpointIdentity(const std::string& dir, const Manifest& m) {
+  std::string path = dir;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const std::string name = path.substr(path.rfind('/') + 1);  // npos + 1 == 0: all of it
+  int64_t named = 0;
+  if (!ParseCheckpointDirName(name, &named) || named == m.iteration) return Status::OK();
+  return Status::Corruption(fmt::format(
+      "{}: its manifest says iteration {} but the directory is named {} (iteration {}): this "
+      "directory is a copy of {}, or was renamed; move it out of the run directory (keel takes a "
+      "checkpoint's iteration from its manifest, never from its name)",
+      path, m.iteration, name, named, CheckpointDirName(m.iteration)));
+}
+
+Status VerifyCheckpointDir(Env* env, const std::string& dir, bool check_contents, Manifest* out) {
+  const std::string mpath = JoinPath(dir, kManifestFile);
+  if (!env->IsDirectory(dir)) return Status::NotFound(dir + " is not a directory");
   Manifest m;
-  KEEL_RETURN_IF_ERROR(Manifest::FromJson(text, mpath, &m));
+  KEEL_RETURN_IF_ERROR(ReadManifest(env, dir, &m));
+  KEEL_RETURN_IF_ERROR(CheckCheckpointIdentity(dir, m));
   std::vector<std::string> children;
   KEEL_RETURN_IF_ERROR(env->GetChildren(dir, &children));
   std::sort(children.begin(), children.end());

@@ -1,5 +1,8 @@
 #include "checkpoint/safetensors.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -112,12 +115,11 @@ Status ParseSafetensors(const char* data, size_t size, const std::string& path,
 
 Status ReadSafetensors(Env* env, const std::string& path, std::map<std::string, LoadedTensor>* out,
                        std::map<std::string, std::string>* metadata) {
-  std::unique_ptr<ReadOnlyRegion> region;
-  KEEL_RETURN_IF_ERROR(env->MapReadOnly(path, &region));
-  std::map<std::string, TensorRef> refs;
-  KEEL_RETURN_IF_ERROR(ParseSafetensors(region->data(), region->size(), path, &refs, metadata));
+  MappedSafetensors file;
+  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, path, &file));
+  if (metadata) *metadata = file.metadata();
   out->clear();
-  for (auto& [name, r] : refs) {
+  for (const auto& [name, r] : file.tensors()) {
     if (r.dtype != "F32")
       return Status::Corruption(path + ": tensor '" + name + "' is " + r.dtype +
                                 ", keel reads F32 only");
@@ -127,6 +129,66 @@ Status ReadSafetensors(Env* env, const std::string& path, std::map<std::string, 
     std::memcpy(lt.data.data(), r.data, r.bytes);
     (*out)[name] = std::move(lt);
   }
+  return Status::OK();
+}
+
+Status MappedSafetensors::Open(Env* env, const std::string& path, MappedSafetensors* out) {
+  MappedSafetensors m;
+  m.path_ = path;
+  KEEL_RETURN_IF_ERROR(env->MapReadOnly(path, &m.region_));
+  KEEL_RETURN_IF_ERROR(
+      ParseSafetensors(m.region_->data(), m.region_->size(), path, &m.tensors_, &m.metadata_));
+  *out = std::move(m);
+  return Status::OK();
+}
+
+const TensorRef* MappedSafetensors::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+Status MappedSafetensors::FindF32(const std::string& name, const std::vector<int64_t>& shape,
+                                  const TensorRef** out) const {
+  const TensorRef* t = Find(name);
+  if (t == nullptr)
+    return Status::Corruption(fmt::format("{}: tensor '{}' is missing (expected F32 [{}])", path_,
+                                          name, fmt::join(shape, ", ")));
+  if (t->dtype != "F32" || t->shape != shape)
+    return Status::Corruption(fmt::format("{}: tensor '{}' is {} [{}], expected F32 [{}]", path_,
+                                          name, t->dtype, fmt::join(t->shape, ", "),
+                                          fmt::join(shape, ", ")));
+  *out = t;
+  return Status::OK();
+}
+
+Status MappedSafetensors::GetF32(const std::string& name, const std::vector<int64_t>& shape,
+                                 const float** data) const {
+  const TensorRef* t = nullptr;
+  KEEL_RETURN_IF_ERROR(FindF32(name, shape, &t));
+  // keel's writer aligns tensor data; another writer's need not, and a misaligned float* must not
+  // be handed out (CopyF32 reads such a tensor fine).
+  if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0)
+    return Status::Corruption(
+        fmt::format("{}: tensor '{}' is not 4-byte aligned in the file and cannot be read in place",
+                    path_, name));
+  *data = reinterpret_cast<const float*>(t->data);
+  return Status::OK();
+}
+
+Status MappedSafetensors::CopyF32(const std::string& name, const std::vector<int64_t>& shape,
+                                  float* dst) const {
+  const TensorRef* t = nullptr;
+  KEEL_RETURN_IF_ERROR(FindF32(name, shape, &t));
+  std::memcpy(dst, t->data, t->bytes);
+  return Status::OK();
+}
+
+Status MappedSafetensors::CheckNoOtherTensors(const std::set<std::string>& expected) const {
+  for (const auto& [name, t] : tensors_)
+    if (expected.count(name) == 0)
+      return Status::Corruption(
+          fmt::format("{}: unexpected tensor '{}' ({} [{}]), which the model does not have", path_,
+                      name, t.dtype, fmt::join(t.shape, ", ")));
   return Status::OK();
 }
 

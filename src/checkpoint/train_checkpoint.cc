@@ -2,14 +2,14 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <ctime>
 #include <map>
 #include <set>
 
 #include "checkpoint/manifest.h"
+#include "core/json_number.h"
+#include "core/timestamp.h"
 #include "data/prepare.h"
 #include "optim/lr_schedule.h"
 
@@ -18,23 +18,6 @@ namespace {
 
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
-
-std::string UtcNow() {
-  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-// JSON has no NaN: non-finite doubles are stored as null and read back as NaN.
-ojson Num(double v) {
-  return std::isfinite(v) ? ojson(v) : ojson(nullptr);
-}
-double NumFrom(const json& j) {
-  return j.is_null() ? NAN : j.get<double>();
-}
 
 const char* StyleName(LrDecayStyle s) {
   switch (s) {
@@ -141,7 +124,7 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
   s["format"] = "keel-train-state";
   s["format_version"] = 1;
   s["keel_version"] = KEEL_VERSION;
-  s["saved_at"] = UtcNow();
+  s["saved_at"] = UtcTimestamp();
   s["iteration"] = c.iteration;
   s["counters"] = {{"iteration", c.iteration},
                    {"consumed_samples", c.consumed_samples},
@@ -187,9 +170,9 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
   for (const IterationRange& r : ts.skip_ranges)
     s["data"]["skipped_iteration_ranges"].push_back({r.first, r.last});
   s["metrics"] = {{"interval",
-                   {{"loss_sum", Num(iv.loss_sum)},
-                    {"ms", Num(iv.ms)},
-                    {"flops", Num(iv.flops)},
+                   {{"loss_sum", JsonNumber(iv.loss_sum)},
+                    {"ms", JsonNumber(iv.ms)},
+                    {"flops", JsonNumber(iv.flops)},
                     {"iters", iv.iters},
                     {"ok", iv.ok},
                     {"skipped", iv.skipped},
@@ -198,7 +181,7 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
                     {"dataset_loss_sum", ojson::array()},
                     {"dataset_sequences", iv.dataset_sequences}}}};
   for (double v : iv.dataset_loss_sum)
-    s["metrics"]["interval"]["dataset_loss_sum"].push_back(Num(v));
+    s["metrics"]["interval"]["dataset_loss_sum"].push_back(JsonNumber(v));
   s["guard"] = guard_state;
   s["model"] = SpecToJson(model.spec());
   s["tokenizer"] = {{"kind", run.meta.tokenizer},
@@ -260,16 +243,16 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
     r.history = s.value("history", json::array());
     const json& iv = s.at("metrics").at("interval");
     LogIntervalState& l = t.interval;
-    l.loss_sum = NumFrom(iv.at("loss_sum"));
-    l.ms = NumFrom(iv.at("ms"));
-    l.flops = NumFrom(iv.at("flops"));
+    l.loss_sum = NumberFromJson(iv.at("loss_sum"));
+    l.ms = NumberFromJson(iv.at("ms"));
+    l.flops = NumberFromJson(iv.at("flops"));
     l.iters = iv.at("iters");
     l.ok = iv.at("ok");
     l.skipped = iv.at("skipped");
     l.nan = iv.value("nan", int64_t{0});  // absent before keel counted NaNs apart from skips
     l.samples = iv.at("samples");
     for (const json& v : iv.value("dataset_loss_sum", json::array()))
-      l.dataset_loss_sum.push_back(NumFrom(v));
+      l.dataset_loss_sum.push_back(NumberFromJson(v));
     l.dataset_sequences = iv.value("dataset_sequences", std::vector<int64_t>{});
     if (l.dataset_loss_sum.size() != l.dataset_sequences.size())
       return Status::Corruption(sp +
@@ -293,90 +276,53 @@ Status ReadVerifiedCheckpoint(Env* env, const std::string& dir, SavedTrainState*
   return ReadSavedTrainState(env, dir, out);
 }
 
-Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* model_ptr,
-                             AdamW* optimizer) {
-  GptModel& model = *model_ptr;
-  AdamW& opt = *optimizer;
-  Backend* be = model.backend();
-  auto load = [&](const std::string& file, const std::string& prefix, float* dst) -> Status {
-    const std::string path = JoinPath(saved.dir, file);
-    std::unique_ptr<ReadOnlyRegion> region;
-    KEEL_RETURN_IF_ERROR(env->MapReadOnly(path, &region));
-    std::map<std::string, TensorRef> tensors;
-    KEEL_RETURN_IF_ERROR(ParseSafetensors(region->data(), region->size(), path, &tensors, nullptr));
-    std::vector<float> tmp;
-    for (const ParamInfo& p : model.params()) {
-      auto it = tensors.find(prefix + p.name);
-      if (it == tensors.end())
-        return Status::Corruption(path + ": tensor '" + prefix + p.name +
-                                  "' is missing; the checkpoint does not match this model");
-      const TensorRef& t = it->second;
-      if (t.dtype != "F32" || t.shape != p.shape)
-        return Status::Corruption(
-            fmt::format("{}: tensor '{}{}' is {} {} but the model expects F32 {}", path, prefix,
-                        p.name, t.dtype, json(t.shape).dump(), json(p.shape).dump()));
+namespace {
+
+// Copies every parameter's tensor, named `prefix + name` for each (prefix, destination) pair, from
+// the safetensors file `path` into backend memory; each must be F32 of its parameter's shape, and
+// the file may hold nothing else.
+Status LoadParams(Env* env, const std::string& path, const std::vector<ParamInfo>& params,
+                  const std::vector<std::pair<std::string, float*>>& prefixed, Backend* be) {
+  MappedSafetensors file;
+  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, path, &file));
+  std::set<std::string> expected;
+  std::vector<float> tmp;
+  for (const auto& [prefix, dst] : prefixed) {
+    for (const ParamInfo& p : params) {
       tmp.resize(p.numel);
-      std::memcpy(tmp.data(), t.data, t.bytes);
+      KEEL_RETURN_IF_ERROR(file.CopyF32(prefix + p.name, p.shape, tmp.data()));
       be->CopyToDevice(dst + p.offset, tmp.data(), p.numel);
-      tensors.erase(it);
+      expected.insert(prefix + p.name);
     }
-    if (prefix == "exp_avg.") {
-      // The second file section: the same file also holds exp_avg_sq.*, checked by the caller.
-      for (auto it = tensors.begin(); it != tensors.end();)
-        it = it->first.rfind("exp_avg_sq.", 0) == 0 ? tensors.erase(it) : std::next(it);
-    } else if (prefix == "exp_avg_sq.") {
-      for (auto it = tensors.begin(); it != tensors.end();)
-        it = it->first.rfind("exp_avg.", 0) == 0 ? tensors.erase(it) : std::next(it);
-    }
-    if (!tensors.empty())
-      return Status::Corruption(path + ": unexpected tensor '" + tensors.begin()->first +
-                                "' that this model does not have");
-    return Status::OK();
-  };
-  if (SpecToJson(saved.spec) != SpecToJson(model.spec()))
+  }
+  return file.CheckNoOtherTensors(expected);
+}
+
+}  // namespace
+
+Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* model,
+                             AdamW* optimizer) {
+  if (SpecToJson(saved.spec) != SpecToJson(model->spec()))
     return Status::InvalidArgument(
         fmt::format("{}: the checkpoint's model ({}) differs from this run's ({})", saved.dir,
-                    SpecToJson(saved.spec).dump(), SpecToJson(model.spec()).dump()));
-  KEEL_RETURN_IF_ERROR(load("model.safetensors", "", model.param_data()));
-  KEEL_RETURN_IF_ERROR(load("optimizer.safetensors", "exp_avg.", opt.exp_avg()));
-  KEEL_RETURN_IF_ERROR(load("optimizer.safetensors", "exp_avg_sq.", opt.exp_avg_sq()));
-  return Status::OK();
+                    SpecToJson(saved.spec).dump(), SpecToJson(model->spec()).dump()));
+  Backend* be = model->backend();
+  KEEL_RETURN_IF_ERROR(LoadParams(env, JoinPath(saved.dir, "model.safetensors"), model->params(),
+                                  {{"", model->param_data()}}, be));
+  return LoadParams(env, JoinPath(saved.dir, "optimizer.safetensors"), model->params(),
+                    {{"exp_avg.", optimizer->exp_avg()}, {"exp_avg_sq.", optimizer->exp_avg_sq()}},
+                    be);
 }
 
 Status LoadModelFromCheckpoint(Env* env, const std::string& path, Backend* backend,
                                const CheckpointStore::Logger& log, LoadedModel* out) {
-  std::string dir = path;
-  if (!env->FileExists(JoinPath(path, kManifestFile))) {
-    CheckpointStore store(env, path, log);
-    CheckpointInfo info;
-    Status st = store.FindNewestValid(/*move_aside_rejected=*/false, &info);
-    if (st.code() == Status::Code::kNotFound)
-      return Status::NotFound(path +
-                              " holds no checkpoint: pass a run directory written by `keel train "
-                              "--save DIR` or one of its iter_NNNNNNN directories");
-    KEEL_RETURN_IF_ERROR(st);
-    dir = info.path;
-  } else {
-    KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, dir, /*check_contents=*/true, nullptr));
-  }
+  std::string dir;
+  KEEL_RETURN_IF_ERROR(ResolveCheckpointDir(env, path, log, NamedCheckpoint::kVerify, &dir));
   out->checkpoint_dir = dir;
   KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &out->saved));
   out->model = std::make_unique<GptModel>(backend, out->saved.spec);
-  const std::string wpath = JoinPath(dir, "model.safetensors");
-  std::unique_ptr<ReadOnlyRegion> region;
-  KEEL_RETURN_IF_ERROR(env->MapReadOnly(wpath, &region));
-  std::map<std::string, TensorRef> tensors;
-  KEEL_RETURN_IF_ERROR(ParseSafetensors(region->data(), region->size(), wpath, &tensors, nullptr));
-  std::vector<float> tmp;
-  for (const ParamInfo& p : out->model->params()) {
-    auto it = tensors.find(p.name);
-    if (it == tensors.end() || it->second.dtype != "F32" || it->second.shape != p.shape)
-      return Status::Corruption(wpath + ": tensor '" + p.name +
-                                "' is missing or has the wrong dtype or shape");
-    tmp.resize(p.numel);
-    std::memcpy(tmp.data(), it->second.data, it->second.bytes);
-    backend->CopyToDevice(out->model->param_data() + p.offset, tmp.data(), p.numel);
-  }
+  KEEL_RETURN_IF_ERROR(LoadParams(env, JoinPath(dir, "model.safetensors"), out->model->params(),
+                                  {{"", out->model->param_data()}}, backend));
   const json& t = out->saved.state.at("tokenizer");
   DatasetMeta meta;
   meta.tokenizer = t.value("kind", "");

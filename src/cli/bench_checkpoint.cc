@@ -23,6 +23,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/log.h"
@@ -133,7 +134,7 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
   cfg.threads = threads;
   std::vector<std::string> notes;
   Status st = Validate(&cfg, &notes);
-  if (!st.ok()) return LogError("error: " + st.message()), 1;
+  if (!st.ok()) return Fail(st);
   auto backend = MakeCpuBackend(threads);
   auto comm = MakeSingleProcessCommunicator();
   Trainer trainer(cfg, backend.get(), comm.get(), {SampleFn(), SampleFn()});
@@ -184,7 +185,7 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
     SaveStats stats;
     if (st.ok()) st = store.Save(rep + 1, files, &stats);
     const double save_s = Seconds(t0);
-    if (!st.ok()) return LogError("error: " + st.message()), 1;
+    if (!st.ok()) return Fail(st);
     const double gb = static_cast<double>(stats.bytes) / 1e9;
     EvictFromPageCache(stats.path);
 
@@ -195,7 +196,7 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
       st = RunProcess(DdArgv(dir + "/dd.bin", stats.bytes, direct != 0));
       dd_s[direct] = Seconds(t0);
       fs::remove(dir + "/dd.bin", ec);
-      if (!st.ok()) return LogError("error: " + st.message()), 1;
+      if (!st.ok()) return Fail(st);
     }
 
     // Load: verify every checksum (FindNewestValid), then read the state into the model.
@@ -207,7 +208,7 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
     if (st.ok()) st = ReadSavedTrainState(Env::Default(), info.path, &saved);
     if (st.ok()) st = RestoreTrainer(Env::Default(), saved, &trainer);
     const double load_s = Seconds(t0);
-    if (!st.ok()) return LogError("error: " + st.message()), 1;
+    if (!st.ok()) return Fail(st);
     fs::remove_all(info.path, ec);  // one checkpoint on disk at a time
 
     save_r.push_back(gb / save_s);

@@ -11,7 +11,7 @@
 #include "config/config.h"
 #include "core/log.h"
 #include "core/rng.h"
-#include "train/flops.h"
+#include "model/flops.h"
 #include "train/trainer.h"
 
 namespace keel::cli {

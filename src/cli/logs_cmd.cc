@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "metrics/log_analysis.h"
@@ -155,10 +156,7 @@ int LogsCommand(int argc, const char* const* argv) {
   std::fflush(stdout);
   if (!to_metrics.empty()) {
     st = WriteMetrics(env, to_metrics, log, analysis);
-    if (!st.ok()) {
-      LogError("error: " + st.message());
-      return st.code() == Status::Code::kInvalidArgument ? 2 : 1;
-    }
+    if (!st.ok()) return Fail(st);
     Log("logs: wrote {}/{}, {}/{}/ and {}/{}; `keel report {}` shows them", to_metrics,
         kMetricsFile, to_metrics, kTensorBoardDir, to_metrics, kLogAnalysisFile, to_metrics);
   }

@@ -6,6 +6,7 @@
 
 #include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "config/config.h"
 #include "core/log.h"
 #include "model/generate.h"
@@ -44,10 +45,7 @@ int SampleCommand(int argc, const char* const* argv) {
   LoadedModel run;
   Status st = LoadModelFromCheckpoint(
       env, load, backend.get(), [](const std::string& l) { LogError(l); }, &run);
-  if (!st.ok()) {
-    LogError("error: " + st.message());
-    return 1;
-  }
+  if (!st.ok()) return Fail(st, NotFoundIs::kUsageError);  // NotFound: --load holds no checkpoint
   LogError("sampling from " + run.checkpoint_dir);
   std::vector<int32_t> ids = run.tokenizer->Encode(prompt);
   if (ids.empty()) ids.push_back(run.tokenizer->EodId());

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/log.h"
@@ -11,14 +12,6 @@
 #include "train/training_run.h"
 
 namespace keel::cli {
-namespace {
-
-int Fail(const Status& st) {
-  LogError("error: " + st.message());
-  return st.code() == Status::Code::kInvalidArgument ? 2 : 1;
-}
-
-}  // namespace
 
 int TrainCommand(int argc, const char* const* argv) {
   ParsedConfig parsed;

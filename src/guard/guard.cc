@@ -5,17 +5,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/json_number.h"
+
 namespace keel {
 namespace {
 
 using json = nlohmann::json;
-
-json Num(double v) {
-  return std::isfinite(v) ? json(v) : json(nullptr);
-}
-double NumFrom(const json& j) {
-  return j.is_number() ? j.get<double>() : NAN;
-}
 
 std::string Signals(const GuardSignals& s) {
   std::string out = fmt::format("lm loss {:.4f}, grad norm {:.3f}", s.loss, s.grad_norm);
@@ -26,12 +21,12 @@ std::string Signals(const GuardSignals& s) {
 }
 
 json SignalsJson(const GuardSignals& s) {
-  return {{"lm_loss", Num(s.loss)},
-          {"grad_norm", Num(s.grad_norm)},
-          {"update_ratio", Num(s.update_ratio)},
-          {"max_exp_avg_sq", Num(s.max_exp_avg_sq)},
-          {"max_attn_logit", Num(s.max_attn_logit)},
-          {"log_z", Num(s.log_z)},
+  return {{"lm_loss", JsonNumber(s.loss)},
+          {"grad_norm", JsonNumber(s.grad_norm)},
+          {"update_ratio", JsonNumber(s.update_ratio)},
+          {"max_exp_avg_sq", JsonNumber(s.max_exp_avg_sq)},
+          {"max_attn_logit", JsonNumber(s.max_attn_logit)},
+          {"log_z", JsonNumber(s.log_z)},
           {"nonfinite", s.nonfinite}};
 }
 
@@ -147,9 +142,9 @@ StepVerdict Guard::OnStep(const GuardSignals& s) {
           {"consumed_samples", s.consumed_samples},
           {"kind", event_.kind},
           {"signal", a.signal},
-          {"value", Num(a.value)},
-          {"baseline", Num(a.baseline)},
-          {"z", Num(a.z)},
+          {"value", JsonNumber(a.value)},
+          {"baseline", JsonNumber(a.baseline)},
+          {"z", JsonNumber(a.z)},
           {"onset", event_.onset},
           {"resume_spike", event_.resume},
           {"signals", SignalsJson(s)}},
@@ -246,7 +241,7 @@ json Guard::PolicyJson() const {
           {"last_rollback_onset", last_rollback_onset_},
           {"decisions", decisions_},
           {"watch_until", watch_until_},
-          {"watch_baseline", Num(watch_baseline_)}};
+          {"watch_baseline", JsonNumber(watch_baseline_)}};
 }
 
 Status Guard::PolicyFromJson(const json& j, const std::string& where) {
@@ -256,7 +251,7 @@ Status Guard::PolicyFromJson(const json& j, const std::string& where) {
     last_rollback_onset_ = j.at("last_rollback_onset");
     decisions_ = j.at("decisions");
     watch_until_ = j.value("watch_until", int64_t{-1});
-    watch_baseline_ = NumFrom(j.value("watch_baseline", json()));
+    watch_baseline_ = NumberFromJson(j.value("watch_baseline", json()));
   } catch (const json::exception& e) {
     return Status::Corruption(where + ": malformed guard policy state: " + e.what());
   }
@@ -270,8 +265,8 @@ json Guard::ToJson() const {
           {"signal", event_.signal},
           {"onset", event_.onset},
           {"first", event_.first},
-          {"baseline", Num(event_.baseline)},
-          {"peak", Num(event_.peak)},
+          {"baseline", JsonNumber(event_.baseline)},
+          {"peak", JsonNumber(event_.peak)},
           {"consecutive", event_.consecutive},
           {"skipped", event_.skipped},
           {"resume", event_.resume},
@@ -294,8 +289,8 @@ Status Guard::FromJson(const json& j, const std::string& where) {
       event_.signal = ev.at("signal");
       event_.onset = ev.at("onset");
       event_.first = ev.at("first");
-      event_.baseline = NumFrom(ev.at("baseline"));
-      event_.peak = NumFrom(ev.at("peak"));
+      event_.baseline = NumberFromJson(ev.at("baseline"));
+      event_.peak = NumberFromJson(ev.at("peak"));
       event_.consecutive = ev.at("consecutive");
       event_.skipped = ev.at("skipped");
       event_.resume = ev.at("resume");

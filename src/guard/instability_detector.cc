@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/json_number.h"
+
 namespace keel {
 
 const char* AnomalyKindName(AnomalyKind k) {
@@ -99,7 +101,7 @@ nlohmann::json InstabilityDetector::ToJson() const {
   return {{"loss", loss_.ToJson()},
           {"grad_norm", grad_.ToJson()},
           {"recent_loss", recent_.ToJson()},
-          {"best_level", std::isfinite(best_level_) ? nlohmann::json(best_level_) : nullptr},
+          {"best_level", JsonNumber(best_level_)},
           {"best_level_iteration", best_level_iter_}};
 }
 
@@ -110,8 +112,11 @@ Status InstabilityDetector::FromJson(const nlohmann::json& j, const std::string&
       grad_.FromJson(j.value("grad_norm", nlohmann::json()), where + ".grad_norm"));
   KEEL_RETURN_IF_ERROR(
       recent_.FromJson(j.value("recent_loss", nlohmann::json()), where + ".recent_loss"));
-  const auto& b = j.value("best_level", nlohmann::json());
-  best_level_ = b.is_number() ? b.get<double>() : NAN;
+  try {
+    best_level_ = NumberFromJson(j.value("best_level", nlohmann::json()));
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Corruption(where + ".best_level: " + e.what());
+  }
   best_level_iter_ = j.value("best_level_iteration", int64_t{0});
   return Status::OK();
 }

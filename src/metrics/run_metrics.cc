@@ -7,7 +7,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "journal/run_journal.h"
+#include "core/timestamp.h"
 #include "metrics/tf_event.h"
 
 namespace keel {
@@ -21,13 +21,6 @@ double WallTime() {
 int64_t LimitFor(const std::string& tag, const MetricsPosition& at) {
   const std::string axis = TagAxisSuffix(tag);
   return axis == " vs samples" ? at.samples : axis == " vs tokens" ? at.tokens : at.iteration;
-}
-
-std::string Compact(std::string t) {  // 2026-11-23T05:00:00Z -> 20261123T050000Z
-  std::string out;
-  for (char c : t)
-    if (c != '-' && c != ':') out += c;
-  return out;
 }
 
 }  // namespace
@@ -115,8 +108,8 @@ Status RunMetrics::Rewind(const MetricsPosition& at, const std::string& reason,
   if (later == 0) return Status::OK();
 
   // Move the live files aside whole, then write what is kept as the new live files.
-  const std::string name = fmt::format("{}-iter{}-to-iter{}-{}", reason, last_seen, at.iteration,
-                                       Compact(UtcTimestamp()));
+  const std::string name =
+      fmt::format("{}-iter{}-to-iter{}-{}", reason, last_seen, at.iteration, UtcTimestampCompact());
   const std::string arch = JoinPath(JoinPath(dir_, kMetricsArchiveDir), name);
   KEEL_RETURN_IF_ERROR(env_->CreateDirs(arch));
   if (env_->FileExists(jsonl_path))

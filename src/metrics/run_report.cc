@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/json_number.h"
 #include "metrics/run_metrics.h"
 
 namespace keel {
@@ -61,9 +62,7 @@ std::string Inline(const std::string& text) {
 
 // A JSON number, or null for NaN/missing (uPlot draws a gap).
 json Num(const json& r, const char* key) {
-  if (!r.contains(key) || !r[key].is_number()) return nullptr;
-  const double v = r[key].get<double>();
-  return std::isfinite(v) ? json(v) : json(nullptr);
+  return r.contains(key) && r[key].is_number() ? JsonNumber(r[key].get<double>()) : json(nullptr);
 }
 
 // One row of per-dataset loss columns: a dataset first seen now gets a column padded with nulls

@@ -494,4 +494,24 @@ double GptModel::MeanLogZ() {
   return s / N;
 }
 
+GptSpec SpecFromConfig(const TrainConfig& cfg) {
+  GptSpec s;
+  s.num_layers = cfg.num_layers;
+  s.hidden = cfg.hidden_size;
+  s.ffn_hidden = cfg.ffn_hidden_size;
+  s.heads = cfg.num_attention_heads;
+  s.max_positions = cfg.max_position_embeddings;
+  s.vocab = cfg.vocab_size;
+  s.padded_vocab = cfg.padded_vocab_size;
+  s.alibi = cfg.position_embedding_type == PositionEmbedding::kAlibi;
+  s.embed_layernorm = cfg.embed_layernorm;
+  s.layernorm_eps = cfg.layernorm_epsilon;
+  s.qk_layernorm = cfg.qk_layernorm;
+  s.z_loss = static_cast<float>(cfg.z_loss);
+  s.reset_position_ids = cfg.reset_position_ids;
+  s.reset_attention_mask = cfg.reset_attention_mask;
+  s.eod_id = cfg.eod_id;
+  return s;
+}
+
 }  // namespace keel

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "config/train_config.h"
 
 namespace keel {
 
@@ -123,5 +124,8 @@ class GptModel {
 // ALiBi head slopes (Press et al.): geometric sequence 2^(-8/n * (i+1)) for n a power of two,
 // with the interpolation BLOOM uses for other head counts.
 std::vector<float> AlibiSlopes(int heads);
+
+// The model shape a validated config describes.
+GptSpec SpecFromConfig(const TrainConfig& cfg);
 
 }  // namespace keel

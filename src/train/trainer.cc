@@ -6,31 +6,12 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "core/json_number.h"
 #include "core/log.h"
-#include "train/flops.h"
+#include "model/flops.h"
 #include "train/iteration_log.h"
 
 namespace keel {
-
-GptSpec SpecFromConfig(const TrainConfig& cfg) {
-  GptSpec s;
-  s.num_layers = cfg.num_layers;
-  s.hidden = cfg.hidden_size;
-  s.ffn_hidden = cfg.ffn_hidden_size;
-  s.heads = cfg.num_attention_heads;
-  s.max_positions = cfg.max_position_embeddings;
-  s.vocab = cfg.vocab_size;
-  s.padded_vocab = cfg.padded_vocab_size;
-  s.alibi = cfg.position_embedding_type == PositionEmbedding::kAlibi;
-  s.embed_layernorm = cfg.embed_layernorm;
-  s.layernorm_eps = cfg.layernorm_epsilon;
-  s.qk_layernorm = cfg.qk_layernorm;
-  s.z_loss = static_cast<float>(cfg.z_loss);
-  s.reset_position_ids = cfg.reset_position_ids;
-  s.reset_attention_mask = cfg.reset_attention_mask;
-  s.eod_id = cfg.eod_id;
-  return s;
-}
 
 Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, TrainerData data)
     : cfg_(cfg),
@@ -278,15 +259,6 @@ double Trainer::Evaluate(int64_t iters, const SampleFn& samples) {
   return reduced[0] / reduced[1];
 }
 
-namespace {
-
-// JSON has no NaN or Infinity: non-finite values are written as null.
-nlohmann::json Finite(double v) {
-  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-}
-
-}  // namespace
-
 Status Trainer::Run(const RunHooks& hooks) {
   bool in_skip = false;  // the previous iteration of this loop was in a skipped data window
   const TrainCounters& c = state_.counters;
@@ -358,19 +330,19 @@ void Trainer::AccountIteration(const StepResult& r, const RunHooks& hooks) {
         {"iteration_ms", r.step_ms},
         {"learning_rate", r.lr},
         {"global_batch_size", r.global_batch},
-        {"lm_loss", Finite(r.loss)},
+        {"lm_loss", JsonNumber(r.loss)},
         {"loss_scale", 1.0},
-        {"grad_norm", Finite(r.grad_norm)},
+        {"grad_norm", JsonNumber(r.grad_norm)},
         {"num_zeros", r.num_zeros},
         {"skipped", r.skipped},
         {"data_skipped", r.data_skipped},
         {"nan", nonfinite},
-        {"samples_per_second", r.data_skipped ? Finite(NAN) : Finite(r.global_batch / secs)},
-        {"tflops", r.data_skipped ? Finite(NAN) : Finite(flops / secs / 1e12)}};
+        {"samples_per_second", r.data_skipped ? JsonNumber(NAN) : JsonNumber(r.global_batch / secs)},
+        {"tflops", r.data_skipped ? JsonNumber(NAN) : JsonNumber(flops / secs / 1e12)}};
     if (nd > 1 && !r.data_skipped) {
       nlohmann::json per = nlohmann::json::object();
       for (size_t d = 0; d < nd; ++d)
-        per[data_.dataset_names[d]] = {{"lm_loss", Finite(r.dataset_loss[d])},
+        per[data_.dataset_names[d]] = {{"lm_loss", JsonNumber(r.dataset_loss[d])},
                                        {"sequences", r.dataset_sequences[d]}};
       m["datasets"] = per;
     }
@@ -425,8 +397,8 @@ void Trainer::RunEvaluation(const RunHooks& hooks) {
     if (!data_.valid) return;
     const double loss = Evaluate(cfg_.eval_iters);
     hooks.log(FormatValidationLine(c.iteration, loss));
-    m["lm_loss"] = Finite(loss);
-    m["lm_loss_ppl"] = Finite(LossPpl(loss));
+    m["lm_loss"] = JsonNumber(loss);
+    m["lm_loss_ppl"] = JsonNumber(LossPpl(loss));
   } else {
     // Each dataset on its own validation split; the combined loss is their weighted mean, the
     // expected loss of the mixture.
@@ -436,15 +408,15 @@ void Trainer::RunEvaluation(const RunHooks& hooks) {
     for (const ValidationSet& v : data_.valid_sets) {
       const double loss = Evaluate(cfg_.eval_iters, v.samples);
       lines.push_back(FormatValidationLine(c.iteration, loss, v.name));
-      per[v.name] = {{"lm_loss", Finite(loss)}, {"lm_loss_ppl", Finite(LossPpl(loss))}};
+      per[v.name] = {{"lm_loss", JsonNumber(loss)}, {"lm_loss_ppl", JsonNumber(LossPpl(loss))}};
       wsum += v.weight;
       lsum += v.weight * loss;
     }
     const double loss = lsum / wsum;
     hooks.log(FormatValidationLine(c.iteration, loss));
     for (const std::string& l : lines) hooks.log(l);
-    m["lm_loss"] = Finite(loss);
-    m["lm_loss_ppl"] = Finite(LossPpl(loss));
+    m["lm_loss"] = JsonNumber(loss);
+    m["lm_loss_ppl"] = JsonNumber(LossPpl(loss));
     m["datasets"] = per;
   }
   if (hooks.metrics) hooks.metrics(m);

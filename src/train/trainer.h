@@ -169,7 +169,5 @@ class Trainer {
   double last_max_v_ = NAN;         // max of Adam's second moment after the last update
 };
 
-// The model shape a validated config describes.
-GptSpec SpecFromConfig(const TrainConfig& cfg);
 
 }  // namespace keel

@@ -6,12 +6,13 @@
 
 #include "core/log.h"
 #include "core/stop_signal.h"
+#include "core/timestamp.h"
 #include "data/blended_dataset.h"
 #include "data/default_corpus.h"
 #include "data/prepare.h"
 #include "journal/run_journal.h"
 #include "model/generate.h"
-#include "train/flops.h"
+#include "model/flops.h"
 
 namespace keel {
 
@@ -316,15 +317,22 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
                                                   rollback ? "rolled back by hand" : "resumed",
                                                   saved->dir, saved->train.counters.iteration));
   // Metrics: metrics.jsonl and TensorBoard files, rewound to where this run continues.
-  KEEL_RETURN_IF_ERROR(RunMetrics::Open(env_, cfg_.save, &metrics_));
   std::string archived;
   const TrainCounters& c = trainer_->state().counters;
-  KEEL_RETURN_IF_ERROR(metrics_->Rewind({c.iteration, c.consumed_samples, c.consumed_tokens},
-                                        rollback ? "rollback"
-                                        : saved  ? "resume"
-                                                 : "restart",
-                                        &archived));
-  if (!archived.empty())
+  Status st = RunMetrics::Open(env_, cfg_.save, &metrics_);
+  if (st.ok())
+    st = metrics_->Rewind({c.iteration, c.consumed_samples, c.consumed_tokens},
+                          rollback ? "rollback"
+                          : saved  ? "resume"
+                                   : "restart",
+                          &archived);
+  if (!st.ok()) {
+    // Metrics must never stop a run: this process trains without them and says so.
+    Warn("metrics: {}; this process trains without metrics.jsonl and TensorBoard files (they are "
+         "left as they were)",
+         st.message());
+    KEEL_RETURN_IF_ERROR(RunMetrics::Open(env_, "", &metrics_));
+  } else if (!archived.empty())
     Log("metrics: the records after iteration {} were moved to {}; metrics.jsonl and "
         "tensorboard/ continue from iteration {}",
         c.iteration, archived, c.iteration);

@@ -89,6 +89,71 @@ TEST(CkptCmdTest, VerifyNamesEachKindOfTampering) {
   fs::remove_all(d);
 }
 
+TEST(CkptCmdTest, VerifyFailsACheckpointCopiedUnderAnotherIteration) {
+  const std::string d = Trained("stray");
+  fs::copy(d + "/iter_0000002", d + "/iter_0000009", fs::copy_options::recursive);
+  Result r = Keel("ckpt verify " + d);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("FAILED " + d +
+                       "/iter_0000009: its manifest says iteration 2 but the directory is named "
+                       "iter_0000009 (iteration 9): this directory is a copy of iter_0000002, or "
+                       "was renamed; move it out of the run directory"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("ok " + d + "/iter_0000006: iteration 6"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 of 4 checkpoints verified"), std::string::npos) << r.out;
+  r = Keel("ckpt verify " + d + "/iter_0000009");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("manifest says iteration 2"), std::string::npos) << r.out;
+  // The tools that read a run's newest checkpoint pass over it, saying why.
+  r = Keel("ckpt inspect " + d + " counters.iteration");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("counters.iteration = 6\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("iter_0000009 is unusable"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d + "/iter_0000009"));  // a read-only tool moves nothing
+  fs::remove_all(d + "/iter_0000009");
+
+  // state.json and manifest that disagree (each file intact per the manifest) fail deep
+  // verification too.
+  const std::string c = d + "/iter_0000004";
+  std::string state = ReadFile(c + "/state.json");
+  // The counters' iteration, which a resume loads (state.json repeats it at the top level).
+  const std::string was = "\"iteration\": 4", now = "\"iteration\": 5";
+  const size_t at = state.find(was, state.find("\"counters\""));
+  ASSERT_NE(at, std::string::npos) << state;
+  state.replace(at, was.size(), now);
+  ASSERT_TRUE(keel::WriteFileAtomic(keel::Env::Default(), c + "/state.json", state).ok());
+  keel::Manifest m;
+  ASSERT_TRUE(keel::ReadManifest(keel::Env::Default(), c, &m).ok());
+  for (keel::ManifestEntry& e : m.files)
+    if (e.name == "state.json")
+      e.size = state.size(), e.xxh3 = keel::Xxh3(state.data(), state.size());
+  ASSERT_TRUE(keel::WriteFileAtomic(keel::Env::Default(), c + "/manifest.json", m.ToJson()).ok());
+  ASSERT_TRUE(keel::VerifyCheckpointDir(keel::Env::Default(), c, true, nullptr).ok());
+  r = Keel("ckpt verify " + c);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(c + "/state.json says iteration 5 but the manifest says 4"),
+            std::string::npos)
+      << r.out;
+  fs::remove_all(d);
+}
+
+TEST(CkptCmdTest, HelpListsEveryToolIncludingExport) {
+  Result r = Keel("ckpt --help");
+  EXPECT_EQ(r.code, 0) << r.out;
+  const size_t subcommands = r.out.find("Subcommands:");
+  ASSERT_NE(subcommands, std::string::npos) << r.out;
+  for (const char* tool : {"list", "inspect", "verify", "diff", "edit", "pin", "unpin", "export"})
+    EXPECT_NE(r.out.find(std::string("\n  ") + tool + " ", subcommands), std::string::npos)
+        << tool << "\n"
+        << r.out;
+  EXPECT_NE(r.out.find("Hugging Face GPT-2"), std::string::npos) << r.out;
+  // And `export` still reaches its own parser.
+  r = Keel("ckpt export --help");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--hf"), std::string::npos) << r.out;
+}
+
 TEST(CkptCmdTest, InspectPrintsValuesAndTensorSummariesByName) {
   const std::string d = Trained("inspect");
   Result r = Keel("ckpt inspect " + d +

@@ -94,7 +94,7 @@ TEST(CliTest, TrainsOnDefaultCorpusSavesAndSamples) {
 
 TEST(CliTest, SampleFromMissingRunNamesTheFile) {
   Result r = RunKeel("sample --load /nonexistent/run");
-  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.code, 2);  // a usage error: the path the user gave holds no checkpoint
   EXPECT_NE(r.out.find("/nonexistent/run holds no checkpoint"), std::string::npos) << r.out;
 }
 

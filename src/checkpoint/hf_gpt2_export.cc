@@ -1,11 +1,10 @@
-#include "train/hf_gpt2_export.h"
+#include "checkpoint/hf_gpt2_export.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <string>
 
-#include "checkpoint/manifest.h"
 #include "checkpoint/train_checkpoint.h"
 #include "data/tokenizer.h"
 
@@ -69,26 +68,6 @@ Status Gpt2TokenizerFiles(Env* env, const std::string& assets_dir, int vocab, in
   out->emplace_back("merges.txt", std::move(merges));
   out->emplace_back("tokenizer_config.json", config.dump(2) + "\n");
   out->emplace_back("special_tokens_map.json", special.dump(2) + "\n");
-  return Status::OK();
-}
-
-// The iter_N directory `path` names: itself, or a run directory's newest valid checkpoint.
-Status ResolveCheckpointDir(Env* env, const std::string& path, const CheckpointStore::Logger& log,
-                            std::string* dir) {
-  if (env->FileExists(JoinPath(path, kManifestFile))) {
-    KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, path, /*check_contents=*/true, nullptr));
-    *dir = path;
-    return Status::OK();
-  }
-  CheckpointStore store(env, path, log);
-  CheckpointInfo info;
-  Status st = store.FindNewestValid(/*move_aside_rejected=*/false, &info);
-  if (st.code() == Status::Code::kNotFound)
-    return Status::InvalidArgument(path +
-                                   " holds no checkpoint: pass a run directory written by `keel "
-                                   "train --save DIR` or one of its iter_NNNNNNN directories");
-  KEEL_RETURN_IF_ERROR(st);
-  *dir = info.path;
   return Status::OK();
 }
 
@@ -227,7 +206,8 @@ Status ExportHfGpt2(Env* env, const std::string& checkpoint_path, const std::str
                                    " exists (an interrupted export?); remove it and run again");
 
   std::string dir;
-  KEEL_RETURN_IF_ERROR(ResolveCheckpointDir(env, checkpoint_path, log, &dir));
+  KEEL_RETURN_IF_ERROR(
+      ResolveCheckpointDir(env, checkpoint_path, log, NamedCheckpoint::kVerify, &dir));
   report->checkpoint_dir = dir;
   SavedTrainState saved;
   KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &saved));
@@ -249,15 +229,13 @@ Status ExportHfGpt2(Env* env, const std::string& checkpoint_path, const std::str
 
   // Weights, read in place from the mapped file.
   const std::string wpath = JoinPath(dir, "model.safetensors");
-  std::unique_ptr<ReadOnlyRegion> region;
-  KEEL_RETURN_IF_ERROR(env->MapReadOnly(wpath, &region));
-  std::map<std::string, TensorRef> refs;
-  KEEL_RETURN_IF_ERROR(ParseSafetensors(region->data(), region->size(), wpath, &refs, nullptr));
+  MappedSafetensors weights;
+  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, wpath, &weights));
   std::map<std::string, TensorView> keel;
-  for (const auto& [name, r] : refs) {
-    if (r.dtype != "F32")
-      return Status::Corruption(wpath + ": tensor '" + name + "' is " + r.dtype + ", not F32");
-    keel[name] = {name, r.shape, reinterpret_cast<const float*>(r.data)};
+  for (const auto& [name, r] : weights.tensors()) {
+    const float* data = nullptr;
+    KEEL_RETURN_IF_ERROR(weights.GetF32(name, r.shape, &data));  // F32 and aligned
+    keel[name] = {name, r.shape, data};
   }
   std::vector<std::vector<float>> storage;
   std::vector<TensorView> hf;

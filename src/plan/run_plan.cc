@@ -1,4 +1,4 @@
-#include "train/run_plan.h"
+#include "plan/run_plan.h"
 
 #include <fmt/format.h>
 
@@ -7,8 +7,7 @@
 
 #include "model/gpt.h"
 #include "optim/batch_rampup.h"
-#include "train/flops.h"
-#include "train/trainer.h"
+#include "model/flops.h"
 
 namespace keel {
 namespace {

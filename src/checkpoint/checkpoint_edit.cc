@@ -1,9 +1,8 @@
-#include "train/checkpoint_edit.h"
+#include "checkpoint/checkpoint_edit.h"
 
 #include <fmt/format.h>
 
 #include <cmath>
-#include <ctime>
 #include <map>
 #include <set>
 
@@ -11,6 +10,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
+#include "core/timestamp.h"
 
 namespace keel {
 namespace {
@@ -56,15 +56,6 @@ std::string RefusalReason(const std::string& key) {
   return "only scheduler and optimizer settings can be edited (lr, min-lr, lr-decay-style, "
          "lr-warmup-samples/-iters, lr-decay-samples/-iters, adam-beta1, adam-beta2, adam-eps, "
          "weight-decay, clip-grad); give other settings on the resume command line";
-}
-
-std::string UtcNow() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 // The TOML literal for `value` of `key`: as given when it parses (numbers), else quoted (strings
@@ -176,7 +167,7 @@ Status EditCheckpoint(Env* env, const std::string& dir, const CheckpointEditRequ
     change_list.push_back({{"key", c.key}, {"old", c.old_value}, {"new", c.new_value}});
   if (!s.contains("history") || !s["history"].is_array()) s["history"] = ojson::array();
   s["history"].push_back({{"event", "edit"},
-                          {"at", request.at.empty() ? UtcNow() : request.at},
+                          {"at", request.at.empty() ? UtcTimestamp() : request.at},
                           {"changes", change_list},
                           {"reason", request.reason}});
   std::map<std::string, std::string> replaced = {{"state.json", s.dump(2) + "\n"}};

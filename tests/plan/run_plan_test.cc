@@ -1,4 +1,4 @@
-#include "train/run_plan.h"
+#include "plan/run_plan.h"
 
 #include <gtest/gtest.h>
 
