@@ -238,7 +238,10 @@ Status RunMetrics::Append(const nlohmann::json& r) {
     return WriteScalar(samples, tag + " vs samples", v, wall);
   };
   if (train) {
-    if (!r.value("data_skipped", false)) {
+    // An iteration of a skipped data window trained nothing: no loss, grad norm or throughput
+    // (whatever a record carries for its near-zero time), so TensorBoard draws a gap too.
+    const bool data_skipped = r.value("data_skipped", false);
+    if (!data_skipped) {
       KEEL_RETURN_IF_ERROR(both("lm-loss-training/lm loss", num(r, "lm_loss")));
       KEEL_RETURN_IF_ERROR(WriteScalar(r.value("consumed_tokens", int64_t{0}),
                                        "lm-loss-training/lm loss vs tokens", num(r, "lm_loss"),
@@ -250,9 +253,11 @@ Status RunMetrics::Append(const nlohmann::json& r) {
     KEEL_RETURN_IF_ERROR(both("batch-size/batch-size", num(r, "global_batch_size")));
     KEEL_RETURN_IF_ERROR(both("loss-scale/loss-scale", num(r, "loss_scale")));
     KEEL_RETURN_IF_ERROR(both("iteration-time/iteration-time", num(r, "iteration_ms") / 1000.0));
-    KEEL_RETURN_IF_ERROR(
-        WriteScalar(it, "throughput/samples per second", num(r, "samples_per_second"), wall));
-    KEEL_RETURN_IF_ERROR(WriteScalar(it, "throughput/TFLOPs", num(r, "tflops"), wall));
+    if (!data_skipped) {
+      KEEL_RETURN_IF_ERROR(
+          WriteScalar(it, "throughput/samples per second", num(r, "samples_per_second"), wall));
+      KEEL_RETURN_IF_ERROR(WriteScalar(it, "throughput/TFLOPs", num(r, "tflops"), wall));
+    }
     if (r.contains("datasets"))
       for (const auto& [name, d] : r["datasets"].items())
         KEEL_RETURN_IF_ERROR(both("lm-loss-training/" + name + " lm loss", num(d, "lm_loss")));

@@ -221,6 +221,35 @@ TEST_F(RunMetricsTest, RewindSkipsLinesThatAreNotRecords) {
   EXPECT_EQ(JsonlIterations(dir_ + "/metrics.jsonl"), (std::vector<int64_t>{1, 2, 3, 4}));
 }
 
+// Iterations of a skipped data window are gaps in TensorBoard as in the report: no loss, grad
+// norm or throughput point, even where an older record carries a throughput for them.
+TEST_F(RunMetricsTest, SkippedWindowIterationsAreGapsInTensorBoard) {
+  std::unique_ptr<RunMetrics> m;
+  ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, &m).ok());
+  for (int64_t it = 1; it <= 6; ++it) {
+    nlohmann::json r = Train(it);
+    if (it == 3 || it == 4) {
+      r["data_skipped"] = true;
+      r["lm_loss"] = nullptr;
+      r["grad_norm"] = nullptr;
+      if (it == 3) {
+        r["samples_per_second"] = nullptr;
+        r["tflops"] = nullptr;
+      } else {
+        r["samples_per_second"] = 1.2e7;  // what records used to carry
+        r["tflops"] = 5e4;
+      }
+    }
+    ASSERT_TRUE(m->Append(r).ok());
+  }
+  auto ev = Events(dir_ + "/tensorboard");
+  const std::vector<int64_t> trained = {1, 2, 5, 6}, all = {1, 2, 3, 4, 5, 6};
+  for (const char* tag : {"lm-loss-training/lm loss", "grad-norm/grad-norm",
+                          "throughput/samples per second", "throughput/TFLOPs"})
+    EXPECT_EQ(ev[tag], trained) << tag;
+  EXPECT_EQ(ev["learning-rate/learning-rate"], all);
+}
+
 // A dataset named by a path that is not UTF-8 (Latin-1 "café") must not throw out of the metrics
 // stream (nlohmann's dump would): it is written with U+FFFD.
 TEST_F(RunMetricsTest, ANameThatIsNotUtf8IsWrittenNotThrown) {
