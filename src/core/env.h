@@ -55,6 +55,9 @@ class Env {
   virtual Status SyncDir(const std::string& dir) = 0;  // fsync a directory after a rename
 
   virtual uint64_t NowMicros() = 0;  // monotonic
+  // Wall-clock time in microseconds since the Unix epoch, for names and stamps people read
+  // (archive directories); durations use NowMicros. Tests fix it to force name collisions.
+  virtual int64_t NowUnixMicros();
   virtual void SleepForMicros(uint64_t micros) = 0;
 };
 

@@ -284,6 +284,12 @@ Env* Env::Default() {
   return &env;
 }
 
+int64_t Env::NowUnixMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 std::string AssetsDir() {
   const char* v = std::getenv("KEEL_ASSETS_DIR");
   return v != nullptr && v[0] != '\0' ? v : KEEL_ASSETS_DIR;

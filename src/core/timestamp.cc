@@ -14,11 +14,15 @@ std::string UtcTimestamp() {
   return UtcTimestamp(std::time(nullptr));
 }
 
-std::string UtcTimestampCompact() {
+std::string UtcTimestampCompact(std::time_t t) {
   std::string out;
-  for (char c : UtcTimestamp())
+  for (char c : UtcTimestamp(t))
     if (c != '-' && c != ':') out += c;
   return out;
+}
+
+std::string UtcTimestampCompact() {
+  return UtcTimestampCompact(std::time(nullptr));
 }
 
 }  // namespace keel

@@ -12,6 +12,7 @@ std::string UtcTimestamp(std::time_t t);
 // The current time, as above.
 std::string UtcTimestamp();
 // The current time as 20261122T100000Z: the same, without '-' and ':', for file names.
+std::string UtcTimestampCompact(std::time_t t);
 std::string UtcTimestampCompact();
 
 }  // namespace keel
