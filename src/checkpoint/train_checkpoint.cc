@@ -181,7 +181,7 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
                     {"dataset_loss_sum", ojson::array()},
                     {"dataset_sequences", iv.dataset_sequences}}}};
   for (double v : iv.dataset_loss_sum)
-    s["metrics"]["interval"]["dataset_loss_sum"].push_back(JsonNumber(v));
+    s["metrics"]["interval"]["dataset_loss_sum"].push_back(ojson(JsonNumber(v)));
   s["guard"] = guard_state;
   s["model"] = SpecToJson(model.spec());
   s["tokenizer"] = {{"kind", run.meta.tokenizer},

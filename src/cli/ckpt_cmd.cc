@@ -128,7 +128,8 @@ Status DeepVerify(Env* env, const std::string& dir, std::string* summary) {
   KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, dir, true, &manifest));
   SavedTrainState s;
   KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &s));
-  for (int64_t said : {s.state.value("iteration", s.counters.iteration), s.counters.iteration})
+  for (int64_t said :
+       {s.state.value("iteration", s.train.counters.iteration), s.train.counters.iteration})
     if (said != manifest.iteration)
       return Status::Corruption(fmt::format(
           "{}/state.json says iteration {} but the manifest says {}: the checkpoint's files do "

@@ -161,8 +161,9 @@ Status RunMetrics::DoRewind(const MetricsPosition& at, const std::string& reason
   }
   // The name says what happened; the sequence number keeps names unique when two rewinds to the
   // same iteration fall in the same second (a crash loop).
-  const std::string base = fmt::format("{}-iter{}-to-iter{}-{}", reason, last_seen, at.iteration,
-                                       UtcTimestampCompact(static_cast<std::time_t>(env_->NowUnixMicros() / 1000000)));
+  const std::string base =
+      fmt::format("{}-iter{}-to-iter{}-{}", reason, last_seen, at.iteration,
+                  UtcTimestampCompact(static_cast<std::time_t>(env_->NowUnixMicros() / 1000000)));
   std::string name = fmt::format("{}-{}", base, seq);
   while (env_->FileExists(JoinPath(root, name))) name = fmt::format("{}-{}", base, ++seq);
   const std::string arch = JoinPath(root, name);

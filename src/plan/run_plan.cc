@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <numeric>
 
+#include "model/flops.h"
 #include "model/gpt.h"
 #include "optim/batch_rampup.h"
-#include "model/flops.h"
 
 namespace keel {
 namespace {

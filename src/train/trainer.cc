@@ -337,7 +337,8 @@ void Trainer::AccountIteration(const StepResult& r, const RunHooks& hooks) {
         {"skipped", r.skipped},
         {"data_skipped", r.data_skipped},
         {"nan", nonfinite},
-        {"samples_per_second", r.data_skipped ? JsonNumber(NAN) : JsonNumber(r.global_batch / secs)},
+        {"samples_per_second",
+         r.data_skipped ? JsonNumber(NAN) : JsonNumber(r.global_batch / secs)},
         {"tflops", r.data_skipped ? JsonNumber(NAN) : JsonNumber(flops / secs / 1e12)}};
     if (nd > 1 && !r.data_skipped) {
       nlohmann::json per = nlohmann::json::object();

@@ -169,5 +169,4 @@ class Trainer {
   double last_max_v_ = NAN;         // max of Adam's second moment after the last update
 };
 
-
 }  // namespace keel

@@ -11,8 +11,8 @@
 #include "data/default_corpus.h"
 #include "data/prepare.h"
 #include "journal/run_journal.h"
-#include "model/generate.h"
 #include "model/flops.h"
+#include "model/generate.h"
 
 namespace keel {
 
@@ -328,9 +328,10 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
                           &archived);
   if (!st.ok()) {
     // Metrics must never stop a run: this process trains without them and says so.
-    Warn("metrics: {}; this process trains without metrics.jsonl and TensorBoard files (they are "
-         "left as they were)",
-         st.message());
+    Warn(
+        "metrics: {}; this process trains without metrics.jsonl and TensorBoard files (they are "
+        "left as they were)",
+        st.message());
     KEEL_RETURN_IF_ERROR(RunMetrics::Open(env_, "", &metrics_));
   } else if (!archived.empty())
     Log("metrics: the records after iteration {} were moved to {}; metrics.jsonl and "
