@@ -8,6 +8,7 @@
 
 #include "checkpoint/checkpoint_rewrite.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/resume.h"
 #include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
 #include "core/timestamp.h"
@@ -35,22 +36,11 @@ const std::set<std::string>& EditableKeys() {
 
 // Why a config key other than the editable ones is refused.
 std::string RefusalReason(const std::string& key) {
-  static const std::set<std::string> shape = {"num-layers",
-                                              "hidden-size",
-                                              "ffn-hidden-size",
-                                              "num-attention-heads",
-                                              "seq-length",
-                                              "max-position-embeddings",
-                                              "position-embedding-type",
-                                              "embed-layernorm",
-                                              "make-vocab-size-divisible-by",
-                                              "layernorm-epsilon"};
-  static const std::set<std::string> data_order = {
-      "seed", "data-path", "split", "tokenizer", "reset-position-ids", "reset-attention-mask"};
-  if (shape.count(key))
+  const ConfigChange::Kind kind = ResumeKindOfKey(key);
+  if (kind == ConfigChange::Kind::kShape)
     return "it is part of the model shape, which is fixed by the saved weights and can never be "
            "edited";
-  if (data_order.count(key))
+  if (kind == ConfigChange::Kind::kDataOrder)
     return "it changes the data order; give the new value when resuming, with "
            "--override-data-order";
   return "only scheduler and optimizer settings can be edited (lr, min-lr, lr-decay-style, "

@@ -104,47 +104,55 @@ Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStor
   return Status::OK();
 }
 
+namespace {
+
+const std::set<std::string> kShapeKeys = {"num-layers",
+                                          "hidden-size",
+                                          "ffn-hidden-size",
+                                          "num-attention-heads",
+                                          "seq-length",
+                                          "max-position-embeddings",
+                                          "position-embedding-type",
+                                          "embed-layernorm",
+                                          "make-vocab-size-divisible-by",
+                                          "layernorm-epsilon",
+                                          "qk-layernorm"};
+const std::set<std::string> kSchedulerKeys = {
+    "lr",           "min-lr",    "lr-decay-style",    "adam-beta1",        "adam-beta2", "adam-eps",
+    "weight-decay", "clip-grad", "global-batch-size", "rampup-batch-size", "z-loss"};
+// Warmup and decay lengths are compared in samples (below), whichever form set them.
+const std::set<std::string> kScheduleLengthKeys = {"lr-warmup-samples", "lr-warmup-iters",
+                                                   "lr-decay-samples", "lr-decay-iters"};
+const std::set<std::string> kDataOrderKeys = {
+    "seed", "data-path", "split", "tokenizer", "reset-position-ids", "reset-attention-mask"};
+// Settings that only steer this process (where to save, when to stop, how to resume).
+const std::set<std::string> kOperationalKeys = {"save",
+                                                "load",
+                                                "override-scheduler",
+                                                "override-data-order",
+                                                "lr-scale-on-resume",
+                                                "init-method",
+                                                "init-method-std"};
+
+}  // namespace
+
+ConfigChange::Kind ResumeKindOfKey(const std::string& key) {
+  using K = ConfigChange::Kind;
+  if (kShapeKeys.count(key)) return K::kShape;
+  if (kSchedulerKeys.count(key) || kScheduleLengthKeys.count(key)) return K::kScheduler;
+  if (kDataOrderKeys.count(key)) return K::kDataOrder;
+  return K::kFree;
+}
+
 std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const TrainConfig& now) {
   using K = ConfigChange::Kind;
-  static const std::set<std::string> shape = {"num-layers",
-                                              "hidden-size",
-                                              "ffn-hidden-size",
-                                              "num-attention-heads",
-                                              "seq-length",
-                                              "max-position-embeddings",
-                                              "position-embedding-type",
-                                              "embed-layernorm",
-                                              "make-vocab-size-divisible-by",
-                                              "layernorm-epsilon",
-                                              "qk-layernorm"};
-  static const std::set<std::string> scheduler = {
-      "lr",       "min-lr",       "lr-decay-style", "adam-beta1",        "adam-beta2",
-      "adam-eps", "weight-decay", "clip-grad",      "global-batch-size", "rampup-batch-size",
-      "z-loss"};
-  // Warmup and decay lengths are compared in samples (below), whichever form set them.
-  static const std::set<std::string> schedule_lengths = {"lr-warmup-samples", "lr-warmup-iters",
-                                                         "lr-decay-samples", "lr-decay-iters"};
-  static const std::set<std::string> data_order = {
-      "seed", "data-path", "split", "tokenizer", "reset-position-ids", "reset-attention-mask"};
-  // Settings that only steer this process (where to save, when to stop, how to resume).
-  static const std::set<std::string> operational = {"save",
-                                                    "load",
-                                                    "override-scheduler",
-                                                    "override-data-order",
-                                                    "lr-scale-on-resume",
-                                                    "init-method",
-                                                    "init-method-std"};
   std::vector<ConfigChange> out;
   const auto a = ConfigValues(saved), b = ConfigValues(now);
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
     const std::string& key = a[i].first;
-    if (a[i].second == b[i].second || schedule_lengths.count(key) || operational.count(key))
+    if (a[i].second == b[i].second || kScheduleLengthKeys.count(key) || kOperationalKeys.count(key))
       continue;
-    K kind = shape.count(key)        ? K::kShape
-             : scheduler.count(key)  ? K::kScheduler
-             : data_order.count(key) ? K::kDataOrder
-                                     : K::kFree;
-    out.push_back({kind, key, a[i].second, b[i].second});
+    out.push_back({ResumeKindOfKey(key), key, a[i].second, b[i].second});
   }
   const LrSchedule sa = LrSchedule::FromConfig(saved), sb = LrSchedule::FromConfig(now);
   if (sa.warmup_samples() != sb.warmup_samples())

@@ -27,6 +27,9 @@ struct ConfigChange {
   std::string key, old_value, new_value;
 };
 std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const TrainConfig& now);
+// The kind of change a config key makes on resume (warmup and decay lengths are kScheduler;
+// settings that only steer the process, like --save, are kFree).
+ConfigChange::Kind ResumeKindOfKey(const std::string& key);
 
 // Applies the resume rules to `changes`: an error with the full diff and the accepting flag when
 // a change needs a flag that was not given; otherwise `accepted` lists the changes a flag

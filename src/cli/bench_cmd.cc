@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/log.h"
@@ -97,10 +98,7 @@ int BenchCommand(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (Status st = ValidateThreads(threads); !st.ok()) {
-    LogError("error: " + st.message());
-    return 2;
-  }
+  if (Status st = ValidateThreads(threads); !st.ok()) return Fail(st);
   if (checkpoint) return BenchCheckpoint(ckpt_dir, repeats, threads);
   if (guard) return BenchGuard(iters, warmup, threads);
   if (data) return BenchData(ckpt_dir, data_gb, repeats, seq);

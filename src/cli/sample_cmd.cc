@@ -36,10 +36,7 @@ int SampleCommand(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (Status st = ValidateThreads(threads); !st.ok()) {
-    LogError("error: " + st.message());
-    return 2;
-  }
+  if (Status st = ValidateThreads(threads); !st.ok()) return Fail(st);
   Env* env = Env::Default();
   auto backend = MakeCpuBackend(threads);
   LoadedModel run;
