@@ -50,30 +50,33 @@ Status FindCheckpoint(Env* env, const TrainConfig& cfg, const CheckpointStore::L
     out->saved = std::move(saved);
     return Status::OK();
   }
-  const std::string load_dir = cfg.load.empty() ? cfg.save : cfg.load;
-  if (load_dir.empty()) return Status::OK();  // no --save, no --load: a fresh, unsaved run
-  if (!cfg.load.empty() && cfg.load != cfg.save && !cfg.save.empty()) {
-    CheckpointStore save_store(env, cfg.save, nullptr);
-    std::vector<CheckpointInfo> existing;
-    if (save_store.List(&existing).ok() && !existing.empty())
-      return Status::InvalidArgument(
-          "--save " + cfg.save +
-          " already holds checkpoints of a run and --load names another directory (" + cfg.load +
-          "): drop --load to continue the run in --save, give --load one of --save's own "
-          "iter_NNNNNNN directories to roll back to it, or pass a new --save directory");
-  }
-  if (!cfg.load.empty() && env->FileExists(JoinPath(cfg.load, kManifestFile))) {
+  if (!cfg.load.empty() && cfg.load != cfg.save) {
+    // Another run's newest valid checkpoint, or one of its iter_N directories.
+    if (!cfg.save.empty()) {
+      CheckpointStore save_store(env, cfg.save, nullptr);
+      std::vector<CheckpointInfo> existing;
+      if (save_store.List(&existing).ok() && !existing.empty())
+        return Status::InvalidArgument(
+            "--save " + cfg.save +
+            " already holds checkpoints of a run and --load names another directory (" + cfg.load +
+            "): drop --load to continue the run in --save, give --load one of --save's own "
+            "iter_NNNNNNN directories to roll back to it, or pass a new --save directory");
+    }
+    std::string dir;
+    KEEL_RETURN_IF_ERROR(ResolveCheckpointDir(env, cfg.load, log, NamedCheckpoint::kVerify, &dir));
     auto saved = std::make_unique<SavedTrainState>();
-    KEEL_RETURN_IF_ERROR(ReadVerifiedCheckpoint(env, cfg.load, saved.get()));
+    KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, saved.get()));
     out->kind = Kind::kLoad;
     out->saved = std::move(saved);
     return Status::OK();
   }
-  CheckpointStore store(env, load_dir, log);
-  const bool own = load_dir == cfg.save;
-  if (own) KEEL_RETURN_IF_ERROR(store.Recover());
+  if (cfg.save.empty()) return Status::OK();  // no --save, no --load: a fresh, unsaved run
+  // The run's own --save: leftovers of interrupted saves go, checkpoints that fail verification
+  // are set aside (so the run can save their iterations again), the newest valid one is used.
+  CheckpointStore store(env, cfg.save, log);
+  KEEL_RETURN_IF_ERROR(store.Recover());
   CheckpointInfo info;
-  Status st = store.FindNewestValid(/*move_aside_rejected=*/own, &info);
+  Status st = store.FindNewestValid(/*move_aside_rejected=*/true, &info);
   if (st.code() == Status::Code::kNotFound) {
     if (!cfg.load.empty())
       return Status::InvalidArgument("--load " + cfg.load +
@@ -86,7 +89,7 @@ Status FindCheckpoint(Env* env, const TrainConfig& cfg, const CheckpointStore::L
         st.message() + "\nfix or move the broken checkpoints, or pass a new --save directory");
   auto saved = std::make_unique<SavedTrainState>();
   KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, info.path, saved.get()));
-  out->kind = own ? Kind::kResume : Kind::kLoad;
+  out->kind = Kind::kResume;
   out->saved = std::move(saved);
   return Status::OK();
 }
