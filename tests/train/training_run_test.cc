@@ -21,12 +21,12 @@ using datatest::WriteTextFile;
 
 // One small SentencePiece dataset for every test of this file.
 const std::string& DatasetPrefix() {
-  static TempDir* dir = new TempDir();  // outlives the tests; removed with the temp dir
+  static TempDir dir;  // removed, with the dataset, when the test process exits
   static const std::string prefix = [] {
     PrepareOptions options;
-    options.inputs.push_back(dir->Join("corpus.txt"));
+    options.inputs.push_back(dir.Join("corpus.txt"));
     WriteTextFile(options.inputs.back(), GeneratedCorpus(400, 7));
-    options.output_prefix = dir->Join("data/corpus");
+    options.output_prefix = dir.Join("data/corpus");
     options.tokenizer = "sentencepiece";
     options.vocab_size = 300;
     PrepareStats stats;
