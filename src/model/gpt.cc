@@ -291,12 +291,12 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   const float* wte = next();
   const float* wpe = spec_.alibi ? nullptr : next();
   if (spec_.embed_layernorm) {
-    be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C, positions);
+    be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
     const float* w = next();
     const float* b = next();
     be->LayerNormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, N, C, spec_.layernorm_eps);
   } else {
-    be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C, positions);
+    be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
   }
   for (int l = 0; l < spec_.num_layers; ++l) {
     Activations::Layer& y = a.layers[l];
@@ -436,7 +436,7 @@ void GptModel::Backward() {
     demb = a.demb;
   }
   if (!spec_.alibi) prev(&dwpe);
-  be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C, positions_);
+  be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C, spec_.padded_vocab, positions_);
 }
 
 void GptModel::ZeroGrad() {
