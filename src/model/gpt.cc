@@ -128,6 +128,22 @@ GptModel::~GptModel() {
   if (alibi_slopes_) backend_->Free(alibi_slopes_);
 }
 
+NonFiniteParams FindNonFiniteParams(GptModel& model) {
+  NonFiniteParams r;
+  Backend* be = model.backend();
+  r.count = be->CountNonFinite(model.param_data(), model.num_params());
+  if (r.count == 0) return r;
+  for (const ParamInfo& p : model.params()) {
+    const size_t n = be->CountNonFinite(model.param_data() + p.offset, p.numel);
+    if (n > 0) {
+      r.first_tensor = p.name;
+      r.in_first_tensor = n;
+      break;
+    }
+  }
+  return r;
+}
+
 const ParamInfo* GptModel::FindParam(const std::string& name) const {
   for (const ParamInfo& p : params_)
     if (p.name == name) return &p;

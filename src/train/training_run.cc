@@ -440,7 +440,14 @@ Status TrainingRun::Train(Outcome* outcome) {
       if (!data_error_) throw;
       return StopOnDataError(e.status());
     }
-    KEEL_RETURN_IF_ERROR(st);
+    // The loop stops with an error only when an update left non-finite weights: that state is
+    // never saved, so the newest checkpoint is where the run can go on from.
+    if (!st.ok())
+      return Status::Corruption(
+          fmt::format("{}; {}. {} with a smaller --lr", st.message(), LastCheckpointText(),
+                      store_ ? "Resume from it (or from an older one with --load " +
+                                   JoinPath(cfg_.save, "iter_N") + ")"
+                             : std::string("Train again")));
     if (guard_->stopped()) {
       // The state is not healthy: no final checkpoint of it; the pinned ones remain.
       LogError("error: " + guard_->stop_message());

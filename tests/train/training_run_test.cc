@@ -2,7 +2,8 @@
 // a library resumes to the bits of one that never stopped; --load SAVE/iter_N rolls back through
 // the same RollbackTo as the guard and replays to the same bits; the kill switch, the test hooks
 // and the counters behave as the CLI documents. A token outside the vocabulary stops the run with
-// its dataset, document and position and keeps the last completed iteration.
+// its dataset, document and position and keeps the last completed iteration; an update that
+// leaves non-finite weights stops it without saving them.
 #include "train/training_run.h"
 
 #include <fmt/format.h>
@@ -261,6 +262,35 @@ TEST(TrainingRunTest, ValidationTokenOutsideTheVocabularyIsCaughtToo) {
            "Iteration 10, the last completed, was saved in " + c.save})
     EXPECT_NE(m.find(want), std::string::npos) << want << "\n" << m;
   EXPECT_TRUE(fs::exists(dir.Join("run/iter_0000010")));
+}
+
+TEST(TrainingRunTest, AnUpdateThatLeavesNonFiniteWeightsStopsTheRunUnsaved) {
+  TempDir dir;
+  TrainConfig c = Tiny(dir.Join("run"));
+  c.exit_interval = 3;  // a first process saves iteration 3 and stops
+  ASSERT_TRUE(OpenAndTrain(c).status.ok());
+  c.exit_interval = 0;
+  // The reopened run continues at an LR scale no config would pass (as a hand-edited state
+  // could): its first update drives the weights to Inf and NaN.
+  auto comm = MakeSingleProcessCommunicator();
+  std::unique_ptr<TrainingRun> run;
+  ASSERT_TRUE(TrainingRun::Open(c, {Env::Default(), comm.get(), nullptr}, &run).ok());
+  TrainState s = run->trainer().state();
+  ASSERT_EQ(s.counters.iteration, 3);
+  s.lr_scale = 1e308;
+  run->trainer().Restore(s);
+  TrainingRun::Outcome outcome;
+  const Status st = run->Train(&outcome);
+  ASSERT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+  for (const std::string& want : std::vector<std::string>{
+           "iteration 4: the update at learning rate", std::string("NaN or Inf"),
+           std::string("embedding.word_embeddings.weight"), std::string("without saving"),
+           "the last checkpoint is " + dir.Join("run/iter_0000003"), std::string("smaller --lr")})
+    EXPECT_NE(st.message().find(want), std::string::npos) << want << "\n" << st.message();
+  EXPECT_FALSE(fs::exists(dir.Join("run/iter_0000004")));
+  EXPECT_EQ(datatest::ReadTextFile(dir.Join("run/latest_checkpointed_iteration.txt")), "3\n");
+  // And a checkpoint holding such weights is never continued from (nor sampled, nor exported:
+  // tests/cli/hostile_input_cli_test.cc).
 }
 
 }  // namespace
