@@ -1,6 +1,6 @@
-// EditCheckpoint (src/checkpoint/checkpoint_edit.h): what an edit changes and records, what it refuses,
-// and that a crash at every filesystem mutation of an edit leaves either the whole old checkpoint
-// or the whole edited one, which verifies after CheckpointStore::Recover().
+// EditCheckpoint (src/checkpoint/checkpoint_edit.h): what an edit changes and records, what it
+// refuses, and that a crash at every filesystem mutation of an edit leaves either the whole old
+// checkpoint or the whole edited one, which verifies after CheckpointStore::Recover().
 #include "checkpoint/checkpoint_edit.h"
 
 #include <gtest/gtest.h>
