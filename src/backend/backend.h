@@ -47,12 +47,17 @@ class Backend {
   // ---- embeddings -------------------------------------------------------------------------
   // out[b,t,:] = wte[tokens[b,t],:] + (wpe ? wpe[pos(b,t),:] : 0)   out (N,C), tokens (N)
   // pos(b,t) = positions[b,t] if positions (N) is given (ids restarted per document), else t.
+  // wte has V rows (the padded vocabulary). A token outside [0, V) throws KeelError (Internal)
+  // before anything is read or written: the training loop checks its inputs first, so only a
+  // caller that skipped that check gets here, and it gets an error, never a wild memory access.
   virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* wte,
-                                const float* wpe, int B, int T, int C,
+                                const float* wpe, int B, int T, int C, int V,
                                 const int32_t* positions = nullptr) = 0;
   // dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[pos(b,t),:] += dout[b,t,:] (dwpe may be null)
+  // dwte has V rows; tokens are checked as in EmbeddingForward.
   virtual void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                                 int B, int T, int C, const int32_t* positions = nullptr) = 0;
+                                 int B, int T, int C, int V,
+                                 const int32_t* positions = nullptr) = 0;
 
   // ---- layer norm ---------------------------------------------------------------------------
   // y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), var biased.   x,y (N,C); mean,rstd (N)

@@ -139,6 +139,7 @@ Status EditCheckpoint(Env* env, const std::string& dir, const CheckpointEditRequ
     config_text.replace(value_at, line_end - value_at, literal);
     changes.push_back({"config." + key, old_literal, literal});
   }
+  double lr = saved.config.lr;  // of the resumed run
   if (!sets.empty()) {
     // The edited config must load and pass every rule, as it will on resume.
     TrainConfig cfg;
@@ -150,7 +151,14 @@ Status EditCheckpoint(Env* env, const std::string& dir, const CheckpointEditRequ
     }
     if (!st.ok()) return Status::InvalidArgument("the edit is invalid: " + st.message());
     s["config_hash"] = HexDigest(ConfigHash(cfg));
+    lr = cfg.lr;
   }
+  if (request.scale_lr && !(lr * saved.train.lr_scale * *request.scale_lr <= kMaxLearningRate))
+    return Status::InvalidArgument(fmt::format(
+        "--scale-lr {} would make the resumed run's learning rate {:g} (lr {:g} x LR scale {:g} "
+        "x {}), above {}, the largest keel trains at; use a smaller factor",
+        *request.scale_lr, lr * saved.train.lr_scale * *request.scale_lr, lr, saved.train.lr_scale,
+        *request.scale_lr, kMaxLearningRate));
 
   ojson change_list = ojson::array();
   for (const CheckpointEditChange& c : changes)

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <string>
 
 #include "checkpoint/train_checkpoint.h"
@@ -242,6 +243,24 @@ Status ExportHfGpt2(Env* env, const std::string& checkpoint_path, const std::str
   Status st = ConvertToHfGpt2(spec, keel, &storage, &hf);
   if (!st.ok()) return Status::Corruption(wpath + ": " + st.message());
   report->num_tensors = hf.size();
+  // A diverged checkpoint's NaN/Inf weights would load in transformers without a word.
+  NonFiniteParams nf;
+  for (const ParamInfo& p : GptModel::ParamLayout(spec)) {
+    auto it = keel.find(p.name);
+    if (it == keel.end()) continue;
+    int64_t numel = 1;
+    for (int64_t d : it->second.shape) numel *= d;
+    size_t n = 0;
+    for (int64_t i = 0; i < numel; ++i) n += !std::isfinite(it->second.data[i]);
+    if (n > 0 && nf.count == 0) {
+      nf.first_tensor = p.name;
+      nf.in_first_tensor = n;
+    }
+    nf.count += n;
+  }
+  if (nf.count > 0)
+    return NonFiniteWeightsError(dir, nf, "export",
+                                 "`keel ckpt export RUN/iter_N --hf " + out + "` exports one");
 
   // Everything but the weights, as bytes.
   std::vector<std::pair<std::string, std::string>> files;

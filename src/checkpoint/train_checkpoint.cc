@@ -300,6 +300,19 @@ Status LoadParams(Env* env, const std::string& path, const std::vector<ParamInfo
 
 }  // namespace
 
+Status NonFiniteWeightsError(const std::string& dir, const NonFiniteParams& nf,
+                             const std::string& refused, const std::string& instead) {
+  const size_t slash = dir.find_last_of('/');
+  const std::string run = slash == std::string::npos ? "." : dir.substr(0, slash);
+  std::string command = instead;
+  if (const size_t at = command.find("RUN/"); at != std::string::npos) command.replace(at, 3, run);
+  return Status::Corruption(fmt::format(
+      "refusing to {} {}: its weights hold {} NaN or Inf values ({} in {}, the first tensor "
+      "holding one), so it was saved after its run diverged. Use an older checkpoint: `keel ckpt "
+      "list {}` lists them; then {}",
+      refused, dir, nf.count, nf.in_first_tensor, nf.first_tensor, run, command));
+}
+
 Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* model,
                              AdamW* optimizer) {
   if (SpecToJson(saved.spec) != SpecToJson(model->spec()))
@@ -309,6 +322,9 @@ Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* m
   Backend* be = model->backend();
   KEEL_RETURN_IF_ERROR(LoadParams(env, JoinPath(saved.dir, "model.safetensors"), model->params(),
                                   {{"", model->param_data()}}, be));
+  if (const NonFiniteParams nf = FindNonFiniteParams(*model); nf.count > 0)
+    return NonFiniteWeightsError(saved.dir, nf, "continue training from",
+                                 "`keel train ... --load RUN/iter_N` continues from one");
   return LoadParams(env, JoinPath(saved.dir, "optimizer.safetensors"), model->params(),
                     {{"exp_avg.", optimizer->exp_avg()}, {"exp_avg_sq.", optimizer->exp_avg_sq()}},
                     be);
@@ -323,6 +339,9 @@ Status LoadModelFromCheckpoint(Env* env, const std::string& path, Backend* backe
   out->model = std::make_unique<GptModel>(backend, out->saved.spec);
   KEEL_RETURN_IF_ERROR(LoadParams(env, JoinPath(dir, "model.safetensors"), out->model->params(),
                                   {{"", out->model->param_data()}}, backend));
+  if (const NonFiniteParams nf = FindNonFiniteParams(*out->model); nf.count > 0)
+    return NonFiniteWeightsError(dir, nf, "load",
+                                 "`keel sample --load RUN/iter_N` samples from one");
   const json& t = out->saved.state.at("tokenizer");
   DatasetMeta meta;
   meta.tokenizer = t.value("kind", "");

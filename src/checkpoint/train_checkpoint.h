@@ -79,14 +79,23 @@ Status ReadVerifiedCheckpoint(Env* env, const std::string& dir, SavedTrainState*
 nlohmann::json SpecToJson(const GptSpec& s);
 Status SpecFromJson(const nlohmann::json& j, const std::string& where, GptSpec* out);
 
+// The refusal of checkpoint `dir` whose weights hold NaN or Inf (`nf`): saved after its run
+// diverged (by a keel that did not yet stop such runs), it must never be trained on, sampled or
+// exported silently. `refused` says what was refused ("load"), `instead` the command to run on
+// an older checkpoint, where RUN/ stands for `dir`'s run directory. Corruption: exit 1.
+Status NonFiniteWeightsError(const std::string& dir, const NonFiniteParams& nf,
+                             const std::string& refused, const std::string& instead);
+
 // Loads the weights and Adam moments of `saved`'s directory into `model` and `optimizer` (the
 // TrainState, saved.train, is the caller's to restore). Every tensor must be present with the
-// model's exact name, shape and dtype, and nothing else may be there.
+// model's exact name, shape and dtype, and nothing else may be there; weights holding NaN or Inf
+// are refused (NonFiniteWeightsError).
 Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* model,
                              AdamW* optimizer);
 
 // For `keel sample` and tools: the model (weights only) and tokenizer of a checkpoint directory.
 // `path` is a checkpoint directory or a run directory (its newest valid checkpoint is used).
+// Weights holding NaN or Inf are refused (NonFiniteWeightsError).
 struct LoadedModel {
   std::string checkpoint_dir;
   SavedTrainState saved;

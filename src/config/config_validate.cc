@@ -378,6 +378,13 @@ Status ValidateSchedule(TrainConfig* c, std::vector<std::string>* notes) {
   if (!(c->lr > 0)) {
     return Invalid(fmt::format("--lr {} must be positive; try --lr 1e-3", c->lr));
   }
+  if (!(c->lr <= kMaxLearningRate)) {
+    return Invalid(fmt::format(
+        "--lr {} is above {}: AdamW moves every weight by about the learning rate per step, so "
+        "this only drives the weights to infinity; GPT-style models train at 1e-4 to 1e-3, try "
+        "--lr 1e-3",
+        c->lr, kMaxLearningRate));
+  }
   if (!(c->min_lr >= 0 && c->min_lr <= c->lr)) {
     return Invalid(fmt::format(
         "--min-lr {} must be between 0 and --lr {}: decay goes down to it; try --min-lr {}",
@@ -432,6 +439,12 @@ Status ValidateOptimizerAndRun(TrainConfig* c) {
         {"lr-scale-on-resume", c->lr_scale_on_resume}}) {
     if (!(v >= 0))
       return Invalid(fmt::format("--{} {} must not be negative; use 0 to disable it", flag, v));
+  }
+  if (!(c->lr * c->lr_scale_on_resume <= kMaxLearningRate)) {
+    return Invalid(fmt::format(
+        "--lr-scale-on-resume {} times --lr {} is above {}, the largest learning rate keel "
+        "accepts; use a scale of at most {:g}",
+        c->lr_scale_on_resume, c->lr, kMaxLearningRate, kMaxLearningRate / c->lr));
   }
   if (c->save.empty()) {
     if (!c->kill_switch_path.empty())

@@ -21,6 +21,11 @@ enum class GuardLevel { kOff, kObserve, kAct };
 // `keel sample --tokens` share this cap.
 inline constexpr int kMaxSampleTokens = 100000;
 
+// The largest learning rate keel accepts (--lr, and --lr times an LR scale). AdamW moves every
+// weight by about the LR per step, so rates far above 1 only destroy the model; 10 leaves room
+// for any deliberate experiment (GPT-2 small trains at 6e-4).
+inline constexpr double kMaxLearningRate = 10;
+
 struct TrainConfig {
   // ---- model ----
   int num_layers = 4;

@@ -128,6 +128,22 @@ GptModel::~GptModel() {
   if (alibi_slopes_) backend_->Free(alibi_slopes_);
 }
 
+NonFiniteParams FindNonFiniteParams(GptModel& model) {
+  NonFiniteParams r;
+  Backend* be = model.backend();
+  r.count = be->CountNonFinite(model.param_data(), model.num_params());
+  if (r.count == 0) return r;
+  for (const ParamInfo& p : model.params()) {
+    const size_t n = be->CountNonFinite(model.param_data() + p.offset, p.numel);
+    if (n > 0) {
+      r.first_tensor = p.name;
+      r.in_first_tensor = n;
+      break;
+    }
+  }
+  return r;
+}
+
 const ParamInfo* GptModel::FindParam(const std::string& name) const {
   for (const ParamInfo& p : params_)
     if (p.name == name) return &p;
@@ -291,12 +307,12 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   const float* wte = next();
   const float* wpe = spec_.alibi ? nullptr : next();
   if (spec_.embed_layernorm) {
-    be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C, positions);
+    be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
     const float* w = next();
     const float* b = next();
     be->LayerNormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, N, C, spec_.layernorm_eps);
   } else {
-    be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C, positions);
+    be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
   }
   for (int l = 0; l < spec_.num_layers; ++l) {
     Activations::Layer& y = a.layers[l];
@@ -436,7 +452,7 @@ void GptModel::Backward() {
     demb = a.demb;
   }
   if (!spec_.alibi) prev(&dwpe);
-  be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C, positions_);
+  be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C, spec_.padded_vocab, positions_);
 }
 
 void GptModel::ZeroGrad() {

@@ -121,6 +121,15 @@ class GptModel {
   bool has_targets_ = false;
 };
 
+// The NaN and Inf values among a model's parameters: how many, and the first tensor (in buffer
+// order) holding one, with its count. One pass over the buffer when there are none.
+struct NonFiniteParams {
+  size_t count = 0;
+  std::string first_tensor;
+  size_t in_first_tensor = 0;
+};
+NonFiniteParams FindNonFiniteParams(GptModel& model);
+
 // ALiBi head slopes (Press et al.): geometric sequence 2^(-8/n * (i+1)) for n a power of two,
 // with the interpolation BLOOM uses for other head counts.
 std::vector<float> AlibiSlopes(int heads);

@@ -205,15 +205,13 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
     return;
   }
   ClipGradients(backend_, model_->grad_data(), model_->num_params(), gs.norm, cfg_.clip_grad);
-  if (gate_) {
-    // The guard's signals, measured inside the update's own pass over memory.
-    Backend::AdamWStats st;
-    optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r->lr, &st);
-    last_update_ratio_ = std::sqrt(st.update_sq / std::max(st.param_sq, 1e-30));
-    last_max_v_ = st.max_v;
-  } else {
-    optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r->lr);
-  }
+  // Measured inside the update's own pass over memory: the guard's signals, and the weights'
+  // squared norm, non-finite exactly when a weight is (or its square overflows).
+  Backend::AdamWStats st;
+  optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r->lr, &st);
+  last_update_ratio_ = std::sqrt(st.update_sq / std::max(st.param_sq, 1e-30));
+  last_max_v_ = st.max_v;
+  r->weights_nonfinite = !std::isfinite(st.param_sq);
   state_.optimizer_step = optimizer_->step();
 }
 
@@ -264,6 +262,21 @@ Status Trainer::Run(const RunHooks& hooks) {
   const TrainCounters& c = state_.counters;
   while (c.iteration < total_iters_) {
     const StepResult r = TrainStep();
+    if (r.weights_nonfinite) {
+      // Never trained on, evaluated or saved: the caller names the checkpoint to go back to.
+      const NonFiniteParams nf = FindNonFiniteParams(*model_);
+      return Status::Corruption(
+          nf.count > 0
+              ? fmt::format("iteration {}: the update at learning rate {:.3E} left {} of {} "
+                            "weights NaN or Inf ({} in {}, the first tensor holding one); the "
+                            "run stops without saving this state",
+                            c.iteration, r.lr, nf.count, model_->num_params(), nf.in_first_tensor,
+                            nf.first_tensor)
+              : fmt::format("iteration {}: the update at learning rate {:.3E} left weights so "
+                            "large (beyond about 1e17) that their squares overflow fp32; the run "
+                            "stops without saving this state",
+                            c.iteration, r.lr));
+    }
     if (r.data_skipped && !in_skip) {
       int64_t last = c.iteration;
       while (last < total_iters_ && IsSkipped(last + 1)) ++last;

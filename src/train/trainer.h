@@ -47,6 +47,8 @@ struct StepResult {
   std::vector<int64_t> dataset_sequences;  // per dataset: sequences in this batch
   bool skipped = false;       // no update applied (non-finite, or the guard skipped it)
   bool data_skipped = false;  // in a skipped data window: nothing was computed
+  // The update left NaN/Inf weights (or weights whose squares overflow): the run must stop.
+  bool weights_nonfinite = false;
   GuardSignals signals;
   double step_ms = 0;
 };
@@ -106,6 +108,7 @@ class Trainer {
   double Evaluate(int64_t iters, const SampleFn& samples);
   // The whole run from the current state: iterations until the configured length, the Megatron
   // iteration line every log-interval, validation every eval-interval; lines go to hooks.log.
+  // Corruption, at once and with nothing more called, when an update leaves non-finite weights.
   Status Run(const RunHooks& hooks);
 
   // Everything but the tensors, as a value; Restore puts one back (a resume, a rollback, the

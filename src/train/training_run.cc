@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "checkpoint/manifest.h"
 #include "core/log.h"
 #include "core/stop_signal.h"
 #include "core/timestamp.h"
@@ -212,8 +213,7 @@ TrainerData TrainingRun::MakeTrainerData() {
   if (data_->NumDatasets() == 1) {
     if (data_->source(0).valid)
       td.valid = [this](int64_t index, int32_t* tokens) {
-        data_->GetValidSample(0, index, tokens);
-        return 0;
+        return ReadValidSample(0, index, tokens);
       };
     return td;
   }
@@ -221,12 +221,38 @@ TrainerData TrainingRun::MakeTrainerData() {
   for (int d = 0; d < data_->NumDatasets(); ++d) {
     if (!data_->source(d).valid) continue;
     td.valid_sets.push_back(
-        {data_->source(d).name, data_->source(d).weight, [this, d](int64_t index, int32_t* tokens) {
-           data_->GetValidSample(d, index, tokens);
-           return d;
-         }});
+        {data_->source(d).name, data_->source(d).weight,
+         [this, d](int64_t index, int32_t* tokens) { return ReadValidSample(d, index, tokens); }});
   }
   return td;
+}
+
+int TrainingRun::ReadValidSample(int d, int64_t index, int32_t* tokens) {
+  CheckTokens(data_->GetValidSample(d, index, tokens), tokens, /*train=*/false, index);
+  return d;
+}
+
+void TrainingRun::CheckTokens(const SampleOrigin& o, const int32_t* tokens, bool train,
+                              int64_t index) {
+  // Against the tokenizer's vocabulary, not the padded one: an id in the padding would train a
+  // row the output never predicts. One unsigned compare per token also catches negative ids.
+  const uint32_t vocab = static_cast<uint32_t>(cfg_.vocab_size);
+  int bad = -1;
+  for (int t = 0; t <= cfg_.seq_length && bad < 0; ++t)
+    if (static_cast<uint32_t>(tokens[t]) >= vocab) bad = t;
+  if (bad < 0) return;
+  const TokenLocation l = data_->Locate(o, bad);
+  const int64_t it = trainer_->state().counters.iteration;
+  data_error_ = true;
+  throw KeelError(Status::InvalidArgument(fmt::format(
+      "dataset {} (--data-path {}{}): token {} of document {} is id {}, outside the vocabulary "
+      "[0, {}) of its tokenizer ({}); it was read as {} sample {} {} {}. The data was prepared "
+      "with another tokenizer, or is corrupt: `keel data verify {}` lists every such id; prepare "
+      "it again with the tokenizer it is meant for (`keel data prepare --tokenizer ...`)",
+      l.name, l.prefix, l.sharded ? ", shard " + l.shard : "", l.token, l.document, tokens[bad],
+      cfg_.vocab_size, meta_.tokenizer.empty() ? "unknown" : meta_.tokenizer,
+      train ? "training" : "validation", index,
+      train ? "of iteration" : "of the evaluation after iteration", train ? it + 1 : it, l.shard)));
 }
 
 int TrainingRun::ReadTrainSample(int64_t index, int32_t* tokens) {
@@ -242,6 +268,7 @@ int TrainingRun::ReadTrainSample(int64_t index, int32_t* tokens) {
     last_salt_ = state.data_salt;
   }
   const SampleOrigin o = prefetcher_->Get(index, state.data_salt, tokens);
+  CheckTokens(o, tokens, /*train=*/true, index);
   int64_t& seen = last_epoch_[static_cast<size_t>(o.dataset)];
   if (o.epoch != seen) {
     const TrainData::Source& src = data_->source(o.dataset);
@@ -406,7 +433,21 @@ Status TrainingRun::Train(Outcome* outcome) {
         metrics_failed = true;
       }
     };
-    KEEL_RETURN_IF_ERROR(trainer_->Run(hooks));
+    Status st;
+    try {
+      st = trainer_->Run(hooks);
+    } catch (const KeelError& e) {
+      if (!data_error_) throw;
+      return StopOnDataError(e.status());
+    }
+    // The loop stops with an error only when an update left non-finite weights: that state is
+    // never saved, so the newest checkpoint is where the run can go on from.
+    if (!st.ok())
+      return Status::Corruption(
+          fmt::format("{}; {}. {} with a smaller --lr", st.message(), LastCheckpointText(),
+                      store_ ? "Resume from it (or from an older one with --load " +
+                                   JoinPath(cfg_.save, "iter_N") + ")"
+                             : std::string("Train again")));
     if (guard_->stopped()) {
       // The state is not healthy: no final checkpoint of it; the pinned ones remain.
       LogError("error: " + guard_->stop_message());
@@ -438,6 +479,38 @@ Status TrainingRun::Train(Outcome* outcome) {
   if (store_)
     Log("checkpoints are in {} (sample with `keel sample --load {}`)", cfg_.save, cfg_.save);
   return PrintSample();
+}
+
+Status TrainingRun::StopOnDataError(const Status& error) {
+  // The bad sample stopped its iteration before the update: the weights and the TrainState are
+  // those of the last completed iteration, so that much progress is kept.
+  const int64_t it = trainer_->state().counters.iteration;
+  const char* resume = ": the same command resumes from it once the data is fixed";
+  std::string kept;
+  if (!store_) {
+    kept = "No --save: nothing was saved";
+  } else if (it == 0) {
+    kept = "No iteration completed: nothing to save";
+  } else if (ckpt_->last_saved_iteration() == it) {
+    kept = fmt::format("Iteration {}, the last completed, is saved in {}{}", it, cfg_.save, resume);
+  } else if (Status st = ckpt_->SaveNow("bad data"); st.ok()) {
+    kept =
+        fmt::format("Iteration {}, the last completed, was saved in {}{}", it, cfg_.save, resume);
+  } else {
+    kept =
+        fmt::format("Saving iteration {} failed: {}; {}", it, st.message(), LastCheckpointText());
+  }
+  Log("state fingerprint: {:016x}", trainer_->StateFingerprint());
+  return Status::InvalidArgument(error.message() + ". " + kept);
+}
+
+std::string TrainingRun::LastCheckpointText() {
+  int64_t marker = -1;
+  if (!store_) return "no --save was given, so there is no checkpoint";
+  if (!store_->ReadMarker(&marker).ok())
+    return fmt::format("{} holds no checkpoint of this run", cfg_.save);
+  return fmt::format("the last checkpoint is {} (iteration {}; `keel ckpt list {}` lists all)",
+                     JoinPath(cfg_.save, CheckpointDirName(marker)), marker, cfg_.save);
 }
 
 Status TrainingRun::PrintSample() {

@@ -72,6 +72,16 @@ class TrainingRun {
   void LogData();
   TrainerData MakeTrainerData();
   int ReadTrainSample(int64_t index, int32_t* tokens);
+  int ReadValidSample(int d, int64_t index, int32_t* tokens);
+  // Throws KeelError(InvalidArgument) naming the dataset, document and token when a token of
+  // sample `index` (origin `o`) lies outside the vocabulary: the one check every sample passes
+  // before the model sees it.
+  void CheckTokens(const SampleOrigin& o, const int32_t* tokens, bool train, int64_t index);
+  // After a bad sample stopped an iteration: keeps the last completed iteration (a checkpoint
+  // with --save) and returns `error` with what was kept.
+  Status StopOnDataError(const Status& error);
+  // Where the newest checkpoint is, for an error that stops the run.
+  std::string LastCheckpointText();
   void LogSkippedSampleRanges();
   Status StartFromResumePoint();
   Status OpenJournalMetricsAndGuard();
@@ -82,6 +92,7 @@ class TrainingRun {
   Communicator* comm_;
   const TestHooks* test_hooks_;
   bool not_started_ = false;  // the kill switch was there at start
+  bool data_error_ = false;   // CheckTokens threw: a sample held a token outside the vocabulary
 
   std::unique_ptr<TrainData> data_;
   std::string prefix_;  // the dataset whose tokenizer is the run's

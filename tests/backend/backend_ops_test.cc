@@ -233,7 +233,7 @@ TEST_P(BackendOpsTest, Embedding) {
     Floats wte(be(), hwte), wpe(be(), hwpe);
     float* wpe_p = with_wpe ? wpe.data() : nullptr;
     Floats out(be(), B * T * C);
-    be_->EmbeddingForward(out.data(), tokens.data(), wte.data(), wpe_p, B, T, C);
+    be_->EmbeddingForward(out.data(), tokens.data(), wte.data(), wpe_p, B, T, C, V);
     std::vector<float> want(B * T * C);
     for (int bt = 0; bt < B * T; bt++) {
       for (int c = 0; c < C; c++) {
@@ -244,9 +244,9 @@ TEST_P(BackendOpsTest, Embedding) {
     const std::vector<float> r = RandomVec(B * T * C, -1, 1, 5);
     Floats dout(be(), r), dwte(be(), V * C), dwpe(be(), T * C);
     be_->EmbeddingBackward(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(),
-                           tokens.data(), B, T, C);
+                           tokens.data(), B, T, C, V);
     auto loss = [&] {
-      be_->EmbeddingForward(out.data(), tokens.data(), wte.data(), wpe_p, B, T, C);
+      be_->EmbeddingForward(out.data(), tokens.data(), wte.data(), wpe_p, B, T, C, V);
       return Weighted(out, r);
     };
     ExpectGradMatchesFiniteDiff("dwte", wte, dwte.vec(), loss, 1e-2f, Tol(2e-3));
@@ -258,9 +258,31 @@ TEST_P(BackendOpsTest, Embedding) {
     // Accumulation: a second backward doubles the gradients.
     const std::vector<float> dwte1 = dwte.vec(), dwpe1 = dwpe.vec();
     be_->EmbeddingBackward(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(),
-                           tokens.data(), B, T, C);
+                           tokens.data(), B, T, C, V);
     ExpectDoubled(dwte1, dwte.vec(), Tol(1e-6), "dwte");
     if (with_wpe) ExpectDoubled(dwpe1, dwpe.vec(), Tol(1e-6), "dwpe");
+  }
+}
+
+// A token outside the table (a huge id, one just past it, a negative one) is an error raised
+// before any row is read or written: never a wild access, never a partly updated gradient.
+TEST_P(BackendOpsTest, EmbeddingRefusesTokensOutsideTheTable) {
+  const int B = 1, T = 4, C = 8, V = 7;
+  Floats wte(be(), RandomVec(V * C, -1, 1, 3)), wpe(be(), RandomVec(T * C, -1, 1, 4));
+  for (int32_t id : {2000000000, V, -1}) {
+    SCOPED_TRACE(id);
+    Ints tokens(be(), std::vector<int32_t>{1, 2, id, 3});
+    const std::vector<float> before = RandomVec(B * T * C, -1, 1, 5);
+    Floats out(be(), before), dwte(be(), V * C), dwpe(be(), T * C), dout(be(), before);
+    EXPECT_THROW(
+        be_->EmbeddingForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V),
+        KeelError);
+    EXPECT_EQ(out.vec(), before);
+    EXPECT_THROW(
+        be_->EmbeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, V),
+        KeelError);
+    EXPECT_EQ(dwte.vec(), std::vector<float>(V * C, 0.0f));
+    EXPECT_EQ(dwpe.vec(), std::vector<float>(T * C, 0.0f));
   }
 }
 
@@ -777,8 +799,8 @@ TEST_P(BackendOpsTest, Deterministic) {
       all.insert(all.end(), h.begin(), h.end());
     };
     Floats emb(k, N * C), dwte(k, V * C), dwpe(k, T * C);
-    k->EmbeddingForward(emb.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-    k->EmbeddingBackward(dwte.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C);
+    k->EmbeddingForward(emb.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
+    k->EmbeddingBackward(dwte.data(), dwpe.data(), dy.data(), tokens.data(), B, T, C, V);
     Floats ln(k, N * C), mean(k, N), rstd(k, N), dx(k, N * C), dw(k, C), db(k, C);
     k->LayerNormForward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
                         1e-5f);
@@ -818,7 +840,7 @@ TEST_P(BackendOpsTest, Deterministic) {
     auto grads = [&](Backend* k) {
       Ints tokens(k, tok);
       Floats dy(k, hdy), a(k, V * C), p(k, T * C);
-      k->EmbeddingBackward(a.data(), p.data(), dy.data(), tokens.data(), B, T, C);
+      k->EmbeddingBackward(a.data(), p.data(), dy.data(), tokens.data(), B, T, C, V);
       return std::make_pair(a.vec(), p.vec());
     };
     const auto g2 = grads(be()), g1 = grads(one.get());

@@ -143,6 +143,16 @@ TEST_F(CheckpointEditTest, RefusalsLeaveTheCheckpointUntouched) {
   EXPECT_EQ(edit({}, 0.5, "").code(), Status::Code::kInvalidArgument);  // no reason
   EXPECT_EQ(edit({}, -2.0, "x").code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(edit({}, 0.0, "x").code(), Status::Code::kInvalidArgument);
+  // A factor that would resume above the largest learning rate training accepts (10).
+  st = edit({}, 1e308, "x");
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("--scale-lr 1e+308 would make"), std::string::npos) << st.message();
+  st = edit({"lr=1e-3"}, 2e4, "x");  // the edited lr counts: 1e-3 x 2e4 = 20
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("above 10"), std::string::npos) << st.message();
+  st = edit({"lr=20"}, std::nullopt, "x");
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("--lr 20 is above 10"), std::string::npos) << st.message();
   EXPECT_EQ(edit({}, std::nullopt, "x").code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(ReadFile(Ckpt() + "/state.json"), before);
 

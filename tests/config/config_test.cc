@@ -495,6 +495,10 @@ TEST(ConfigTest, EveryValidationRuleNamesTheFlagAndAFix) {
         "try --lr-warmup-samples 800"}},
       {{"--lr-warmup-iters", "-1"}, {"--lr-warmup-iters -1", "negative"}},
       {{"--lr", "0"}, {"--lr 0 must be positive", "try --lr"}},
+      {{"--lr", "1e308"}, {"--lr 1e+308 is above 10", "try --lr 1e-3"}},
+      {{"--lr", "10.5"}, {"--lr 10.5 is above 10"}},
+      {{"--lr-scale-on-resume", "1e308"},
+       {"--lr-scale-on-resume 1e+308 times --lr 0.002 is above 10", "at most 5000"}},
       {{"--min-lr", "0.01"}, {"--min-lr 0.01 must be between 0 and --lr 0.002", "try --min-lr"}},
       {{"--min-lr", "-1e-5"}, {"--min-lr -1e-05", "try --min-lr"}},
       {{"--adam-beta1", "1"}, {"--adam-beta1 1 must be in [0, 1)", "try --adam-beta1 0.9"}},
@@ -528,6 +532,12 @@ TEST(ConfigTest, EveryValidationRuleNamesTheFlagAndAFix) {
 }
 
 // ---- impossible settings: refused up front, never a crash or a hang at run time ----
+
+TEST(ConfigTest, LearningRatesUpToTheBoundAreAccepted) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--lr", "10", "--min-lr", "10"}, &p).ok());
+  ASSERT_TRUE(Parse({"--lr", "1e-3", "--lr-scale-on-resume", "1e4"}, &p).ok());  // LR 10
+}
 
 TEST(ConfigTest, ThreadsAreBoundedByTheMachine) {
   const int max = MaxThreads();

@@ -1,15 +1,21 @@
 // TrainingRun in-process (train/training_run.h): a run opened, trained, stopped and reopened as
 // a library resumes to the bits of one that never stopped; --load SAVE/iter_N rolls back through
 // the same RollbackTo as the guard and replays to the same bits; the kill switch, the test hooks
-// and the counters behave as the CLI documents.
+// and the counters behave as the CLI documents. A token outside the vocabulary stops the run with
+// its dataset, document and position and keeps the last completed iteration; an update that
+// leaves non-finite weights stops it without saving them.
 #include "train/training_run.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "../data/data_test_util.h"
+#include "data/indexed_dataset.h"
 #include "data/prepare.h"
+#include "data/train_data.h"
 
 namespace keel {
 namespace {
@@ -180,6 +186,111 @@ TEST(TrainingRunTest, SkippedDataWindowsAreNotNan) {
   EXPECT_EQ(r.state.counters.data_skipped_iterations, 5);
   EXPECT_EQ(r.state.counters.nan_iterations, 0);
   EXPECT_EQ(r.state.optimizer_step, 15);
+}
+
+// A dataset of `docs` documents of 39 tokens and an EOD each (so token p of the stream is token
+// p % 40 of document p / 40), gpt2 metadata with vocabulary 512; token `bad_at` of the stream is
+// `bad_id` when bad_at >= 0. int32 on disk, so any id fits.
+std::string WriteFixedDataset(const std::string& prefix, int docs, int64_t bad_at = -1,
+                              int32_t bad_id = 0) {
+  IndexedDatasetWriter w(Env::Default(), prefix, std::numeric_limits<int32_t>::max());
+  EXPECT_TRUE(w.Open().ok());
+  for (int d = 0; d < docs; ++d) {
+    std::vector<int32_t> doc(40, 0);
+    for (int i = 0; i < 39; ++i) doc[i] = 1 + (d * 7 + i * 13) % 500;
+    if (bad_at >= 0 && bad_at / 40 == d) doc[bad_at % 40] = bad_id;
+    EXPECT_TRUE(w.AddDocument(doc).ok());
+  }
+  EXPECT_TRUE(w.Finish({"gpt2", "", 512, 0}).ok());
+  return prefix;
+}
+
+// The stream position of token `offset` of training sample `k` of config `c`'s run.
+int64_t TrainTokenPosition(const TrainConfig& c, int64_t k, int offset) {
+  std::unique_ptr<TrainData> td;
+  Status st =
+      TrainData::Open(Env::Default(), {{1.0, c.data_path[0]}}, c.split, c.seq_length, c.seed, &td);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  std::vector<int32_t> t(static_cast<size_t>(c.seq_length + 1));
+  return td->GetTrainSample(k, 0, t.data()).first_token + offset;
+}
+
+TEST(TrainingRunTest, TokenOutsideTheVocabularyStopsTheRunNamingItAndKeepsTheProgress) {
+  TempDir dir;
+  TrainConfig c = Tiny(dir.Join("run"));
+  c.data_path = {WriteFixedDataset(dir.Join("data"), 60)};
+  c.save_interval = 100;  // the only checkpoint is the one the data error saves
+  c.eval_interval = 100;
+  // Token 5 of the 3rd sample of iteration 4 (global batch 4) becomes 2000000000.
+  const int64_t p = TrainTokenPosition(c, 3 * 4 + 2, 5);
+  WriteFixedDataset(dir.Join("data"), 60, p, 2000000000);
+  const RunResult r = OpenAndTrain(c);
+  ASSERT_EQ(r.status.code(), Status::Code::kInvalidArgument) << r.status.ToString();
+  const std::string& m = r.status.message();
+  for (const std::string& want : std::vector<std::string>{
+           fmt::format("token {} of document {} is id 2000000000", p % 40, p / 40),
+           "outside the vocabulary [0, 512)", "--data-path " + dir.Join("data"),
+           "training sample 14 of iteration 4", "keel data verify " + dir.Join("data"),
+           "keel data prepare", "Iteration 3, the last completed, was saved in " + c.save})
+    EXPECT_NE(m.find(want), std::string::npos) << want << "\n" << m;
+  EXPECT_EQ(r.state.counters.iteration, 3);
+  EXPECT_TRUE(fs::exists(dir.Join("run/iter_0000003")));
+  EXPECT_FALSE(fs::exists(dir.Join("run/iter_0000004")));
+
+  // Once the data is fixed, the same run resumes from the kept iteration and finishes.
+  WriteFixedDataset(dir.Join("data"), 60);
+  const RunResult fixed = OpenAndTrain(c);
+  ASSERT_TRUE(fixed.status.ok()) << fixed.status.ToString();
+  EXPECT_EQ(fixed.resumed, ResumePoint::Kind::kResume);
+  EXPECT_EQ(fixed.start_iteration, 3);
+  EXPECT_EQ(fixed.state.counters.iteration, 20);
+}
+
+TEST(TrainingRunTest, ValidationTokenOutsideTheVocabularyIsCaughtToo) {
+  TempDir dir;
+  TrainConfig c = Tiny(dir.Join("run"));
+  c.save_interval = 100;
+  // 60 documents split 969,30,1: the validation split is documents 58 and 59, read whole by an
+  // evaluation (global batch 4 x 16 tokens); the first id past the vocabulary in document 59.
+  c.data_path = {WriteFixedDataset(dir.Join("data"), 60, 59 * 40 + 3, 512)};
+  const RunResult r = OpenAndTrain(c);
+  ASSERT_EQ(r.status.code(), Status::Code::kInvalidArgument) << r.status.ToString();
+  const std::string& m = r.status.message();
+  for (const std::string& want : std::vector<std::string>{
+           "token 3 of document 59 is id 512", std::string("validation sample"),
+           std::string("of the evaluation after iteration 10"),
+           "Iteration 10, the last completed, was saved in " + c.save})
+    EXPECT_NE(m.find(want), std::string::npos) << want << "\n" << m;
+  EXPECT_TRUE(fs::exists(dir.Join("run/iter_0000010")));
+}
+
+TEST(TrainingRunTest, AnUpdateThatLeavesNonFiniteWeightsStopsTheRunUnsaved) {
+  TempDir dir;
+  TrainConfig c = Tiny(dir.Join("run"));
+  c.exit_interval = 3;  // a first process saves iteration 3 and stops
+  ASSERT_TRUE(OpenAndTrain(c).status.ok());
+  c.exit_interval = 0;
+  // The reopened run continues at an LR scale no config would pass (as a hand-edited state
+  // could): its first update drives the weights to Inf and NaN.
+  auto comm = MakeSingleProcessCommunicator();
+  std::unique_ptr<TrainingRun> run;
+  ASSERT_TRUE(TrainingRun::Open(c, {Env::Default(), comm.get(), nullptr}, &run).ok());
+  TrainState s = run->trainer().state();
+  ASSERT_EQ(s.counters.iteration, 3);
+  s.lr_scale = 1e308;
+  run->trainer().Restore(s);
+  TrainingRun::Outcome outcome;
+  const Status st = run->Train(&outcome);
+  ASSERT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+  for (const std::string& want : std::vector<std::string>{
+           "iteration 4: the update at learning rate", std::string("NaN or Inf"),
+           std::string("embedding.word_embeddings.weight"), std::string("without saving"),
+           "the last checkpoint is " + dir.Join("run/iter_0000003"), std::string("smaller --lr")})
+    EXPECT_NE(st.message().find(want), std::string::npos) << want << "\n" << st.message();
+  EXPECT_FALSE(fs::exists(dir.Join("run/iter_0000004")));
+  EXPECT_EQ(datatest::ReadTextFile(dir.Join("run/latest_checkpointed_iteration.txt")), "3\n");
+  // And a checkpoint holding such weights is never continued from (nor sampled, nor exported:
+  // tests/cli/hostile_input_cli_test.cc).
 }
 
 }  // namespace

@@ -31,9 +31,9 @@ class CpuBackend : public Backend {
   void Copy(float* dst, const float* src, size_t n) override;
 
   void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                        int B, int T, int C, const int32_t* positions) override;
+                        int B, int T, int C, int V, const int32_t* positions) override;
   void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                         int T, int C, const int32_t* positions) override;
+                         int T, int C, int V, const int32_t* positions) override;
 
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int N, int C, float eps) override;
