@@ -183,6 +183,10 @@ class PosixEnv : public Env {
       ::close(fd);
       return PosixError("cannot stat", path, err);
     }
+    if (S_ISDIR(st.st_mode)) {  // mmap would say "No such device"
+      ::close(fd);
+      return Status::IOError("cannot map '" + path + "': it is a directory, not a file");
+    }
     size_t size = static_cast<size_t>(st.st_size);
     void* base = nullptr;
     if (size > 0) {
