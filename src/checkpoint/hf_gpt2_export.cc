@@ -6,7 +6,9 @@
 #include <cmath>
 #include <string>
 
+#include "checkpoint/manifest.h"
 #include "checkpoint/train_checkpoint.h"
+#include "core/json_reader.h"
 #include "data/tokenizer.h"
 
 namespace keel {
@@ -214,10 +216,12 @@ Status ExportHfGpt2(Env* env, const std::string& checkpoint_path, const std::str
   KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &saved));
   const GptSpec& spec = saved.spec;
   KEEL_RETURN_IF_ERROR(CheckHfGpt2Compatible(spec));
-  const nlohmann::json tok = saved.state.value("tokenizer", nlohmann::json::object());
-  report->tokenizer_kind = tok.value("kind", "");
-  const int32_t eod_id = tok.value("eod_id", -1);
-  const int tok_vocab = tok.value("vocab_size", 0);
+  JsonReader reader(JoinPath(saved.dir, "state.json"), saved.state, kDamagedCheckpointFix);
+  const JsonValue tok = reader.root().Optional("tokenizer");
+  report->tokenizer_kind = tok.Optional("kind").Get<std::string>();
+  const int32_t eod_id = tok.Optional("eod_id").Get<int32_t>(-1);
+  const int tok_vocab = tok.Optional("vocab_size").Get<int>(0);
+  KEEL_RETURN_IF_ERROR(reader.status());
   if (tok_vocab != spec.vocab)
     return Status::Corruption(
         fmt::format("{}/state.json: tokenizer vocab_size {} differs from the model's vocab {}", dir,

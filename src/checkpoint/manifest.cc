@@ -8,11 +8,31 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/json_reader.h"
+
 namespace keel {
 
 std::string HexDigest(uint64_t v) {
   return fmt::format("{:016x}", v);
 }
+
+namespace {
+
+bool ParseHexDigest(const std::string& hex, uint64_t* v) {
+  if (hex.size() != 16) return false;
+  *v = 0;
+  for (char c : hex) {
+    const int d = std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
+                  : c >= 'a' && c <= 'f'                      ? c - 'a' + 10
+                  : c >= 'A' && c <= 'F'                      ? c - 'A' + 10
+                                                              : -1;
+    if (d < 0) return false;
+    *v = *v << 4 | static_cast<uint64_t>(d);
+  }
+  return true;
+}
+
+}  // namespace
 
 uint64_t Xxh3(const char* data, size_t size) {
   return XXH3_64bits(data, size);
@@ -47,26 +67,29 @@ std::string Manifest::ToJson() const {
 
 Status Manifest::FromJson(const std::string& text, const std::string& path, Manifest* out) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "keel-checkpoint")
-    return Status::Corruption(path + " is not a keel checkpoint manifest");
-  try {
-    if (j.at("format_version").get<int>() != 1)
-      return Status::Corruption(path + ": manifest format_version " +
-                                j.at("format_version").dump() +
-                                " is not supported by this keel (" KEEL_VERSION ")");
-    out->iteration = j.at("iteration").get<int64_t>();
-    out->files.clear();
-    for (const auto& f : j.at("files")) {
-      ManifestEntry e;
-      e.name = f.at("name").get<std::string>();
-      e.size = f.at("size").get<uint64_t>();
-      e.xxh3 = std::stoull(f.at("xxh3").get<std::string>(), nullptr, 16);
-      out->files.push_back(std::move(e));
-    }
-  } catch (const std::exception& e) {
-    return Status::Corruption(path + ": malformed manifest: " + e.what());
+  if (j.is_discarded() || !j.is_object() || !j.contains("format") ||
+      j["format"] != "keel-checkpoint")
+    return Status::Corruption(path + " is not a keel checkpoint manifest; " +
+                              kDamagedCheckpointFix);
+  JsonReader r(path, j, kDamagedCheckpointFix);
+  const JsonValue root = r.root();
+  const JsonValue version = root["format_version"];
+  if (version.Get<int64_t>(1) != 1)
+    return Status::Corruption(path + ": manifest format_version " + version.raw().dump() +
+                              " is not supported by this keel (" KEEL_VERSION ")");
+  out->iteration = root["iteration"].Get<int64_t>();
+  out->files.clear();
+  for (const JsonValue& f : root["files"].Items()) {
+    ManifestEntry e;
+    e.name = f["name"].Get<std::string>();
+    e.size = f["size"].Get<uint64_t>();
+    const JsonValue xxh3 = f["xxh3"];
+    const std::string hex = xxh3.Get<std::string>();
+    if (r.ok() && !ParseHexDigest(hex, &e.xxh3))
+      r.Fail(xxh3.path(), "must be 16 hexadecimal digits, but is \"" + hex + "\"");
+    out->files.push_back(std::move(e));
   }
-  return Status::OK();
+  return r.status();
 }
 
 const ManifestEntry* Manifest::Find(const std::string& name) const {

@@ -16,6 +16,12 @@ namespace keel {
 
 constexpr const char* kManifestFile = "manifest.json";
 
+// The fix a message about a malformed checkpoint file offers: keel wrote it, so it was damaged or
+// edited; other checkpoints of the run remain.
+constexpr const char* kDamagedCheckpointFix =
+    "keel wrote this file, so it was damaged or edited by hand: restore it from a copy, or use "
+    "another checkpoint of the run (`keel ckpt list SAVE`, then --load SAVE/iter_N)";
+
 struct ManifestEntry {
   std::string name;  // relative to the checkpoint directory, no subdirectories
   uint64_t size = 0;

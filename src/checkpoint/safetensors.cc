@@ -6,6 +6,9 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/manifest.h"
+#include "core/json_reader.h"
+
 namespace keel {
 namespace {
 
@@ -82,33 +85,42 @@ Status ParseSafetensors(const char* data, size_t size, const std::string& path,
     return Status::Corruption(path + ": header is not a JSON object");
   const uint64_t data_start = 8 + hlen;
   out->clear();
-  try {
-    for (auto it = header.begin(); it != header.end(); ++it) {
-      if (it.key() == "__metadata__") {
-        if (metadata)
-          for (auto m = it->begin(); m != it->end(); ++m)
-            (*metadata)[m.key()] = m->get<std::string>();
-        continue;
+  JsonReader r(path + " (safetensors header)", header, kDamagedCheckpointFix);
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const JsonValue t = r.root()[it.key()];
+    if (it.key() == "__metadata__") {
+      if (!it->is_object())
+        r.Fail(t.path(), "must be an object of strings, but is " + DescribeJson(*it));
+      for (auto m = it->begin(); it->is_object() && m != it->end(); ++m) {
+        const std::string v = t[m.key()].Get<std::string>();
+        if (metadata) (*metadata)[m.key()] = v;
       }
-      const auto& t = *it;
-      TensorRef r;
-      r.dtype = t.at("dtype").get<std::string>();
-      r.shape = t.at("shape").get<std::vector<int64_t>>();
-      const int eb = DtypeBytes(r.dtype);
-      if (eb == 0)
-        return Status::Corruption(path + ": tensor '" + it.key() + "' has unknown dtype " +
-                                  r.dtype);
-      const uint64_t b = t.at("data_offsets").at(0).get<uint64_t>(),
-                     e = t.at("data_offsets").at(1).get<uint64_t>();
-      if (e < b || e - b != Numel(r.shape) * eb || e > size - data_start)
-        return Status::Corruption(path + ": tensor '" + it.key() +
-                                  "' has inconsistent offsets or is truncated");
-      r.data = data + data_start + b;
-      r.bytes = e - b;
-      (*out)[it.key()] = std::move(r);
+      KEEL_RETURN_IF_ERROR(r.status());
+      continue;
     }
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Corruption(path + ": malformed header: " + e.what());
+    TensorRef ref;
+    ref.dtype = t["dtype"].Get<std::string>();
+    uint64_t numel = 1;
+    for (const JsonValue& d : t["shape"].Items()) {
+      const uint64_t n = d.Get<uint64_t>();
+      if (r.ok() && n != 0 && numel > (uint64_t{1} << 62) / n)
+        r.Fail(t["shape"].path(), "describes more elements than any file holds");
+      numel *= n;
+      ref.shape.push_back(static_cast<int64_t>(n));
+    }
+    const JsonValue offsets = t["data_offsets"];
+    const uint64_t b = offsets[0].Get<uint64_t>(), e = offsets[1].Get<uint64_t>();
+    KEEL_RETURN_IF_ERROR(r.status());
+    const int eb = DtypeBytes(ref.dtype);
+    if (eb == 0)
+      return Status::Corruption(path + ": tensor '" + it.key() + "' has unknown dtype " +
+                                ref.dtype);
+    if (e < b || e - b != numel * eb || e > size - data_start)
+      return Status::Corruption(path + ": tensor '" + it.key() +
+                                "' has inconsistent offsets or is truncated");
+    ref.data = data + data_start + b;
+    ref.bytes = e - b;
+    (*out)[it.key()] = std::move(ref);
   }
   return Status::OK();
 }

@@ -4,11 +4,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
 #include "checkpoint/manifest.h"
 #include "core/json_number.h"
+#include "core/json_reader.h"
 #include "core/timestamp.h"
 #include "data/prepare.h"
 #include "optim/lr_schedule.h"
@@ -58,27 +60,35 @@ json SpecToJson(const GptSpec& s) {
 }
 
 Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
-  try {
-    GptSpec s;
-    s.num_layers = m.at("num_layers");
-    s.hidden = m.at("hidden");
-    s.ffn_hidden = m.at("ffn_hidden");
-    s.heads = m.at("heads");
-    s.max_positions = m.at("max_positions");
-    s.vocab = m.at("vocab");
-    s.padded_vocab = m.at("padded_vocab");
-    s.alibi = m.at("alibi");
-    s.embed_layernorm = m.at("embed_layernorm");
-    s.layernorm_eps = m.at("layernorm_eps");
-    s.qk_layernorm = m.value("qk_layernorm", false);  // absent in checkpoints before the option
-    s.z_loss = m.value("z_loss", 0.0f);
-    s.reset_position_ids = m.value("reset_position_ids", false);
-    s.reset_attention_mask = m.value("reset_attention_mask", false);
-    s.eod_id = m.value("eod_id", int32_t{-1});
-    *out = s;
-  } catch (const json::exception& e) {
-    return Status::Corruption(where + ": malformed model description: " + e.what());
-  }
+  const json doc = {{"model", m}};  // so that paths read "model.hidden"
+  JsonReader r(where, doc, kDamagedCheckpointFix);
+  const JsonValue j = r.root()["model"];
+  GptSpec s;
+  s.num_layers = j["num_layers"].Get<int>();
+  s.hidden = j["hidden"].Get<int>();
+  s.ffn_hidden = j["ffn_hidden"].Get<int>();
+  s.heads = j["heads"].Get<int>();
+  s.max_positions = j["max_positions"].Get<int>();
+  s.vocab = j["vocab"].Get<int>();
+  s.padded_vocab = j["padded_vocab"].Get<int>();
+  s.alibi = j["alibi"].Get<bool>();
+  s.embed_layernorm = j["embed_layernorm"].Get<bool>();
+  s.layernorm_eps = j["layernorm_eps"].Get<float>();
+  // Absent in checkpoints written before these options.
+  s.qk_layernorm = j.Optional("qk_layernorm").Get<bool>(false);
+  s.z_loss = j.Optional("z_loss").Get<float>(0.0f);
+  s.reset_position_ids = j.Optional("reset_position_ids").Get<bool>(false);
+  s.reset_attention_mask = j.Optional("reset_attention_mask").Get<bool>(false);
+  s.eod_id = j.Optional("eod_id").Get<int32_t>(-1);
+  KEEL_RETURN_IF_ERROR(r.status());
+  // A model keel cannot build (edited by hand): the sizes its constructor and kernels rely on.
+  constexpr int kMaxWidth = std::numeric_limits<int32_t>::max() / 4;  // as config validation
+  if (s.num_layers < 1 || s.hidden < 1 || s.ffn_hidden < 1 || s.heads < 1 ||
+      s.hidden % s.heads != 0 || s.max_positions < 1 || s.vocab < 1 || s.padded_vocab < s.vocab ||
+      s.hidden > kMaxWidth || s.ffn_hidden > kMaxWidth)
+    return Status::Corruption(where + ": key 'model' describes no model keel can build (" +
+                              m.dump() + "); " + kDamagedCheckpointFix);
+  *out = s;
   return Status::OK();
 }
 
@@ -217,50 +227,78 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
   std::string text;
   KEEL_RETURN_IF_ERROR(env->ReadFileToString(sp, &text));
   json s = json::parse(text, nullptr, false);
-  if (s.is_discarded() || !s.is_object() || s.value("format", "") != "keel-train-state")
-    return Status::Corruption(sp + " is not a keel training state");
-  if (s.value("format_version", 0) != 1)
-    return Status::Corruption(sp + ": format_version " + s.value("format_version", json()).dump() +
+  if (s.is_discarded() || !s.is_object() || !s.contains("format") ||
+      s["format"] != "keel-train-state")
+    return Status::Corruption(sp + " is not a keel training state; " + kDamagedCheckpointFix);
+  JsonReader reader(sp, s, kDamagedCheckpointFix);
+  const JsonValue root = reader.root();
+  const JsonValue version = root["format_version"];
+  if (version.Get<int64_t>(1) != 1)
+    return Status::Corruption(sp + ": format_version " + version.raw().dump() +
                               " is not supported by keel " KEEL_VERSION);
   SavedTrainState r;
   r.dir = dir;
-  try {
-    TrainState& t = r.train;
-    const json& c = s.at("counters");
-    t.counters.iteration = c.at("iteration");
-    t.counters.consumed_samples = c.at("consumed_samples");
-    t.counters.consumed_tokens = c.at("consumed_tokens");
-    t.counters.skipped_iterations = c.at("skipped_iterations");
-    t.counters.nan_iterations = c.at("nan_iterations");
-    t.counters.data_skipped_iterations = c.value("data_skipped_iterations", int64_t{0});
-    const json& d = s.at("data");
-    t.data_salt = d.value("order_salt", uint64_t{0});
-    for (const json& p : d.value("skipped_iteration_ranges", json::array()))
-      t.skip_ranges.push_back({p.at(0).get<int64_t>(), p.at(1).get<int64_t>()});
-    r.guard = s.value("guard", json());
-    t.optimizer_step = s.at("optimizer").at("step");
-    t.lr_scale = s.at("scheduler").at("lr_scale");
-    r.history = s.value("history", json::array());
-    const json& iv = s.at("metrics").at("interval");
-    LogIntervalState& l = t.interval;
-    l.loss_sum = NumberFromJson(iv.at("loss_sum"));
-    l.ms = NumberFromJson(iv.at("ms"));
-    l.flops = NumberFromJson(iv.at("flops"));
-    l.iters = iv.at("iters");
-    l.ok = iv.at("ok");
-    l.skipped = iv.at("skipped");
-    l.nan = iv.value("nan", int64_t{0});  // absent before keel counted NaNs apart from skips
-    l.samples = iv.at("samples");
-    for (const json& v : iv.value("dataset_loss_sum", json::array()))
-      l.dataset_loss_sum.push_back(NumberFromJson(v));
-    l.dataset_sequences = iv.value("dataset_sequences", std::vector<int64_t>{});
-    if (l.dataset_loss_sum.size() != l.dataset_sequences.size())
-      return Status::Corruption(sp +
-                                ": metrics.interval: per-dataset sums and counts differ in length");
-  } catch (const json::exception& e) {
-    return Status::Corruption(sp + ": " + e.what());
-  }
-  KEEL_RETURN_IF_ERROR(SpecFromJson(s.value("model", json()), sp, &r.spec));
+  TrainState& t = r.train;
+  const JsonValue c = root["counters"];
+  t.counters.iteration = c["iteration"].Get<int64_t>();
+  t.counters.consumed_samples = c["consumed_samples"].Get<int64_t>();
+  t.counters.consumed_tokens = c["consumed_tokens"].Get<int64_t>();
+  t.counters.skipped_iterations = c["skipped_iterations"].Get<int64_t>();
+  t.counters.nan_iterations = c["nan_iterations"].Get<int64_t>();
+  t.counters.data_skipped_iterations = c.Optional("data_skipped_iterations").Get<int64_t>(0);
+  const JsonValue d = root["data"];
+  t.data_salt = d.Optional("order_salt").Get<uint64_t>(0);
+  for (const JsonValue& p : d.Optional("skipped_iteration_ranges").Items())
+    t.skip_ranges.push_back({p[0].Get<int64_t>(), p[1].Get<int64_t>()});
+  const JsonValue guard = root.Optional("guard");
+  if (guard.present() && !guard.is_null() && !guard.raw().is_object())
+    reader.Fail(guard.path(), "must be an object (or null), but is " + DescribeJson(guard.raw()));
+  r.guard = guard.raw();
+  t.optimizer_step = root["optimizer"]["step"].Get<int64_t>();
+  t.lr_scale = root["scheduler"]["lr_scale"].Get<double>();
+  const JsonValue history = root.Optional("history");
+  history.Items();  // an array when present
+  r.history = history.present() ? history.raw() : json::array();
+  const JsonValue iv = root["metrics"]["interval"];
+  LogIntervalState& l = t.interval;
+  l.loss_sum = iv["loss_sum"].Number();
+  l.ms = iv["ms"].Number();
+  l.flops = iv["flops"].Number();
+  l.iters = iv["iters"].Get<int64_t>();
+  l.ok = iv["ok"].Get<int64_t>();
+  l.skipped = iv["skipped"].Get<int64_t>();
+  l.nan = iv.Optional("nan").Get<int64_t>(0);  // absent before keel counted NaNs apart from skips
+  l.samples = iv["samples"].Get<int64_t>();
+  for (const JsonValue& v : iv.Optional("dataset_loss_sum").Items())
+    l.dataset_loss_sum.push_back(v.Number());
+  for (const JsonValue& v : iv.Optional("dataset_sequences").Items())
+    l.dataset_sequences.push_back(v.Get<int64_t>());
+  const JsonValue model = root["model"];
+  const JsonValue tokenizer = root.Optional("tokenizer");
+  if (tokenizer.present() && !tokenizer.raw().is_object())
+    reader.Fail(tokenizer.path(), "must be an object, but is " + DescribeJson(tokenizer.raw()));
+  KEEL_RETURN_IF_ERROR(reader.status());
+  if (l.dataset_loss_sum.size() != l.dataset_sequences.size())
+    return Status::Corruption(sp +
+                              ": metrics.interval: per-dataset sums and counts differ in length");
+  KEEL_RETURN_IF_ERROR(SpecFromJson(model.raw(), sp, &r.spec));
+  // A model larger than the weights file holds is an edited state.json; building it could take
+  // all the memory there is, so it is refused before anything is allocated.
+  // (In double: a hand-written layer count times the layer's size may not fit 64 bits.)
+  GptSpec no_layer = r.spec;
+  no_layer.num_layers = 0;
+  const uint64_t outside = GptModel::ParamCount(no_layer);
+  no_layer.num_layers = 1;
+  const double params =
+      static_cast<double>(outside) + static_cast<double>(GptModel::ParamCount(no_layer) - outside) *
+                                         static_cast<double>(r.spec.num_layers);
+  uint64_t weights_bytes = 0;
+  if (env->GetFileSize(JoinPath(dir, "model.safetensors"), &weights_bytes).ok() &&
+      params * sizeof(float) > static_cast<double>(weights_bytes))
+    return Status::Corruption(
+        fmt::format("{}: key 'model' describes {:.4g} parameters ({:.4g} bytes of weights) but "
+                    "model.safetensors holds {} bytes; {}",
+                    sp, params, params * sizeof(float), weights_bytes, kDamagedCheckpointFix));
   const std::string cp = JoinPath(dir, "config.toml");
   KEEL_RETURN_IF_ERROR(env->ReadFileToString(cp, &r.config_text));
   KEEL_RETURN_IF_ERROR(ApplyToml(r.config_text, cp, &r.config));
@@ -342,12 +380,15 @@ Status LoadModelFromCheckpoint(Env* env, const std::string& path, Backend* backe
   if (const NonFiniteParams nf = FindNonFiniteParams(*out->model); nf.count > 0)
     return NonFiniteWeightsError(dir, nf, "load",
                                  "`keel sample --load RUN/iter_N` samples from one");
-  const json& t = out->saved.state.at("tokenizer");
+  const std::string sp = JoinPath(dir, "state.json");
+  JsonReader r(sp, out->saved.state, kDamagedCheckpointFix);
+  const JsonValue t = r.root()["tokenizer"];
   DatasetMeta meta;
-  meta.tokenizer = t.value("kind", "");
-  meta.eod_id = t.value("eod_id", -1);
-  meta.vocab_size = t.value("vocab_size", 0);
-  meta.tokenizer_model = t.value("model", "");
+  meta.tokenizer = t.Optional("kind").Get<std::string>();
+  meta.eod_id = t.Optional("eod_id").Get<int>(-1);
+  meta.vocab_size = t.Optional("vocab_size").Get<int>(0);
+  meta.tokenizer_model = t.Optional("model").Get<std::string>();
+  KEEL_RETURN_IF_ERROR(r.status());
   return LoadTokenizerForDataset(JoinPath(dir, "state"), meta, &out->tokenizer);
 }
 

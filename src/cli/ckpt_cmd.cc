@@ -17,10 +17,22 @@
 #include "cli/commands.h"
 #include "cli/exit_code.h"
 #include "config/config.h"
+#include "core/json_reader.h"
 #include "core/log.h"
 
 namespace keel::cli {
 namespace {
+
+// A value of state.json to show: a string as itself, anything else as JSON, "?" when absent (the
+// keys ReadSavedTrainState does not need may be missing or of any type in an edited file).
+std::string StateText(const nlohmann::json& j, std::initializer_list<const char*> keys) {
+  const nlohmann::json* v = &j;
+  for (const char* k : keys) {
+    if (!v->is_object() || !v->contains(k)) return "?";
+    v = &(*v)[k];
+  }
+  return v->is_string() ? v->get<std::string>() : v->dump();
+}
 
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
@@ -111,7 +123,7 @@ int List(const std::string& root, bool verify) {
     LogLine(fmt::format("{} | {} | {:.1f} MB | consumed samples {} | saved {}{}{}", c.name,
                         c.committed ? "committed" : "uncommitted", static_cast<double>(bytes) / 1e6,
                         readable ? std::to_string(s.train.counters.consumed_samples) : "?",
-                        readable ? s.state.value("saved_at", "?") : "?",
+                        readable ? StateText(s.state, {"saved_at"}) : "?",
                         c.pinned ? " | pinned: " + c.pin_reason : "", status));
   }
   std::vector<std::string> children;
@@ -128,8 +140,10 @@ Status DeepVerify(Env* env, const std::string& dir, std::string* summary) {
   KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, dir, true, &manifest));
   SavedTrainState s;
   KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &s));
-  for (int64_t said :
-       {s.state.value("iteration", s.train.counters.iteration), s.train.counters.iteration})
+  JsonReader r(JoinPath(dir, "state.json"), s.state, kDamagedCheckpointFix);
+  const int64_t top = r.root().Optional("iteration").Get<int64_t>(s.train.counters.iteration);
+  KEEL_RETURN_IF_ERROR(r.status());
+  for (int64_t said : {top, s.train.counters.iteration})
     if (said != manifest.iteration)
       return Status::Corruption(fmt::format(
           "{}/state.json says iteration {} but the manifest says {}: the checkpoint's files do "
@@ -227,20 +241,21 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
     const json& j = s.state;
     int64_t params = 0;
     for (const auto& [n, t] : w.tensors()) params += static_cast<int64_t>(t.bytes / 4);
-    LogLine(fmt::format("checkpoint {} (keel {}, saved {})", dir, j.value("keel_version", "?"),
-                        j.value("saved_at", "?")));
+    LogLine(fmt::format("checkpoint {} (keel {}, saved {})", dir, StateText(j, {"keel_version"}),
+                        StateText(j, {"saved_at"})));
     LogLine(
         fmt::format("iteration {} | consumed samples {} | consumed tokens {} | skipped {} | "
                     "nan {}",
                     s.train.counters.iteration, s.train.counters.consumed_samples,
                     s.train.counters.consumed_tokens, s.train.counters.skipped_iterations,
                     s.train.counters.nan_iterations));
-    LogLine(fmt::format(
-        "optimizer: {} step {} | scheduler: next lr {} (scale {}) | next global "
-        "batch {}",
-        j["optimizer"].value("type", "?"), s.train.optimizer_step, j["scheduler"]["next_lr"].dump(),
-        s.train.lr_scale, j["batch"]["next_global_batch"].dump()));
-    LogLine(fmt::format("model: {} | {} parameters", j["model"].dump(), params));
+    LogLine(
+        fmt::format("optimizer: {} step {} | scheduler: next lr {} (scale {}) | next global "
+                    "batch {}",
+                    StateText(j, {"optimizer", "type"}), s.train.optimizer_step,
+                    StateText(j, {"scheduler", "next_lr"}), s.train.lr_scale,
+                    StateText(j, {"batch", "next_global_batch"})));
+    LogLine(fmt::format("model: {} | {} parameters", StateText(j, {"model"}), params));
     Manifest m;
     if (VerifyCheckpointDir(env, dir, false, &m).ok())
       for (const ManifestEntry& e : m.files)

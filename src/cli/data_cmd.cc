@@ -73,9 +73,10 @@ int DataCommand(int argc, const char* const* argv) {
     Status st = IndexedDataset::Open(Env::Default(), prefix, &data);
     if (!st.ok()) {
       const int rc = Fail(st, NotFoundIs::kUsageError);
-      LogError(
-          "the dataset cannot be read; rebuild it with `keel data prepare` (or the tool "
-          "that wrote it)");
+      if (st.code() == Status::Code::kCorruption || st.code() == Status::Code::kIOError)
+        LogError(
+            "the dataset cannot be read; rebuild it with `keel data prepare` (or the tool "
+            "that wrote it)");
       return rc;
     }
     const DatasetMeta& meta = data->meta();

@@ -62,6 +62,7 @@ class FaultInjectionEnv : public Env {
   uint64_t NowMicros() override { return base_->NowMicros(); }
   int64_t NowUnixMicros() override { return base_->NowUnixMicros(); }
   void SleepForMicros(uint64_t micros) override { base_->SleepForMicros(micros); }
+  Status AvailableMemory(MemoryAvailable* out) override { return base_->AvailableMemory(out); }
 
  private:
   friend class FaultInjectionFile;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/json_number.h"
+#include "core/json_reader.h"
 
 namespace keel {
 namespace {
@@ -245,16 +246,21 @@ json Guard::PolicyJson() const {
 }
 
 Status Guard::PolicyFromJson(const json& j, const std::string& where) {
-  try {
-    rollbacks_ = j.at("rollbacks");
-    level_ = j.at("level");
-    last_rollback_onset_ = j.at("last_rollback_onset");
-    decisions_ = j.at("decisions");
-    watch_until_ = j.value("watch_until", int64_t{-1});
-    watch_baseline_ = NumberFromJson(j.value("watch_baseline", json()));
-  } catch (const json::exception& e) {
-    return Status::Corruption(where + ": malformed guard policy state: " + e.what());
-  }
+  JsonReader r(where, j);
+  const JsonValue p = r.root();
+  const int rollbacks = p["rollbacks"].Get<int>();
+  const int level = p["level"].Get<int>();
+  const int64_t last_onset = p["last_rollback_onset"].Get<int64_t>();
+  const int64_t decisions = p["decisions"].Get<int64_t>();
+  const int64_t watch_until = p.Optional("watch_until").Get<int64_t>(-1);
+  const double watch_baseline = p.Optional("watch_baseline").Number();
+  KEEL_RETURN_IF_ERROR(r.status());
+  rollbacks_ = rollbacks;
+  level_ = level;
+  last_rollback_onset_ = last_onset;
+  decisions_ = decisions;
+  watch_until_ = watch_until;
+  watch_baseline_ = watch_baseline;
   return Status::OK();
 }
 
@@ -281,25 +287,25 @@ Status Guard::FromJson(const json& j, const std::string& where) {
   KEEL_RETURN_IF_ERROR(detector_.FromJson(j.value("detector", json()), where + ".detector"));
   KEEL_RETURN_IF_ERROR(PolicyFromJson(j.value("policy", json()), where + ".policy"));
   event_ = Event{};
-  const json& ev = j.value("event", json());
-  try {
-    if (ev.is_object()) {
-      event_.open = true;
-      event_.kind = ev.at("kind");
-      event_.signal = ev.at("signal");
-      event_.onset = ev.at("onset");
-      event_.first = ev.at("first");
-      event_.baseline = NumberFromJson(ev.at("baseline"));
-      event_.peak = NumberFromJson(ev.at("peak"));
-      event_.consecutive = ev.at("consecutive");
-      event_.skipped = ev.at("skipped");
-      event_.resume = ev.at("resume");
-      event_.decided = ev.at("decided");
-    }
-    restart_iter_ = j.value("restart_iteration", int64_t{-1});
-  } catch (const json::exception& e) {
-    return Status::Corruption(where + ".event: " + e.what());
+  JsonReader r(where, j);
+  const JsonValue ev = r.root().Optional("event");
+  if (ev.raw().is_object()) {
+    event_.open = true;
+    event_.kind = ev["kind"].Get<std::string>();
+    event_.signal = ev["signal"].Get<std::string>();
+    event_.onset = ev["onset"].Get<int64_t>();
+    event_.first = ev["first"].Get<int64_t>();
+    event_.baseline = ev["baseline"].Number();
+    event_.peak = ev["peak"].Number();
+    event_.consecutive = ev["consecutive"].Get<int>();
+    event_.skipped = ev["skipped"].Get<int>();
+    event_.resume = ev["resume"].Get<bool>();
+    event_.decided = ev["decided"].Get<bool>();
+  } else if (ev.present() && !ev.is_null()) {
+    r.Fail(ev.path(), "must be an object (or null), but is " + DescribeJson(ev.raw()));
   }
+  restart_iter_ = r.root().Optional("restart_iteration").Get<int64_t>(-1);
+  KEEL_RETURN_IF_ERROR(r.status());
   return Status::OK();
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/json_number.h"
+#include "core/json_reader.h"
 
 namespace keel {
 
@@ -112,13 +113,10 @@ Status InstabilityDetector::FromJson(const nlohmann::json& j, const std::string&
       grad_.FromJson(j.value("grad_norm", nlohmann::json()), where + ".grad_norm"));
   KEEL_RETURN_IF_ERROR(
       recent_.FromJson(j.value("recent_loss", nlohmann::json()), where + ".recent_loss"));
-  try {
-    best_level_ = NumberFromJson(j.value("best_level", nlohmann::json()));
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Corruption(where + ".best_level: " + e.what());
-  }
-  best_level_iter_ = j.value("best_level_iteration", int64_t{0});
-  return Status::OK();
+  JsonReader r(where, j);
+  best_level_ = r.root().Optional("best_level").Number();
+  best_level_iter_ = r.root().Optional("best_level_iteration").Get<int64_t>(0);
+  return r.status();
 }
 
 }  // namespace keel

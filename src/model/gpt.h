@@ -98,12 +98,19 @@ class GptModel {
   // Max pre-softmax attention score over layers, sequences, heads and positions of the last
   // Forward (a guard signal: attention-logit growth precedes a class of divergences).
   double LastMaxAttentionLogit();
-  // Floats of activation and gradient-scratch memory a micro-batch of shape (B,T) needs.
-  size_t ActivationFloats(int B, int T) const;
+  // Bytes of the activations and gradient scratch a micro-batch of shape (B,T) needs: what
+  // Forward allocates, counted by the same code without allocating (memory estimates).
+  static uint64_t ActivationBytes(const GptSpec& spec, int B, int T);
+  // ParamLayout's total, without listing every layer's tensors (so a config of a billion layers
+  // is counted, not allocated).
+  static uint64_t ParamCount(const GptSpec& spec);
 
  private:
   struct LayerParams;
   struct Activations;
+  struct BufferSource;
+  static void LayoutActivations(const GptSpec& spec, int B, int T, int layers, Activations* acts,
+                                BufferSource* src);
   void AllocateActivations(int B, int T);
   void FreeActivations();
 

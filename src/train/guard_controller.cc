@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "checkpoint/manifest.h"
+#include "core/json_reader.h"
 
 namespace keel {
 
@@ -63,7 +64,8 @@ Status GuardController::Start(const SavedTrainState* saved) {
   }
   if (saved != nullptr) {
     if (saved->guard.is_object()) {
-      KEEL_RETURN_IF_ERROR(guard_.FromJson(saved->guard, saved->dir + "/state.json: guard"));
+      Status st = guard_.FromJson(saved->guard, saved->dir + "/state.json: guard");
+      if (!st.ok()) return Status::Corruption(st.message() + "; " + kDamagedCheckpointFix);
     } else {
       log_(
           "guard: the checkpoint has no guard state (saved with --guard off): its windows "
@@ -76,24 +78,23 @@ Status GuardController::Start(const SavedTrainState* saved) {
   if (!gp.empty() && env_->FileExists(gp)) {
     std::string text;
     KEEL_RETURN_IF_ERROR(env_->ReadFileToString(gp, &text));
+    const char* fix = "restore it from backup or delete it to forget the guard's past rollbacks";
     const json j = json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("policy"))
-      return Status::Corruption(gp +
-                                " is not a keel guard state: restore it from backup or "
-                                "delete it to forget the guard's past rollbacks");
-    const int64_t decisions = j["policy"].value("decisions", int64_t{0});
+    if (j.is_discarded() || !j.is_object() || !j.contains("policy") || !j["policy"].is_object())
+      return Status::Corruption(gp + " is not a keel guard state: " + fix);
+    JsonReader r(gp, j, fix);
+    const int64_t decisions = r.root()["policy"].Optional("decisions").Get<int64_t>(0);
+    KEEL_RETURN_IF_ERROR(r.status());
     if (decisions > guard_.decisions()) {
-      KEEL_RETURN_IF_ERROR(guard_.PolicyFromJson(j["policy"], gp));
+      Status st = guard_.PolicyFromJson(j["policy"], gp + ": policy");
+      if (!st.ok()) return Status::Corruption(st.message() + "; " + fix);
       TrainState state = trainer_->state();
-      try {
-        state.skip_ranges.clear();
-        for (const json& r : j.at("skipped_iteration_ranges"))
-          state.skip_ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
-        state.lr_scale = j.at("lr_scale").get<double>();
-        state.data_salt = j.at("data_order_salt").get<uint64_t>();
-      } catch (const json::exception& e) {
-        return Status::Corruption(gp + ": " + e.what());
-      }
+      state.skip_ranges.clear();
+      for (const JsonValue& range : r.root()["skipped_iteration_ranges"].Items())
+        state.skip_ranges.push_back({range[0].Get<int64_t>(), range[1].Get<int64_t>()});
+      state.lr_scale = r.root()["lr_scale"].Get<double>();
+      state.data_salt = r.root()["data_order_salt"].Get<uint64_t>();
+      KEEL_RETURN_IF_ERROR(r.status());
       trainer_->Restore(state);
       log_(fmt::format(
           "guard: {} records decisions taken after this checkpoint was saved: {} rollback(s), "

@@ -14,6 +14,7 @@
 #include "journal/run_journal.h"
 #include "model/flops.h"
 #include "model/generate.h"
+#include "train/memory_estimate.h"
 
 namespace keel {
 
@@ -46,8 +47,31 @@ TrainingRun::TrainingRun(const TrainConfig& config, const RunOptions& options)
 
 TrainingRun::~TrainingRun() = default;
 
+namespace {
+
+// std::bad_alloc as the user reads it: what keel was doing and what to change.
+Status OutOfMemory(const std::string& doing) {
+  return Status::IOError(
+      "out of memory while " + doing +
+      ": reduce --micro-batch-size, --seq-length or the model (--num-layers, --hidden-size), or "
+      "free memory on this machine (the memory estimate above counts what keel allocates for "
+      "the model, the optimizer, one micro-batch and the data read-ahead)");
+}
+
+}  // namespace
+
 Status TrainingRun::Open(const TrainConfig& config, const RunOptions& options,
                          std::unique_ptr<TrainingRun>* out) {
+  std::string doing = "opening the run";
+  try {
+    return OpenSteps(config, options, out, &doing);
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory(doing);
+  }
+}
+
+Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& options,
+                              std::unique_ptr<TrainingRun>* out, std::string* doing) {
   KEEL_CHECK(options.env != nullptr && options.comm != nullptr, "a run needs an Env and a comm");
   std::unique_ptr<TrainingRun> run(new TrainingRun(config, options));
   TrainingRun& r = *run;
@@ -63,9 +87,12 @@ Status TrainingRun::Open(const TrainConfig& config, const RunOptions& options,
     return Status::OK();
   }
   std::vector<std::string> notes;
+  *doing = "opening the data";
   KEEL_RETURN_IF_ERROR(r.OpenData(&notes));
   KEEL_RETURN_IF_ERROR(Validate(&r.cfg_, &notes));
+  const Status fits = r.CheckMemory(&notes);
   for (const std::string& n : notes) Log("note: {}", n);
+  KEEL_RETURN_IF_ERROR(fits);
   r.LogData();
 
   KEEL_RETURN_IF_ERROR(ResolveResumePoint(r.env_, r.cfg_, LogTo, &r.resume_));
@@ -90,6 +117,7 @@ Status TrainingRun::Open(const TrainConfig& config, const RunOptions& options,
   }
 
   Log("resolved config:\n{}", FormatConfig(r.cfg_));
+  *doing = "building the model and the optimizer";
   r.backend_ = MakeCpuBackend(r.cfg_.threads);
   Log("backend: {}", r.backend_->Describe());
   r.trainer_ = std::make_unique<Trainer>(r.cfg_, r.backend_.get(), r.comm_, r.MakeTrainerData());
@@ -110,10 +138,29 @@ Status TrainingRun::Open(const TrainConfig& config, const RunOptions& options,
   Log("training: {} iterations, {} flops per token", r.trainer_->TotalIterations(),
       fmt::format("{:.3g}", TrainingFlopsPerToken(spec, r.cfg_.seq_length)));
 
+  *doing = r.resume_.saved ? "loading the checkpoint" : "initializing the weights";
   KEEL_RETURN_IF_ERROR(r.StartFromResumePoint());
+  *doing = "opening the journal, the metrics and the guard";
   KEEL_RETURN_IF_ERROR(r.OpenJournalMetricsAndGuard());
   *out = std::move(run);
   return Status::OK();
+}
+
+Status TrainingRun::CheckMemory(std::vector<std::string>* notes) {
+  // Before any of it is allocated: a model or micro-batch that cannot fit is refused here, with
+  // what would fit, instead of being killed (or failing in std::bad_alloc) later.
+  const MemoryEstimate estimate = EstimateRunMemory(cfg_);
+  MemoryAvailable available;
+  if (!env_->AvailableMemory(&available).ok()) {
+    notes->push_back(fmt::format(
+        "memory estimate {}: {}; the available memory is unknown here, so it is not checked",
+        FormatBytes(estimate.total()), DescribeMemoryEstimate(cfg_, estimate)));
+    return Status::OK();
+  }
+  notes->push_back(fmt::format(
+      "memory estimate {}: {}; available {} ({})", FormatBytes(estimate.total()),
+      DescribeMemoryEstimate(cfg_, estimate), FormatBytes(available.bytes), available.source));
+  return CheckMemoryFits(cfg_, estimate, available);
 }
 
 Status TrainingRun::PrepareRunDirectory() {
@@ -199,9 +246,7 @@ void TrainingRun::LogData() {
 TrainerData TrainingRun::MakeTrainerData() {
   // Samples are read ahead on a background thread (data/sample_prefetcher.h); the loop's own
   // thread sees each sample's dataset and epoch, and logs a dataset's new epoch as it begins.
-  const int64_t depth = std::max<int64_t>(
-      8, std::min<int64_t>(2 * cfg_.global_batch_size,
-                           (256 << 20) / (4 * static_cast<int64_t>(cfg_.seq_length + 1))));
+  const int64_t depth = SamplePrefetchDepth(cfg_);
   prefetcher_ = std::make_unique<SamplePrefetcher>(
       [this](int64_t index, uint64_t salt, int32_t* tokens) {
         return data_->GetTrainSample(index, salt, tokens);
@@ -439,6 +484,8 @@ Status TrainingRun::Train(Outcome* outcome) {
     } catch (const KeelError& e) {
       if (!data_error_) throw;
       return StopOnDataError(e.status());
+    } catch (const std::bad_alloc&) {
+      return OutOfMemory(fmt::format("training (iteration {})", c.iteration + 1));
     }
     // The loop stops with an error only when an update left non-finite weights: that state is
     // never saved, so the newest checkpoint is where the run can go on from.
@@ -478,7 +525,11 @@ Status TrainingRun::Train(Outcome* outcome) {
   Log("state fingerprint: {:016x}", trainer_->StateFingerprint());
   if (store_)
     Log("checkpoints are in {} (sample with `keel sample --load {}`)", cfg_.save, cfg_.save);
-  return PrintSample();
+  try {
+    return PrintSample();
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory("sampling text after training (--sample-tokens)");
+  }
 }
 
 Status TrainingRun::StopOnDataError(const Status& error) {

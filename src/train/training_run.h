@@ -67,6 +67,10 @@ class TrainingRun {
 
  private:
   TrainingRun(const TrainConfig& config, const RunOptions& options);
+  // Open's steps; `doing` names the step under way for an out-of-memory message.
+  static Status OpenSteps(const TrainConfig& config, const RunOptions& options,
+                          std::unique_ptr<TrainingRun>* out, std::string* doing);
+  Status CheckMemory(std::vector<std::string>* notes);
   Status PrepareRunDirectory();
   Status OpenData(std::vector<std::string>* notes);
   void LogData();

@@ -8,8 +8,12 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
+#include <map>
 
+#include "checkpoint/manifest.h"
 #include "checkpoint/resume.h"
+#include "checkpoint/safetensors.h"
 #include "core/fault_injection_env.h"
 #include "core/rng.h"
 #include "train/checkpoint_controller.h"
@@ -302,6 +306,96 @@ TEST(TrainCheckpointTest, TimeBasedSavesAndExitDurationFollowTheClock) {
   std::vector<int64_t> its;
   for (const auto& i : all) its.push_back(i.iteration);
   EXPECT_EQ(its, (std::vector<int64_t>{3, 6, 8}));
+  fs::remove_all(root);
+}
+
+// A state.json, manifest.json or safetensors header that was edited or damaged is refused with
+// the file, the key and the fix, never a bare nlohmann message.
+TEST(TrainCheckpointTest, MalformedCheckpointJsonNamesTheFileTheKeyAndTheFix) {
+  const TrainConfig c = Tiny(false);
+  const std::string root = ::testing::TempDir() + "/keel_ckpt_json_" + std::to_string(getpid());
+  fs::remove_all(root);
+  {
+    Harness h(c);
+    h.tr.InitializeWeights();
+    CheckpointStore store(Env::Default(), root, nullptr);
+    CheckpointController ctl(c, Env::Default(), &store, &h.tr, NoTokenizer(),
+                             nlohmann::json::array(), nullptr);
+    ASSERT_TRUE(ctl.SaveNow("test").ok());
+  }
+  const std::string dir = JoinPath(root, CheckpointDirName(0));
+  const std::string sp = JoinPath(dir, "state.json");
+  std::string text;
+  ASSERT_TRUE(Env::Default()->ReadFileToString(sp, &text).ok());
+  const nlohmann::json good = nlohmann::json::parse(text);
+  auto expect_refused = [&](const std::string& message, const std::string& file,
+                            const std::string& words) {
+    EXPECT_EQ(message.rfind(file + ": ", 0), 0u) << message;
+    EXPECT_NE(message.find(words), std::string::npos) << message;
+    EXPECT_NE(message.find("another checkpoint of the run (`keel ckpt list SAVE`"),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
+  };
+  using Edit = std::function<void(nlohmann::json&)>;
+  const std::vector<std::pair<Edit, std::string>> cases = {
+      {[](nlohmann::json& s) { s["counters"]["iteration"] = "ten"; },
+       "key 'counters.iteration' must be an integer, but is the string \"ten\""},
+      {[](nlohmann::json& s) { s["counters"].erase("consumed_samples"); },
+       "key 'counters.consumed_samples' is missing"},
+      {[](nlohmann::json& s) { s.erase("optimizer"); }, "key 'optimizer' is missing"},
+      {[](nlohmann::json& s) { s["scheduler"] = nlohmann::json::array(); },
+       "key 'scheduler' must be an object, but is an array []"},
+      {[](nlohmann::json& s) { s["metrics"]["interval"]["loss_sum"] = "x"; },
+       "key 'metrics.interval.loss_sum' must be a number (or null)"},
+      {[](nlohmann::json& s) { s["data"]["skipped_iteration_ranges"] = {{4}}; },
+       "key 'data.skipped_iteration_ranges[0][1]' is missing"},
+      {[](nlohmann::json& s) { s["model"]["hidden"] = 32.5; },
+       "key 'model.hidden' must be an integer, but is the number 32.5"},
+      {[](nlohmann::json& s) { s["model"]["num_layers"] = 0; },
+       "key 'model' describes no model keel can build"},
+      {[](nlohmann::json& s) { s["model"]["num_layers"] = 1 << 30; },
+       "bytes of weights) but model.safetensors holds"},  // refused before it is allocated
+      {[](nlohmann::json& s) { s["guard"] = 7; }, "key 'guard' must be an object (or null)"},
+      {[](nlohmann::json& s) { s["format_version"] = "1"; },
+       "key 'format_version' must be an integer"},
+  };
+  for (const auto& [edit, words] : cases) {
+    nlohmann::json s = good;
+    edit(s);
+    ASSERT_TRUE(WriteFileAtomic(Env::Default(), sp, s.dump(2)).ok());
+    SavedTrainState saved;
+    const Status st = ReadSavedTrainState(Env::Default(), dir, &saved);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+    expect_refused(st.message(), sp, words);
+  }
+
+  const std::string mp = JoinPath(dir, kManifestFile);
+  Manifest m;
+  Status st = Manifest::FromJson(R"({"format": "keel-checkpoint", "format_version": 1,
+                                     "iteration": 3})",
+                                 mp, &m);
+  expect_refused(st.message(), mp, "key 'files' is missing");
+  st = Manifest::FromJson(R"({"format": "keel-checkpoint", "format_version": 1, "iteration": 3,
+                              "files": [{"name": "a", "size": "12", "xxh3": "00"}]})",
+                          mp, &m);
+  expect_refused(st.message(), mp, "key 'files[0].size' must be an integer");
+  st = Manifest::FromJson(R"({"format": "keel-checkpoint", "format_version": 1, "iteration": 3,
+                              "files": [{"name": "a", "size": 12, "xxh3": "xyz"}]})",
+                          mp, &m);
+  expect_refused(st.message(), mp, "key 'files[0].xxh3' must be 16 hexadecimal digits");
+  st = Manifest::FromJson(R"({"format": 7})", mp, &m);
+  EXPECT_NE(st.message().find("is not a keel checkpoint manifest"), std::string::npos)
+      << st.message();
+
+  const std::string header = R"({"w": {"dtype": 5, "shape": [1], "data_offsets": [0, 4]}})";
+  std::string image(8, '\0');
+  image[0] = static_cast<char>(header.size());
+  image += header + std::string(4, '\0');
+  std::map<std::string, TensorRef> tensors;
+  st = ParseSafetensors(image.data(), image.size(), "m.safetensors", &tensors, nullptr);
+  expect_refused(st.message(), "m.safetensors (safetensors header)",
+                 "key 'w.dtype' must be a string, but is the number 5");
   fs::remove_all(root);
 }
 

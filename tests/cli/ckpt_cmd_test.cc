@@ -11,6 +11,7 @@
 
 #include "checkpoint/checkpoint_rewrite.h"
 #include "checkpoint/checkpoint_store.h"
+#include "checkpoint/manifest.h"
 #include "core/fault_injection_env.h"
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
@@ -311,6 +312,47 @@ TEST(CheckpointRewriteTest, CrashAtEveryStepLeavesOldOrNewNeverAMix) {
   EXPECT_GT(saw_old, 5);
   EXPECT_GE(saw_new, 2);  // crashes after the exchange (in the cleanup) keep the new version
   fs::remove_all(root);
+}
+
+// Hand-edited JSON of a checkpoint reaches the user as the file, the key and the fix, never as a
+// bare "[json.exception.out_of_range.403] key 'files' not found".
+TEST(CkptCmdTest, MalformedJsonNamesTheFileAndTheKey) {
+  const std::string d = Trained("json", 4);
+  const std::string c = d + "/iter_0000004";
+  nlohmann::json manifest = nlohmann::json::parse(ReadFile(c + "/manifest.json"));
+  const nlohmann::json files = manifest["files"];
+  manifest.erase("files");
+  std::ofstream(c + "/manifest.json") << manifest.dump(2);
+  Result r = Keel("ckpt verify " + d);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(c + "/manifest.json: key 'files' is missing; keel wrote this file"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("json.exception"), std::string::npos) << r.out;
+
+  // state.json with a counter of the wrong type, its checksum in the manifest updated to match.
+  nlohmann::json state = nlohmann::json::parse(ReadFile(c + "/state.json"));
+  state["counters"]["consumed_samples"] = "sixteen";
+  const std::string text = state.dump(2);
+  std::ofstream(c + "/state.json") << text;
+  manifest["files"] = files;
+  for (auto& f : manifest["files"])
+    if (f["name"] == "state.json") {
+      f["size"] = text.size();
+      f["xxh3"] = keel::HexDigest(keel::Xxh3(text.data(), text.size()));
+    }
+  std::ofstream(c + "/manifest.json") << manifest.dump(2);
+  for (const std::string& cmd : {"ckpt verify " + c, "ckpt inspect " + c, "sample --load " + c}) {
+    r = Keel(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find(c + "/state.json: key 'counters.consumed_samples' must be an integer, "
+                             "but is the string \"sixteen\""),
+              std::string::npos)
+        << cmd << "\n"
+        << r.out;
+    EXPECT_EQ(r.out.find("json.exception"), std::string::npos) << r.out;
+  }
+  fs::remove_all(d);
 }
 
 }  // namespace

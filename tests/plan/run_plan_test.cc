@@ -131,6 +131,21 @@ TEST(RunPlanTest, ParameterCountIsTheClosedFormAndShardsAddUp) {
   EXPECT_DOUBLE_EQ(p.flops_per_iteration, 3 * fwd * 8 * 32);
 }
 
+TEST(RunPlanTest, ABillionLayersArePlannedWithoutListingThem) {
+  // The plan used to list every layer's tensors: 2^30 layers took memory until it was killed.
+  const PlanInput in =
+      Input({"--num-layers", "1073741824", "--hidden-size", "32", "--num-attention-heads", "2",
+             "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+             "--train-iters", "100"},
+            1000, 1, 4, 1, 4);
+  RunPlan p;
+  ASSERT_TRUE(MakeRunPlan(in, &p).ok());
+  EXPECT_EQ(p.params_total, p.params_formula);
+  const int64_t layer = 12 * 32 * 32 + 13 * 32;
+  ASSERT_EQ(p.params_per_stage.size(), 4u);
+  EXPECT_EQ(p.params_per_stage[1], (int64_t{1} << 28) * layer);
+}
+
 TEST(RunPlanTest, Tr13BCannotUse64NodesUntilTheBatchReaches1024) {
   RunPlan p;
   ASSERT_TRUE(MakeRunPlan(Tr13B(64), &p).ok());

@@ -348,5 +348,48 @@ TEST(GuardControllerTest, NoHealthyCheckpointStopsWithTheReason) {
   fs::remove_all(root);
 }
 
+TEST(GuardControllerTest, MalformedGuardJsonNamesTheFileTheKeyAndTheFix) {
+  const TrainConfig c = GuardTiny();
+  const std::string root = FreshRoot("guard_json");
+  fs::create_directories(root);
+  auto be = MakeCpuBackend(1);
+  auto comm = MakeSingleProcessCommunicator();
+  Trainer tr(c, be.get(), comm.get(), {Data(1), Data(2)});
+  tr.InitializeWeights();
+  CheckpointStore store(Env::Default(), root, nullptr);
+  RunInfo run;
+  run.meta.tokenizer = "none";
+  CheckpointController ckpt(c, Env::Default(), &store, &tr, run, json::array(), nullptr);
+  RunJournal journal(Env::Default(), root, nullptr);
+  const std::string gp = JoinPath(root, kGuardPolicyFile);
+  const std::string policy =
+      R"("policy": {"decisions": 1, "rollbacks": 1, "level": 1, "last_rollback_onset": 5})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{" + policy + R"(, "lr_scale": "half", "data_order_salt": 0,
+          "skipped_iteration_ranges": []})",
+       "key 'lr_scale' must be a number, but is the string \"half\""},
+      {"{" + policy + R"(, "lr_scale": 0.5, "skipped_iteration_ranges": [[3]]})",
+       "key 'skipped_iteration_ranges[0][1]' is missing (the array has 1 element)"},
+      {"{" + policy + R"(, "lr_scale": 0.5, "skipped_iteration_ranges": []})",
+       "key 'data_order_salt' is missing"},
+      {R"({"policy": {"decisions": 1, "rollbacks": 1, "last_rollback_onset": 5}})",
+       "policy: key 'level' is missing"},
+      {R"({"policy": {"decisions": "one"}})",
+       "key 'policy.decisions' must be an integer, but is the string \"one\""},
+  };
+  for (const auto& [text, expect] : cases) {
+    ASSERT_TRUE(WriteFileAtomic(Env::Default(), gp, text).ok());
+    GuardController guard(c, Env::Default(), &store, &tr, &ckpt, &journal, nullptr);
+    const Status st = guard.Start(nullptr);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+    const std::string& m = st.message();
+    EXPECT_EQ(m.rfind(gp, 0), 0u) << m;
+    EXPECT_NE(m.find(expect), std::string::npos) << m;
+    EXPECT_NE(m.find("delete it to forget the guard's past rollbacks"), std::string::npos) << m;
+    EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+  }
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace keel

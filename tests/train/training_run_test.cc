@@ -13,9 +13,11 @@
 #include <limits>
 
 #include "../data/data_test_util.h"
+#include "core/fault_injection_env.h"
 #include "data/indexed_dataset.h"
 #include "data/prepare.h"
 #include "data/train_data.h"
+#include "train/memory_estimate.h"
 
 namespace keel {
 namespace {
@@ -73,10 +75,11 @@ struct RunResult {
   uint64_t fingerprint = 0;
 };
 
-RunResult OpenAndTrain(const TrainConfig& c, const TestHooks* hooks = nullptr) {
+RunResult OpenAndTrain(const TrainConfig& c, const TestHooks* hooks = nullptr,
+                       Env* env = Env::Default()) {
   auto comm = MakeSingleProcessCommunicator();
   RunOptions options;
-  options.env = Env::Default();
+  options.env = env;
   options.comm = comm.get();
   options.test_hooks = hooks;
   RunResult r;
@@ -162,6 +165,48 @@ TEST(TrainingRunTest, WrongInputsAreRefusedBeforeAnyWork) {
   r = OpenAndTrain(c);
   EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument) << r.status.ToString();
   EXPECT_FALSE(fs::exists(dir.Join("run/iter_0000005")));
+}
+
+// The default Env, with a fixed figure for the memory this process may still allocate.
+class FixedMemoryEnv : public FaultInjectionEnv {
+ public:
+  explicit FixedMemoryEnv(uint64_t bytes) : FaultInjectionEnv(Env::Default()), bytes_(bytes) {}
+  Status AvailableMemory(MemoryAvailable* out) override {
+    out->bytes = bytes_;
+    out->source = "the test's figure";
+    return Status::OK();
+  }
+
+ private:
+  uint64_t bytes_;
+};
+
+TEST(TrainingRunTest, ARunThatCannotFitIsRefusedWithTheNumbersBeforeAnyWork) {
+  TempDir dir;
+  TrainConfig c = Tiny(dir.Join("run"));
+  // What this run needs, as the run computes it once the vocabulary is known.
+  TrainConfig resolved = c;
+  resolved.vocab_size = 300;  // DatasetPrefix's
+  std::vector<std::string> notes;
+  ASSERT_TRUE(Validate(&resolved, &notes).ok());
+  const MemoryEstimate need = EstimateRunMemory(resolved);
+
+  FixedMemoryEnv small(need.total() - 1);
+  RunResult r = OpenAndTrain(c, nullptr, &small);
+  ASSERT_EQ(r.status.code(), Status::Code::kInvalidArgument) << r.status.ToString();
+  const std::string& m = r.status.message();
+  EXPECT_NE(m.find("needs about " + FormatBytes(need.total()) + " of memory but " +
+                   FormatBytes(need.total() - 1) + " is available (the test's figure)"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("weights " + FormatBytes(need.weights)), std::string::npos) << m;
+  EXPECT_NE(m.find("--micro-batch-size 1 fits"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(dir.Join("run/iter_0000005")));
+
+  FixedMemoryEnv enough(need.total());
+  r = OpenAndTrain(c, nullptr, &enough);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.state.counters.iteration, 20);
 }
 
 TEST(TrainingRunTest, TestHooksPlantNansThatAreCountedAsNanAndSkipped) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <vector>
 
 #include "backend/cpu/blas.h"
@@ -32,10 +33,8 @@ void* AllocZeroed(size_t bytes) {
   // aligned_alloc wants a multiple of the alignment; 64 bytes suits AVX-512 and cache lines.
   size_t padded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
   void* p = std::aligned_alloc(64, padded);
-  if (p == nullptr) {
-    throw KeelError(Status::Internal("out of memory allocating " + std::to_string(padded) +
-                                     " bytes of host memory"));
-  }
+  // Callers that know what the memory was for (TrainingRun, the CLI) turn this into a message.
+  if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, padded);
   return p;
 }
