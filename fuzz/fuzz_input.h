@@ -33,16 +33,6 @@ inline std::vector<std::string> SplitInput(const uint8_t* data, size_t size, siz
   return parts;
 }
 
-// KEEL_FUZZ_UNFILTERED=1 turns off the skips of known, unfixed bugs (fuzz/regressions/*/README.md),
-// to check a fix: `KEEL_FUZZ_UNFILTERED=1 build-fuzz/fuzz/TARGET fuzz/regressions/TARGET/*`.
-inline bool Unfiltered() {
-  static const bool on = [] {
-    const char* v = std::getenv("KEEL_FUZZ_UNFILTERED");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
-  }();
-  return on;
-}
-
 inline std::string AsString(const uint8_t* data, size_t size) {
   return std::string(reinterpret_cast<const char*>(data), size);
 }

@@ -54,7 +54,9 @@ for t in "${targets[@]}"; do
   mkdir -p "$corpus" "$crashes" "$(dirname "$log")"
   # New inputs go to the first directory only: the committed seeds are never written to.
   dirs=("$corpus")
-  for d in "fuzz/corpus/$t" "$BUILD_DIR/seeds/$t"; do [ -d "$d" ] && dirs+=("$d"); done
+  for d in "fuzz/corpus/$t" "fuzz/regressions/$t" "$BUILD_DIR/seeds/$t"; do
+    [ -d "$d" ] && dirs+=("$d")
+  done
   rc=0
   # -timeout: an input running this long (wall clock, so with room for a busy machine) is a hang;
   # -rss_limit_mb also caps a single malloc.

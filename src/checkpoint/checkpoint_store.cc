@@ -8,21 +8,6 @@
 
 namespace keel {
 
-std::string CheckpointDirName(int64_t iteration) {
-  return fmt::format("iter_{:07d}", iteration);
-}
-
-bool ParseCheckpointDirName(const std::string& name, int64_t* iteration) {
-  if (name.size() < 6 || name.compare(0, 5, "iter_") != 0) return false;
-  int64_t v = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(name[i])) || i - 5 >= 15) return false;
-    v = v * 10 + (name[i] - '0');
-  }
-  *iteration = v;
-  return true;
-}
-
 CheckpointStore::CheckpointStore(Env* env, std::string root, Logger log)
     : env_(env), root_(std::move(root)), log_(std::move(log)) {
   if (!log_) log_ = [](const std::string&) {};
@@ -113,14 +98,26 @@ Status CheckpointStore::Unpin(int64_t iteration) {
   return WriteFileAtomic(env_, JoinPath(root_, kPinsFile), j.dump(2) + "\n");
 }
 
+int64_t CheckpointStore::MarkerOrWarn(const std::string& instead) {
+  int64_t marker = -1;
+  Status st = ReadMarker(&marker);
+  if (st.ok()) return marker;
+  if (st.code() != Status::Code::kNotFound) log_("WARNING: " + st.message() + "; " + instead);
+  return -1;
+}
+
 Status CheckpointStore::List(std::vector<CheckpointInfo>* out) {
+  out->clear();
+  if (!env_->IsDirectory(root_)) return Status::OK();
+  return ListWithMarker(
+      MarkerOrWarn("every checkpoint counts as uncommitted until a resume rewrites it"), out);
+}
+
+Status CheckpointStore::ListWithMarker(int64_t marker, std::vector<CheckpointInfo>* out) {
   out->clear();
   if (!env_->IsDirectory(root_)) return Status::OK();
   std::vector<std::string> children;
   KEEL_RETURN_IF_ERROR(env_->GetChildren(root_, &children));
-  int64_t marker = -1;
-  Status ms = ReadMarker(&marker);
-  if (!ms.ok()) marker = -1;
   std::map<int64_t, std::string> pins;
   KEEL_RETURN_IF_ERROR(ReadPins(&pins));
   for (const std::string& c : children) {
@@ -152,17 +149,17 @@ Status CheckpointStore::MoveAside(const std::string& name, const std::string& su
 }
 
 Status CheckpointStore::FindNewestValid(bool move_aside_rejected, CheckpointInfo* out) {
-  std::vector<CheckpointInfo> all;
-  KEEL_RETURN_IF_ERROR(List(&all));
-  if (all.empty()) return Status::NotFound("no checkpoint (iter_NNNNNNN directory) in " + root_);
   int64_t marker = -1;
   Status ms = ReadMarker(&marker);
+  if (!ms.ok()) marker = -1;
+  std::vector<CheckpointInfo> all;
+  KEEL_RETURN_IF_ERROR(ListWithMarker(marker, &all));
+  if (all.empty()) return Status::NotFound("no checkpoint (iter_NNNNNNN directory) in " + root_);
   if (!ms.ok()) {
     log_(
         fmt::format("WARNING: {}; the newest checkpoint that verifies is used and the marker "
                     "rewritten",
                     ms.message()));
-    marker = -1;
   } else if (!env_->IsDirectory(JoinPath(root_, CheckpointDirName(marker)))) {
     log_(fmt::format("WARNING: {} names iteration {} but {} does not exist", kMarkerFile, marker,
                      CheckpointDirName(marker)));
@@ -185,7 +182,7 @@ Status CheckpointStore::FindNewestValid(bool move_aside_rejected, CheckpointInfo
       continue;
     }
     if (it->iteration != marker) {
-      if (it->iteration > marker)
+      if (it->iteration > marker && ms.code() != Status::Code::kCorruption)  // else said above
         log_(fmt::format(
             "note: {} is complete and verifies but {} says {} (the save was interrupted before "
             "the marker update); adopting it",
@@ -269,7 +266,7 @@ Status CheckpointStore::Save(int64_t iteration, const std::vector<CheckpointFile
   return Status::OK();
 }
 
-Status CheckpointStore::RollbackTo(int64_t iteration) {
+Status CheckpointStore::RollbackTo(int64_t iteration, std::vector<std::string>* moved_names) {
   std::vector<CheckpointInfo> all;
   KEEL_RETURN_IF_ERROR(List(&all));
   bool found = false;
@@ -281,6 +278,7 @@ Status CheckpointStore::RollbackTo(int64_t iteration) {
     if (c.iteration <= iteration) continue;
     std::string moved;
     KEEL_RETURN_IF_ERROR(MoveAside(c.name, "rolled-back", &moved));
+    if (moved_names != nullptr) moved_names->push_back(moved);
     log_(fmt::format("rolling back to {}: moved the newer {} to {}", CheckpointDirName(iteration),
                      c.name, JoinPath(root_, moved)));
   }
@@ -289,13 +287,31 @@ Status CheckpointStore::RollbackTo(int64_t iteration) {
 
 Status CheckpointStore::ApplyRetention(int keep_last) {
   if (keep_last <= 0) return Status::OK();
-  std::vector<CheckpointInfo> all;
-  KEEL_RETURN_IF_ERROR(List(&all));
   int64_t marker = -1;
-  if (!ReadMarker(&marker).ok()) return Status::OK();  // nothing is known to be good: keep all
+  Status ms = ReadMarker(&marker);
+  std::vector<CheckpointInfo> all;
+  KEEL_RETURN_IF_ERROR(ListWithMarker(ms.ok() ? marker : -1, &all));
+  if (!ms.ok()) {  // nothing is known to be good: keep all
+    if (!all.empty())
+      log_(
+          fmt::format("WARNING: {}; retention (--keep-last-checkpoints {}) deletes nothing until a "
+                      "save or resume rewrites it",
+                      ms.message(), keep_last));
+    return Status::OK();
+  }
   int kept = 0;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (!it->committed) continue;
+    // A directory whose manifest names another iteration is not this run's checkpoint of that
+    // name: it neither takes the place of a real one among the kept nor is deleted.
+    Manifest m;
+    if (ReadManifest(env_, it->path, &m).ok()) {
+      Status id = CheckCheckpointIdentity(it->path, m);
+      if (!id.ok()) {
+        log_("WARNING: retention skips " + it->path + ": " + id.message());
+        continue;
+      }
+    }
     if (kept < keep_last || it->iteration == marker) {
       ++kept;
       continue;
@@ -308,6 +324,28 @@ Status CheckpointStore::ApplyRetention(int keep_last) {
     KEEL_RETURN_IF_ERROR(env_->RemoveDirRecursive(it->path));
   }
   return env_->SyncDir(root_);
+}
+
+Status ResolveCheckpointDir(Env* env, const std::string& path, const CheckpointStore::Logger& log,
+                            NamedCheckpoint named, std::string* dir) {
+  if (env->FileExists(JoinPath(path, kManifestFile))) {
+    if (named == NamedCheckpoint::kVerify)
+      KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, path, /*check_contents=*/true, nullptr));
+    *dir = path;
+    return Status::OK();
+  }
+  CheckpointStore store(env, path, log);
+  CheckpointInfo info;
+  Status st = store.FindNewestValid(/*move_aside_rejected=*/false, &info);
+  if (st.code() == Status::Code::kNotFound)
+    return Status::InvalidArgument(
+        path +
+        " holds no checkpoint: pass a run directory written by `keel train --save DIR` or "
+        "one of its iter_NNNNNNN directories (a directory with a " +
+        kManifestFile + ")");
+  KEEL_RETURN_IF_ERROR(st);
+  *dir = info.path;
+  return Status::OK();
 }
 
 }  // namespace keel

@@ -8,7 +8,7 @@
 // the directory, renames it to iter_N, fsyncs SAVE, then replaces the marker atomically. A crash
 // at any instant leaves every earlier checkpoint and the marker intact; Recover() removes the
 // leftovers, saying so. The store knows files, not training: what goes into a checkpoint is the
-// train loop's business (train/train_checkpoint.h).
+// train loop's business (checkpoint/train_checkpoint.h).
 #pragma once
 
 #include <cstdint>
@@ -51,11 +51,6 @@ struct SaveStats {
   double seconds = 0;
 };
 
-// "iter_0000100" for 100 (7 digits, as Megatron names them).
-std::string CheckpointDirName(int64_t iteration);
-// Parses "iter_0000100" into 100; false for anything else (e.g. "iter_0000100.corrupt").
-bool ParseCheckpointDirName(const std::string& name, int64_t* iteration);
-
 class CheckpointStore {
  public:
   using Logger = std::function<void(const std::string&)>;
@@ -66,13 +61,16 @@ class CheckpointStore {
   // Removes what an interrupted save or edit left behind (temporary directories and files), each
   // with a log line. Safe to call at any time no save is running.
   Status Recover();
-  // The checkpoints in the root, oldest first, with their commit and pin state.
+  // The checkpoints in the root, oldest first, with their commit and pin state. An unreadable
+  // marker is logged, and every checkpoint then counts as uncommitted.
   Status List(std::vector<CheckpointInfo>* out);
   // The marker's iteration; NotFound when there is no marker, Corruption when it is unreadable.
   Status ReadMarker(int64_t* iteration);
-  // The newest checkpoint that verifies completely (manifest, sizes, checksums). Every newer one
-  // that fails is logged with the reason; with `move_aside_rejected` it is renamed to
-  // iter_N.corrupt(.K) so a continuing run can save iteration N again. A checkpoint newer than the
+  // The newest checkpoint that verifies completely (manifest, identity, sizes, checksums). Every
+  // newer one that fails is logged with the reason; with `move_aside_rejected` it is renamed to
+  // iter_N.corrupt(.K) so a continuing run can save iteration N again. A directory whose manifest
+  // names another iteration (a copy or a renamed checkpoint) fails like a corrupt one, so it is
+  // never loaded in place of the real newest. A checkpoint newer than the
   // marker (a save interrupted between its rename and the marker update) is complete by
   // construction; once it verifies it is adopted and the marker updated, with a log line.
   // NotFound if the root holds no checkpoint at all; Corruption if none verifies.
@@ -81,18 +79,25 @@ class CheckpointStore {
   // directory is removed (best effort) and the error says that the previous checkpoints are intact.
   Status Save(int64_t iteration, const std::vector<CheckpointFile>& files, SaveStats* stats);
   // Makes checkpoint `iteration` the newest: every newer checkpoint directory is renamed to
-  // iter_M.rolled-back (kept, never deleted) and the marker set to `iteration`, each logged. The
-  // guard's rollbacks and `keel train --load SAVE/iter_N` use it.
-  Status RollbackTo(int64_t iteration);
+  // iter_M.rolled-back (kept, never deleted) and the marker set to `iteration`, each logged;
+  // `moved` (may be null) gets their new names. The guard's rollbacks and `keel train --load
+  // SAVE/iter_N` both come here through CheckpointController::RollbackTo.
+  Status RollbackTo(int64_t iteration, std::vector<std::string>* moved = nullptr);
   // Pins or unpins a checkpoint: pinned ones survive retention.
   Status Pin(int64_t iteration, const std::string& reason);
   Status Unpin(int64_t iteration);
   Status ReadPins(std::map<int64_t, std::string>* pins);
   // Deletes committed checkpoints beyond the newest `keep_last`, except pinned ones and the
-  // marker's; each deletion is logged. keep_last <= 0 keeps everything.
+  // marker's; each deletion is logged. keep_last <= 0 keeps everything; so does an unreadable
+  // marker (logged). A directory whose manifest names another iteration is skipped with a
+  // warning: it is neither counted among the kept nor deleted.
   Status ApplyRetention(int keep_last);
 
  private:
+  // The marker's iteration, or -1 when it is missing or unreadable; an unreadable one is logged
+  // with `instead`, what the store does without it.
+  int64_t MarkerOrWarn(const std::string& instead);
+  Status ListWithMarker(int64_t marker, std::vector<CheckpointInfo>* out);
   Status MoveAside(const std::string& name, const std::string& suffix, std::string* new_name);
   Status WriteMarker(int64_t iteration);
 
@@ -100,5 +105,17 @@ class CheckpointStore {
   std::string root_;
   Logger log_;
 };
+
+// What ResolveCheckpointDir does with a checkpoint directory named directly: verify it strictly
+// (manifest, identity, sizes, checksums) as any load must, or take it as it is (the inspection
+// tools, which must be able to show a broken checkpoint too).
+enum class NamedCheckpoint { kVerify, kAsIs };
+
+// The checkpoint directory a user's `path` names: `path` itself when it holds a manifest (see
+// `named`), else the newest valid checkpoint of the run directory `path` (FindNewestValid, moving
+// nothing aside; `log` gets why newer ones were passed over). InvalidArgument naming `path` when
+// it holds no checkpoint at all; Corruption when none of its checkpoints verifies.
+Status ResolveCheckpointDir(Env* env, const std::string& path, const CheckpointStore::Logger& log,
+                            NamedCheckpoint named, std::string* dir);
 
 }  // namespace keel

@@ -4,11 +4,11 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <charconv>
+#include <cctype>
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "core/json_field.h"
+#include "core/json_reader.h"
 
 namespace keel {
 
@@ -16,8 +16,41 @@ std::string HexDigest(uint64_t v) {
   return fmt::format("{:016x}", v);
 }
 
+namespace {
+
+bool ParseHexDigest(const std::string& hex, uint64_t* v) {
+  if (hex.size() != 16) return false;
+  *v = 0;
+  for (char c : hex) {
+    const int d = std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
+                  : c >= 'a' && c <= 'f'                      ? c - 'a' + 10
+                  : c >= 'A' && c <= 'F'                      ? c - 'A' + 10
+                                                              : -1;
+    if (d < 0) return false;
+    *v = *v << 4 | static_cast<uint64_t>(d);
+  }
+  return true;
+}
+
+}  // namespace
+
 uint64_t Xxh3(const char* data, size_t size) {
   return XXH3_64bits(data, size);
+}
+
+std::string CheckpointDirName(int64_t iteration) {
+  return fmt::format("iter_{:07d}", iteration);
+}
+
+bool ParseCheckpointDirName(const std::string& name, int64_t* iteration) {
+  if (name.size() < 6 || name.compare(0, 5, "iter_") != 0) return false;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(name[i])) || i - 5 >= 15) return false;
+    v = v * 10 + (name[i] - '0');
+  }
+  *iteration = v;
+  return true;
 }
 
 std::string Manifest::ToJson() const {
@@ -34,36 +67,29 @@ std::string Manifest::ToJson() const {
 
 Status Manifest::FromJson(const std::string& text, const std::string& path, Manifest* out) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || JsonStringOr(j, "format", "") != "keel-checkpoint")
-    return Status::Corruption(path + " is not a keel checkpoint manifest");
-  auto malformed = [&](const std::string& what) {
-    return Status::Corruption(path + ": malformed manifest: " + what);
-  };
-  if (!j.contains("format_version")) return malformed("no format_version");
-  if (JsonIntField<int>(j, "format_version") != 1)
-    return Status::Corruption(path + ": manifest format_version " + j["format_version"].dump() +
+  if (j.is_discarded() || !j.is_object() || !j.contains("format") ||
+      j["format"] != "keel-checkpoint")
+    return Status::Corruption(path + " is not a keel checkpoint manifest; " +
+                              kDamagedCheckpointFix);
+  JsonReader r(path, j, kDamagedCheckpointFix);
+  const JsonValue root = r.root();
+  const JsonValue version = root["format_version"];
+  if (version.Get<int64_t>(1) != 1)
+    return Status::Corruption(path + ": manifest format_version " + version.raw().dump() +
                               " is not supported by this keel (" KEEL_VERSION ")");
-  const auto iteration = JsonIntField<int64_t>(j, "iteration");
-  if (!iteration || *iteration < 0) return malformed("iteration is not a non-negative integer");
-  out->iteration = *iteration;
+  out->iteration = root["iteration"].Get<int64_t>();
   out->files.clear();
-  const auto files = j.find("files");
-  if (files == j.end() || !files->is_array()) return malformed("files is not a list");
-  for (const nlohmann::json& f : *files) {
+  for (const JsonValue& f : root["files"].Items()) {
     ManifestEntry e;
-    e.name = JsonStringOr(f, "name", "");
-    if (e.name.empty()) return malformed("an entry of files has no name");
-    const auto size = JsonIntField<uint64_t>(f, "size");
-    if (!size) return malformed(e.name + ": size is not a non-negative integer");
-    e.size = *size;
-    // 16 hex digits, as ToJson writes them.
-    const std::string hex = JsonStringOr(f, "xxh3", "");
-    const auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), e.xxh3, 16);
-    if (hex.size() != 16 || ec != std::errc() || end != hex.data() + hex.size())
-      return malformed(e.name + ": xxh3 is not 16 hex digits");
+    e.name = f["name"].Get<std::string>();
+    e.size = f["size"].Get<uint64_t>();
+    const JsonValue xxh3 = f["xxh3"];
+    const std::string hex = xxh3.Get<std::string>();
+    if (r.ok() && !ParseHexDigest(hex, &e.xxh3))
+      r.Fail(xxh3.path(), "must be 16 hexadecimal digits, but is \"" + hex + "\"");
     out->files.push_back(std::move(e));
   }
-  return Status::OK();
+  return r.status();
 }
 
 const ManifestEntry* Manifest::Find(const std::string& name) const {
@@ -89,17 +115,36 @@ uint64_t ChecksummingFile::digest() const {
   return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_));
 }
 
-Status VerifyCheckpointDir(Env* env, const std::string& dir, bool check_contents, Manifest* out) {
+Status ReadManifest(Env* env, const std::string& dir, Manifest* out) {
   const std::string mpath = JoinPath(dir, kManifestFile);
-  if (!env->IsDirectory(dir)) return Status::NotFound(dir + " is not a directory");
   if (!env->FileExists(mpath))
     return Status::Corruption(mpath +
                               " is missing: this is not a complete keel checkpoint (its save was "
                               "interrupted, or another tool wrote it)");
   std::string text;
   KEEL_RETURN_IF_ERROR(env->ReadFileToString(mpath, &text));
+  return Manifest::FromJson(text, mpath, out);
+}
+
+Status CheckCheckpointIdentity(const std::string& dir, const Manifest& m) {
+  std::string path = dir;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const std::string name = path.substr(path.rfind('/') + 1);  // npos + 1 == 0: all of it
+  int64_t named = 0;
+  if (!ParseCheckpointDirName(name, &named) || named == m.iteration) return Status::OK();
+  return Status::Corruption(fmt::format(
+      "{}: its manifest says iteration {} but the directory is named {} (iteration {}): this "
+      "directory is a copy of {}, or was renamed; move it out of the run directory (keel takes a "
+      "checkpoint's iteration from its manifest, never from its name)",
+      path, m.iteration, name, named, CheckpointDirName(m.iteration)));
+}
+
+Status VerifyCheckpointDir(Env* env, const std::string& dir, bool check_contents, Manifest* out) {
+  const std::string mpath = JoinPath(dir, kManifestFile);
+  if (!env->IsDirectory(dir)) return Status::NotFound(dir + " is not a directory");
   Manifest m;
-  KEEL_RETURN_IF_ERROR(Manifest::FromJson(text, mpath, &m));
+  KEEL_RETURN_IF_ERROR(ReadManifest(env, dir, &m));
+  KEEL_RETURN_IF_ERROR(CheckCheckpointIdentity(dir, m));
   std::vector<std::string> children;
   KEEL_RETURN_IF_ERROR(env->GetChildren(dir, &children));
   std::sort(children.begin(), children.end());

@@ -16,6 +16,12 @@ namespace keel {
 
 constexpr const char* kManifestFile = "manifest.json";
 
+// The fix a message about a malformed checkpoint file offers: keel wrote it, so it was damaged or
+// edited; other checkpoints of the run remain.
+constexpr const char* kDamagedCheckpointFix =
+    "keel wrote this file, so it was damaged or edited by hand: restore it from a copy, or use "
+    "another checkpoint of the run (`keel ckpt list SAVE`, then --load SAVE/iter_N)";
+
 struct ManifestEntry {
   std::string name;  // relative to the checkpoint directory, no subdirectories
   uint64_t size = 0;
@@ -52,8 +58,23 @@ class ChecksummingFile : public WritableFile {
 uint64_t Xxh3(const char* data, size_t size);
 std::string HexDigest(uint64_t v);
 
-// Checks `dir` strictly against its manifest (see the header comment). With `check_contents`
-// false only names and sizes are compared (fast listing); true also recomputes every checksum.
+// "iter_0000100" for 100 (7 digits, as Megatron names them).
+std::string CheckpointDirName(int64_t iteration);
+// Parses "iter_0000100" into 100; false for anything else (e.g. "iter_0000100.corrupt").
+bool ParseCheckpointDirName(const std::string& name, int64_t* iteration);
+
+// Reads and parses `dir`/manifest.json; Corruption when it is missing or malformed.
+Status ReadManifest(Env* env, const std::string& dir, Manifest* out);
+
+// A checkpoint's identity is its manifest's iteration, not its directory's name: Corruption,
+// naming both numbers and the fix, when `dir` is named iter_N and `m` says another iteration (a
+// copy such as `cp -r iter_0000010 iter_0000099`, or a renamed directory). A directory not named
+// iter_N (a copy elsewhere, iter_N.corrupt) claims no iteration and passes.
+Status CheckCheckpointIdentity(const std::string& dir, const Manifest& m);
+
+// Checks `dir` strictly against its manifest (see the header comment) and its identity
+// (CheckCheckpointIdentity). With `check_contents` false only names and sizes are compared (fast
+// listing); true also recomputes every checksum.
 Status VerifyCheckpointDir(Env* env, const std::string& dir, bool check_contents, Manifest* out);
 
 }  // namespace keel

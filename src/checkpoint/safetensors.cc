@@ -1,9 +1,13 @@
 #include "checkpoint/safetensors.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "core/json_field.h"
+#include "checkpoint/manifest.h"
+#include "core/json_reader.h"
 
 namespace keel {
 namespace {
@@ -81,61 +85,62 @@ Status ParseSafetensors(const char* data, size_t size, const std::string& path,
     return Status::Corruption(path + ": header is not a JSON object");
   const uint64_t data_start = 8 + hlen;
   out->clear();
-  try {
-    for (auto it = header.begin(); it != header.end(); ++it) {
-      if (it.key() == "__metadata__") {
-        if (metadata)
-          for (auto m = it->begin(); m != it->end(); ++m)
-            (*metadata)[m.key()] = m->get<std::string>();
-        continue;
+  JsonReader r(path + " (safetensors header)", header, kDamagedCheckpointFix);
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const JsonValue t = r.root()[it.key()];
+    if (it.key() == "__metadata__") {
+      if (!it->is_object())
+        r.Fail(t.path(), "must be an object of strings, but is " + DescribeJson(*it));
+      for (auto m = it->begin(); it->is_object() && m != it->end(); ++m) {
+        const std::string v = t[m.key()].Get<std::string>();
+        if (metadata) (*metadata)[m.key()] = v;
       }
-      const auto& t = *it;
-      TensorRef r;
-      r.dtype = t.at("dtype").get<std::string>();
-      const int eb = DtypeBytes(r.dtype);
-      if (eb == 0)
-        return Status::Corruption(path + ": tensor '" + it.key() + "' has unknown dtype " +
-                                  r.dtype);
-      // Dimensions and offsets are JSON integers; the tensor's bytes must fit in the file (which
-      // also bounds the product of the dimensions, so it is computed without overflow).
-      uint64_t bytes = static_cast<uint64_t>(eb);
-      const nlohmann::json& shape = t.at("shape");
-      if (!shape.is_array())
-        return Status::Corruption(path + ": tensor '" + it.key() + "' has no shape list");
-      for (const nlohmann::json& d : shape) {
-        const auto dim = JsonInt<int64_t>(d);
-        if (!dim || *dim < 0)
-          return Status::Corruption(path + ": tensor '" + it.key() + "' has dimension " + d.dump() +
-                                    ", not a non-negative integer");
-        r.shape.push_back(*dim);
-        if (bytes != 0 && static_cast<uint64_t>(*dim) > (size - data_start) / bytes)
-          bytes = UINT64_MAX;  // more than the file holds
-        else
-          bytes *= static_cast<uint64_t>(*dim);
-      }
-      const nlohmann::json& offsets = t.at("data_offsets");
-      const auto b = JsonInt<uint64_t>(offsets.at(0)), e = JsonInt<uint64_t>(offsets.at(1));
-      if (!b || !e || *e < *b || *e - *b != bytes || *e > size - data_start)
-        return Status::Corruption(path + ": tensor '" + it.key() +
-                                  "' has inconsistent offsets or is truncated");
-      r.data = data + data_start + *b;
-      r.bytes = *e - *b;
-      (*out)[it.key()] = std::move(r);
+      KEEL_RETURN_IF_ERROR(r.status());
+      continue;
     }
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Corruption(path + ": malformed header: " + e.what());
+    TensorRef ref;
+    ref.dtype = t["dtype"].Get<std::string>();
+    // The tensor's bytes must fit in the file, which bounds the product of the dimensions (so it
+    // is computed without overflow: a product that wrapped could match a short byte range).
+    const uint64_t room = size - data_start;
+    const int eb = DtypeBytes(ref.dtype);
+    // An empty tensor's other dimensions are still bounded, so that no product of them overflows.
+    uint64_t bytes = eb == 0 ? 1 : static_cast<uint64_t>(eb), nonzero = 1;
+    for (const JsonValue& d : t["shape"].Items()) {
+      const uint64_t n = d.Get<uint64_t>();
+      if (n == 0) {
+        bytes = 0;
+      } else if (nonzero > (uint64_t{1} << 62) / n) {
+        if (r.ok()) r.Fail(t["shape"].path(), "describes more elements than any file holds");
+      } else {
+        nonzero *= n;
+        bytes = bytes > room / n ? room + 1 : bytes * n;
+      }
+      ref.shape.push_back(static_cast<int64_t>(n));
+    }
+    const JsonValue offsets = t["data_offsets"];
+    const uint64_t b = offsets[0].Get<uint64_t>(), e = offsets[1].Get<uint64_t>();
+    KEEL_RETURN_IF_ERROR(r.status());
+    if (eb == 0)
+      return Status::Corruption(path + ": tensor '" + it.key() + "' has unknown dtype " +
+                                ref.dtype);
+    if (e < b || e - b != bytes || e > room)
+      return Status::Corruption(path + ": tensor '" + it.key() +
+                                "' has inconsistent offsets or is truncated");
+    ref.data = data + data_start + b;
+    ref.bytes = e - b;
+    (*out)[it.key()] = std::move(ref);
   }
   return Status::OK();
 }
 
 Status ReadSafetensors(Env* env, const std::string& path, std::map<std::string, LoadedTensor>* out,
                        std::map<std::string, std::string>* metadata) {
-  std::unique_ptr<ReadOnlyRegion> region;
-  KEEL_RETURN_IF_ERROR(env->MapReadOnly(path, &region));
-  std::map<std::string, TensorRef> refs;
-  KEEL_RETURN_IF_ERROR(ParseSafetensors(region->data(), region->size(), path, &refs, metadata));
+  MappedSafetensors file;
+  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, path, &file));
+  if (metadata) *metadata = file.metadata();
   out->clear();
-  for (auto& [name, r] : refs) {
+  for (const auto& [name, r] : file.tensors()) {
     if (r.dtype != "F32")
       return Status::Corruption(path + ": tensor '" + name + "' is " + r.dtype +
                                 ", keel reads F32 only");
@@ -145,6 +150,66 @@ Status ReadSafetensors(Env* env, const std::string& path, std::map<std::string, 
     std::memcpy(lt.data.data(), r.data, r.bytes);
     (*out)[name] = std::move(lt);
   }
+  return Status::OK();
+}
+
+Status MappedSafetensors::Open(Env* env, const std::string& path, MappedSafetensors* out) {
+  MappedSafetensors m;
+  m.path_ = path;
+  KEEL_RETURN_IF_ERROR(env->MapReadOnly(path, &m.region_));
+  KEEL_RETURN_IF_ERROR(
+      ParseSafetensors(m.region_->data(), m.region_->size(), path, &m.tensors_, &m.metadata_));
+  *out = std::move(m);
+  return Status::OK();
+}
+
+const TensorRef* MappedSafetensors::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+Status MappedSafetensors::FindF32(const std::string& name, const std::vector<int64_t>& shape,
+                                  const TensorRef** out) const {
+  const TensorRef* t = Find(name);
+  if (t == nullptr)
+    return Status::Corruption(fmt::format("{}: tensor '{}' is missing (expected F32 [{}])", path_,
+                                          name, fmt::join(shape, ", ")));
+  if (t->dtype != "F32" || t->shape != shape)
+    return Status::Corruption(fmt::format("{}: tensor '{}' is {} [{}], expected F32 [{}]", path_,
+                                          name, t->dtype, fmt::join(t->shape, ", "),
+                                          fmt::join(shape, ", ")));
+  *out = t;
+  return Status::OK();
+}
+
+Status MappedSafetensors::GetF32(const std::string& name, const std::vector<int64_t>& shape,
+                                 const float** data) const {
+  const TensorRef* t = nullptr;
+  KEEL_RETURN_IF_ERROR(FindF32(name, shape, &t));
+  // keel's writer aligns tensor data; another writer's need not, and a misaligned float* must not
+  // be handed out (CopyF32 reads such a tensor fine).
+  if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0)
+    return Status::Corruption(
+        fmt::format("{}: tensor '{}' is not 4-byte aligned in the file and cannot be read in place",
+                    path_, name));
+  *data = reinterpret_cast<const float*>(t->data);
+  return Status::OK();
+}
+
+Status MappedSafetensors::CopyF32(const std::string& name, const std::vector<int64_t>& shape,
+                                  float* dst) const {
+  const TensorRef* t = nullptr;
+  KEEL_RETURN_IF_ERROR(FindF32(name, shape, &t));
+  std::memcpy(dst, t->data, t->bytes);
+  return Status::OK();
+}
+
+Status MappedSafetensors::CheckNoOtherTensors(const std::set<std::string>& expected) const {
+  for (const auto& [name, t] : tensors_)
+    if (expected.count(name) == 0)
+      return Status::Corruption(
+          fmt::format("{}: unexpected tensor '{}' ({} [{}]), which the model does not have", path_,
+                      name, t.dtype, fmt::join(t.shape, ", ")));
   return Status::OK();
 }
 

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,5 +50,43 @@ Status ParseSafetensors(const char* data, size_t size, const std::string& path,
 // Reads every F32 tensor; errors name the file and what is wrong (truncated, bad header, dtype).
 Status ReadSafetensors(Env* env, const std::string& path, std::map<std::string, LoadedTensor>* out,
                        std::map<std::string, std::string>* metadata);
+
+// A safetensors file mapped read-only (Env::MapReadOnly) with its header parsed: tensors are read
+// in place by name, without a copy of the file. Every error names the file.
+class MappedSafetensors {
+ public:
+  MappedSafetensors() = default;
+  MappedSafetensors(MappedSafetensors&&) = default;
+  MappedSafetensors& operator=(MappedSafetensors&&) = default;
+
+  // Maps `path` and checks its header (ParseSafetensors).
+  static Status Open(Env* env, const std::string& path, MappedSafetensors* out);
+
+  const std::string& path() const { return path_; }
+  // Every tensor by name; the views point into the mapping and live as long as this object.
+  const std::map<std::string, TensorRef>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // nullptr when there is no tensor `name`.
+  const TensorRef* Find(const std::string& name) const;
+
+  // The data of tensor `name`, which must be F32 of exactly `shape`; Corruption naming the file,
+  // the tensor, and what was expected and found otherwise (missing, other dtype or shape).
+  Status GetF32(const std::string& name, const std::vector<int64_t>& shape,
+                const float** data) const;
+  // GetF32, copied to `dst` (host memory, numel(shape) floats).
+  Status CopyF32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
+  // Corruption naming the first tensor whose name is not in `expected` (a file that holds more
+  // than the model it is loaded into).
+  Status CheckNoOtherTensors(const std::set<std::string>& expected) const;
+
+ private:
+  Status FindF32(const std::string& name, const std::vector<int64_t>& shape,
+                 const TensorRef** out) const;
+
+  std::string path_;
+  std::unique_ptr<ReadOnlyRegion> region_;
+  std::map<std::string, TensorRef> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
 
 }  // namespace keel

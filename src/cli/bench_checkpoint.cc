@@ -21,10 +21,13 @@
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "comm/communicator.h"
+#include "config/config.h"
 #include "core/log.h"
-#include "train/train_checkpoint.h"
+#include "train/checkpoint_controller.h"
 #include "train/trainer.h"
 
 extern char** environ;
@@ -131,10 +134,10 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
   cfg.threads = threads;
   std::vector<std::string> notes;
   Status st = Validate(&cfg, &notes);
-  if (!st.ok()) return LogError("error: " + st.message()), 1;
+  if (!st.ok()) return Fail(st);
   auto backend = MakeCpuBackend(threads);
   auto comm = MakeSingleProcessCommunicator();
-  Trainer trainer(cfg, backend.get(), comm.get(), Env::Default(), SampleFn(), SampleFn());
+  Trainer trainer(cfg, backend.get(), comm.get(), {SampleFn(), SampleFn()});
   trainer.InitializeWeights();
   // Nonzero moments, so nothing compresses or is special-cased.
   const size_t n = trainer.model().num_params();
@@ -172,15 +175,17 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
   std::vector<float> staging;  // kept across saves, as CheckpointController does
   for (int rep = 0; rep < repeats; ++rep) {
     CheckpointStore store(Env::Default(), dir, nullptr);
-    trainer.counters().iteration = rep + 1;
+    TrainState state = trainer.state();
+    state.counters.iteration = rep + 1;
+    trainer.Restore(state);
     std::vector<CheckpointFile> files;
     t0 = std::chrono::steady_clock::now();
-    st = BuildTrainCheckpoint(Env::Default(), trainer, run, nlohmann::json::array(), &staging,
-                              &files);
+    st = BuildTrainCheckpoint(Env::Default(), CheckpointSourceOf(trainer), run,
+                              nlohmann::json::array(), &staging, &files);
     SaveStats stats;
     if (st.ok()) st = store.Save(rep + 1, files, &stats);
     const double save_s = Seconds(t0);
-    if (!st.ok()) return LogError("error: " + st.message()), 1;
+    if (!st.ok()) return Fail(st);
     const double gb = static_cast<double>(stats.bytes) / 1e9;
     EvictFromPageCache(stats.path);
 
@@ -191,7 +196,7 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
       st = RunProcess(DdArgv(dir + "/dd.bin", stats.bytes, direct != 0));
       dd_s[direct] = Seconds(t0);
       fs::remove(dir + "/dd.bin", ec);
-      if (!st.ok()) return LogError("error: " + st.message()), 1;
+      if (!st.ok()) return Fail(st);
     }
 
     // Load: verify every checksum (FindNewestValid), then read the state into the model.
@@ -201,9 +206,9 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
     const double verify_s = Seconds(t0);
     SavedTrainState saved;
     if (st.ok()) st = ReadSavedTrainState(Env::Default(), info.path, &saved);
-    if (st.ok()) st = RestoreTrainCheckpoint(Env::Default(), saved, trainer);
+    if (st.ok()) st = RestoreTrainer(Env::Default(), saved, &trainer);
     const double load_s = Seconds(t0);
-    if (!st.ok()) return LogError("error: " + st.message()), 1;
+    if (!st.ok()) return Fail(st);
     fs::remove_all(info.path, ec);  // one checkpoint on disk at a time
 
     save_r.push_back(gb / save_s);

@@ -7,11 +7,12 @@
 #include <chrono>
 
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/log.h"
 #include "core/rng.h"
-#include "train/flops.h"
+#include "model/flops.h"
 #include "train/trainer.h"
 
 namespace keel::cli {
@@ -63,7 +64,8 @@ int BenchCommand(int argc, const char* const* argv) {
                "keel bench");
   int threads = 0, iters = 5, warmup = 2;
   std::vector<std::string> only;
-  app.add_option("--threads", threads, "CPU threads (0: all cores)");
+  app.add_option("--threads", threads,
+                 fmt::format("CPU threads (0: all cores; at most {})", MaxThreads()));
   app.add_option("--iters", iters, "timed iterations per model (median reported)")
       ->check(CLI::Range(1, 1000));
   app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::Range(0, 100));
@@ -96,6 +98,7 @@ int BenchCommand(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (Status st = ValidateThreads(threads); !st.ok()) return Fail(st);
   if (checkpoint) return BenchCheckpoint(ckpt_dir, repeats, threads);
   if (guard) return BenchGuard(iters, warmup, threads);
   if (data) return BenchData(ckpt_dir, data_gb, repeats, seq);
@@ -138,7 +141,7 @@ int BenchCommand(int argc, const char* const* argv) {
         tokens[t] = static_cast<int32_t>(U64At(key, t) % static_cast<uint64_t>(m.vocab));
       return 0;
     };
-    Trainer trainer(cfg, backend.get(), comm.get(), Env::Default(), fn, SampleFn());
+    Trainer trainer(cfg, backend.get(), comm.get(), {fn, SampleFn()});
     trainer.InitializeWeights();
     std::vector<double> ms, peer_gflops, ratio;
     const double flops = trainer.FlopsPerIteration(cfg.global_batch_size);

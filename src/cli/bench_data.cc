@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "data/gpt_dataset.h"
@@ -98,10 +99,7 @@ int BenchData(const std::string& dir_arg, double gb, int repeats, int seq_length
   Status st = IndexedDataset::Open(Env::Default(), prefix, &data);
   std::unique_ptr<GptDataset> ds;
   if (st.ok()) st = GptDataset::Create(data.get(), "1,0,0", Split::kTrain, seq_length, 1234, &ds);
-  if (!st.ok()) {
-    LogError("error: " + st.message());
-    return 1;
-  }
+  if (!st.ok()) return Fail(st);
   const int64_t anon_open = RssAnonKb();
   Log("data bench: {} ({:.2f} GB, {} documents, {} tokens, written in {:.1f} s); samples of {} "
       "tokens; one thread",

@@ -45,9 +45,9 @@ int BenchGuard(int iters, int warmup, int threads) {
       tokens[t] = static_cast<int32_t>(U64At(key, t) % 4096);
     return 0;
   };
-  Trainer bare(cfg, backend.get(), comm.get(), Env::Default(), fn, SampleFn());
-  Trainer guarded(cfg, backend.get(), comm.get(), Env::Default(), fn, SampleFn());
-  Trainer bare2(cfg, backend.get(), comm.get(), Env::Default(), fn, SampleFn());  // noise floor
+  Trainer bare(cfg, backend.get(), comm.get(), {fn, SampleFn()});
+  Trainer guarded(cfg, backend.get(), comm.get(), {fn, SampleFn()});
+  Trainer bare2(cfg, backend.get(), comm.get(), {fn, SampleFn()});  // noise floor
   bare.InitializeWeights();
   guarded.InitializeWeights();
   bare2.InitializeWeights();

@@ -10,50 +10,40 @@
 #include <set>
 #include <string>
 
+#include "checkpoint/checkpoint_edit.h"
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
+#include "cli/exit_code.h"
+#include "config/config.h"
+#include "core/json_reader.h"
 #include "core/log.h"
-#include "train/checkpoint_edit.h"
-#include "train/train_checkpoint.h"
 
 namespace keel::cli {
 namespace {
 
+// A value of state.json to show: a string as itself, anything else as JSON, "?" when absent (the
+// keys ReadSavedTrainState does not need may be missing or of any type in an edited file).
+std::string StateText(const nlohmann::json& j, std::initializer_list<const char*> keys) {
+  const nlohmann::json* v = &j;
+  for (const char* k : keys) {
+    if (!v->is_object() || !v->contains(k)) return "?";
+    v = &(*v)[k];
+  }
+  return v->is_string() ? v->get<std::string>() : v->dump();
+}
+
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-int Fail(const Status& st) {
-  LogError("error: " + st.message());
-  return st.code() == Status::Code::kInvalidArgument ? 2 : 1;
-}
-
 void Quiet(const std::string&) {}
 
-// A run directory (its newest valid checkpoint) or a checkpoint directory.
+// A checkpoint directory, or a run directory's newest valid checkpoint. The tools read a named
+// checkpoint as it is: inspect and diff must show a broken one, and edit verifies by itself.
 Status ResolveCheckpoint(Env* env, const std::string& path, std::string* dir) {
-  if (env->FileExists(JoinPath(path, kManifestFile))) {
-    *dir = path;
-    return Status::OK();
-  }
-  CheckpointStore store(env, path, [](const std::string& l) { LogError(l); });
-  CheckpointInfo info;
-  Status st = store.FindNewestValid(/*move_aside_rejected=*/false, &info);
-  if (st.code() == Status::Code::kNotFound)
-    return Status::InvalidArgument(path + " is neither a checkpoint directory (no " +
-                                   kManifestFile + ") nor a run directory with checkpoints");
-  KEEL_RETURN_IF_ERROR(st);
-  *dir = info.path;
-  return Status::OK();
-}
-
-struct TensorFile {
-  std::unique_ptr<ReadOnlyRegion> region;
-  std::map<std::string, TensorRef> tensors;
-};
-Status OpenTensors(Env* env, const std::string& path, TensorFile* out) {
-  KEEL_RETURN_IF_ERROR(env->MapReadOnly(path, &out->region));
-  return ParseSafetensors(out->region->data(), out->region->size(), path, &out->tensors, nullptr);
+  return ResolveCheckpointDir(
+      env, path, [](const std::string& l) { LogError(l); }, NamedCheckpoint::kAsIs, dir);
 }
 
 struct TensorSummary {
@@ -132,8 +122,8 @@ int List(const std::string& root, bool verify) {
     }
     LogLine(fmt::format("{} | {} | {:.1f} MB | consumed samples {} | saved {}{}{}", c.name,
                         c.committed ? "committed" : "uncommitted", static_cast<double>(bytes) / 1e6,
-                        readable ? std::to_string(s.counters.consumed_samples) : "?",
-                        readable ? s.state.value("saved_at", "?") : "?",
+                        readable ? std::to_string(s.train.counters.consumed_samples) : "?",
+                        readable ? StateText(s.state, {"saved_at"}) : "?",
                         c.pinned ? " | pinned: " + c.pin_reason : "", status));
   }
   std::vector<std::string> children;
@@ -146,35 +136,46 @@ int List(const std::string& root, bool verify) {
 
 // ---- verify ----
 Status DeepVerify(Env* env, const std::string& dir, std::string* summary) {
-  KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, dir, true, nullptr));
+  Manifest manifest;
+  KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, dir, true, &manifest));
   SavedTrainState s;
   KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &s));
+  JsonReader r(JoinPath(dir, "state.json"), s.state, kDamagedCheckpointFix);
+  const int64_t top = r.root().Optional("iteration").Get<int64_t>(s.train.counters.iteration);
+  KEEL_RETURN_IF_ERROR(r.status());
+  for (int64_t said : {top, s.train.counters.iteration})
+    if (said != manifest.iteration)
+      return Status::Corruption(fmt::format(
+          "{}/state.json says iteration {} but the manifest says {}: the checkpoint's files do "
+          "not belong together",
+          dir, said, manifest.iteration));
   auto backend = MakeCpuBackend(1);
   GptModel model(backend.get(), s.spec);
-  TensorFile w, o;
-  KEEL_RETURN_IF_ERROR(OpenTensors(env, JoinPath(dir, "model.safetensors"), &w));
-  KEEL_RETURN_IF_ERROR(OpenTensors(env, JoinPath(dir, "optimizer.safetensors"), &o));
+  MappedSafetensors w, o;
+  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, JoinPath(dir, "model.safetensors"), &w));
+  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, JoinPath(dir, "optimizer.safetensors"), &o));
+  std::set<std::string> w_names, o_names;
   int64_t non_finite = 0;
+  auto check = [&](const MappedSafetensors& file, const std::string& name,
+                   const std::vector<int64_t>& shape, std::set<std::string>* seen) -> Status {
+    const float* data = nullptr;
+    KEEL_RETURN_IF_ERROR(file.GetF32(name, shape, &data));
+    non_finite += Summarize(*file.Find(name)).non_finite;
+    seen->insert(name);
+    return Status::OK();
+  };
   for (const ParamInfo& p : model.params()) {
-    for (auto [file, name] : {std::pair<TensorFile*, std::string>{&w, p.name},
-                              {&o, "exp_avg." + p.name},
-                              {&o, "exp_avg_sq." + p.name}}) {
-      auto it = file->tensors.find(name);
-      if (it == file->tensors.end() || it->second.dtype != "F32" || it->second.shape != p.shape)
-        return Status::Corruption(fmt::format("{}: tensor '{}' is missing or not F32 {}", dir, name,
-                                              json(p.shape).dump()));
-      non_finite += Summarize(it->second).non_finite;
-      file->tensors.erase(it);
-    }
+    KEEL_RETURN_IF_ERROR(check(w, p.name, p.shape, &w_names));
+    KEEL_RETURN_IF_ERROR(check(o, "exp_avg." + p.name, p.shape, &o_names));
+    KEEL_RETURN_IF_ERROR(check(o, "exp_avg_sq." + p.name, p.shape, &o_names));
   }
-  for (TensorFile* f : {&w, &o})
-    if (!f->tensors.empty())
-      return Status::Corruption(dir + ": unexpected tensor '" + f->tensors.begin()->first + "'");
+  KEEL_RETURN_IF_ERROR(w.CheckNoOtherTensors(w_names));
+  KEEL_RETURN_IF_ERROR(o.CheckNoOtherTensors(o_names));
   if (non_finite > 0)
     return Status::Corruption(
         fmt::format("{}: {} weight or moment values are NaN or Inf", dir, non_finite));
-  *summary = fmt::format("iteration {}, {} parameters, optimizer step {}", s.counters.iteration,
-                         model.num_params(), s.optimizer_step);
+  *summary = fmt::format("iteration {}, {} parameters, optimizer step {}",
+                         s.train.counters.iteration, model.num_params(), s.train.optimizer_step);
   return Status::OK();
 }
 
@@ -232,27 +233,29 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
   SavedTrainState s;
   st = ReadSavedTrainState(env, dir, &s);
   if (!st.ok()) return Fail(st);
-  TensorFile w, o;
-  st = OpenTensors(env, JoinPath(dir, "model.safetensors"), &w);
-  if (st.ok()) st = OpenTensors(env, JoinPath(dir, "optimizer.safetensors"), &o);
+  MappedSafetensors w, o;
+  st = MappedSafetensors::Open(env, JoinPath(dir, "model.safetensors"), &w);
+  if (st.ok()) st = MappedSafetensors::Open(env, JoinPath(dir, "optimizer.safetensors"), &o);
   if (!st.ok()) return Fail(st);
   if (names.empty()) {
     const json& j = s.state;
     int64_t params = 0;
-    for (const auto& [n, t] : w.tensors) params += static_cast<int64_t>(t.bytes / 4);
-    LogLine(fmt::format("checkpoint {} (keel {}, saved {})", dir, j.value("keel_version", "?"),
-                        j.value("saved_at", "?")));
+    for (const auto& [n, t] : w.tensors()) params += static_cast<int64_t>(t.bytes / 4);
+    LogLine(fmt::format("checkpoint {} (keel {}, saved {})", dir, StateText(j, {"keel_version"}),
+                        StateText(j, {"saved_at"})));
     LogLine(
         fmt::format("iteration {} | consumed samples {} | consumed tokens {} | skipped {} | "
                     "nan {}",
-                    s.counters.iteration, s.counters.consumed_samples, s.counters.consumed_tokens,
-                    s.counters.skipped_iterations, s.counters.nan_iterations));
-    LogLine(fmt::format(
-        "optimizer: {} step {} | scheduler: next lr {} (scale {}) | next global "
-        "batch {}",
-        j["optimizer"].value("type", "?"), s.optimizer_step, j["scheduler"]["next_lr"].dump(),
-        s.lr_scale, j["batch"]["next_global_batch"].dump()));
-    LogLine(fmt::format("model: {} | {} parameters", j["model"].dump(), params));
+                    s.train.counters.iteration, s.train.counters.consumed_samples,
+                    s.train.counters.consumed_tokens, s.train.counters.skipped_iterations,
+                    s.train.counters.nan_iterations));
+    LogLine(
+        fmt::format("optimizer: {} step {} | scheduler: next lr {} (scale {}) | next global "
+                    "batch {}",
+                    StateText(j, {"optimizer", "type"}), s.train.optimizer_step,
+                    StateText(j, {"scheduler", "next_lr"}), s.train.lr_scale,
+                    StateText(j, {"batch", "next_global_batch"})));
+    LogLine(fmt::format("model: {} | {} parameters", StateText(j, {"model"}), params));
     Manifest m;
     if (VerifyCheckpointDir(env, dir, false, &m).ok())
       for (const ManifestEntry& e : m.files)
@@ -260,8 +263,8 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
     for (const auto& h : s.history) LogLine("history: " + h.dump());
   }
   if (all_tensors) {
-    for (const auto& [n, t] : w.tensors) LogLine(Describe("model." + n, t));
-    for (const auto& [n, t] : o.tensors) LogLine(Describe("optimizer." + n, t));
+    for (const auto& [n, t] : w.tensors()) LogLine(Describe("model." + n, t));
+    for (const auto& [n, t] : o.tensors()) LogLine(Describe("optimizer." + n, t));
   }
   std::map<std::string, std::string> flat;
   Flatten(s.state, "", &flat);
@@ -273,10 +276,12 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
       LogLine(name + " = " + it->second);
     } else if (auto c = config.find(name); c != config.end()) {
       LogLine(name + " = " + c->second);
-    } else if (name.rfind("model.", 0) == 0 && w.tensors.count(name.substr(6))) {
-      LogLine(Describe(name, w.tensors.at(name.substr(6))));
-    } else if (name.rfind("optimizer.", 0) == 0 && o.tensors.count(name.substr(10))) {
-      LogLine(Describe(name, o.tensors.at(name.substr(10))));
+    } else if (const TensorRef* wt =
+                   name.rfind("model.", 0) == 0 ? w.Find(name.substr(6)) : nullptr) {
+      LogLine(Describe(name, *wt));
+    } else if (const TensorRef* ot =
+                   name.rfind("optimizer.", 0) == 0 ? o.Find(name.substr(10)) : nullptr) {
+      LogLine(Describe(name, *ot));
     } else if (s.state.contains(name)) {
       LogLine(name + " = " + s.state[name].dump(2));
     } else {
@@ -291,7 +296,7 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
       };
       for (const auto& [k, v] : flat) consider(k);
       for (const auto& [k, v] : config) consider(k);
-      for (const auto& [k, v] : w.tensors) consider("model." + k);
+      for (const auto& [k, v] : w.tensors()) consider("model." + k);
       LogError(fmt::format("error: no value or tensor named '{}' in {}{}", name, dir,
                            near.empty() ? " (names: counters.*, optimizer.*, scheduler.*, "
                                           "config.KEY, model.TENSOR, optimizer.exp_avg.TENSOR)"
@@ -341,19 +346,19 @@ int Diff(const std::string& a_path, const std::string& b_path) {
   }
   int tensors = 0, tensors_differ = 0;
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
-    TensorFile ta, tb;
-    st = OpenTensors(env, JoinPath(a_dir, file), &ta);
-    if (st.ok()) st = OpenTensors(env, JoinPath(b_dir, file), &tb);
+    MappedSafetensors ta, tb;
+    st = MappedSafetensors::Open(env, JoinPath(a_dir, file), &ta);
+    if (st.ok()) st = MappedSafetensors::Open(env, JoinPath(b_dir, file), &tb);
     if (!st.ok()) return FailDiff(st);
-    for (const auto& [name, t] : ta.tensors) {
+    for (const auto& [name, t] : ta.tensors()) {
       ++tensors;
-      auto it = tb.tensors.find(name);
-      if (it == tb.tensors.end()) {
+      const TensorRef* found = tb.Find(name);
+      if (found == nullptr) {
         LogLine(fmt::format("tensor {} only in {}", name, a_dir));
         ++tensors_differ;
         continue;
       }
-      const TensorRef& u = it->second;
+      const TensorRef& u = *found;
       if (u.shape != t.shape || u.dtype != t.dtype) {
         LogLine(fmt::format("tensor {}: {} {} -> {} {}", name, t.dtype, json(t.shape).dump(),
                             u.dtype, json(u.shape).dump()));
@@ -374,8 +379,8 @@ int Diff(const std::string& a_path, const std::string& b_path) {
                           a2 > 0 ? std::sqrt(d2 / a2) : INFINITY));
       ++tensors_differ;
     }
-    for (const auto& [name, t] : tb.tensors)
-      if (!ta.tensors.count(name)) {
+    for (const auto& [name, t] : tb.tensors())
+      if (ta.Find(name) == nullptr) {
         ++tensors;
         LogLine(fmt::format("tensor {} only in {}", name, b_dir));
         ++tensors_differ;
@@ -448,6 +453,9 @@ int CkptCommand(int argc, const char* const* argv) {
   auto* unpin = app.add_subcommand("unpin", "let retention delete a pinned checkpoint");
   unpin->add_option("SAVE", path, "run directory")->required();
   unpin->add_option("ITERATION", iteration, "checkpoint iteration")->required();
+  // Listed for --help only: `keel ckpt export` is dispatched above, to its own parser.
+  app.add_subcommand("export",
+                     "a Hugging Face GPT-2 folder from a checkpoint (keel ckpt export --help)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

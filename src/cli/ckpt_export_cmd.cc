@@ -1,13 +1,15 @@
 // `keel ckpt export PATH --hf OUT`: a Hugging Face GPT-2 folder from a checkpoint
-// (docs/hf-export.md). The conversion is train/hf_gpt2_export; this file parses flags and logs.
+// (docs/hf-export.md). The conversion is checkpoint/hf_gpt2_export; this file parses flags and
+// logs.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "checkpoint/hf_gpt2_export.h"
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "core/log.h"
-#include "train/hf_gpt2_export.h"
 
 namespace keel::cli {
 
@@ -33,10 +35,7 @@ int CkptExportCommand(int argc, const char* const* argv) {
   HfExportReport report;
   Status st = ExportHfGpt2(
       Env::Default(), path, out, options, [](const std::string& l) { LogError(l); }, &report);
-  if (!st.ok()) {
-    LogError("error: " + st.message());
-    return st.code() == Status::Code::kInvalidArgument ? 2 : 1;
-  }
+  if (!st.ok()) return Fail(st);
   Log("exported {} to {} (Hugging Face GPT-2, GPT2LMHeadModel)", report.checkpoint_dir,
       report.out_dir);
   Log("  {} tensors, Conv1D [in, out] layout; vocabulary sliced from padded {} to {} rows",

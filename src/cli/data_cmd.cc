@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "core/log.h"
 #include "data/dataset_check.h"
 #include "data/default_corpus.h"
@@ -71,11 +72,12 @@ int DataCommand(int argc, const char* const* argv) {
     std::unique_ptr<IndexedDataset> data;
     Status st = IndexedDataset::Open(Env::Default(), prefix, &data);
     if (!st.ok()) {
-      LogError("error: " + st.message());
-      LogError(
-          "the dataset cannot be read; rebuild it with `keel data prepare` (or the tool "
-          "that wrote it)");
-      return st.code() == Status::Code::kNotFound ? 2 : 1;
+      const int rc = Fail(st, NotFoundIs::kUsageError);
+      if (st.code() == Status::Code::kCorruption || st.code() == Status::Code::kIOError)
+        LogError(
+            "the dataset cannot be read; rebuild it with `keel data prepare` (or the tool "
+            "that wrote it)");
+      return rc;
     }
     const DatasetMeta& meta = data->meta();
     const int vocab_size = vocab > 0 ? vocab : meta.vocab_size;
@@ -142,10 +144,7 @@ int DataCommand(int argc, const char* const* argv) {
   opt.progress = !quiet;
   if (!corpus.empty()) {
     Status cs = CorpusFiles(Env::Default(), corpus, &opt.inputs);
-    if (!cs.ok()) {
-      LogError("error: " + cs.message());
-      return 1;
-    }
+    if (!cs.ok()) return Fail(cs);
     Log("corpus {}: {} documents", corpus, opt.inputs.size());
   } else if (opt.inputs.empty()) {
     LogError("error: data prepare needs --input FILE... or --corpus NAME");
@@ -153,10 +152,7 @@ int DataCommand(int argc, const char* const* argv) {
   }
   PrepareStats stats;
   Status st = PrepareDataset(Env::Default(), opt, &stats);
-  if (!st.ok()) {
-    LogError("error: " + st.message());
-    return st.code() == Status::Code::kInvalidArgument ? 2 : 1;
-  }
+  if (!st.ok()) return Fail(st);
   Log("prepared {}: {} documents, {} tokens ({} tokenizer, vocab {})", opt.output_prefix,
       stats.documents, stats.tokens, opt.tokenizer, stats.vocab_size);
   return 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "metrics/log_analysis.h"
@@ -18,63 +19,6 @@
 #include "metrics/run_metrics.h"
 
 namespace keel::cli {
-namespace {
-
-constexpr const char* kLogAnalysisFile = "log-analysis.json";
-
-// Writes the log's records (restarts archived the way keel's own rollbacks are) and findings.
-Status WriteMetrics(Env* env, const std::string& dir, const ParsedLog& log, const LogAnalysis& a) {
-  if (env->FileExists(JoinPath(dir, kMetricsFile))) {
-    return Status::InvalidArgument(
-        fmt::format("--to-metrics {}: the directory already holds {}; give a new directory (the "
-                    "existing metrics are not touched)",
-                    dir, kMetricsFile));
-  }
-  KEEL_RETURN_IF_ERROR(env->CreateDirs(dir));
-  std::unique_ptr<RunMetrics> metrics;
-  KEEL_RETURN_IF_ERROR(RunMetrics::Open(env, dir, &metrics));
-  // Each validation goes where it stood in the log: after the records that preceded it.
-  size_t v = 0;
-  auto write_validations = [&](size_t records_written) -> Status {
-    for (; v < log.validations.size() && log.validations[v].records_before <= records_written;
-         ++v) {
-      const LogValidation& val = log.validations[v];
-      nlohmann::json m = {{"kind", "validation"}, {"iteration", val.iteration}};
-      if (std::isfinite(val.lm_loss)) m["lm_loss"] = val.lm_loss;
-      if (std::isfinite(val.ppl)) m["lm_loss_ppl"] = val.ppl;
-      KEEL_RETURN_IF_ERROR(metrics->Append(m));
-    }
-    return Status::OK();
-  };
-  for (size_t k = 0; k < log.records.size(); ++k) {
-    const LogRecord& r = log.records[k];
-    KEEL_RETURN_IF_ERROR(write_validations(k));
-    if (k > 0 && r.iteration <= log.records[k - 1].iteration) {
-      const int64_t gb = std::isfinite(r.global_batch) ? static_cast<int64_t>(r.global_batch) : 0;
-      const int64_t samples = std::max<int64_t>(r.consumed_samples, 0);
-      const int64_t per_sample =
-          samples > 0 && r.consumed_tokens > 0 ? r.consumed_tokens / samples : 0;
-      std::string archived;
-      KEEL_RETURN_IF_ERROR(
-          metrics->Rewind({r.iteration - 1, samples - gb,
-                           std::max<int64_t>(r.consumed_tokens, 0) - gb * per_sample},
-                          "restart", &archived));
-      if (!archived.empty())
-        Log("logs: the restart at iteration {}: the records after it moved to {}", r.iteration,
-            archived);
-    }
-    KEEL_RETURN_IF_ERROR(metrics->Append(LogRecordToMetrics(r)));
-  }
-  KEEL_RETURN_IF_ERROR(write_validations(log.records.size()));
-  for (const LogEvent& e : a.events) {
-    KEEL_RETURN_IF_ERROR(
-        metrics->AppendText(e.start, "guard/events", fmt::format("{}: {}", e.kind, e.detail)));
-  }
-  return WriteFileAtomic(env, JoinPath(dir, kLogAnalysisFile),
-                         LogAnalysisJson(log, a).dump(2) + "\n");
-}
-
-}  // namespace
 
 int LogsCommand(int argc, const char* const* argv) {
   CLI::App app("Training logs of Megatron-LM, Megatron-DeepSpeed or keel", "keel logs");
@@ -148,17 +92,17 @@ int LogsCommand(int argc, const char* const* argv) {
     return 2;
   }
   if (json) {
-    std::printf("%s\n", LogAnalysisJson(log, analysis).dump(2).c_str());
+    std::printf("%s\n", LogAnalysisJson(log, analysis)
+                            .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+                            .c_str());
   } else {
     std::printf("%s", FormatLogAnalysis(log, analysis).c_str());
   }
   std::fflush(stdout);
   if (!to_metrics.empty()) {
-    st = WriteMetrics(env, to_metrics, log, analysis);
-    if (!st.ok()) {
-      LogError("error: " + st.message());
-      return st.code() == Status::Code::kInvalidArgument ? 2 : 1;
-    }
+    st = WriteLogAsRun(env, to_metrics, log, analysis,
+                       [](const std::string& line) { Log("logs: {}", line); });
+    if (!st.ok()) return Fail(st);
     Log("logs: wrote {}/{}, {}/{}/ and {}/{}; `keel report {}` shows them", to_metrics,
         kMetricsFile, to_metrics, kTensorBoardDir, to_metrics, kLogAnalysisFile, to_metrics);
   }

@@ -1,6 +1,7 @@
 // keel: pretrain GPT-style language models that stay upright.
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "cli/commands.h"
@@ -53,6 +54,13 @@ int main(int argc, char** argv) {
       std::printf("keel %s\n", KEEL_VERSION);
       return 0;
     }
+  } catch (const std::bad_alloc&) {
+    // TrainingRun reports its own with what it was doing; this is any other command's.
+    keel::LogError("error: out of memory while running `keel " + cmd +
+                   "`: free memory on this machine, or give the command less to hold (for "
+                   "`keel train`: reduce --micro-batch-size, --seq-length, --num-layers or "
+                   "--hidden-size)");
+    return 1;
   } catch (const keel::KeelError& e) {
     keel::LogError(std::string("error: ") + e.what());
     return 1;

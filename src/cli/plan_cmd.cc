@@ -1,6 +1,6 @@
 // `keel plan`: the cost of a run before launching it. Takes the model and batch flags of
 // `keel train` plus the layout (nodes, GPUs per node, TP, PP) and prints parameters, memory per
-// GPU, the data-parallel size, which ramp-up stages it can run, FLOPs and days (train/run_plan.h).
+// GPU, the data-parallel size, which ramp-up stages it can run, FLOPs and days (plan/run_plan.h).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -12,7 +12,7 @@
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/log.h"
-#include "train/run_plan.h"
+#include "plan/run_plan.h"
 
 namespace keel::cli {
 namespace {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "metrics/run_report.h"
@@ -48,10 +49,7 @@ int ReportCommand(int argc, const char* const* argv) {
   std::string html;
   ReportSummary summary;
   st = BuildRunReport(env, dir, assets, &html, &summary);
-  if (!st.ok()) {
-    LogError("error: " + st.message());
-    return st.code() == Status::Code::kNotFound ? 2 : 1;
-  }
+  if (!st.ok()) return Fail(st, NotFoundIs::kUsageError);  // no metrics: not a run directory
   if (output.empty()) output = JoinPath(dir, "report.html");
   st = WriteFileAtomic(env, output, html);
   if (!st.ok()) {

@@ -1,11 +1,15 @@
 // `keel sample`: generate text from the weights of a checkpoint (a run directory's newest valid
 // one, or a given iter_NNNNNNN directory).
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 
+#include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
+#include "cli/exit_code.h"
+#include "config/config.h"
 #include "core/log.h"
 #include "model/generate.h"
-#include "train/train_checkpoint.h"
 
 namespace keel::cli {
 
@@ -19,26 +23,26 @@ int SampleCommand(int argc, const char* const* argv) {
                  "a checkpoint directory (DIR/iter_NNNNNNN)")
       ->required();
   app.add_option("--prompt", prompt, "text to continue");
-  app.add_option("--tokens", go.max_new_tokens, "tokens to generate")->check(CLI::Range(1, 100000));
+  app.add_option("--tokens", go.max_new_tokens, "tokens to generate")
+      ->check(CLI::Range(1, kMaxSampleTokens));
   app.add_option("--temperature", go.temperature, "softmax temperature")
       ->check(CLI::Range(0.0, 100.0));
   app.add_option("--top-k", go.top_k, "sample among the k most likely tokens (0: all)");
   app.add_option("--seed", go.seed, "random seed of the draws");
-  app.add_option("--threads", threads, "CPU threads (0: all cores)");
+  app.add_option("--threads", threads,
+                 fmt::format("CPU threads (0: all cores; at most {})", MaxThreads()));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (Status st = ValidateThreads(threads); !st.ok()) return Fail(st);
   Env* env = Env::Default();
   auto backend = MakeCpuBackend(threads);
   LoadedModel run;
   Status st = LoadModelFromCheckpoint(
       env, load, backend.get(), [](const std::string& l) { LogError(l); }, &run);
-  if (!st.ok()) {
-    LogError("error: " + st.message());
-    return 1;
-  }
+  if (!st.ok()) return Fail(st, NotFoundIs::kUsageError);  // NotFound: --load holds no checkpoint
   LogError("sampling from " + run.checkpoint_dir);
   std::vector<int32_t> ids = run.tokenizer->Encode(prompt);
   if (ids.empty()) ids.push_back(run.tokenizer->EodId());

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/exit_code.h"
 #include "core/log.h"
 #include "metrics/tb_tools.h"
 
@@ -16,7 +17,12 @@ int TbCommand(int argc, const char* const* argv) {
   std::string dir, map_path;
   int64_t step = -1;
   CLI::App* rename = app.add_subcommand("rename", "Rename tags in every event file of DIR");
-  rename->add_option("--map", map_path, "JSON object {\"old tag\": \"new tag\", ...}")->required();
+  rename
+      ->add_option("--map", map_path,
+                   "a JSON file holding an object of old tag -> new tag, e.g. {\"lm loss\": "
+                   "\"lm-loss-training/lm loss\"}")
+      ->type_name("MAP.json")
+      ->required();
   rename->add_option("dir", dir, "directory of events.out.tfevents.* files")->required();
   CLI::App* truncate =
       app.add_subcommand("truncate", "Keep the events up to a step; archive the originals");
@@ -30,11 +36,7 @@ int TbCommand(int argc, const char* const* argv) {
     return app.exit(e);
   }
   Env* env = Env::Default();
-  auto fail = [](const Status& st) {
-    LogError("error: " + st.message());
-    return st.code() == Status::Code::kNotFound || st.code() == Status::Code::kInvalidArgument ? 2
-                                                                                               : 1;
-  };
+  auto fail = [](const Status& st) { return Fail(st, NotFoundIs::kUsageError); };
   if (rename->parsed()) {
     std::string text;
     Status st = env->ReadFileToString(map_path, &text);

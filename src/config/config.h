@@ -1,7 +1,6 @@
-// TrainConfig: every setting of a run, with Megatron-LM's flag names and meanings. The same keys
-// are accepted in a TOML file (`--config run.toml`); flags given on the command line override the
-// file. The built-in defaults are the default job (a small GPT on the embedded Moby-Dick corpus);
-// examples/default.toml spells them out.
+// The parser API of TrainConfig (config/train_config.h): `keel train` flags and TOML files (same
+// keys; flags given on the command line override the file), validation with derived defaults, and
+// the resolved config as text and hash. One settings table drives all of them (config_settings.cc).
 #pragma once
 
 #include <cstdint>
@@ -9,125 +8,17 @@
 #include <utility>
 #include <vector>
 
+#include "config/train_config.h"
 #include "core/status.h"
 
 namespace keel {
 
-enum class PositionEmbedding { kLearnedAbsolute, kAlibi };
-enum class LrDecayStyle { kConstant, kLinear, kCosine };
-enum class InitMethod { kNormal, kSmallInit, kMegatron530B };
-enum class TokenizerKind { kGpt2, kSentencePiece };
-enum class GuardLevel { kOff, kObserve, kAct };
-
-struct TrainConfig {
-  // ---- model ----
-  int num_layers = 4;
-  int hidden_size = 256;
-  int ffn_hidden_size = 0;  // 0: 4 * hidden_size (resolved by Validate, and logged)
-  int num_attention_heads = 4;
-  int seq_length = 128;
-  int max_position_embeddings = 0;  // 0: seq_length
-  PositionEmbedding position_embedding_type = PositionEmbedding::kLearnedAbsolute;
-  bool embed_layernorm = false;  // BLOOM: LayerNorm right after the word embedding
-  int make_vocab_size_divisible_by = 128;
-  float layernorm_epsilon = 1e-5f;
-  InitMethod init_method = InitMethod::kNormal;
-  float init_method_std = 0.02f;  // used by kNormal; the named methods derive std from hidden size
-  bool qk_layernorm = false;      // LayerNorm of each head's query and key (docs/stability.md)
-  double z_loss = 0;              // PaLM's z-loss coefficient, e.g. 1e-4 (0: off)
-
-  // ---- batch and length ----
-  int micro_batch_size = 8;
-  int global_batch_size = 16;              // 0: micro_batch_size * data_parallel_size
-  std::vector<int64_t> rampup_batch_size;  // empty, or {start, increment, ramp-up samples}
-  int data_parallel_size = 1;              // set from the communicator, not a flag
-  int64_t train_iters = 400;               // exactly one of train_iters / train_samples is > 0
-  int64_t train_samples = 0;
-
-  // ---- learning rate ----
-  double lr = 2e-3;
-  double min_lr = 2e-4;
-  LrDecayStyle lr_decay_style = LrDecayStyle::kCosine;
-  int64_t lr_warmup_samples = 0;
-  int64_t lr_warmup_iters = 40;
-  int64_t lr_decay_samples = 0;  // 0: train_samples (samples-based runs)
-  int64_t lr_decay_iters = 0;    // 0: train_iters (iteration-based runs)
-
-  // ---- optimizer ----
-  double adam_beta1 = 0.9;
-  double adam_beta2 = 0.95;
-  double adam_eps = 1e-8;
-  double weight_decay = 0.1;
-  double clip_grad = 1.0;  // 0 disables clipping
-
-  // ---- run ----
-  uint64_t seed = 1234;
-  int64_t eval_interval = 100;
-  int64_t eval_iters = 8;
-  int64_t log_interval = 10;
-  int threads = 0;  // 0: all cores
-
-  // ---- data ----
-  // Megatron indexed dataset prefixes: "PREFIX", or a mixture "W1 PREFIX1 W2 PREFIX2 ..."
-  // (Megatron's syntax); empty: the default corpus.
-  std::vector<std::string> data_path;
-  std::string split = "969,30,1";  // train,valid,test weights over documents
-  TokenizerKind tokenizer = TokenizerKind::kSentencePiece;  // default corpus only
-  int vocab_size = 0;   // from the dataset's metadata; padded by Validate
-  int32_t eod_id = -1;  // from the dataset's metadata (the document separator)
-  // Documents inside a packed sequence: restart position ids at each EOD, and/or let tokens attend
-  // only within their own document (Megatron's --reset-position-ids / --reset-attention-mask).
-  bool reset_position_ids = false;
-  bool reset_attention_mask = false;
-
-  // ---- checkpoints and stopping ----
-  std::string save;  // run directory: checkpoints (iter_NNNNNNN/), marker, the run's journal
-  std::string load;  // checkpoints to start from (empty: resume from --save if it has any)
-  int64_t save_interval = 100;       // iterations between checkpoints (0: only final and on stop)
-  double save_interval_minutes = 0;  // also save when this much time passed since the last (0: off)
-  int keep_last_checkpoints = 2;     // retention: newest K committed checkpoints (0: keep all)
-  std::string kill_switch_path;      // when this file appears: save, then exit 0
-  int64_t exit_interval = 0;         // save and exit once iteration % N == 0 (0: off)
-  double exit_duration_in_mins = 0;  // save and exit after this long in this process (0: off)
-  // Deliberate changes against a checkpoint (refused otherwise, with a diff).
-  bool override_scheduler = false;   // accept new LR/warmup/decay/optimizer/batch settings
-  bool override_data_order = false;  // accept a new seed, data path or split
-  double lr_scale_on_resume = 0;     // multiply the schedule's LR by this from now on (0: keep)
-
-  // ---- guard (docs/guard.md) ----
-  GuardLevel guard = GuardLevel::kAct;  // off | observe (journal only) | act
-  double guard_z_threshold = 6;         // loss spike: robust z-score above this
-  double guard_grad_z_threshold = 10;   // gradient-norm spike
-  int guard_window = 100;               // iterations in the robust windows
-  int guard_min_history = 20;           // no spike detection before this many normal iterations
-  int guard_divergence_window = 50;     // iterations whose median loss is compared ...
-  double guard_divergence_rel = 0.05;   // ... with the lowest level: diverging above (1 + this)
-  int guard_max_skips = 3;              // anomalous updates skipped in a row before a rollback
-  int guard_recover_iters = 50;         // not back at the pre-onset level after this: roll back
-  int guard_rollback_margin = 1;        // roll back to a checkpoint at least this before the onset
-  int guard_skip_before = 5;            // data window skipped: iterations before the onset ...
-  int guard_skip_after = 50;            // ... and after it
-  double guard_lr_cut = 0.5;            // LR factor of the second rung of the ladder
-  int guard_max_rollbacks = 4;          // then stop with a report
-  int guard_escalation_window = 500;    // a rollback this close to the previous one escalates
-  // Iterations whose data is skipped (read past, no update): "A-B" inclusive ranges (Megatron's
-  // --skip-train-iteration-range).
-  std::vector<std::string> skip_train_iteration_range;
-  // Samples whose iterations are skipped the same way: "A-B" inclusive positions in the run's
-  // sample stream (0-based, as consumed samples count them); every iteration that reads one of
-  // them is skipped whole.
-  std::vector<std::string> skip_train_samples_range;
-
-  // ---- output ----
-  int sample_tokens = 64;  // tokens of text generated at the end of training (0: none)
-  std::string sample_prompt = "Call me";
-
-  // ---- derived by Validate (not settable) ----
-  int padded_vocab_size = 0;
-  int head_dim() const { return hidden_size / num_attention_heads; }
-  // Standard deviation actually used for initialisation.
-  float ResolvedInitStd() const;
-};
+// The most CPU threads a command may run: 4 per hardware thread (std::thread::hardware_concurrency,
+// at least 1), and never more than 1024. Far more threads than cores only slow OpenMP down, and
+// thousands of them hang or crash it.
+int MaxThreads();
+// `--threads N` of any command: 0 (all cores) up to MaxThreads(), or an error naming the limit.
+Status ValidateThreads(int threads);
 
 // Parses "A-B" (inclusive, 1 <= A <= B) ranges of --skip-train-iteration-range.
 Status ParseIterationRanges(const std::vector<std::string>& text,
@@ -162,6 +53,8 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out);
 Status ApplyToml(const std::string& toml_text, const std::string& origin, TrainConfig* cfg);
 // Checks every rule and fills derived values (ffn size, max positions, padded vocab, global batch,
 // decay length). Needs vocab_size > 0 for the vocab rules; call again once the data is known.
+// Sizes whose products keel computes in 32- or 64-bit integers are bounded so that none overflows
+// (docs/config.md lists the limits); each error names the settings, the product and the limit.
 Status Validate(TrainConfig* cfg, std::vector<std::string>* notes);
 // The resolved config as TOML-like "key = value" lines, printed once at start.
 std::string FormatConfig(const TrainConfig& cfg);

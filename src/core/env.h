@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -28,6 +29,12 @@ class ReadOnlyRegion {
   virtual ~ReadOnlyRegion() = default;
   virtual const char* data() const = 0;
   virtual size_t size() const = 0;
+};
+
+// Memory this process can still allocate, and where that figure comes from.
+struct MemoryAvailable {
+  uint64_t bytes = 0;
+  std::string source;  // e.g. "MemAvailable in /proc/meminfo"
 };
 
 class Env {
@@ -55,8 +62,20 @@ class Env {
   virtual Status SyncDir(const std::string& dir) = 0;  // fsync a directory after a rename
 
   virtual uint64_t NowMicros() = 0;  // monotonic
+  // Wall-clock time in microseconds since the Unix epoch, for names and stamps people read
+  // (archive directories); durations use NowMicros. Tests fix it to force name collisions.
+  virtual int64_t NowUnixMicros();
   virtual void SleepForMicros(uint64_t micros) = 0;
+
+  // Memory this process can still allocate: MemAvailable of /proc/meminfo, or what the limit of
+  // its cgroup (memory.max; memory.limit_in_bytes in cgroup v1) leaves when that is less. NotFound
+  // where neither can be read. Tests substitute a figure.
+  virtual Status AvailableMemory(MemoryAvailable* out);
 };
+
+// AvailableMemory computed from the files it reads through `read` (false: unreadable).
+using ReadTextFn = std::function<bool(const std::string& path, std::string* text)>;
+Status AvailableMemoryFromFiles(const ReadTextFn& read, MemoryAvailable* out);
 
 // Writes `data` to `path` atomically: temp file in the same directory, fsync, rename, fsync dir.
 // Either the old content or the new content is visible afterwards, never a mix.

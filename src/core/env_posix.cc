@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>  // renameat2
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "core/env.h"
@@ -183,6 +185,10 @@ class PosixEnv : public Env {
       ::close(fd);
       return PosixError("cannot stat", path, err);
     }
+    if (S_ISDIR(st.st_mode)) {  // mmap would say "No such device"
+      ::close(fd);
+      return Status::IOError("cannot map '" + path + "': it is a directory, not a file");
+    }
     size_t size = static_cast<size_t>(st.st_size);
     void* base = nullptr;
     if (size > 0) {
@@ -282,6 +288,114 @@ class PosixEnv : public Env {
 Env* Env::Default() {
   static PosixEnv env;
   return &env;
+}
+
+int64_t Env::NowUnixMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+namespace {
+
+// The number that `text` holds (surrounding whitespace allowed), if any.
+std::optional<uint64_t> ParseCount(const std::string& text) {
+  size_t i = text.find_first_not_of(" \t\n");
+  if (i == std::string::npos || !std::isdigit(static_cast<unsigned char>(text[i])))
+    return std::nullopt;
+  uint64_t v = 0;
+  for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i) {
+    if (v > (UINT64_MAX - 9) / 10) return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(text[i] - '0');
+  }
+  return v;
+}
+
+// The value of the line "KEY VALUE" (or "KEY: VALUE") of a /proc- or cgroup-style file.
+std::optional<uint64_t> KeyedCount(const std::string& text, const std::string& key) {
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(at, end - at);
+    if (line.compare(0, key.size(), key) == 0 && line.size() > key.size() &&
+        (line[key.size()] == ' ' || line[key.size()] == ':'))
+      return ParseCount(line.substr(key.size() + 1));
+    at = end + 1;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Status AvailableMemoryFromFiles(const ReadTextFn& read, MemoryAvailable* out) {
+  std::optional<uint64_t> best;
+  std::string text;
+  if (read("/proc/meminfo", &text)) {
+    if (std::optional<uint64_t> kb = KeyedCount(text, "MemAvailable")) {
+      best = *kb * 1024;
+      out->source = "MemAvailable in /proc/meminfo";
+    }
+  }
+  // The cgroup's limit, and every ancestor's: what it leaves is the limit less what the group
+  // uses, page cache it can drop (inactive files) not counted as used.
+  std::string groups;
+  if (read("/proc/self/cgroup", &groups)) {
+    size_t at = 0;
+    while (at < groups.size()) {
+      size_t end = groups.find('\n', at);
+      if (end == std::string::npos) end = groups.size();
+      const std::string line = groups.substr(at, end - at);
+      at = end + 1;
+      const size_t c1 = line.find(':'), c2 = line.find(':', c1 + 1);
+      if (c1 == std::string::npos || c2 == std::string::npos) continue;
+      const std::string id = line.substr(0, c1), controllers = line.substr(c1 + 1, c2 - c1 - 1);
+      std::string path = line.substr(c2 + 1);
+      const bool v2 = id == "0" && controllers.empty();
+      const bool v1 = ("," + controllers + ",").find(",memory,") != std::string::npos;
+      if (!v2 && !v1) continue;
+      const std::string base = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+      const char* limit_file = v2 ? "memory.max" : "memory.limit_in_bytes";
+      const char* usage_file = v2 ? "memory.current" : "memory.usage_in_bytes";
+      while (true) {
+        const std::string dir = path == "/" || path.empty() ? base : base + path;
+        std::string limit_text, usage_text, stat_text;
+        if (read(dir + "/" + limit_file, &limit_text) &&
+            read(dir + "/" + usage_file, &usage_text)) {
+          const std::optional<uint64_t> limit = ParseCount(limit_text);  // "max": none
+          const std::optional<uint64_t> usage = ParseCount(usage_text);
+          if (limit && usage && *limit < (uint64_t{1} << 60)) {
+            uint64_t used = *usage;
+            if (read(dir + "/memory.stat", &stat_text)) {
+              const std::optional<uint64_t> inactive =
+                  KeyedCount(stat_text, v2 ? "inactive_file" : "total_inactive_file");
+              if (inactive) used -= std::min(used, *inactive);
+            }
+            const uint64_t left = *limit > used ? *limit - used : 0;
+            if (!best || left < *best) {
+              best = left;
+              out->source = "the memory limit of " + dir + "/" + limit_file + ", less what the " +
+                            "cgroup uses";
+            }
+          }
+        }
+        if (path == "/" || path.empty()) break;
+        const size_t slash = path.rfind('/');
+        path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+      }
+    }
+  }
+  if (!best) return Status::NotFound("the available memory is unknown (no /proc/meminfo)");
+  out->bytes = *best;
+  return Status::OK();
+}
+
+Status Env::AvailableMemory(MemoryAvailable* out) {
+  return AvailableMemoryFromFiles(
+      [this](const std::string& path, std::string* text) {
+        return ReadFileToString(path, text).ok();
+      },
+      out);
 }
 
 std::string AssetsDir() {

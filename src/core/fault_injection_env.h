@@ -60,7 +60,9 @@ class FaultInjectionEnv : public Env {
   Status RemoveDirRecursive(const std::string& dir) override;
   Status SyncDir(const std::string& dir) override;
   uint64_t NowMicros() override { return base_->NowMicros(); }
+  int64_t NowUnixMicros() override { return base_->NowUnixMicros(); }
   void SleepForMicros(uint64_t micros) override { base_->SleepForMicros(micros); }
+  Status AvailableMemory(MemoryAvailable* out) override { return base_->AvailableMemory(out); }
 
  private:
   friend class FaultInjectionFile;

@@ -124,13 +124,19 @@ Status GptDataset::Create(const DocumentStream* data, const std::string& split_w
   return Status::OK();
 }
 
-void GptDataset::GetSample(int64_t index, int32_t* tokens) const {
+int64_t GptDataset::SampleStart(int64_t index) const {
   KEEL_CHECK(num_samples_ > 0,
              std::string("GetSample on the empty ") + SplitName(split_) + " split");
   KEEL_CHECK(index >= 0, "negative sample index");
   const int64_t epoch = index / num_samples_;
   const int64_t sample = PermuteSample(index % num_samples_, num_samples_, seed_, split_, epoch);
-  data_->ReadStream(stream_begin_ + sample * seq_length_, seq_length_ + 1, tokens);
+  return stream_begin_ + sample * seq_length_;
+}
+
+int64_t GptDataset::GetSample(int64_t index, int32_t* tokens) const {
+  const int64_t start = SampleStart(index);
+  data_->ReadStream(start, seq_length_ + 1, tokens);
+  return start;
 }
 
 }  // namespace keel

@@ -28,9 +28,12 @@ class GptDataset {
 
   // Samples in one epoch of this split.
   int64_t SamplesPerEpoch() const { return num_samples_; }
-  // Writes sample number `index` (0, 1, 2, ... across epochs) into tokens[seq_length+1].
-  // Epoch e = index / SamplesPerEpoch() uses its own permutation.
-  void GetSample(int64_t index, int32_t* tokens) const;
+  // Writes sample number `index` (0, 1, 2, ... across epochs) into tokens[seq_length+1] and
+  // returns SampleStart(index). Epoch e = index / SamplesPerEpoch() uses its own permutation.
+  int64_t GetSample(int64_t index, int32_t* tokens) const;
+  // Where sample `index` is cut from: its tokens are positions [p, p + seq_length] of the
+  // document stream (so an error about one of them can name its document).
+  int64_t SampleStart(int64_t index) const;
   int64_t EpochOf(int64_t index) const { return index / num_samples_; }
   int64_t NumTokens() const { return stream_end_ - stream_begin_; }
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "core/json_field.h"
+#include "core/json_reader.h"
 
 namespace keel {
 namespace {
@@ -74,6 +74,33 @@ void ConvertTokens(uint8_t dtype, const char* src, int64_t count, int32_t* out) 
   }
 }
 
+constexpr const char* kPrefixHelp =
+    "two files PREFIX.bin and PREFIX.idx, named by their common PREFIX (e.g. data/my-corpus for "
+    "data/my-corpus.bin and data/my-corpus.idx); make one with `keel data prepare`";
+
+// A directory where a dataset prefix belongs: say what a prefix is and which ones it holds.
+Status DirectoryGivenAsPrefix(Env* env, const std::string& dir) {
+  std::vector<std::string> names, found;
+  if (env->GetChildren(dir, &names).ok()) {
+    std::sort(names.begin(), names.end());
+    for (const std::string& n : names)
+      if (n.size() > 4 && n.compare(n.size() - 4, 4, ".idx") == 0)
+        found.push_back(JoinPath(dir, n.substr(0, n.size() - 4)));
+  }
+  std::string held = "it holds no PREFIX.idx file";
+  if (!found.empty()) {
+    held = "it holds the dataset" + std::string(found.size() > 1 ? "s " : " ");
+    for (size_t i = 0; i < found.size() && i < 5; ++i) held += (i ? ", " : "") + found[i];
+    if (found.size() > 5) held += ", ...";
+    held += found.size() > 1 ? ": pass one of them (--data-path also takes a shard pattern, " +
+                                   JoinPath(dir, "*") + ")"
+                             : ": pass that";
+  }
+  return Status::InvalidArgument("'" + dir +
+                                 "' is a directory, not a dataset prefix: a dataset is " +
+                                 kPrefixHelp + "; " + held);
+}
+
 std::string MetaPath(const std::string& prefix) {
   return prefix + ".meta.json";
 }
@@ -84,21 +111,18 @@ Status ReadMeta(Env* env, const std::string& prefix, DatasetMeta* meta) {
   if (!env->FileExists(path)) return Status::OK();  // Megatron datasets from elsewhere have none
   std::string text;
   KEEL_RETURN_IF_ERROR(env->ReadFileToString(path, &text));
+  const std::string fix =
+      "rebuild the dataset with `keel data prepare`, or correct the file (tokenizer and "
+      "tokenizer_model are strings, vocab_size and eod_id integers)";
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object())
-    return Status::Corruption("dataset metadata '" + path + "' is not a JSON object");
-  for (const char* key : {"tokenizer", "tokenizer_model"})
-    if (j.contains(key) && !j[key].is_string())
-      return Status::Corruption("dataset metadata '" + path + "': " + key + " " + j[key].dump() +
-                                " is not a string");
-  for (const char* key : {"vocab_size", "eod_id"})
-    if (j.contains(key) && !JsonIntField<int32_t>(j, key))
-      return Status::Corruption("dataset metadata '" + path + "': " + key + " " + j[key].dump() +
-                                " is not a 32-bit integer");
-  meta->tokenizer = JsonStringOr(j, "tokenizer", "");
-  meta->tokenizer_model = JsonStringOr(j, "tokenizer_model", "");
-  meta->vocab_size = JsonIntField<int32_t>(j, "vocab_size").value_or(0);
-  meta->eod_id = JsonIntField<int32_t>(j, "eod_id").value_or(-1);
+    return Status::Corruption("dataset metadata '" + path + "' is not a JSON object; " + fix);
+  JsonReader r("dataset metadata '" + path + "'", j, fix);
+  meta->tokenizer = r.root().Optional("tokenizer").Get<std::string>();
+  meta->tokenizer_model = r.root().Optional("tokenizer_model").Get<std::string>();
+  meta->vocab_size = r.root().Optional("vocab_size").Get<int>(0);
+  meta->eod_id = r.root().Optional("eod_id").Get<int>(-1);
+  KEEL_RETURN_IF_ERROR(r.status());
   if (!meta->tokenizer.empty() && meta->tokenizer != "gpt2" && meta->tokenizer != "sentencepiece") {
     return Status::Corruption("dataset metadata '" + path + "' names unknown tokenizer '" +
                               meta->tokenizer + "' (expected gpt2 or sentencepiece)");
@@ -218,7 +242,12 @@ Status IndexedDataset::Open(Env* env, const std::string& prefix,
                             std::unique_ptr<IndexedDataset>* out) {
   const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
   for (const std::string& path : {idx_path, bin_path}) {
+    if (env->IsDirectory(path))
+      return Status::InvalidArgument("dataset file '" + path +
+                                     "' is a directory, not a file of token ids: a dataset is " +
+                                     kPrefixHelp);
     if (!env->FileExists(path)) {
+      if (env->IsDirectory(prefix)) return DirectoryGivenAsPrefix(env, prefix);
       return Status::NotFound("dataset file '" + path + "' not found (a dataset is PREFIX.bin + " +
                               "PREFIX.idx; make one with `keel data prepare`)");
     }

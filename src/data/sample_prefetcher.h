@@ -25,6 +25,11 @@ class SamplePrefetcher {
   using ReadFn = std::function<SampleOrigin(int64_t index, uint64_t generation, int32_t* tokens)>;
 
   SamplePrefetcher(ReadFn read, int sample_tokens, int64_t depth);
+  // Bytes of the ring buffer a prefetcher of `depth` samples of `sample_tokens` tokens holds.
+  static uint64_t BufferBytes(int sample_tokens, int64_t depth) {
+    return static_cast<uint64_t>(depth) *
+           (static_cast<uint64_t>(sample_tokens) * sizeof(int32_t) + sizeof(SampleOrigin));
+  }
   ~SamplePrefetcher();
   SamplePrefetcher(const SamplePrefetcher&) = delete;
   SamplePrefetcher& operator=(const SamplePrefetcher&) = delete;

@@ -66,6 +66,19 @@ Status ShardedDataset::Open(Env* env, const std::vector<std::string>& prefixes,
   return Status::OK();
 }
 
+ShardedDataset::Position ShardedDataset::Locate(int64_t pos) const {
+  KEEL_CHECK(pos >= 0 && pos < NumTokens(), "stream position outside the sharded dataset");
+  // upper_bound - 1: the last shard (document) starting at or before pos, which skips empty ones.
+  Position p;
+  p.shard = static_cast<size_t>(std::upper_bound(shard_starts_.begin(), shard_starts_.end(), pos) -
+                                shard_starts_.begin() - 1);
+  const int64_t local = pos - shard_starts_[p.shard];
+  const std::vector<int64_t>& starts = shards_[p.shard]->DocumentStarts();
+  p.document = std::upper_bound(starts.begin(), starts.end(), local) - starts.begin() - 1;
+  p.token = local - starts[static_cast<size_t>(p.document)];
+  return p;
+}
+
 void ShardedDataset::ReadStream(int64_t start, int64_t count, int32_t* out) const {
   KEEL_CHECK(start >= 0 && count >= 0 && start + count <= NumTokens(),
              "stream range outside the sharded dataset");

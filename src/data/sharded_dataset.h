@@ -26,6 +26,15 @@ class ShardedDataset : public DocumentStream {
   const std::vector<int64_t>& DocumentStarts() const override { return doc_starts_; }
   void ReadStream(int64_t start, int64_t count, int32_t* out) const override;
 
+  // Where stream position `pos` (0 <= pos < NumTokens()) lies: its shard, the document within
+  // that shard and the token within that document (what `keel data verify SHARD` reports).
+  struct Position {
+    size_t shard = 0;
+    int64_t document = 0;
+    int64_t token = 0;
+  };
+  Position Locate(int64_t pos) const;
+
   size_t NumShards() const { return shards_.size(); }
   const IndexedDataset& shard(size_t i) const { return *shards_[i]; }
   const DatasetMeta& meta() const { return shards_[0]->meta(); }

@@ -107,14 +107,30 @@ SampleOrigin TrainData::GetTrainSample(int64_t k, uint64_t salt, int32_t* tokens
     }
     ds = r.get();
   }
-  ds->GetSample(c, tokens);
-  return {d, ds->EpochOf(c)};
+  const int64_t first = ds->GetSample(c, tokens);
+  return {d, ds->EpochOf(c), first};
 }
 
-void TrainData::GetValidSample(int d, int64_t index, int32_t* tokens) const {
+SampleOrigin TrainData::GetValidSample(int d, int64_t index, int32_t* tokens) const {
   const Source& s = sources_[static_cast<size_t>(d)];
   KEEL_CHECK(s.valid != nullptr, "dataset " + s.name + " has no validation split");
-  s.valid->GetSample(index, tokens);
+  const int64_t first = s.valid->GetSample(index, tokens);
+  return {d, s.valid->EpochOf(index), first};
+}
+
+TokenLocation TrainData::Locate(const SampleOrigin& origin, int offset) const {
+  KEEL_CHECK(origin.dataset >= 0 && origin.dataset < NumDatasets(), "no such dataset");
+  const Source& s = sources_[static_cast<size_t>(origin.dataset)];
+  const ShardedDataset::Position p = s.data->Locate(origin.first_token + offset);
+  TokenLocation l;
+  l.dataset = origin.dataset;
+  l.name = s.name;
+  l.prefix = s.prefix;
+  l.shard = s.shards[p.shard];
+  l.sharded = s.shards.size() > 1;
+  l.document = p.document;
+  l.token = p.token;
+  return l;
 }
 
 }  // namespace keel

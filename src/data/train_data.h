@@ -23,10 +23,25 @@
 
 namespace keel {
 
-// Which dataset a sample came from, and which of its epochs.
+// Which dataset a sample came from, which of its epochs, and where in that dataset's token
+// stream it was cut (its first token; TrainData::Locate turns that into a document).
 struct SampleOrigin {
   int dataset = 0;
   int64_t epoch = 0;
+  int64_t first_token = 0;
+};
+
+// Where one token of a sample lies, for errors a user can act on: the dataset, its shard (the
+// dataset's own prefix when it has one), the document within that shard and the token within
+// that document, as `keel data verify SHARD` counts them.
+struct TokenLocation {
+  int dataset = 0;
+  std::string name;    // the dataset's name in logs and metrics
+  std::string prefix;  // as given to --data-path (a shard pattern stays a pattern)
+  std::string shard;   // the prefix of the shard holding the token
+  bool sharded = false;
+  int64_t document = 0;
+  int64_t token = 0;
 };
 
 class TrainData {
@@ -55,7 +70,9 @@ class TrainData {
   // seed's; the guard's re-seeding rung raises it). Not thread-safe: one reader (the prefetcher).
   SampleOrigin GetTrainSample(int64_t k, uint64_t salt, int32_t* tokens);
   // Sample `index` of dataset d's validation split (thread-safe; d must have one).
-  void GetValidSample(int d, int64_t index, int32_t* tokens) const;
+  SampleOrigin GetValidSample(int d, int64_t index, int32_t* tokens) const;
+  // Where token `offset` (0..seq_length) of the sample `origin` came from lies (thread-safe).
+  TokenLocation Locate(const SampleOrigin& origin, int offset) const;
 
  private:
   std::vector<Source> sources_;

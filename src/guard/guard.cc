@@ -5,17 +5,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/json_number.h"
+#include "core/json_reader.h"
+
 namespace keel {
 namespace {
 
 using json = nlohmann::json;
-
-json Num(double v) {
-  return std::isfinite(v) ? json(v) : json(nullptr);
-}
-double NumFrom(const json& j) {
-  return j.is_number() ? j.get<double>() : NAN;
-}
 
 std::string Signals(const GuardSignals& s) {
   std::string out = fmt::format("lm loss {:.4f}, grad norm {:.3f}", s.loss, s.grad_norm);
@@ -26,12 +22,12 @@ std::string Signals(const GuardSignals& s) {
 }
 
 json SignalsJson(const GuardSignals& s) {
-  return {{"lm_loss", Num(s.loss)},
-          {"grad_norm", Num(s.grad_norm)},
-          {"update_ratio", Num(s.update_ratio)},
-          {"max_exp_avg_sq", Num(s.max_exp_avg_sq)},
-          {"max_attn_logit", Num(s.max_attn_logit)},
-          {"log_z", Num(s.log_z)},
+  return {{"lm_loss", JsonNumber(s.loss)},
+          {"grad_norm", JsonNumber(s.grad_norm)},
+          {"update_ratio", JsonNumber(s.update_ratio)},
+          {"max_exp_avg_sq", JsonNumber(s.max_exp_avg_sq)},
+          {"max_attn_logit", JsonNumber(s.max_attn_logit)},
+          {"log_z", JsonNumber(s.log_z)},
           {"nonfinite", s.nonfinite}};
 }
 
@@ -147,9 +143,9 @@ StepVerdict Guard::OnStep(const GuardSignals& s) {
           {"consumed_samples", s.consumed_samples},
           {"kind", event_.kind},
           {"signal", a.signal},
-          {"value", Num(a.value)},
-          {"baseline", Num(a.baseline)},
-          {"z", Num(a.z)},
+          {"value", JsonNumber(a.value)},
+          {"baseline", JsonNumber(a.baseline)},
+          {"z", JsonNumber(a.z)},
           {"onset", event_.onset},
           {"resume_spike", event_.resume},
           {"signals", SignalsJson(s)}},
@@ -246,20 +242,25 @@ json Guard::PolicyJson() const {
           {"last_rollback_onset", last_rollback_onset_},
           {"decisions", decisions_},
           {"watch_until", watch_until_},
-          {"watch_baseline", Num(watch_baseline_)}};
+          {"watch_baseline", JsonNumber(watch_baseline_)}};
 }
 
 Status Guard::PolicyFromJson(const json& j, const std::string& where) {
-  try {
-    rollbacks_ = j.at("rollbacks");
-    level_ = j.at("level");
-    last_rollback_onset_ = j.at("last_rollback_onset");
-    decisions_ = j.at("decisions");
-    watch_until_ = j.value("watch_until", int64_t{-1});
-    watch_baseline_ = NumFrom(j.value("watch_baseline", json()));
-  } catch (const json::exception& e) {
-    return Status::Corruption(where + ": malformed guard policy state: " + e.what());
-  }
+  JsonReader r(where, j);
+  const JsonValue p = r.root();
+  const int rollbacks = p["rollbacks"].Get<int>();
+  const int level = p["level"].Get<int>();
+  const int64_t last_onset = p["last_rollback_onset"].Get<int64_t>();
+  const int64_t decisions = p["decisions"].Get<int64_t>();
+  const int64_t watch_until = p.Optional("watch_until").Get<int64_t>(-1);
+  const double watch_baseline = p.Optional("watch_baseline").Number();
+  KEEL_RETURN_IF_ERROR(r.status());
+  rollbacks_ = rollbacks;
+  level_ = level;
+  last_rollback_onset_ = last_onset;
+  decisions_ = decisions;
+  watch_until_ = watch_until;
+  watch_baseline_ = watch_baseline;
   return Status::OK();
 }
 
@@ -270,8 +271,8 @@ json Guard::ToJson() const {
           {"signal", event_.signal},
           {"onset", event_.onset},
           {"first", event_.first},
-          {"baseline", Num(event_.baseline)},
-          {"peak", Num(event_.peak)},
+          {"baseline", JsonNumber(event_.baseline)},
+          {"peak", JsonNumber(event_.peak)},
           {"consecutive", event_.consecutive},
           {"skipped", event_.skipped},
           {"resume", event_.resume},
@@ -286,25 +287,25 @@ Status Guard::FromJson(const json& j, const std::string& where) {
   KEEL_RETURN_IF_ERROR(detector_.FromJson(j.value("detector", json()), where + ".detector"));
   KEEL_RETURN_IF_ERROR(PolicyFromJson(j.value("policy", json()), where + ".policy"));
   event_ = Event{};
-  const json& ev = j.value("event", json());
-  try {
-    if (ev.is_object()) {
-      event_.open = true;
-      event_.kind = ev.at("kind");
-      event_.signal = ev.at("signal");
-      event_.onset = ev.at("onset");
-      event_.first = ev.at("first");
-      event_.baseline = NumFrom(ev.at("baseline"));
-      event_.peak = NumFrom(ev.at("peak"));
-      event_.consecutive = ev.at("consecutive");
-      event_.skipped = ev.at("skipped");
-      event_.resume = ev.at("resume");
-      event_.decided = ev.at("decided");
-    }
-    restart_iter_ = j.value("restart_iteration", int64_t{-1});
-  } catch (const json::exception& e) {
-    return Status::Corruption(where + ".event: " + e.what());
+  JsonReader r(where, j);
+  const JsonValue ev = r.root().Optional("event");
+  if (ev.raw().is_object()) {
+    event_.open = true;
+    event_.kind = ev["kind"].Get<std::string>();
+    event_.signal = ev["signal"].Get<std::string>();
+    event_.onset = ev["onset"].Get<int64_t>();
+    event_.first = ev["first"].Get<int64_t>();
+    event_.baseline = ev["baseline"].Number();
+    event_.peak = ev["peak"].Number();
+    event_.consecutive = ev["consecutive"].Get<int>();
+    event_.skipped = ev["skipped"].Get<int>();
+    event_.resume = ev["resume"].Get<bool>();
+    event_.decided = ev["decided"].Get<bool>();
+  } else if (ev.present() && !ev.is_null()) {
+    r.Fail(ev.path(), "must be an object (or null), but is " + DescribeJson(ev.raw()));
   }
+  restart_iter_ = r.root().Optional("restart_iteration").Get<int64_t>(-1);
+  KEEL_RETURN_IF_ERROR(r.status());
   return Status::OK();
 }
 

@@ -2,6 +2,9 @@
 
 #include <cmath>
 
+#include "core/json_number.h"
+#include "core/json_reader.h"
+
 namespace keel {
 
 const char* AnomalyKindName(AnomalyKind k) {
@@ -99,7 +102,7 @@ nlohmann::json InstabilityDetector::ToJson() const {
   return {{"loss", loss_.ToJson()},
           {"grad_norm", grad_.ToJson()},
           {"recent_loss", recent_.ToJson()},
-          {"best_level", std::isfinite(best_level_) ? nlohmann::json(best_level_) : nullptr},
+          {"best_level", JsonNumber(best_level_)},
           {"best_level_iteration", best_level_iter_}};
 }
 
@@ -110,10 +113,10 @@ Status InstabilityDetector::FromJson(const nlohmann::json& j, const std::string&
       grad_.FromJson(j.value("grad_norm", nlohmann::json()), where + ".grad_norm"));
   KEEL_RETURN_IF_ERROR(
       recent_.FromJson(j.value("recent_loss", nlohmann::json()), where + ".recent_loss"));
-  const auto& b = j.value("best_level", nlohmann::json());
-  best_level_ = b.is_number() ? b.get<double>() : NAN;
-  best_level_iter_ = j.value("best_level_iteration", int64_t{0});
-  return Status::OK();
+  JsonReader r(where, j);
+  best_level_ = r.root().Optional("best_level").Number();
+  best_level_iter_ = r.root().Optional("best_level_iteration").Get<int64_t>(0);
+  return r.status();
 }
 
 }  // namespace keel

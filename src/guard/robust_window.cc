@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/json_reader.h"
+
 namespace keel {
 
 double MedianOf(std::vector<double> v) {
@@ -65,21 +67,19 @@ nlohmann::json RobustWindow::ToJson() const {
 }
 
 Status RobustWindow::FromJson(const nlohmann::json& j, const std::string& where) {
-  try {
-    const size_t cap = j.at("capacity").get<size_t>();
-    std::deque<double> vals;
-    for (const auto& v : j.at("values")) {
-      const double d = v.get<double>();
-      if (!std::isfinite(d)) return Status::Corruption(where + ": non-finite value in a window");
-      vals.push_back(d);
-    }
-    if (cap == 0 || vals.size() > cap)
-      return Status::Corruption(where + ": window holds more values than its capacity");
-    capacity_ = cap;
-    values_ = std::move(vals);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Corruption(where + ": malformed window: " + e.what());
+  JsonReader r(where, j);
+  const size_t cap = r.root()["capacity"].Get<size_t>();
+  std::deque<double> vals;
+  for (const JsonValue& v : r.root()["values"].Items()) {
+    const double d = v.Get<double>();
+    if (r.ok() && !std::isfinite(d)) r.Fail(v.path(), "is not finite");
+    vals.push_back(d);
   }
+  KEEL_RETURN_IF_ERROR(r.status());
+  if (cap == 0 || vals.size() > cap)
+    return Status::Corruption(where + ": window holds more values than its capacity");
+  capacity_ = cap;
+  values_ = std::move(vals);
   return Status::OK();
 }
 

@@ -1,17 +1,8 @@
 #include "journal/run_journal.h"
 
-#include <ctime>
+#include "core/timestamp.h"
 
 namespace keel {
-
-std::string UtcTimestamp() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 RunJournal::RunJournal(Env* env, std::string dir, Logger log)
     : env_(env), dir_(std::move(dir)), log_(std::move(log)) {}

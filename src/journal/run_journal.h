@@ -45,7 +45,4 @@ class RunJournal {
   std::function<void(const nlohmann::json&, const std::string&)> observer_;
 };
 
-// Current UTC time as 2026-11-22T10:00:00Z.
-std::string UtcTimestamp();
-
 }  // namespace keel

@@ -9,18 +9,24 @@
 //   spike_unresolved  still open at the end of the log
 //   divergence        a slow rise (the detector's divergence test), or a spike whose loss did not
 //                     come back within recover_iters (a level shift)
-//   nan               records whose "number of nan iterations" is > 0 or whose loss is NaN/Inf
-//   skipped           records whose "number of skipped iterations" is > 0
+//   nan               records with a non-finite iteration (LogRecord::nonfinite: the log's NaN
+//                     counter, or a nan/inf loss or grad norm where it has none)
+//   skipped           records whose "number of skipped iterations" is > 0 (a skipped data
+//                     window after a rollback is this, not nan)
 //   restart           the iteration went back or a process start was logged; start = last
 //                     iteration before, end = first after
 //   throughput_drop   the median throughput fell by more than drop_threshold and stayed down
+//                     (over the records that trained an iteration: LogRecord::gap ones are left
+//                     out)
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "guard/instability_detector.h"
 #include "metrics/megatron_log.h"
 
@@ -55,6 +61,7 @@ struct LogAnalysis {
   std::string throughput_signal;  // what the drop detector watched
   int64_t skipped_iterations = 0, nan_iterations = 0, restarts = 0;
   double eta_seconds = -1;  // remaining iterations x recent median time (-1: unknown)
+  std::string eta_note;     // why it is unknown
   double recent_iteration_seconds = 0;
   std::vector<LogEvent> events;  // by start iteration
 };
@@ -63,7 +70,19 @@ struct LogAnalysis {
 Status AnalyzeLog(const ParsedLog& log, const LogAnalysisOptions& opt, LogAnalysis* out);
 std::string FormatLogAnalysis(const ParsedLog& log, const LogAnalysis& a);
 nlohmann::json LogAnalysisJson(const ParsedLog& log, const LogAnalysis& a);
-// A record as a keel metrics.jsonl train record (fields the log does not have are left out).
+// A record as a keel metrics.jsonl train record (fields the log does not have are left out; an
+// interval that trained nothing has null loss and throughput, as keel writes for it).
 nlohmann::json LogRecordToMetrics(const LogRecord& r);
+
+// `keel logs analyze --to-metrics DIR`: the log as a keel run directory, DIR/metrics.jsonl and
+// DIR/tensorboard/ as `keel train` writes them (a restart that went back archived the way keel's
+// rewinds are), the findings as guard/events text, and DIR/log-analysis.json. Refused when DIR
+// holds any of these already. Atomic: everything is built in a hidden directory beside them and
+// moved into place at the end (metrics.jsonl last); on an error nothing of it remains. `log_line`
+// hears of each archived restart.
+Status WriteLogAsRun(Env* env, const std::string& dir, const ParsedLog& log, const LogAnalysis& a,
+                     const std::function<void(const std::string&)>& log_line);
+
+constexpr const char* kLogAnalysisFile = "log-analysis.json";
 
 }  // namespace keel

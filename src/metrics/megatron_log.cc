@@ -1,7 +1,8 @@
 #include "metrics/megatron_log.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
-#include <cmath>
 #include <cstdlib>
 #include <string_view>
 
@@ -33,12 +34,6 @@ bool ParseNumber(std::string_view text, double* v) {
   return end == s.c_str() + s.size();
 }
 
-// A count printed as a number ("consumed samples: 1.2e6" too) as an integer; `missing` when it is
-// not finite or does not fit (a corrupt line must not make the conversion undefined).
-int64_t ToCount(double v, int64_t missing) {
-  return std::fabs(v) < 9.2e18 ? static_cast<int64_t>(v) : missing;
-}
-
 size_t SkipSpaces(std::string_view s, size_t i) {
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
   return i;
@@ -49,12 +44,25 @@ size_t SkipDigits(std::string_view s, size_t i) {
   return i;
 }
 
-// The digits at *pos as a number (0 if none); *pos moves past them.
-int64_t ReadInteger(std::string_view s, size_t* pos) {
+// The digits at *pos as a number; *pos moves past them. False when there are none or the number
+// is above kMaxLogCount (a saturated or corrupted counter, never a real one).
+bool ReadCount(std::string_view s, size_t* pos, int64_t* v) {
   const size_t end = SkipDigits(s, *pos);
-  const int64_t v = std::strtoll(std::string(s.substr(*pos, end - *pos)).c_str(), nullptr, 10);
+  const std::string_view digits = s.substr(*pos, end - *pos);
   *pos = end;
-  return v;
+  *v = 0;
+  for (char c : digits) {
+    *v = *v * 10 + (c - '0');  // cannot overflow: *v <= kMaxLogCount before this step
+    if (*v > kMaxLogCount) return false;
+  }
+  return !digits.empty();
+}
+
+// A count printed as a number ("consumed samples: 123"): whole part, within [0, kMaxLogCount].
+bool ToCount(double v, int64_t* out) {
+  if (!(v >= 0 && v <= static_cast<double>(kMaxLogCount))) return false;
+  *out = static_cast<int64_t>(v);
+  return true;
 }
 
 // Position of "iteration N/ TOTAL" in `line`, or npos.
@@ -127,10 +135,14 @@ std::string JoinRecord(const std::vector<std::string_view>& lines, size_t* i, si
   return text;
 }
 
+struct Field {
+  std::string key;  // squeezed: "numberofnaniterations"
+  std::string_view name, value;
+};
+
 // "key: value" fields between '|' separators; the first field is the record's head.
-std::vector<std::pair<std::string, std::string_view>> Fields(std::string_view text,
-                                                             std::string_view* head) {
-  std::vector<std::pair<std::string, std::string_view>> out;
+std::vector<Field> Fields(std::string_view text, std::string_view* head) {
+  std::vector<Field> out;
   size_t bar = text.find('|');
   *head = text.substr(0, bar);
   while (bar != std::string_view::npos) {
@@ -139,55 +151,85 @@ std::vector<std::pair<std::string, std::string_view>> Fields(std::string_view te
         text.substr(bar + 1, next == std::string_view::npos ? next : next - bar - 1);
     size_t colon = f.find(':');
     if (colon != std::string_view::npos)
-      out.emplace_back(Squeeze(f.substr(0, colon)), f.substr(colon + 1));
+      out.push_back({Squeeze(f.substr(0, colon)), Trim(f.substr(0, colon)), f.substr(colon + 1)});
     bar = next;
   }
   return out;
 }
 
-void ParseRecord(std::string_view text, LogRecord* r) {
+// Fills `r` from a record's text; returns why the record cannot be true ("" if it can).
+std::string ParseRecord(std::string_view text, LogRecord* r) {
   std::string_view head;
   const auto fields = Fields(text, &head);
-  size_t j = SkipSpaces(head, head.find("iteration") + 9);
-  r->iteration = ReadInteger(head, &j);
+  size_t digits = SkipSpaces(head, head.find("iteration") + 9), j = digits;
+  if (!ReadCount(head, &j, &r->iteration))
+    return fmt::format("iteration {} is beyond {}", head.substr(digits, j - digits), kMaxLogCount);
   j = SkipSpaces(head, j);
   if (j < head.size() && head[j] == '/') {
-    j = SkipSpaces(head, j + 1);
-    r->train_iters = ReadInteger(head, &j);
+    digits = j = SkipSpaces(head, j + 1);
+    if (!ReadCount(head, &j, &r->train_iters) && j > digits)
+      return fmt::format("the total of {} iterations is beyond {}", head.substr(digits, j - digits),
+                         kMaxLogCount);
   }
-  for (const auto& [key, value] : fields) {
+  bool loss_nonfinite = false, grad_nonfinite = false;
+  for (const Field& f : fields) {
+    const std::string& key = f.key;
     double v = NAN;
-    if (!ParseNumber(value, &v)) continue;
-    if ((key == "lmloss" || key == "gradnorm") && !std::isfinite(v)) r->nonfinite = true;
-    if (key == "consumedsamples")
-      r->consumed_samples = ToCount(v, -1);
-    else if (key == "consumedtokens")
-      r->consumed_tokens = ToCount(v, -1);
-    else if (key == "elapsedtimeperiteration(ms)")
-      r->iteration_seconds = v / 1000.0;
-    else if (key == "elapsedtimeperiteration(s)")
-      r->iteration_seconds = v;
-    else if (key == "learningrate")
+    if (!ParseNumber(f.value, &v)) continue;
+    auto count = [&](int64_t* out) {
+      return ToCount(v, out) ? std::string()
+                             : fmt::format("{}: {} is not a count (0 to {})", f.name, Trim(f.value),
+                                           kMaxLogCount);
+    };
+    auto rate = [&](double* out) {
+      *out = v;
+      return v < 0 ? fmt::format("{}: {} is negative", f.name, Trim(f.value)) : std::string();
+    };
+    std::string bad;
+    if (key == "consumedsamples") {
+      bad = count(&r->consumed_samples);
+    } else if (key == "consumedtokens") {
+      bad = count(&r->consumed_tokens);
+    } else if (key == "elapsedtimeperiteration(ms)") {
+      bad = rate(&r->iteration_seconds);
+      r->iteration_seconds /= 1000.0;
+    } else if (key == "elapsedtimeperiteration(s)") {
+      bad = rate(&r->iteration_seconds);
+    } else if (key == "learningrate") {
       r->learning_rate = v;
-    else if (key == "globalbatchsize")
+    } else if (key == "globalbatchsize") {
+      int64_t gb = 0;
+      bad = count(&gb);
       r->global_batch = v;
-    else if (key == "lmloss")
+    } else if (key == "lmloss") {
       r->lm_loss = v;
-    else if (key == "lossscale")
+      r->has_loss = true;
+      loss_nonfinite = !std::isfinite(v);
+    } else if (key == "lossscale") {
       r->loss_scale = v;
-    else if (key == "gradnorm")
+    } else if (key == "gradnorm") {
       r->grad_norm = v;
-    else if (key == "numzeros")
+      grad_nonfinite = !std::isfinite(v);
+    } else if (key == "numzeros") {
       r->num_zeros = v;
-    else if (key == "numberofskippediterations")
-      r->skipped = ToCount(v, 0);
-    else if (key == "numberofnaniterations")
-      r->nan = ToCount(v, 0);
-    else if (key == "samplespersecond")
-      r->samples_per_second = v;
-    else if (key == "tflops" || key == "throughputpergpu(tflop/s/gpu)")
-      r->tflops = v;
+    } else if (key == "numberofskippediterations") {
+      bad = count(&r->skipped);
+    } else if (key == "numberofnaniterations") {
+      bad = count(&r->nan);
+      r->has_nan_count = true;
+    } else if (key == "samplespersecond") {
+      bad = rate(&r->samples_per_second);
+    } else if (key == "tflops" || key == "throughputpergpu(tflop/s/gpu)") {
+      bad = rate(&r->tflops);
+    }
+    if (!bad.empty()) return bad;
   }
+  // The log's own NaN counter decides where it is printed: a skipped iteration (a skipped data
+  // window, an fp16 overflow's inf grad norm) is not a NaN. A NaN loss in an interval that
+  // skipped nothing is one all the same.
+  r->nonfinite = r->has_nan_count ? r->nan > 0 || (loss_nonfinite && r->skipped == 0)
+                                  : loss_nonfinite || grad_nonfinite;
+  return "";
 }
 
 }  // namespace
@@ -218,9 +260,19 @@ Status ParseMegatronLog(const std::string& text, const std::string& file, Parsed
       bool joined = false;
       const std::string rec = JoinRecord(lines, &i, p, &joined);
       out->wrapped += joined;
-      ParseRecord(rec, &r);
+      const std::string bad = ParseRecord(rec, &r);
+      if (!bad.empty()) {
+        out->rejected.push_back({file, lineno, bad});
+        continue;
+      }
       r.after_start = started;
       started = false;
+      // The interval this line covers: back to the previous record of the same process.
+      const LogRecord* prev = out->records.empty() ? nullptr : &out->records.back();
+      const int64_t interval = prev && !r.after_start && r.iteration > prev->iteration
+                                   ? r.iteration - prev->iteration
+                                   : 0;
+      r.gap = r.skipped > 0 && (!r.has_loss || (interval > 0 && r.skipped >= interval));
       out->records.push_back(std::move(r));
     } else if (size_t v = FindValidationStart(line); v != std::string_view::npos) {
       bool joined = false;
@@ -232,12 +284,16 @@ Status ParseMegatronLog(const std::string& text, const std::string& file, Parsed
       val.line = lineno;
       val.records_before = out->records.size();
       size_t a = SkipSpaces(head, head.find("iteration") + 9);
-      val.iteration = ReadInteger(head, &a);
-      for (const auto& [key, value] : fields) {
+      if (!ReadCount(head, &a, &val.iteration)) {
+        out->rejected.push_back(
+            {file, lineno, fmt::format("a validation iteration number beyond {}", kMaxLogCount)});
+        continue;
+      }
+      for (const Field& f : fields) {
         double x = NAN;
-        if (!ParseNumber(value, &x)) continue;
-        if (key == "lmlossvalue") val.lm_loss = x;
-        if (key == "lmlossppl") val.ppl = x;
+        if (!ParseNumber(f.value, &x)) continue;
+        if (f.key == "lmlossvalue") val.lm_loss = x;
+        if (f.key == "lmlossppl") val.ppl = x;
       }
       out->validations.push_back(val);
     }

@@ -19,6 +19,10 @@
 
 namespace keel {
 
+// Iteration numbers and counts above this are refused: no run comes near it, and beyond it a
+// double (JSON readers, the report's charts) no longer holds every integer.
+constexpr int64_t kMaxLogCount = int64_t{1} << 53;
+
 struct LogRecord {
   int64_t iteration = 0;
   int64_t train_iters = 0;  // "/ TOTAL" (0: not printed)
@@ -27,9 +31,18 @@ struct LogRecord {
   double loss_scale = NAN, grad_norm = NAN, num_zeros = NAN, samples_per_second = NAN;
   double tflops = NAN;
   int64_t skipped = 0, nan = 0;  // iterations of this log interval
-  bool nonfinite = false;        // a "nan"/"inf" loss or gradient norm
-  bool after_start = false;      // a process start was logged since the previous record
-  std::string timestamp;         // "[...]" date prefix of the line, if any
+  bool has_loss = false;         // the line printed an "lm loss" field
+  bool has_nan_count = false;    // ... a "number of nan iterations" field
+  // A non-finite iteration in this interval: "number of nan iterations" > 0, or, on a line
+  // without that counter, a "nan"/"inf" loss or grad norm. A skipped iteration (the counter
+  // says skipped > 0, nan 0: a data window skipped after a rollback, an fp16 overflow) is not.
+  bool nonfinite = false;
+  // No iteration of this interval was trained: it has skipped iterations and no "lm loss" (keel,
+  // Megatron omit it then), or as many skipped iterations as the interval has. Its loss and
+  // throughput are gaps, not values.
+  bool gap = false;
+  bool after_start = false;  // a process start was logged since the previous record
+  std::string timestamp;     // "[...]" date prefix of the line, if any
   std::string file;
   int line = 0;
 };
@@ -42,16 +55,26 @@ struct LogValidation {
   int line = 0;
 };
 
+// An iteration or validation line that was read but refused: an impossible number.
+struct RejectedLine {
+  std::string file;
+  int line = 0;
+  std::string reason;
+};
+
 struct ParsedLog {
   std::vector<LogRecord> records;  // in file order (restarts make iterations go back)
   std::vector<LogValidation> validations;
+  std::vector<RejectedLine> rejected;
   std::vector<std::string> files;
   int64_t lines = 0;
   int64_t wrapped = 0;  // records that were joined from more than one line
 };
 
-// Appends the records of one file's text; other lines are ignored. A file without any iteration
-// line is not an error here (the caller says so).
+// Appends the records of one file's text; other lines are ignored. A line whose numbers cannot be
+// true (an iteration or count beyond kMaxLogCount or negative, a negative time or throughput) is
+// not a record but a RejectedLine. A file without any iteration line is not an error here (the
+// caller says so).
 Status ParseMegatronLog(const std::string& text, const std::string& file, ParsedLog* out);
 
 }  // namespace keel

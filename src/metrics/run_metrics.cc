@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <sstream>
+#include <unordered_set>
 
-#include "core/json_field.h"
-#include "journal/run_journal.h"
+#include "core/timestamp.h"
 #include "metrics/tf_event.h"
 
 namespace keel {
@@ -24,11 +26,19 @@ int64_t LimitFor(const std::string& tag, const MetricsPosition& at) {
   return axis == " vs samples" ? at.samples : axis == " vs tokens" ? at.tokens : at.iteration;
 }
 
-std::string Compact(std::string t) {  // 2026-11-23T05:00:00Z -> 20261123T050000Z
-  std::string out;
-  for (char c : t)
-    if (c != '-' && c != ':') out += c;
-  return out;
+// An archive being assembled (metrics-archive/.partial-NAME): never read, removed if left over.
+constexpr const char* kPartialPrefix = ".partial-";
+
+// `to` as a second name of `from` (no data copied), or a copy of `bytes` (its content) where the
+// filesystem refuses hard links.
+Status LinkOrCopy(Env* env, const std::string& from, const std::string& to,
+                  const std::string& bytes) {
+  if (env->LinkFile(from, to).ok()) return Status::OK();
+  std::unique_ptr<WritableFile> f;
+  KEEL_RETURN_IF_ERROR(env->NewWritableFile(to, &f));
+  KEEL_RETURN_IF_ERROR(f->Append(bytes));
+  KEEL_RETURN_IF_ERROR(f->Sync());
+  return f->Close();
 }
 
 }  // namespace
@@ -51,16 +61,27 @@ Status RunMetrics::OpenLive() {
   const double now = WallTime();
   const std::string name = fmt::format("events.out.tfevents.{}.{}.{}.{}", static_cast<int64_t>(now),
                                        host, ::getpid(), env_->NowMicros());
-  KEEL_RETURN_IF_ERROR(env_->NewWritableFile(JoinPath(tb, name), &events_));
+  // Never an existing name: an old file may be a hard link into the archive (Rewind), and
+  // truncating it would empty the archived copy too.
+  std::string path = JoinPath(tb, name);
+  for (int k = 1; env_->FileExists(path); ++k) path = JoinPath(tb, fmt::format("{}-{}", name, k));
+  KEEL_RETURN_IF_ERROR(env_->NewWritableFile(path, &events_));
   KEEL_RETURN_IF_ERROR(events_->Append(FrameRecord(EncodeFileVersionEvent(now))));
   return events_->Flush();
 }
 
 Status RunMetrics::Rewind(const MetricsPosition& at, const std::string& reason,
                           std::string* archived) {
+  if (!failed_.ok()) return failed_;
+  failed_ = DoRewind(at, reason, archived);
+  return failed_;
+}
+
+Status RunMetrics::DoRewind(const MetricsPosition& at, const std::string& reason,
+                            std::string* archived) {
   if (archived) archived->clear();
   if (dir_.empty()) return Status::OK();
-  // Close the live files of this process first: they are about to move.
+  // Close the live files of this process first: they are about to be replaced.
   if (jsonl_) KEEL_RETURN_IF_ERROR(jsonl_->Close());
   if (events_) KEEL_RETURN_IF_ERROR(events_->Close());
   jsonl_.reset();
@@ -69,39 +90,47 @@ Status RunMetrics::Rewind(const MetricsPosition& at, const std::string& reason,
 
   const std::string jsonl_path = JoinPath(dir_, kMetricsFile);
   const std::string tb = JoinPath(dir_, kTensorBoardDir);
-  std::string kept_jsonl;
+  std::string jsonl_text, kept_jsonl;
   int64_t later = 0, last_seen = at.iteration;
   if (env_->FileExists(jsonl_path)) {
-    std::string text;
-    KEEL_RETURN_IF_ERROR(env_->ReadFileToString(jsonl_path, &text));
-    std::istringstream in(text);
+    KEEL_RETURN_IF_ERROR(env_->ReadFileToString(jsonl_path, &jsonl_text));
+    std::istringstream in(jsonl_text);
     std::string line;
     while (std::getline(in, line)) {
       if (line.empty()) continue;
       const auto j = nlohmann::json::parse(line, nullptr, false);
-      const int64_t it = JsonIntField<int64_t>(j, "iteration").value_or(0);
+      // A torn last line (a crash mid-write) or a line that is not a record stays in the archive
+      // only; it never stops a resume.
+      if (!j.is_object() || !j.contains("iteration") || !j["iteration"].is_number_integer())
+        continue;
+      const int64_t it = j["iteration"].get<int64_t>();
       if (it > at.iteration) {
         ++later;
         last_seen = std::max(last_seen, it);
-      } else if (!j.is_discarded()) {  // a torn last line (a crash mid-write) is not kept
+      } else {
         kept_jsonl += line + "\n";
       }
     }
   }
-  std::vector<std::string> event_files;
+  struct EventFile {
+    std::string name, bytes;
+  };
+  std::vector<EventFile> event_files;
   std::string kept_events;
   if (env_->IsDirectory(tb)) {
     std::vector<std::string> names;
     KEEL_RETURN_IF_ERROR(env_->GetChildren(tb, &names));
     std::sort(names.begin(), names.end());
+    // An event kept twice (a crash between writing the new live file and removing the old ones)
+    // is kept once.
+    std::unordered_set<std::string> seen;
     for (const std::string& n : names) {
       if (n.find("tfevents") == std::string::npos) continue;
-      event_files.push_back(n);
-      std::string bytes;
-      KEEL_RETURN_IF_ERROR(env_->ReadFileToString(JoinPath(tb, n), &bytes));
+      EventFile f{n, ""};
+      KEEL_RETURN_IF_ERROR(env_->ReadFileToString(JoinPath(tb, n), &f.bytes));
       std::vector<DecodedEvent> evs;
       // A file cut short by a crash keeps its complete records.
-      Status ps = ParseEventFile(bytes, JoinPath(tb, n), &evs);
+      Status ps = ParseEventFile(f.bytes, JoinPath(tb, n), &evs);
       (void)ps;
       for (const DecodedEvent& e : evs) {
         if (!e.file_version.empty()) continue;
@@ -109,27 +138,56 @@ Status RunMetrics::Rewind(const MetricsPosition& at, const std::string& reason,
           ++later;
           continue;
         }
-        kept_events += FrameRecord(e.data);
+        if (seen.insert(e.data).second) kept_events += FrameRecord(e.data);
       }
+      event_files.push_back(std::move(f));
     }
   }
   if (later == 0) return Status::OK();
 
-  // Move the live files aside whole, then write what is kept as the new live files.
-  const std::string name = fmt::format("{}-iter{}-to-iter{}-{}", reason, last_seen, at.iteration,
-                                       Compact(UtcTimestamp()));
-  const std::string arch = JoinPath(JoinPath(dir_, kMetricsArchiveDir), name);
-  KEEL_RETURN_IF_ERROR(env_->CreateDirs(arch));
+  // 1. The archive, complete before anything live changes: built under a hidden name (hard links
+  //    to the live files, copies where links are refused), then renamed into place. A crash
+  //    leaves the live files whole and at most a hidden partial archive, removed next time.
+  const std::string root = JoinPath(dir_, kMetricsArchiveDir);
+  KEEL_RETURN_IF_ERROR(env_->CreateDirs(root));
+  std::vector<std::string> entries;
+  KEEL_RETURN_IF_ERROR(env_->GetChildren(root, &entries));
+  int64_t seq = 1;
+  for (const std::string& e : entries) {
+    if (e.rfind(kPartialPrefix, 0) == 0)
+      KEEL_RETURN_IF_ERROR(env_->RemoveDirRecursive(JoinPath(root, e)));
+    else if (!e.empty() && e[0] != '.')
+      ++seq;
+  }
+  // The name says what happened; the sequence number keeps names unique when two rewinds to the
+  // same iteration fall in the same second (a crash loop).
+  const std::string base =
+      fmt::format("{}-iter{}-to-iter{}-{}", reason, last_seen, at.iteration,
+                  UtcTimestampCompact(static_cast<std::time_t>(env_->NowUnixMicros() / 1000000)));
+  std::string name = fmt::format("{}-{}", base, seq);
+  while (env_->FileExists(JoinPath(root, name))) name = fmt::format("{}-{}", base, ++seq);
+  const std::string arch = JoinPath(root, name);
+  const std::string staging = JoinPath(root, kPartialPrefix + name);
+  KEEL_RETURN_IF_ERROR(env_->CreateDirs(JoinPath(staging, kTensorBoardDir)));
   if (env_->FileExists(jsonl_path))
-    KEEL_RETURN_IF_ERROR(env_->RenameFile(jsonl_path, JoinPath(arch, kMetricsFile)));
-  if (env_->IsDirectory(tb))
-    KEEL_RETURN_IF_ERROR(env_->RenameFile(tb, JoinPath(arch, kTensorBoardDir)));
-  KEEL_RETURN_IF_ERROR(env_->SyncDir(arch));
-  KEEL_RETURN_IF_ERROR(env_->SyncDir(dir_));
+    KEEL_RETURN_IF_ERROR(LinkOrCopy(env_, jsonl_path, JoinPath(staging, kMetricsFile), jsonl_text));
+  for (const EventFile& f : event_files)
+    KEEL_RETURN_IF_ERROR(LinkOrCopy(env_, JoinPath(tb, f.name),
+                                    JoinPath(JoinPath(staging, kTensorBoardDir), f.name), f.bytes));
+  KEEL_RETURN_IF_ERROR(env_->SyncDir(JoinPath(staging, kTensorBoardDir)));
+  KEEL_RETURN_IF_ERROR(env_->SyncDir(staging));
+  KEEL_RETURN_IF_ERROR(env_->RenameFile(staging, arch));
+  KEEL_RETURN_IF_ERROR(env_->SyncDir(root));
+
+  // 2. The live files, each replaced whole: metrics.jsonl atomically, then a new event file with
+  //    what is kept, then the old event files go (the archive holds them).
   KEEL_RETURN_IF_ERROR(WriteFileAtomic(env_, jsonl_path, kept_jsonl));
   KEEL_RETURN_IF_ERROR(OpenLive());
   KEEL_RETURN_IF_ERROR(events_->Append(kept_events));
-  KEEL_RETURN_IF_ERROR(events_->Flush());
+  KEEL_RETURN_IF_ERROR(events_->Sync());
+  for (const EventFile& f : event_files)
+    KEEL_RETURN_IF_ERROR(env_->RemoveFile(JoinPath(tb, f.name)));
+  KEEL_RETURN_IF_ERROR(env_->SyncDir(tb));
   if (archived) *archived = arch;
   return Status::OK();
 }
@@ -142,6 +200,7 @@ Status RunMetrics::WriteScalar(int64_t step, const std::string& tag, double valu
 
 Status RunMetrics::Append(const nlohmann::json& r) {
   if (dir_.empty()) return Status::OK();
+  if (!failed_.ok()) return failed_;
   const bool train = r.value("kind", "") == "train";
   const int64_t it = r.value("iteration", int64_t{0});
   if (train && last_iteration_ >= 0 && it <= last_iteration_) {
@@ -155,7 +214,9 @@ Status RunMetrics::Append(const nlohmann::json& r) {
   }
   KEEL_RETURN_IF_ERROR(OpenLive());
   if (train) last_iteration_ = it;
-  KEEL_RETURN_IF_ERROR(jsonl_->Append(r.dump() + "\n"));
+  // A name that is not UTF-8 (a dataset path) is written with U+FFFD rather than thrown on.
+  KEEL_RETURN_IF_ERROR(
+      jsonl_->Append(r.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
   KEEL_RETURN_IF_ERROR(jsonl_->Flush());
 
   const double wall = WallTime();
@@ -169,7 +230,10 @@ Status RunMetrics::Append(const nlohmann::json& r) {
     return WriteScalar(samples, tag + " vs samples", v, wall);
   };
   if (train) {
-    if (!r.value("data_skipped", false)) {
+    // An iteration of a skipped data window trained nothing: no loss, grad norm or throughput
+    // (whatever a record carries for its near-zero time), so TensorBoard draws a gap too.
+    const bool data_skipped = r.value("data_skipped", false);
+    if (!data_skipped) {
       KEEL_RETURN_IF_ERROR(both("lm-loss-training/lm loss", num(r, "lm_loss")));
       KEEL_RETURN_IF_ERROR(WriteScalar(r.value("consumed_tokens", int64_t{0}),
                                        "lm-loss-training/lm loss vs tokens", num(r, "lm_loss"),
@@ -181,9 +245,11 @@ Status RunMetrics::Append(const nlohmann::json& r) {
     KEEL_RETURN_IF_ERROR(both("batch-size/batch-size", num(r, "global_batch_size")));
     KEEL_RETURN_IF_ERROR(both("loss-scale/loss-scale", num(r, "loss_scale")));
     KEEL_RETURN_IF_ERROR(both("iteration-time/iteration-time", num(r, "iteration_ms") / 1000.0));
-    KEEL_RETURN_IF_ERROR(
-        WriteScalar(it, "throughput/samples per second", num(r, "samples_per_second"), wall));
-    KEEL_RETURN_IF_ERROR(WriteScalar(it, "throughput/TFLOPs", num(r, "tflops"), wall));
+    if (!data_skipped) {
+      KEEL_RETURN_IF_ERROR(
+          WriteScalar(it, "throughput/samples per second", num(r, "samples_per_second"), wall));
+      KEEL_RETURN_IF_ERROR(WriteScalar(it, "throughput/TFLOPs", num(r, "tflops"), wall));
+    }
     if (r.contains("datasets"))
       for (const auto& [name, d] : r["datasets"].items())
         KEEL_RETURN_IF_ERROR(both("lm-loss-training/" + name + " lm loss", num(d, "lm_loss")));
@@ -203,6 +269,7 @@ Status RunMetrics::Append(const nlohmann::json& r) {
 
 Status RunMetrics::AppendText(int64_t iteration, const std::string& tag, const std::string& text) {
   if (dir_.empty()) return Status::OK();
+  if (!failed_.ok()) return failed_;
   KEEL_RETURN_IF_ERROR(OpenLive());
   KEEL_RETURN_IF_ERROR(
       events_->Append(FrameRecord(EncodeTextEvent(WallTime(), iteration, tag, text))));

@@ -3,7 +3,7 @@
 //                                       of the iteration line, per-dataset loss) and per evaluation
 //   tensorboard/events.out.tfevents.*   the same as TensorBoard scalars under Megatron's grouped
 //                                       tags, plus the guard's events as text
-//   metrics-archive/NAME/               what a rewind moved aside (nothing is deleted)
+//   metrics-archive/NAME/               what a rewind set aside (nothing is deleted)
 // Rollback-aware: when the run goes back to an earlier iteration (a resume from an older
 // checkpoint, the guard's rollback), everything written after that iteration is moved to
 // metrics-archive/ under a name that says what happened, and the live files continue cleanly
@@ -33,10 +33,15 @@ class RunMetrics {
   // `run_dir` empty: nothing is written. Opening does not touch existing files; call Rewind.
   static Status Open(Env* env, const std::string& run_dir, std::unique_ptr<RunMetrics>* out);
 
-  // The run continues after `at`: records of later iterations (and TensorBoard events past
-  // its iteration, samples or tokens) move to metrics-archive/<reason>-<from>-to-<at>-<time>/,
-  // the live files keep the rest. Nothing to move: nothing happens. `*archived` gets the
-  // archive's path ("" if none).
+  // The run continues after `at`: the live files as they were go to
+  // metrics-archive/<reason>-iter<from>-to-iter<at>-<UTC time>-<n>/ (n: one more than the
+  // archives already there, so two rewinds in one second never share a name), and the live
+  // files keep only the records up to `at` (TensorBoard events up to its iteration, samples or
+  // tokens). The archive is complete before a live file changes, and each live file is replaced
+  // whole, so a crash at any point loses nothing. Nothing to move: nothing happens. `*archived`
+  // gets the archive's path ("" if none). After a failed rewind this object writes nothing more
+  // (every call returns that error): a live file may still be a hard link into the archive, and
+  // appending to it would change the archive. The next process rewinds again.
   Status Rewind(const MetricsPosition& at, const std::string& reason, std::string* archived);
 
   // One record of the Trainer's metrics stream. A train record at or before the last one
@@ -48,6 +53,7 @@ class RunMetrics {
   const std::string& run_dir() const { return dir_; }
 
  private:
+  Status DoRewind(const MetricsPosition& at, const std::string& reason, std::string* archived);
   Status OpenLive();
   Status WriteScalar(int64_t step, const std::string& tag, double value, double wall);
 
@@ -55,6 +61,7 @@ class RunMetrics {
   std::string dir_;
   std::unique_ptr<WritableFile> jsonl_, events_;
   int64_t last_iteration_ = -1;  // of the last train record appended by this process
+  Status failed_;                // of a rewind that did not finish
 };
 
 }  // namespace keel

@@ -8,7 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/json_field.h"
+#include "core/json_number.h"
+#include "metrics/log_analysis.h"
 #include "metrics/run_metrics.h"
 
 namespace keel {
@@ -31,6 +32,9 @@ std::string Escape(const std::string& s) {
         break;
       case '"':
         out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
         break;
       default:
         out += c;
@@ -62,15 +66,25 @@ std::string Inline(const std::string& text) {
 
 // A JSON number, or null for NaN/missing (uPlot draws a gap).
 json Num(const json& r, const char* key) {
-  if (!r.contains(key) || !r[key].is_number()) return nullptr;
-  const double v = r[key].get<double>();
-  return std::isfinite(v) ? json(v) : json(nullptr);
+  return r.contains(key) && r[key].is_number() ? JsonNumber(r[key].get<double>()) : json(nullptr);
+}
+
+// Fields of records read from disk, which people and other tools edit: a value of another type
+// than keel writes is "absent", never an exception.
+std::string Str(const json& j, const char* key, const std::string& fallback) {
+  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
+}
+bool Int(const json& j, const char* key, int64_t* out) {
+  if (!j.contains(key) || !j[key].is_number_integer()) return false;
+  if (j[key].is_number_unsigned() && j[key].get<uint64_t>() > uint64_t{INT64_MAX}) return false;
+  *out = j[key].get<int64_t>();
+  return true;
 }
 
 // One row of per-dataset loss columns: a dataset first seen now gets a column padded with nulls
-// for the `rows` before it; a dataset this record lacks gets a null.
-void AppendDatasetLosses(const json& r, size_t rows, json* columns) {
-  const bool has = r.contains("datasets") && r["datasets"].is_object();
+// for the `rows` before it; a dataset this record lacks (or all of them, `gap`) gets a null.
+void AppendDatasetLosses(const json& r, size_t rows, bool gap, json* columns) {
+  const bool has = !gap && r.contains("datasets") && r["datasets"].is_object();
   if (has)
     for (const auto& [name, d] : r["datasets"].items())
       if (!columns->contains(name)) (*columns)[name] = json(std::vector<json>(rows, nullptr));
@@ -79,26 +93,41 @@ void AppendDatasetLosses(const json& r, size_t rows, json* columns) {
                                                       : json(nullptr));
 }
 
-// Trailing mean over the last `w` finite values.
+// Drops the last rows of `columns` (arrays and per-dataset arrays) down to `rows`.
+void Truncate(json* columns, size_t rows) {
+  for (auto& [key, col] : columns->items()) {
+    if (col.is_object()) {
+      Truncate(&col, rows);
+    } else {
+      if (col.size() > rows) col.get_ref<json::array_t&>().resize(rows);
+    }
+  }
+}
+
+// Trailing mean over the last `w` finite values; a gap where the value itself is missing (an
+// iteration that trained nothing has no loss to smooth).
 json RollingMean(const json& values, size_t w) {
   json out = json::array();
   std::vector<double> window;
   double sum = 0;
   for (const json& v : values) {
-    if (v.is_number()) {
-      window.push_back(v.get<double>());
-      sum += window.back();
-      if (window.size() > w) {
-        sum -= window.front();
-        window.erase(window.begin());
-      }
+    if (!v.is_number()) {
+      out.push_back(nullptr);
+      continue;
     }
-    out.push_back(window.empty() ? json(nullptr) : json(sum / static_cast<double>(window.size())));
+    window.push_back(v.get<double>());
+    sum += window.back();
+    if (window.size() > w) {
+      sum -= window.front();
+      window.erase(window.begin());
+    }
+    out.push_back(sum / static_cast<double>(window.size()));
   }
   return out;
 }
 
-// "<reason>-iter<last>-to-iter<at>-<time>" of metrics-archive/: the iteration the run went back to.
+// "<reason>-iter<last>-to-iter<at>-<time>[-<n>]" of metrics-archive/: the iteration the run went
+// back to.
 bool ParseArchiveName(const std::string& name, std::string* reason, int64_t* from, int64_t* to) {
   const size_t a = name.find("-iter"), b = name.find("-to-iter");
   if (a == std::string::npos || b == std::string::npos || b < a) return false;
@@ -110,12 +139,14 @@ bool ParseArchiveName(const std::string& name, std::string* reason, int64_t* fro
 
 constexpr const char* kPageScript = R"JS(
 (function () {
+  // Everything from the run's files is data: it reaches the page as text (textContent), never
+  // as HTML.
   const D = JSON.parse(document.getElementById('keel-data').textContent);
   const colors = {rollback: '#d62728', divergence: '#d62728', detected: '#ff7f0e',
     spike_recovered: '#ff7f0e', resume_spike: '#ff7f0e', spike_unresolved: '#ff7f0e',
     skip: '#7f7f7f', skipped: '#7f7f7f', skip_range: '#7f7f7f', nan: '#9467bd',
     restart: '#1f77b4', resume: '#1f77b4', resumed: '#1f77b4', throughput_drop: '#8c564b'};
-  const colorOf = (k) => colors[k] || '#17becf';
+  const colorOf = (k) => Object.prototype.hasOwnProperty.call(colors, k) ? colors[k] : '#17becf';
   const palette = ['#1f77b4', '#2ca02c', '#9467bd', '#8c564b', '#e377c2', '#17becf', '#bcbd22'];
 
   // Dashed vertical line at each marked iteration, on every chart.
@@ -136,9 +167,48 @@ constexpr const char* kPageScript = R"JS(
     ctx.restore();
   }]}};
 
-  // Axis numbers: 3 significant digits, exponents for small values (learning rates).
-  const fmt = (v) => v === null ? '' : v === 0 ? '0' :
-    Math.abs(v) < 0.01 ? v.toExponential(1) : String(Number(v.toPrecision(3)));
+  // Axis numbers, short (12.3k, 12M, 3e-4) with as many digits as the ticks need to be exact.
+  const SI = [[1e12, 'T'], [1e9, 'G'], [1e6, 'M'], [1e3, 'k']];
+  function number(v, p) {  // [label, the value it says]
+    if (v === 0) return ['0', 0];
+    const a = Math.abs(v);
+    if (a < 0.01 || a >= 1e15) {
+      const t = v.toExponential(p - 1);
+      return [t.replace(/\.?0+e/, 'e').replace('e+', 'e'), Number(t)];
+    }
+    if (a >= 1e4)
+      for (const [d, s] of SI)
+        if (a >= d) {
+          const m = Number((v / d).toPrecision(p));
+          return [String(m) + s, m * d];
+        }
+    const m = Number(v.toPrecision(p));
+    return [String(m), m];
+  }
+  function tickLabels(u, vals, ai, space, incr) {
+    const tol = Math.abs(incr || 0) * 1e-3;
+    for (let p = 1; ; p++) {
+      const out = vals.map((v) => v === null ? ['', null] : number(v, p));
+      if (p >= 9 || out.every(([, n], i) => vals[i] === null || Math.abs(n - vals[i]) <= tol))
+        return out.map(([t]) => t);
+    }
+  }
+  // The y axis is as wide as its longest label (a fixed width cut seven-digit numbers).
+  const measure = document.createElement('canvas').getContext('2d');
+  function axisSize(el, u, values, i) {
+    const axis = u.axes[i];
+    measure.font = axis.font ? axis.font[0] : '12px sans-serif';
+    let w = 0;
+    for (const v of values || []) w = Math.max(w, measure.measureText(v).width / devicePixelRatio);
+    const size = Math.max(40, Math.ceil(w) + axis.ticks.size + axis.gap + 6);
+    if (values) {  // what a reader sees, for tests and anyone inspecting the page
+      el.dataset.yLabels = values.join('|');
+      el.dataset.yLabelWidth = Math.ceil(w);
+      el.dataset.ySize = size;
+    }
+    return size;
+  }
+
   const width = Math.max(480, Math.min(1100, window.innerWidth - 48));
   let charts = 0;
   function chart(title, x, series) {
@@ -146,17 +216,24 @@ constexpr const char* kPageScript = R"JS(
     if (present.length === 0 || x.length === 0) return;
     const el = document.createElement('div');
     el.className = 'chart';
+    el.dataset.title = title;
     document.getElementById('charts').appendChild(el);
     const opts = {
       title: title, width: width, height: 260, plugins: [markers],
       scales: {x: {time: false}},
-      axes: [{label: 'iteration'}, {size: 64, values: (u, vals) => vals.map(fmt)}],
+      axes: [{label: 'iteration'},
+        {size: (u, values, i) => axisSize(el, u, values, i), values: tickLabels}],
       series: [{label: 'iteration'}].concat(present.map((s, i) => ({
         label: s.label, stroke: s.stroke || palette[i % palette.length],
         width: s.width || 1.5, spanGaps: false, points: {show: x.length < 60}}))),
     };
     new uPlot(opts, [x].concat(present.map((s) => s.values)), el);
     charts++;
+  }
+  function note(text) {
+    const li = document.createElement('li');
+    li.textContent = text;
+    document.getElementById('notes').appendChild(li);
   }
 
   const T = D.train, V = D.validation;
@@ -171,7 +248,11 @@ constexpr const char* kPageScript = R"JS(
   chart('learning rate', T.iteration, [{label: 'learning rate', values: T.learning_rate}]);
   chart('global batch size', T.iteration, [{label: 'batch size', values: T.global_batch_size}]);
   chart('grad norm', T.iteration, [{label: 'grad norm', values: T.grad_norm, stroke: '#2ca02c'}]);
-  chart('loss scale', T.iteration, [{label: 'loss scale', values: T.loss_scale}]);
+  const scales = T.loss_scale.filter((v) => v !== null);
+  if (scales.length > 0 && scales.every((v) => v === 1))
+    note('loss scale: 1 at every iteration (no loss scaling, as in fp32 training); not charted');
+  else
+    chart('loss scale', T.iteration, [{label: 'loss scale', values: T.loss_scale}]);
   chart('throughput: samples per second', T.iteration,
     [{label: 'samples per second', values: T.samples_per_second, stroke: '#8c564b'}]);
   chart('throughput: TFLOPs per GPU', T.iteration,
@@ -181,7 +262,10 @@ constexpr const char* kPageScript = R"JS(
   for (const k of [...new Set(D.markers.map((m) => m.kind))]) {
     const span = document.createElement('span');
     span.className = 'key';
-    span.innerHTML = '<i style="border-color:' + colorOf(k) + '"></i>' + k;
+    const swatch = document.createElement('i');
+    swatch.style.borderColor = colorOf(k);
+    span.appendChild(swatch);
+    span.appendChild(document.createTextNode(k));
     legend.appendChild(span);
   }
   document.body.dataset.charts = charts;
@@ -271,10 +355,14 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
             {"samples_per_second", json::array()}, {"tflops", json::array()},
             {"datasets", json::object()}};
   json V = {{"iteration", json::array()}, {"lm_loss", json::array()}, {"datasets", json::object()}};
+  // What the page says about its inputs besides the charts: lines it could not use, records it
+  // did not draw. Nothing is dropped without a word.
+  std::vector<std::string> notes;
   std::istringstream lines(text);
   std::string line;
   int lineno = 0;
   size_t n_train = 0, n_valid = 0;
+  int64_t skipped_iterations = 0;
   while (std::getline(lines, line)) {
     ++lineno;
     if (line.empty()) continue;
@@ -284,21 +372,57 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
           "{}:{}: not a JSON object; the file was edited or cut: fix or remove that line",
           metrics_path, lineno));
     }
-    // Any field may have been edited to another type: such a field reads as missing.
-    const std::string kind = JsonStringOr(r, "kind", "");
-    const int64_t iteration = JsonIntField<int64_t>(r, "iteration").value_or(0);
+    if (r.contains("kind") && !r["kind"].is_string())
+      return Status::Corruption(fmt::format(
+          "{}:{}: \"kind\" is not a string: fix or remove that line", metrics_path, lineno));
+    const std::string kind = Str(r, "kind", "");
+    if (kind != "train" && kind != "validation") continue;
+    int64_t it = 0;
+    if (!Int(r, "iteration", &it))
+      return Status::Corruption(
+          fmt::format("{}:{}: a {} record without an integer \"iteration\": fix or remove that "
+                      "line",
+                      metrics_path, lineno, kind));
+    json& C = kind == "train" ? T : V;
+    size_t& n = kind == "train" ? n_train : n_valid;
+    // The file goes back (records appended after a resume without a rewind, or files joined by
+    // hand): the later records win, as a rewind would have made them.
+    if (n > 0 && it <= C["iteration"].back().get<int64_t>()) {
+      size_t keep = n;
+      while (keep > 0 && C["iteration"][keep - 1].get<int64_t>() >= it) --keep;
+      notes.push_back(fmt::format(
+          "{} line {}: {} iteration {} follows iteration {}: the {} earlier {} record(s) from "
+          "iteration {} on are replaced by the later ones and not drawn",
+          kMetricsFile, lineno, kind, it, C["iteration"].back().get<int64_t>(), n - keep, kind,
+          it));
+      Truncate(&C, keep);
+      n = keep;
+    }
     if (kind == "train") {
-      T["iteration"].push_back(iteration);
+      // An iteration of a skipped data window trained nothing: its loss and throughput are gaps
+      // (older files wrote a throughput for it from its near-zero time).
+      const bool gap = r.contains("data_skipped") && r["data_skipped"].is_boolean() &&
+                       r["data_skipped"].get<bool>();
+      skipped_iterations += gap;
+      T["iteration"].push_back(it);
       for (const char* k : {"lm_loss", "learning_rate", "global_batch_size", "grad_norm",
                             "loss_scale", "samples_per_second", "tflops"})
         T[k].push_back(Num(r, k));
-      AppendDatasetLosses(r, n_train++, &T["datasets"]);
-    } else if (kind == "validation") {
-      V["iteration"].push_back(iteration);
+      if (gap)
+        for (const char* k : {"lm_loss", "grad_norm", "samples_per_second", "tflops"})
+          T[k].back() = nullptr;
+      AppendDatasetLosses(r, n_train++, gap, &T["datasets"]);
+    } else {
+      V["iteration"].push_back(it);
       V["lm_loss"].push_back(Num(r, "lm_loss"));
-      AppendDatasetLosses(r, n_valid++, &V["datasets"]);
+      AppendDatasetLosses(r, n_valid++, false, &V["datasets"]);
     }
   }
+  if (skipped_iterations > 0)
+    notes.push_back(fmt::format(
+        "{} iterations of skipped data windows trained nothing: the loss, grad norm and "
+        "throughput charts have gaps there",
+        skipped_iterations));
   const size_t window = std::clamp<size_t>(n_train / 50, 5, 200);
   T["lm_loss_mean"] = RollingMean(T["lm_loss"], window);
 
@@ -311,24 +435,43 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
   std::string journal;
   if (env->ReadFileToString(JoinPath(run_dir, "events.jsonl"), &journal).ok()) {
     std::istringstream jl(journal);
+    int n = 0, unreadable = 0, first_unreadable = 0;
     while (std::getline(jl, line)) {
+      ++n;
+      if (line.empty()) continue;
       const json e = json::parse(line, nullptr, false);
-      const auto it = JsonIntField<int64_t>(e, "iteration");
-      if (!it) continue;
-      std::string detail = JsonStringOr(e, "reason", "");
-      if (detail.empty()) detail = JsonStringOr(e, "signal", "");
-      const std::string at = JsonStringOr(e, "at", "");
+      int64_t it = 0;
+      const bool has_it = e.is_object() && e.contains("iteration");
+      if (!e.is_object() || (has_it && !Int(e, "iteration", &it)) ||
+          (e.contains("event") && !e["event"].is_string())) {
+        if (unreadable++ == 0) first_unreadable = n;
+        continue;
+      }
+      if (!has_it) continue;  // a decision about the run, not an iteration (the guard's stop)
+      std::string detail = Str(e, "reason", "");
+      if (detail.empty()) detail = Str(e, "signal", "");
+      const std::string at = Str(e, "at", "");
       if (!at.empty()) detail += (detail.empty() ? "" : "; ") + at;
-      markers.push_back({*it, *it, JsonStringOr(e, "event", "event"), "events.jsonl", detail});
+      markers.push_back({it, it, Str(e, "event", "event"), "events.jsonl", detail});
     }
+    if (unreadable > 0)
+      notes.push_back(fmt::format(
+          "events.jsonl: {} line(s) are not keel events (not a JSON object, or an \"iteration\" "
+          "or \"event\" of the wrong type; the first is line {}): not marked",
+          unreadable, first_unreadable));
   }
   std::vector<std::string> archives;
   if (env->GetChildren(JoinPath(run_dir, kMetricsArchiveDir), &archives).ok()) {
     std::sort(archives.begin(), archives.end());
     for (const std::string& a : archives) {
+      if (a.empty() || a[0] == '.') continue;  // an archive being assembled
       std::string reason;
       int64_t from = 0, to = 0;
-      if (!ParseArchiveName(a, &reason, &from, &to)) continue;
+      if (!ParseArchiveName(a, &reason, &from, &to)) {
+        notes.push_back(fmt::format("{}/{}: not named as keel names its archives: not marked",
+                                    kMetricsArchiveDir, a));
+        continue;
+      }
       markers.push_back({to, from, reason, "metrics-archive",
                          fmt::format("the run went back from iteration {} to {}; the curves it "
                                      "left are in {}/{}",
@@ -336,14 +479,28 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
     }
   }
   std::string analysis_text;
-  if (env->ReadFileToString(JoinPath(run_dir, "log-analysis.json"), &analysis_text).ok()) {
+  if (env->ReadFileToString(JoinPath(run_dir, kLogAnalysisFile), &analysis_text).ok()) {
     const json a = json::parse(analysis_text, nullptr, false);
-    if (a.is_object() && a.contains("events") && a["events"].is_array())
-      for (const json& e : a["events"])
-        markers.push_back({JsonIntField<int64_t>(e, "start").value_or(0),
-                           JsonIntField<int64_t>(e, "end").value_or(0),
-                           JsonStringOr(e, "kind", "event"), "log-analysis.json",
-                           JsonStringOr(e, "detail", "")});
+    int unreadable = 0;
+    if (a.is_object() && a.contains("events") && a["events"].is_array()) {
+      for (const json& e : a["events"]) {
+        int64_t start = 0, end = 0;
+        if (!e.is_object() || !Int(e, "start", &start)) {
+          ++unreadable;
+          continue;
+        }
+        if (!Int(e, "end", &end)) end = start;
+        markers.push_back(
+            {start, end, Str(e, "kind", "event"), kLogAnalysisFile, Str(e, "detail", "")});
+      }
+    } else {
+      ++unreadable;
+    }
+    if (unreadable > 0)
+      notes.push_back(fmt::format(
+          "{}: {} event(s) (or the whole file) are not as `keel logs analyze` writes them: not "
+          "marked",
+          kLogAnalysisFile, unreadable));
   }
   std::stable_sort(markers.begin(), markers.end(),
                    [](const Marker& a, const Marker& b) { return a.iteration < b.iteration; });
@@ -351,10 +508,20 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
   for (const Marker& m : markers) M.push_back({{"iteration", m.iteration}, {"kind", m.kind}});
 
   const json data = {{"train", T}, {"validation", V}, {"markers", M}, {"rolling_window", window}};
-  std::string data_text = data.dump();
-  // Inside <script>, "</" would end the element early.
-  for (size_t p = data_text.find("</"); p != std::string::npos; p = data_text.find("</", p + 3))
-    data_text.replace(p, 2, "<\\/");
+  // Inside <script>, "</script" would end the element and "<!--" can keep it from ending: no
+  // '<', '>' or '&' appears in the JSON text (they only occur in strings, where \u escapes mean
+  // the same). Bytes that are not UTF-8 (a directory name) become U+FFFD.
+  std::string data_text;
+  for (char c : data.dump(-1, ' ', false, json::error_handler_t::replace)) {
+    if (c == '<')
+      data_text += "\\u003c";
+    else if (c == '>')
+      data_text += "\\u003e";
+    else if (c == '&')
+      data_text += "\\u0026";
+    else
+      data_text += c;
+  }
 
   // Summary line.
   std::string summary_html;
@@ -407,6 +574,9 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
        "});</script>\n";
   h += "</head><body>\n";
   h += "<h1>keel report: " + Escape(run_dir) + "</h1>\n<p>" + Escape(summary_html) + "</p>\n";
+  h += "<ul id=\"notes\">\n";
+  for (const std::string& n : notes) h += "<li>" + Escape(n) + "</li>\n";
+  h += "</ul>\n";
   h += "<div id=\"marker-legend\"></div>\n<div id=\"charts\"></div>\n";
   h += "<h2>Events</h2>\n" + events_html;
   h += "<h2>Chronicle</h2>\n<div id=\"chronicle\">\n" + chronicle_html + "</div>\n";

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "journal/run_journal.h"
+#include "core/timestamp.h"
 #include "metrics/tf_event.h"
 
 namespace keel {
@@ -116,11 +116,9 @@ Status TruncateAfterStep(Env* env, const std::string& dir, int64_t step, Truncat
     }
   }
   if (report->moved == 0) return Status::OK();
-  std::string stamp;
-  for (char c : UtcTimestamp())
-    if (c != '-' && c != ':') stamp += c;
   const std::string arch =
-      JoinPath(JoinPath(dir, "tb-archive"), fmt::format("truncate-after-step-{}-{}", step, stamp));
+      JoinPath(JoinPath(dir, "tb-archive"),
+               fmt::format("truncate-after-step-{}-{}", step, UtcTimestampCompact()));
   KEEL_RETURN_IF_ERROR(env->CreateDirs(arch));
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string name = files[i].path.substr(files[i].path.rfind('/') + 1);

@@ -20,21 +20,44 @@ struct GptModel::Activations {
   float* emb_rstd = nullptr;  // (N)
   std::vector<float*> res;    // L+1 residual streams (N,C); res[0] is the layer-0 input
   struct Layer {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
-        *fch_gelu;
+    float *ln1 = nullptr, *ln1_mean = nullptr, *ln1_rstd = nullptr, *qkv = nullptr, *att = nullptr,
+          *atty = nullptr, *res2 = nullptr, *ln2 = nullptr, *ln2_mean = nullptr,
+          *ln2_rstd = nullptr, *fch = nullptr, *fch_gelu = nullptr;
     // qk_layernorm: qkv holds the normalised q,k (what attention reads), qkv_raw the matmul's
     // output; qk_mean/qk_rstd (2,N,NH). Null otherwise.
     float *qkv_raw = nullptr, *qk_mean = nullptr, *qk_rstd = nullptr;
-    float* max_logit;  // (B*NH) per (sequence, head) of this layer
+    float* max_logit = nullptr;  // (B*NH) per (sequence, head) of this layer
   };
   std::vector<Layer> layers;
-  float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *logz;
-  int32_t *tokens, *targets;
-  int32_t *positions, *doc_start;  // (N) per-document positions and first tokens, when reset
+  float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr,
+        *losses = nullptr, *logz = nullptr;
+  int32_t *tokens = nullptr, *targets = nullptr;
+  // (N) per-document positions and first tokens, when reset
+  int32_t *positions = nullptr, *doc_start = nullptr;
   // gradient scratch, reused by every layer
-  float *dres_a, *dres_b, *dres2, *dln, *dqkv, *datty, *dfch, *dgelu, *demb;
+  float *dres_a = nullptr, *dres_b = nullptr, *dres2 = nullptr, *dln = nullptr, *dqkv = nullptr,
+        *datty = nullptr, *dfch = nullptr, *dgelu = nullptr, *demb = nullptr;
   float* dqkv_raw = nullptr;  // qk_layernorm: gradient w.r.t. the matmul's qkv
   std::vector<float> host_losses;
+};
+
+// Where LayoutActivations gets each buffer: from the backend, or (no backend) nowhere, only
+// counting the bytes.
+struct GptModel::BufferSource {
+  Backend* backend = nullptr;
+  uint64_t bytes = 0;
+  float* Floats(size_t n) {
+    bytes += n * sizeof(float);
+    return backend != nullptr ? backend->AllocFloats(n) : nullptr;
+  }
+  int32_t* Ints(size_t n) {
+    bytes += n * sizeof(int32_t);
+    return backend != nullptr ? backend->AllocInts(n) : nullptr;
+  }
+  void Host(std::vector<float>* v, size_t n) {
+    bytes += n * sizeof(float);
+    if (backend != nullptr) v->resize(n);
+  }
 };
 
 namespace {
@@ -128,6 +151,22 @@ GptModel::~GptModel() {
   if (alibi_slopes_) backend_->Free(alibi_slopes_);
 }
 
+NonFiniteParams FindNonFiniteParams(GptModel& model) {
+  NonFiniteParams r;
+  Backend* be = model.backend();
+  r.count = be->CountNonFinite(model.param_data(), model.num_params());
+  if (r.count == 0) return r;
+  for (const ParamInfo& p : model.params()) {
+    const size_t n = be->CountNonFinite(model.param_data() + p.offset, p.numel);
+    if (n > 0) {
+      r.first_tensor = p.name;
+      r.in_first_tensor = n;
+      break;
+    }
+  }
+  return r;
+}
+
 const ParamInfo* GptModel::FindParam(const std::string& name) const {
   for (const ParamInfo& p : params_)
     if (p.name == name) return &p;
@@ -161,73 +200,95 @@ void GptModel::Initialize(uint64_t seed, float std) {
   }
 }
 
-size_t GptModel::ActivationFloats(int B, int T) const {
-  const size_t N = static_cast<size_t>(B) * T, C = spec_.hidden, F = spec_.ffn_hidden;
-  const size_t NH = spec_.heads, L = spec_.num_layers, Vp = spec_.padded_vocab;
-  size_t per_layer = N * C * 4 + N * 4 + N * 3 * C + B * NH * T * T + 2 * N * F;
-  size_t total = L * per_layer + (L + 1) * N * C + N * C + 2 * N + N * C + 2 * N + N * Vp + 2 * N;
-  total += 6 * N * C + N * 3 * C + 2 * N * F;  // gradient scratch
-  total += L * B * NH;                         // max attention logits
-  if (spec_.qk_layernorm) total += L * (N * 3 * C + 4 * N * NH) + N * 3 * C;
-  return total;
+// The one list of a micro-batch's buffers: the forward's activations that the backward reads, and
+// the gradient scratch; the buffers outside the layers, then `layers` layers' own.
+void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, Activations* acts,
+                                 BufferSource* src) {
+  const size_t N = static_cast<size_t>(B) * T, C = spec.hidden, F = spec.ffn_hidden;
+  const size_t NH = spec.heads, Vp = spec.padded_vocab;
+  Activations& a = *acts;
+  a.emb = src->Floats(N * C);
+  a.emb_mean = src->Floats(N);
+  a.emb_rstd = src->Floats(N);
+  a.res.push_back(src->Floats(N * C));
+  for (int l = 0; l < layers; ++l) {
+    Activations::Layer y;
+    y.ln1 = src->Floats(N * C);
+    y.ln1_mean = src->Floats(N);
+    y.ln1_rstd = src->Floats(N);
+    y.qkv = src->Floats(N * 3 * C);
+    y.att = src->Floats(static_cast<size_t>(B) * NH * T * T);
+    y.atty = src->Floats(N * C);
+    y.res2 = src->Floats(N * C);
+    y.ln2 = src->Floats(N * C);
+    y.ln2_mean = src->Floats(N);
+    y.ln2_rstd = src->Floats(N);
+    y.fch = src->Floats(N * F);
+    y.fch_gelu = src->Floats(N * F);
+    y.max_logit = src->Floats(static_cast<size_t>(B) * NH);
+    if (spec.qk_layernorm) {
+      y.qkv_raw = src->Floats(N * 3 * C);
+      y.qk_mean = src->Floats(2 * N * NH);
+      y.qk_rstd = src->Floats(2 * N * NH);
+    }
+    a.layers.push_back(y);
+    a.res.push_back(src->Floats(N * C));  // the layer's output
+  }
+  a.lnf = src->Floats(N * C);
+  a.lnf_mean = src->Floats(N);
+  a.lnf_rstd = src->Floats(N);
+  a.logits = src->Floats(N * Vp);
+  a.losses = src->Floats(N);
+  a.logz = src->Floats(N);
+  a.tokens = src->Ints(N);
+  a.targets = src->Ints(N);
+  a.positions = src->Ints(N);
+  a.doc_start = src->Ints(N);
+  a.dres_a = src->Floats(N * C);
+  a.dres_b = src->Floats(N * C);
+  a.dres2 = src->Floats(N * C);
+  a.dln = src->Floats(N * C);
+  a.dqkv = src->Floats(N * 3 * C);
+  if (spec.qk_layernorm) a.dqkv_raw = src->Floats(N * 3 * C);
+  a.datty = src->Floats(N * C);
+  a.dfch = src->Floats(N * F);
+  a.dgelu = src->Floats(N * F);
+  a.demb = src->Floats(N * C);
+  src->Host(&a.host_losses, N);
+}
+
+uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T) {
+  // Every layer's buffers are alike: the layout of no layer and of one layer give the rest.
+  auto bytes = [&](int layers) {
+    Activations a;
+    BufferSource count;
+    LayoutActivations(spec, B, T, layers, &a, &count);
+    return count.bytes;
+  };
+  const uint64_t outside = bytes(0);
+  return outside + (bytes(1) - outside) * static_cast<uint64_t>(spec.num_layers);
+}
+
+uint64_t GptModel::ParamCount(const GptSpec& spec) {
+  auto count = [&](int layers) {
+    GptSpec s = spec;
+    s.num_layers = layers;
+    uint64_t n = 0;
+    for (const ParamInfo& p : ParamLayout(s)) n += p.numel;
+    return n;
+  };
+  const uint64_t outside = count(0);
+  return outside + (count(1) - outside) * static_cast<uint64_t>(spec.num_layers);
 }
 
 void GptModel::AllocateActivations(int B, int T) {
   if (acts_ && B == cur_B_ && T == cur_T_) return;
   FreeActivations();
   KEEL_CHECK(T <= spec_.max_positions, "sequence longer than max positions");
-  const size_t N = static_cast<size_t>(B) * T, C = spec_.hidden, F = spec_.ffn_hidden;
-  const size_t NH = spec_.heads, Vp = spec_.padded_vocab;
-  Backend* be = backend_;
   acts_ = new Activations();
-  Activations& a = *acts_;
-  a.emb = be->AllocFloats(N * C);
-  a.emb_mean = be->AllocFloats(N);
-  a.emb_rstd = be->AllocFloats(N);
-  for (int l = 0; l <= spec_.num_layers; ++l) a.res.push_back(be->AllocFloats(N * C));
-  for (int l = 0; l < spec_.num_layers; ++l) {
-    Activations::Layer y;
-    y.ln1 = be->AllocFloats(N * C);
-    y.ln1_mean = be->AllocFloats(N);
-    y.ln1_rstd = be->AllocFloats(N);
-    y.qkv = be->AllocFloats(N * 3 * C);
-    y.att = be->AllocFloats(static_cast<size_t>(B) * NH * T * T);
-    y.atty = be->AllocFloats(N * C);
-    y.res2 = be->AllocFloats(N * C);
-    y.ln2 = be->AllocFloats(N * C);
-    y.ln2_mean = be->AllocFloats(N);
-    y.ln2_rstd = be->AllocFloats(N);
-    y.fch = be->AllocFloats(N * F);
-    y.fch_gelu = be->AllocFloats(N * F);
-    y.max_logit = be->AllocFloats(static_cast<size_t>(B) * NH);
-    if (spec_.qk_layernorm) {
-      y.qkv_raw = be->AllocFloats(N * 3 * C);
-      y.qk_mean = be->AllocFloats(2 * N * NH);
-      y.qk_rstd = be->AllocFloats(2 * N * NH);
-    }
-    a.layers.push_back(y);
-  }
-  a.lnf = be->AllocFloats(N * C);
-  a.lnf_mean = be->AllocFloats(N);
-  a.lnf_rstd = be->AllocFloats(N);
-  a.logits = be->AllocFloats(N * Vp);
-  a.losses = be->AllocFloats(N);
-  a.logz = be->AllocFloats(N);
-  a.tokens = be->AllocInts(N);
-  a.targets = be->AllocInts(N);
-  a.positions = be->AllocInts(N);
-  a.doc_start = be->AllocInts(N);
-  a.dres_a = be->AllocFloats(N * C);
-  a.dres_b = be->AllocFloats(N * C);
-  a.dres2 = be->AllocFloats(N * C);
-  a.dln = be->AllocFloats(N * C);
-  a.dqkv = be->AllocFloats(N * 3 * C);
-  if (spec_.qk_layernorm) a.dqkv_raw = be->AllocFloats(N * 3 * C);
-  a.datty = be->AllocFloats(N * C);
-  a.dfch = be->AllocFloats(N * F);
-  a.dgelu = be->AllocFloats(N * F);
-  a.demb = be->AllocFloats(N * C);
-  a.host_losses.resize(N);
+  BufferSource alloc;
+  alloc.backend = backend_;
+  LayoutActivations(spec_, B, T, spec_.num_layers, acts_, &alloc);
   cur_B_ = B;
   cur_T_ = T;
 }
@@ -291,12 +352,12 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   const float* wte = next();
   const float* wpe = spec_.alibi ? nullptr : next();
   if (spec_.embed_layernorm) {
-    be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C, positions);
+    be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
     const float* w = next();
     const float* b = next();
     be->LayerNormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, N, C, spec_.layernorm_eps);
   } else {
-    be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C, positions);
+    be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
   }
   for (int l = 0; l < spec_.num_layers; ++l) {
     Activations::Layer& y = a.layers[l];
@@ -436,7 +497,7 @@ void GptModel::Backward() {
     demb = a.demb;
   }
   if (!spec_.alibi) prev(&dwpe);
-  be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C, positions_);
+  be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C, spec_.padded_vocab, positions_);
 }
 
 void GptModel::ZeroGrad() {
@@ -492,6 +553,26 @@ double GptModel::MeanLogZ() {
   double s = 0.0;
   for (float v : h) s += v;
   return s / N;
+}
+
+GptSpec SpecFromConfig(const TrainConfig& cfg) {
+  GptSpec s;
+  s.num_layers = cfg.num_layers;
+  s.hidden = cfg.hidden_size;
+  s.ffn_hidden = cfg.ffn_hidden_size;
+  s.heads = cfg.num_attention_heads;
+  s.max_positions = cfg.max_position_embeddings;
+  s.vocab = cfg.vocab_size;
+  s.padded_vocab = cfg.padded_vocab_size;
+  s.alibi = cfg.position_embedding_type == PositionEmbedding::kAlibi;
+  s.embed_layernorm = cfg.embed_layernorm;
+  s.layernorm_eps = cfg.layernorm_epsilon;
+  s.qk_layernorm = cfg.qk_layernorm;
+  s.z_loss = static_cast<float>(cfg.z_loss);
+  s.reset_position_ids = cfg.reset_position_ids;
+  s.reset_attention_mask = cfg.reset_attention_mask;
+  s.eod_id = cfg.eod_id;
+  return s;
 }
 
 }  // namespace keel

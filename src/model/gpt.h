@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "config/train_config.h"
 
 namespace keel {
 
@@ -97,12 +98,19 @@ class GptModel {
   // Max pre-softmax attention score over layers, sequences, heads and positions of the last
   // Forward (a guard signal: attention-logit growth precedes a class of divergences).
   double LastMaxAttentionLogit();
-  // Floats of activation and gradient-scratch memory a micro-batch of shape (B,T) needs.
-  size_t ActivationFloats(int B, int T) const;
+  // Bytes of the activations and gradient scratch a micro-batch of shape (B,T) needs: what
+  // Forward allocates, counted by the same code without allocating (memory estimates).
+  static uint64_t ActivationBytes(const GptSpec& spec, int B, int T);
+  // ParamLayout's total, without listing every layer's tensors (so a config of a billion layers
+  // is counted, not allocated).
+  static uint64_t ParamCount(const GptSpec& spec);
 
  private:
   struct LayerParams;
   struct Activations;
+  struct BufferSource;
+  static void LayoutActivations(const GptSpec& spec, int B, int T, int layers, Activations* acts,
+                                BufferSource* src);
   void AllocateActivations(int B, int T);
   void FreeActivations();
 
@@ -120,8 +128,20 @@ class GptModel {
   bool has_targets_ = false;
 };
 
+// The NaN and Inf values among a model's parameters: how many, and the first tensor (in buffer
+// order) holding one, with its count. One pass over the buffer when there are none.
+struct NonFiniteParams {
+  size_t count = 0;
+  std::string first_tensor;
+  size_t in_first_tensor = 0;
+};
+NonFiniteParams FindNonFiniteParams(GptModel& model);
+
 // ALiBi head slopes (Press et al.): geometric sequence 2^(-8/n * (i+1)) for n a power of two,
 // with the interpolation BLOOM uses for other head counts.
 std::vector<float> AlibiSlopes(int heads);
+
+// The model shape a validated config describes.
+GptSpec SpecFromConfig(const TrainConfig& cfg);
 
 }  // namespace keel

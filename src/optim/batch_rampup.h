@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "config/config.h"
+#include "config/train_config.h"
 
 namespace keel {
 

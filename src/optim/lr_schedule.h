@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "config/config.h"
+#include "config/train_config.h"
 
 namespace keel {
 

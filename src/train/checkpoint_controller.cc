@@ -7,6 +7,17 @@
 
 namespace keel {
 
+TrainCheckpointSource CheckpointSourceOf(Trainer& trainer) {
+  return {&trainer.config(), &trainer.model(), &trainer.optimizer(),
+          trainer.state(),   trainer.NextLr(), trainer.NextGlobalBatch()};
+}
+
+Status RestoreTrainer(Env* env, const SavedTrainState& saved, Trainer* trainer) {
+  KEEL_RETURN_IF_ERROR(LoadCheckpointTensors(env, saved, &trainer->model(), &trainer->optimizer()));
+  trainer->Restore(saved.train);
+  return Status::OK();
+}
+
 const char* StopReasonText(StopReason r) {
   switch (r) {
     case StopReason::kNone:
@@ -41,11 +52,11 @@ CheckpointController::CheckpointController(const TrainConfig& cfg, Env* env, Che
 
 Status CheckpointController::SaveNow(const std::string& why) {
   if (store_ == nullptr) return Status::OK();
-  const int64_t it = trainer_->counters().iteration;
+  const int64_t it = trainer_->state().counters.iteration;
   std::vector<CheckpointFile> files;
   const nlohmann::json guard = guard_state_ ? guard_state_() : nlohmann::json();
-  KEEL_RETURN_IF_ERROR(
-      BuildTrainCheckpoint(env_, *trainer_, run_, history_, &staging_, &files, guard));
+  KEEL_RETURN_IF_ERROR(BuildTrainCheckpoint(env_, CheckpointSourceOf(*trainer_), run_, history_,
+                                            &staging_, &files, guard));
   SaveStats stats;
   KEEL_RETURN_IF_ERROR(store_->Save(it, files, &stats));
   last_saved_ = it;
@@ -62,8 +73,23 @@ Status CheckpointController::SaveNow(const std::string& why) {
   return Status::OK();
 }
 
+Status CheckpointController::Restore(const SavedTrainState& saved, bool in_save_dir) {
+  KEEL_RETURN_IF_ERROR(RestoreTrainer(env_, saved, trainer_));
+  if (in_save_dir) last_saved_ = saved.train.counters.iteration;
+  return Status::OK();
+}
+
+Status CheckpointController::RollbackTo(const SavedTrainState& target,
+                                        std::vector<std::string>* kept) {
+  if (store_ == nullptr)
+    return Status::NotFound(
+        "there is no --save directory, so no checkpoint to roll back to; give --save");
+  KEEL_RETURN_IF_ERROR(store_->RollbackTo(target.train.counters.iteration, kept));
+  return Restore(target, /*in_save_dir=*/true);
+}
+
 bool CheckpointController::AfterIteration() {
-  const int64_t it = trainer_->counters().iteration;
+  const int64_t it = trainer_->state().counters.iteration;
   const uint64_t now = env_->NowMicros();
   if (const int sig = PendingStopSignal(); sig != 0) {
     log_(fmt::format("received {} at iteration {}: saving and exiting",
@@ -123,7 +149,7 @@ bool CheckpointController::AfterIteration() {
 Status CheckpointController::Finish() {
   if (stop_ == StopReason::kSaveFailures) return failure_;
   if (store_ == nullptr) return Status::OK();
-  const int64_t it = trainer_->counters().iteration;
+  const int64_t it = trainer_->state().counters.iteration;
   if (it == last_saved_) return Status::OK();
   return SaveNow(stop_ == StopReason::kNone ? "end of training" : "stop request");
 }

@@ -1,4 +1,5 @@
-// CheckpointController: when the loop saves and when it stops. After every iteration it saves on
+// CheckpointController: when the loop saves and when it stops, and how a saved state comes back
+// (a resume, a rollback). After every iteration it saves on
 // --save-interval (iterations) or --save-interval-minutes, and stops (after saving) when the kill
 // switch file appears, on SIGTERM/SIGUSR1, on --exit-interval or --exit-duration-in-mins. It
 // applies retention after each save and logs each save's size, time and throughput.
@@ -16,12 +17,17 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_store.h"
+#include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
 #include "core/env.h"
-#include "train/train_checkpoint.h"
 #include "train/trainer.h"
 
 namespace keel {
+
+// What a checkpoint of `trainer`'s current state is made of.
+TrainCheckpointSource CheckpointSourceOf(Trainer& trainer);
+// Puts checkpoint `saved` (verified, read) back into `trainer`: tensors, then its TrainState.
+Status RestoreTrainer(Env* env, const SavedTrainState& saved, Trainer* trainer);
 
 enum class StopReason { kNone, kKillSwitch, kSignal, kExitInterval, kExitDuration, kSaveFailures };
 const char* StopReasonText(StopReason r);
@@ -41,10 +47,16 @@ class CheckpointController {
   // repeated save failures, or the final save's error.
   Status Finish();
   Status SaveNow(const std::string& why);
+  // Puts checkpoint `saved` (verified, read) back into the trainer: tensors, then its TrainState.
+  // `in_save_dir`: it is one of this run's own checkpoints, so it counts as the last save.
+  Status Restore(const SavedTrainState& saved, bool in_save_dir);
+  // The one rollback, of the guard and of --load SAVE/iter_N: checkpoint `target` of the store
+  // (verified, read) becomes the newest — newer ones are kept as iter_M.rolled-back, their names
+  // in `kept` — and the trainer continues from its state.
+  Status RollbackTo(const SavedTrainState& target, std::vector<std::string>* kept);
 
   StopReason stop_reason() const { return stop_; }
   int64_t last_saved_iteration() const { return last_saved_; }
-  void set_last_saved_iteration(int64_t it) { last_saved_ = it; }
   // Where the guard's state for each save comes from (null state when unset).
   void set_guard_state_fn(std::function<nlohmann::json()> f) { guard_state_ = std::move(f); }
   // Called after every successful save with its iteration (the guard pins post-spike saves).

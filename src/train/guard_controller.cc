@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "checkpoint/manifest.h"
+#include "core/json_reader.h"
 
 namespace keel {
 
@@ -46,7 +47,7 @@ GuardController::GuardController(const TrainConfig& cfg, Env* env, CheckpointSto
       guard_(GuardConfigFrom(cfg), [this](const json& e, const std::string& sentence) {
         json ev = e;
         ev["consumed_samples"] =
-            ev.value("consumed_samples", trainer_->counters().consumed_samples);
+            ev.value("consumed_samples", trainer_->state().counters.consumed_samples);
         if (journal_) journal_->Append(ev, sentence);
         if (ev.value("event", "") == "detected" && guard_.mode() == GuardMode::kAct)
           PinAround(ev.value("onset", int64_t{0}));
@@ -63,42 +64,42 @@ Status GuardController::Start(const SavedTrainState* saved) {
   }
   if (saved != nullptr) {
     if (saved->guard.is_object()) {
-      KEEL_RETURN_IF_ERROR(guard_.FromJson(saved->guard, saved->dir + "/state.json: guard"));
+      Status st = guard_.FromJson(saved->guard, saved->dir + "/state.json: guard");
+      if (!st.ok()) return Status::Corruption(st.message() + "; " + kDamagedCheckpointFix);
     } else {
       log_(
           "guard: the checkpoint has no guard state (saved with --guard off): its windows "
           "start empty");
     }
-    guard_.OnRestart(saved->counters.iteration);
+    guard_.OnRestart(saved->train.counters.iteration);
   }
   // guard.json: decisions taken after this checkpoint was saved (a rollback, then a crash).
   const std::string gp = store_ ? JoinPath(store_->root(), kGuardPolicyFile) : "";
   if (!gp.empty() && env_->FileExists(gp)) {
     std::string text;
     KEEL_RETURN_IF_ERROR(env_->ReadFileToString(gp, &text));
+    const char* fix = "restore it from backup or delete it to forget the guard's past rollbacks";
     const json j = json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("policy"))
-      return Status::Corruption(gp +
-                                " is not a keel guard state: restore it from backup or "
-                                "delete it to forget the guard's past rollbacks");
-    const int64_t decisions = j["policy"].value("decisions", int64_t{0});
+    if (j.is_discarded() || !j.is_object() || !j.contains("policy") || !j["policy"].is_object())
+      return Status::Corruption(gp + " is not a keel guard state: " + fix);
+    JsonReader r(gp, j, fix);
+    const int64_t decisions = r.root()["policy"].Optional("decisions").Get<int64_t>(0);
+    KEEL_RETURN_IF_ERROR(r.status());
     if (decisions > guard_.decisions()) {
-      KEEL_RETURN_IF_ERROR(guard_.PolicyFromJson(j["policy"], gp));
-      try {
-        std::vector<IterationRange> ranges;
-        for (const json& r : j.at("skipped_iteration_ranges"))
-          ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
-        trainer_->set_skip_ranges(ranges);
-        trainer_->set_lr_scale(j.at("lr_scale").get<double>());
-        trainer_->set_data_salt(j.at("data_order_salt").get<uint64_t>());
-      } catch (const json::exception& e) {
-        return Status::Corruption(gp + ": " + e.what());
-      }
+      Status st = guard_.PolicyFromJson(j["policy"], gp + ": policy");
+      if (!st.ok()) return Status::Corruption(st.message() + "; " + fix);
+      TrainState state = trainer_->state();
+      state.skip_ranges.clear();
+      for (const JsonValue& range : r.root()["skipped_iteration_ranges"].Items())
+        state.skip_ranges.push_back({range[0].Get<int64_t>(), range[1].Get<int64_t>()});
+      state.lr_scale = r.root()["lr_scale"].Get<double>();
+      state.data_salt = r.root()["data_order_salt"].Get<uint64_t>();
+      KEEL_RETURN_IF_ERROR(r.status());
+      trainer_->Restore(state);
       log_(fmt::format(
           "guard: {} records decisions taken after this checkpoint was saved: {} rollback(s), "
           "{} skipped window(s), LR scale {}, data order salt {}; applied",
-          gp, guard_.rollbacks(), trainer_->skip_ranges().size(), trainer_->lr_scale(),
-          trainer_->data_salt()));
+          gp, guard_.rollbacks(), state.skip_ranges.size(), state.lr_scale, state.data_salt));
     }
   }
   if (guard_.mode() == GuardMode::kAct && store_ == nullptr)
@@ -156,19 +157,17 @@ json GuardController::StateForCheckpoint() const {
 
 Status GuardController::WritePolicyFile() {
   if (store_ == nullptr) return Status::OK();
-  json j = {{"format", "keel-guard-policy"},
-            {"iteration", trainer_->counters().iteration},
-            {"policy", guard_.PolicyJson()},
-            {"lr_scale", trainer_->lr_scale()},
-            {"data_order_salt", trainer_->data_salt()},
-            {"skipped_iteration_ranges", json::array()}};
-  for (const IterationRange& r : trainer_->skip_ranges())
+  const TrainState& state = trainer_->state();
+  json j = {{"format", "keel-guard-policy"},      {"iteration", state.counters.iteration},
+            {"policy", guard_.PolicyJson()},      {"lr_scale", state.lr_scale},
+            {"data_order_salt", state.data_salt}, {"skipped_iteration_ranges", json::array()}};
+  for (const IterationRange& r : state.skip_ranges)
     j["skipped_iteration_ranges"].push_back({r.first, r.last});
   return WriteFileAtomic(env_, JoinPath(store_->root(), kGuardPolicyFile), j.dump(2) + "\n");
 }
 
 Status GuardController::Rollback(const GuardDecision& d) {
-  if (store_ == nullptr)
+  if (store_ == nullptr || ckpt_ == nullptr)
     return Status::NotFound(
         "there is no --save directory, so no checkpoint to roll "
         "back to; give --save to let the guard roll back");
@@ -178,9 +177,8 @@ Status GuardController::Rollback(const GuardDecision& d) {
   std::vector<std::string> passed;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (it->iteration > d.latest_target) continue;
-    Status st = VerifyCheckpointDir(env_, it->path, /*check_contents=*/true, nullptr);
     auto saved = std::make_unique<SavedTrainState>();
-    if (st.ok()) st = ReadSavedTrainState(env_, it->path, saved.get());
+    Status st = ReadVerifiedCheckpoint(env_, it->path, saved.get());
     if (!st.ok()) {
       passed.push_back(it->name + " (" + st.message() + ")");
       continue;
@@ -201,30 +199,29 @@ Status GuardController::Rollback(const GuardDecision& d) {
     why += "; save more often (--save-interval) so the guard has a checkpoint to return to";
     return Status::NotFound(why);
   }
-  const int64_t to = target->counters.iteration;
+  const int64_t to = target->train.counters.iteration;
   // What survives the rollback: the windows already skipped, the LR scale and the data salt.
-  std::vector<IterationRange> ranges = trainer_->skip_ranges();
-  const double lr_scale = trainer_->lr_scale() * d.lr_factor;
-  const uint64_t salt = trainer_->data_salt() + (d.reseed ? 1 : 0);
-  const int64_t from = trainer_->counters().iteration;
+  const TrainState before = trainer_->state();
+  const int64_t from = before.counters.iteration;
 
   KEEL_RETURN_IF_ERROR(store_->Pin(
       to,
       fmt::format("guard: newest healthy checkpoint before the event at iteration {}", d.onset)));
   std::vector<std::string> kept;
-  for (const CheckpointInfo& c : all)
-    if (c.iteration > to) kept.push_back(c.name + ".rolled-back");
-  KEEL_RETURN_IF_ERROR(store_->RollbackTo(to));
-  KEEL_RETURN_IF_ERROR(RestoreTrainCheckpoint(env_, *target, *trainer_));
-  // Iterations up to the target were trained before the onset; skip from there on.
+  KEEL_RETURN_IF_ERROR(ckpt_->RollbackTo(*target, &kept));
+  // The checkpoint's state, with the guard's memory carried over; iterations up to the target
+  // were trained before the onset, so the skipped window starts after it.
+  TrainState state = trainer_->state();
   const int64_t skip_first = std::max(d.skip_first, to + 1);
-  ranges.push_back({skip_first, d.skip_last});
-  trainer_->set_skip_ranges(ranges);
-  trainer_->set_lr_scale(lr_scale);
-  trainer_->set_data_salt(salt);
+  state.skip_ranges = before.skip_ranges;
+  state.skip_ranges.push_back({skip_first, d.skip_last});
+  state.lr_scale = before.lr_scale * d.lr_factor;
+  state.data_salt = before.data_salt + (d.reseed ? 1 : 0);
+  trainer_->Restore(state);
+  const double lr_scale = state.lr_scale;
+  const uint64_t salt = state.data_salt;
   guard_.OnRolledBack(d, to, target->guard);
   pin_next_save_after_ = -1;  // the post-onset checkpoints are kept as .rolled-back
-  if (ckpt_ != nullptr) ckpt_->set_last_saved_iteration(to);
 
   const int64_t s0 = trainer_->SamplesBefore(skip_first);
   const int64_t s1 = trainer_->SamplesBefore(d.skip_last + 1);
@@ -246,7 +243,7 @@ Status GuardController::Rollback(const GuardDecision& d) {
              {"level", d.level},
              {"rollbacks", guard_.rollbacks()},
              {"reason", d.reason},
-             {"consumed_samples", trainer_->counters().consumed_samples},
+             {"consumed_samples", trainer_->state().counters.consumed_samples},
              {"kept", kept}};
   const std::string sentence = fmt::format(
       "iteration {}: {}; rolled back to iteration {} (checkpoint pinned{}), skipping iterations "

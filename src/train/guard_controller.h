@@ -15,12 +15,12 @@
 #include <string>
 
 #include "checkpoint/checkpoint_store.h"
+#include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
 #include "core/env.h"
 #include "guard/guard.h"
 #include "journal/run_journal.h"
 #include "train/checkpoint_controller.h"
-#include "train/train_checkpoint.h"
 #include "train/trainer.h"
 
 namespace keel {

@@ -14,14 +14,19 @@ std::string FormatIterationLine(const IterationStats& s) {
   out += fmt::format(" elapsed time per iteration (ms): {:.1f} |", s.elapsed_ms_per_iter);
   out += fmt::format(" learning rate: {:.3E} |", s.learning_rate);
   out += fmt::format(" global batch size: {:5d} |", s.global_batch_size);
-  out += fmt::format(" lm loss: {:.6E} |", s.lm_loss);
+  // Like Megatron, a field with no value in this interval is left out: no lm loss when no update
+  // was applied, no grad norm after a skipped window, no throughput when nothing was computed.
+  if (!std::isnan(s.lm_loss)) out += fmt::format(" lm loss: {:.6E} |", s.lm_loss);
   out += fmt::format(" loss scale: {:.1f} |", s.loss_scale);
-  out += fmt::format(" grad norm: {:.3f} |", s.grad_norm);
-  out += fmt::format(" num zeros: {:.1f} |", s.num_zeros);
+  if (!std::isnan(s.grad_norm)) {
+    out += fmt::format(" grad norm: {:.3f} |", s.grad_norm);
+    out += fmt::format(" num zeros: {:.1f} |", s.num_zeros);
+  }
   out += fmt::format(" number of skipped iterations: {:3d} |", s.skipped_iterations);
   out += fmt::format(" number of nan iterations: {:3d} |", s.nan_iterations);
-  out += fmt::format(" samples per second: {:.3f} |", s.samples_per_second);
-  out += fmt::format(" TFLOPs: {:.2f} |", s.tflops);
+  if (!std::isnan(s.samples_per_second))
+    out += fmt::format(" samples per second: {:.3f} |", s.samples_per_second);
+  if (!std::isnan(s.tflops)) out += fmt::format(" TFLOPs: {:.2f} |", s.tflops);
   return out;
 }
 

@@ -15,12 +15,13 @@ struct IterationStats {
   double elapsed_ms_per_iter = 0;  // averaged over the log interval
   double learning_rate = 0;
   int64_t global_batch_size = 0;
+  // NaN marks a field with no value in the interval; the line leaves it out.
   double lm_loss = 0;  // averaged over the non-skipped iterations of the log interval
   double loss_scale = 1.0;
   double grad_norm = 0;
   double num_zeros = 0;
   int64_t skipped_iterations = 0;  // in the log interval
-  int64_t nan_iterations = 0;      // in the log interval
+  int64_t nan_iterations = 0;      // in the log interval: non-finite loss or gradients only
   double samples_per_second = 0;
   double tflops = 0;
 };

@@ -6,42 +6,21 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "core/json_number.h"
 #include "core/log.h"
-#include "train/flops.h"
+#include "model/flops.h"
 #include "train/iteration_log.h"
 
 namespace keel {
 
-GptSpec SpecFromConfig(const TrainConfig& cfg) {
-  GptSpec s;
-  s.num_layers = cfg.num_layers;
-  s.hidden = cfg.hidden_size;
-  s.ffn_hidden = cfg.ffn_hidden_size;
-  s.heads = cfg.num_attention_heads;
-  s.max_positions = cfg.max_position_embeddings;
-  s.vocab = cfg.vocab_size;
-  s.padded_vocab = cfg.padded_vocab_size;
-  s.alibi = cfg.position_embedding_type == PositionEmbedding::kAlibi;
-  s.embed_layernorm = cfg.embed_layernorm;
-  s.layernorm_eps = cfg.layernorm_epsilon;
-  s.qk_layernorm = cfg.qk_layernorm;
-  s.z_loss = static_cast<float>(cfg.z_loss);
-  s.reset_position_ids = cfg.reset_position_ids;
-  s.reset_attention_mask = cfg.reset_attention_mask;
-  s.eod_id = cfg.eod_id;
-  return s;
-}
-
-Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, Env* env,
-                 SampleFn train_samples, SampleFn valid_samples)
+Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, TrainerData data)
     : cfg_(cfg),
       backend_(backend),
       comm_(comm),
-      env_(env),
-      train_samples_(std::move(train_samples)),
-      valid_samples_(std::move(valid_samples)),
+      data_(std::move(data)),
       rampup_(BatchRampup::FromConfig(cfg)),
       schedule_(LrSchedule::FromConfig(cfg)) {
+  KEEL_CHECK(!data_.dataset_names.empty(), "a run has at least one dataset");
   model_ = std::make_unique<GptModel>(backend_, SpecFromConfig(cfg_));
   AdamWConfig oc;
   oc.beta1 = cfg_.adam_beta1;
@@ -82,23 +61,18 @@ IterationRange Trainer::IterationsReading(int64_t first_sample, int64_t last_sam
   return r;
 }
 
-void Trainer::set_dataset_names(std::vector<std::string> names) {
-  KEEL_CHECK(!names.empty(), "a run has at least one dataset");
-  dataset_names_ = std::move(names);
-}
-
 Trainer::~Trainer() = default;
 
 bool Trainer::IsSkipped(int64_t iteration) const {
-  for (const auto* list : {&skip_ranges_, &config_skip_ranges_})
+  for (const auto* list : {&state_.skip_ranges, &config_skip_ranges_})
     for (const IterationRange& r : *list)
       if (r.Contains(iteration)) return true;
   return false;
 }
 
 int64_t Trainer::SamplesBefore(int64_t iteration) const {
-  int64_t pos = counters_.consumed_samples;
-  for (int64_t it = counters_.iteration + 1; it < iteration; ++it)
+  int64_t pos = state_.counters.consumed_samples;
+  for (int64_t it = state_.counters.iteration + 1; it < iteration; ++it)
     pos += rampup_.GlobalBatchAt(pos);
   return pos;
 }
@@ -114,126 +88,148 @@ double Trainer::FlopsPerIteration(int64_t global_batch) const {
 
 StepResult Trainer::TrainStep() {
   const auto t0 = std::chrono::steady_clock::now();
+  TrainCounters& c = state_.counters;
   StepResult r;
-  const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = comm_->world_size();
-  r.global_batch = rampup_.GlobalBatchAt(counters_.consumed_samples);
-  r.lr = lr_scale_ * schedule_.LrAt(counters_.consumed_samples + r.global_batch);
-  const int64_t iteration = counters_.iteration + 1;
+  r.global_batch = rampup_.GlobalBatchAt(c.consumed_samples);
+  // The update of this iteration uses the LR at the position after its batch (see lr_schedule.h).
+  r.lr = state_.lr_scale * schedule_.LrAt(c.consumed_samples + r.global_batch);
+  const int64_t iteration = c.iteration + 1;
   if (IsSkipped(iteration)) {
     // A skipped data window: its samples are read past (the cursor and the schedule move on as
     // if trained, Megatron's --skip-train-iteration-range), nothing is computed.
     r.data_skipped = r.skipped = true;
     r.loss = r.grad_norm = NAN;
-    ++counters_.data_skipped_iterations;
-    counters_.iteration = iteration;
-    counters_.consumed_samples += r.global_batch;
-    counters_.consumed_tokens += r.global_batch * T;
-    r.step_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return r;
-  }
-  const int64_t num_micro = r.global_batch / (static_cast<int64_t>(mbs) * dp);
-  // Every token of the global batch weighs the same in the loss: mean over gbs * T tokens.
-  const float dloss = 1.0f / static_cast<float>(r.global_batch * T);
-
-  model_->ZeroGrad();
-  const size_t nd = dataset_names_.size();
-  // lm loss, log Z (means over each micro-batch), then per dataset: summed sequence losses and
-  // sequence counts.
-  std::vector<double> sums(2 + 2 * nd, 0.0);
-  double max_attn = -INFINITY;
-  for (int64_t m = 0; m < num_micro; ++m) {
-    // Sample order: micro-batch m of rank r reads global samples (m * dp + r) * mbs + b.
-    const int64_t first =
-        counters_.consumed_samples + (m * dp + comm_->rank()) * static_cast<int64_t>(mbs);
-    for (int b = 0; b < mbs; ++b) {
-      int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
-      dataset_of_[b] = train_samples_(first + b, s);
-      KEEL_CHECK(dataset_of_[b] >= 0 && static_cast<size_t>(dataset_of_[b]) < nd,
-                 "sample from an unknown dataset");
-      std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
-      std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
-    }
-    sums[0] += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
-    if (nd > 1) {
-      for (int b = 0; b < mbs; ++b) {
-        sums[2 + 2 * dataset_of_[b]] += model_->SequenceLoss(b);
-        sums[3 + 2 * dataset_of_[b]] += 1.0;
-      }
-    }
-    if (gate_) {
-      sums[1] += model_->MeanLogZ();
-      max_attn = std::max(max_attn, model_->LastMaxAttentionLogit());
-    }
-    model_->Backward();
-  }
-  comm_->AllReduceSumHost(sums.data(), sums.size());
-  r.loss = sums[0] / static_cast<double>(num_micro * dp);
-  if (nd > 1) {
-    r.dataset_loss.resize(nd);
-    r.dataset_sequences.resize(nd);
-    for (size_t d = 0; d < nd; ++d) {
-      r.dataset_sequences[d] = static_cast<int64_t>(sums[3 + 2 * d]);
-      r.dataset_loss[d] = r.dataset_sequences[d] > 0 ? sums[2 + 2 * d] / sums[3 + 2 * d] : NAN;
-    }
-  }
-  comm_->AllReduceSum(model_->grad_data(), model_->num_params());
-  if (grad_fault_) grad_fault_(iteration, model_->grad_data(), model_->num_params());
-
-  const GradStats gs = ComputeGradStats(backend_, model_->grad_data(), model_->num_params());
-  r.grad_norm = gs.norm;
-  r.num_zeros = gs.num_zeros;
-  // The update of this iteration uses the LR at the position after its batch (see lr_schedule.h).
-  const bool finite = gs.finite && std::isfinite(r.loss);
-  bool apply = finite;
-  if (gate_) {
-    GuardSignals& g = r.signals;
-    g.iteration = iteration;
-    g.consumed_samples = counters_.consumed_samples;
-    g.loss = r.loss;
-    g.grad_norm = r.grad_norm;
-    g.nonfinite = !finite;
-    g.log_z = sums[1] / static_cast<double>(num_micro * dp);
-    g.update_ratio = last_update_ratio_;
-    g.max_exp_avg_sq = last_max_v_;
-    g.max_attn_logit = max_attn;  // this rank's; the guard reads it for the journal
-    apply = gate_(g) && finite;
-  }
-  if (!finite) {
-    // Never let a NaN/Inf reach the weights: skip the update, count it, keep going.
-    r.skipped = true;
-    ++counters_.skipped_iterations;
-    ++counters_.nan_iterations;
-  } else if (!apply) {
-    r.skipped = true;  // the guard judged this batch anomalous
-    ++counters_.skipped_iterations;
+    ++c.data_skipped_iterations;
   } else {
-    ClipGradients(backend_, model_->grad_data(), model_->num_params(), gs.norm, cfg_.clip_grad);
-    if (gate_) {
-      // The guard's signals, measured inside the update's own pass over memory.
-      Backend::AdamWStats st;
-      optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r.lr, &st);
-      last_update_ratio_ = std::sqrt(st.update_sq / std::max(st.param_sq, 1e-30));
-      last_max_v_ = st.max_v;
-    } else {
-      optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r.lr);
-    }
+    const GradientAccumulation acc = AccumulateGradients(r.global_batch);
+    ApplyUpdate(iteration, acc, &r);
   }
-  counters_.iteration = iteration;
-  counters_.consumed_samples += r.global_batch;
-  counters_.consumed_tokens += r.global_batch * T;
+  c.iteration = iteration;
+  c.consumed_samples += r.global_batch;
+  c.consumed_tokens += r.global_batch * cfg_.seq_length;
   r.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
 
+GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
+  const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = comm_->world_size();
+  const int64_t num_micro = global_batch / (static_cast<int64_t>(mbs) * dp);
+  // Every token of the global batch weighs the same in the loss: mean over gbs * T tokens.
+  const float dloss = 1.0f / static_cast<float>(global_batch * T);
+  const size_t nd = data_.dataset_names.size();
+  GradientAccumulation acc;
+  std::vector<double> dataset_loss_sum(nd, 0.0), dataset_sequences(nd, 0.0);
+  model_->ZeroGrad();
+  for (int64_t m = 0; m < num_micro; ++m) {
+    // Sample order: micro-batch m of rank r reads global samples (m * dp + r) * mbs + b.
+    const int64_t first =
+        state_.counters.consumed_samples + (m * dp + comm_->rank()) * static_cast<int64_t>(mbs);
+    for (int b = 0; b < mbs; ++b) {
+      int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
+      dataset_of_[b] = data_.train(first + b, s);
+      KEEL_CHECK(dataset_of_[b] >= 0 && static_cast<size_t>(dataset_of_[b]) < nd,
+                 "sample from an unknown dataset");
+      std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
+      std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
+    }
+    acc.loss += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
+    if (nd > 1) {
+      for (int b = 0; b < mbs; ++b) {
+        dataset_loss_sum[dataset_of_[b]] += model_->SequenceLoss(b);
+        dataset_sequences[dataset_of_[b]] += 1.0;
+      }
+    }
+    if (gate_) {
+      acc.log_z += model_->MeanLogZ();
+      acc.max_attn_logit = std::max(acc.max_attn_logit, model_->LastMaxAttentionLogit());
+    }
+    model_->Backward();
+  }
+  // One host all-reduce for the scalars: loss and log Z (sums of micro-batch means), then the
+  // per-dataset sums and counts.
+  std::vector<double> sums = {acc.loss, acc.log_z};
+  sums.insert(sums.end(), dataset_loss_sum.begin(), dataset_loss_sum.end());
+  sums.insert(sums.end(), dataset_sequences.begin(), dataset_sequences.end());
+  comm_->AllReduceSumHost(sums.data(), sums.size());
+  const double micro_batches = static_cast<double>(num_micro * dp);
+  acc.loss = sums[0] / micro_batches;
+  acc.log_z = sums[1] / micro_batches;
+  if (nd > 1) {
+    acc.dataset_loss.resize(nd);
+    acc.dataset_sequences.resize(nd);
+    for (size_t d = 0; d < nd; ++d) {
+      const double n = sums[2 + nd + d];
+      acc.dataset_sequences[d] = static_cast<int64_t>(n);
+      acc.dataset_loss[d] = n > 0 ? sums[2 + d] / n : NAN;
+    }
+  }
+  comm_->AllReduceSum(model_->grad_data(), model_->num_params());
+  return acc;
+}
+
+void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, StepResult* r) {
+  if (grad_fault_) grad_fault_(iteration, model_->grad_data(), model_->num_params());
+  r->loss = acc.loss;
+  r->dataset_loss = acc.dataset_loss;
+  r->dataset_sequences = acc.dataset_sequences;
+  const GradStats gs = ComputeGradStats(backend_, model_->grad_data(), model_->num_params());
+  r->grad_norm = gs.norm;
+  r->num_zeros = gs.num_zeros;
+  const bool finite = gs.finite && std::isfinite(r->loss);
+  bool apply = finite;
+  if (gate_) {
+    GuardSignals& g = r->signals;
+    g.iteration = iteration;
+    g.consumed_samples = state_.counters.consumed_samples;
+    g.loss = r->loss;
+    g.grad_norm = r->grad_norm;
+    g.nonfinite = !finite;
+    g.log_z = acc.log_z;
+    g.update_ratio = last_update_ratio_;
+    g.max_exp_avg_sq = last_max_v_;
+    g.max_attn_logit = acc.max_attn_logit;  // this rank's; the guard reads it for the journal
+    apply = gate_(g) && finite;
+  }
+  TrainCounters& c = state_.counters;
+  if (!finite) {
+    // Never let a NaN/Inf reach the weights: skip the update, count it, keep going.
+    r->skipped = true;
+    ++c.skipped_iterations;
+    ++c.nan_iterations;
+    return;
+  }
+  if (!apply) {
+    r->skipped = true;  // the guard judged this batch anomalous
+    ++c.skipped_iterations;
+    return;
+  }
+  ClipGradients(backend_, model_->grad_data(), model_->num_params(), gs.norm, cfg_.clip_grad);
+  // Measured inside the update's own pass over memory: the guard's signals, and the weights'
+  // squared norm, non-finite exactly when a weight is (or its square overflows).
+  Backend::AdamWStats st;
+  optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r->lr, &st);
+  last_update_ratio_ = std::sqrt(st.update_sq / std::max(st.param_sq, 1e-30));
+  last_max_v_ = st.max_v;
+  r->weights_nonfinite = !std::isfinite(st.param_sq);
+  state_.optimizer_step = optimizer_->step();
+}
+
+void Trainer::Restore(const TrainState& state) {
+  state_ = state;
+  optimizer_->set_step(state.optimizer_step);
+}
+
+int64_t Trainer::NextGlobalBatch() const {
+  return rampup_.GlobalBatchAt(state_.counters.consumed_samples);
+}
+
 double Trainer::NextLr() const {
-  return lr_scale_ * schedule_.LrAt(counters_.consumed_samples +
-                                    rampup_.GlobalBatchAt(counters_.consumed_samples));
+  return state_.lr_scale * schedule_.LrAt(state_.counters.consumed_samples + NextGlobalBatch());
 }
 
 double Trainer::Evaluate(int64_t iters) {
-  return Evaluate(iters, valid_samples_);
+  return Evaluate(iters, data_.valid);
 }
 
 double Trainer::Evaluate(int64_t iters, const SampleFn& samples) {
@@ -261,127 +257,44 @@ double Trainer::Evaluate(int64_t iters, const SampleFn& samples) {
   return reduced[0] / reduced[1];
 }
 
-namespace {
-
-// JSON has no NaN or Infinity: non-finite values are written as null.
-nlohmann::json Finite(double v) {
-  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-}
-
-}  // namespace
-
 Status Trainer::Run(const RunHooks& hooks) {
-  LogIntervalState& iv = interval_;
-  const size_t nd = dataset_names_.size();
-  bool in_skip = false;  // the previous iteration of this loop was a skipped one
-  while (counters_.iteration < total_iters_) {
+  bool in_skip = false;  // the previous iteration of this loop was in a skipped data window
+  const TrainCounters& c = state_.counters;
+  while (c.iteration < total_iters_) {
     const StepResult r = TrainStep();
-    ++iv.iters;
-    iv.ms += r.step_ms;
-    iv.samples += r.global_batch;
-    iv.flops += FlopsPerIteration(r.global_batch);
-    if (r.data_skipped) {
-      ++iv.skipped;
-      if (!in_skip) {
-        int64_t last = counters_.iteration;
-        while (last < total_iters_ && IsSkipped(last + 1)) ++last;
-        const int64_t first_sample = counters_.consumed_samples - r.global_batch;
-        hooks.log(fmt::format(
-            "skipping iterations {}..{}: their {} samples are read past without an update "
-            "(samples {}..{})",
-            counters_.iteration, last, SamplesBefore(last + 1) - first_sample, first_sample,
-            SamplesBefore(last + 1) - 1));
-      }
-    } else if (r.skipped && std::isfinite(r.loss) && std::isfinite(r.grad_norm)) {
-      ++iv.skipped;  // the guard skipped it and journals why
-    } else if (r.skipped) {
-      ++iv.skipped;
+    if (r.weights_nonfinite) {
+      // Never trained on, evaluated or saved: the caller names the checkpoint to go back to.
+      const NonFiniteParams nf = FindNonFiniteParams(*model_);
+      return Status::Corruption(
+          nf.count > 0
+              ? fmt::format("iteration {}: the update at learning rate {:.3E} left {} of {} "
+                            "weights NaN or Inf ({} in {}, the first tensor holding one); the "
+                            "run stops without saving this state",
+                            c.iteration, r.lr, nf.count, model_->num_params(), nf.in_first_tensor,
+                            nf.first_tensor)
+              : fmt::format("iteration {}: the update at learning rate {:.3E} left weights so "
+                            "large (beyond about 1e17) that their squares overflow fp32; the run "
+                            "stops without saving this state",
+                            c.iteration, r.lr));
+    }
+    if (r.data_skipped && !in_skip) {
+      int64_t last = c.iteration;
+      while (last < total_iters_ && IsSkipped(last + 1)) ++last;
+      const int64_t first_sample = c.consumed_samples - r.global_batch;
+      hooks.log(fmt::format(
+          "skipping iterations {}..{}: their {} samples are read past without an update "
+          "(samples {}..{})",
+          c.iteration, last, SamplesBefore(last + 1) - first_sample, first_sample,
+          SamplesBefore(last + 1) - 1));
+    } else if (!r.data_skipped && r.skipped &&
+               !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))) {
       hooks.log(fmt::format(
           "WARNING: iteration {}: non-finite {} (loss {}, grad norm {}): update skipped",
-          counters_.iteration, std::isfinite(r.loss) ? "gradients" : "loss", r.loss, r.grad_norm));
-    } else {
-      iv.loss_sum += r.loss;
-      ++iv.ok;
-      if (nd > 1) {
-        iv.dataset_loss_sum.resize(nd, 0.0);
-        iv.dataset_sequences.resize(nd, 0);
-        for (size_t d = 0; d < nd; ++d) {
-          if (r.dataset_sequences[d] == 0) continue;
-          iv.dataset_loss_sum[d] += r.dataset_loss[d] * static_cast<double>(r.dataset_sequences[d]);
-          iv.dataset_sequences[d] += r.dataset_sequences[d];
-        }
-      }
+          c.iteration, std::isfinite(r.loss) ? "gradients" : "loss", r.loss, r.grad_norm));
     }
-    if (hooks.metrics) {
-      nlohmann::json m = {
-          {"kind", "train"},
-          {"iteration", counters_.iteration},
-          {"train_iters", total_iters_},
-          {"consumed_samples", counters_.consumed_samples},
-          {"consumed_tokens", counters_.consumed_tokens},
-          {"iteration_ms", r.step_ms},
-          {"learning_rate", r.lr},
-          {"global_batch_size", r.global_batch},
-          {"lm_loss", Finite(r.loss)},
-          {"loss_scale", 1.0},
-          {"grad_norm", Finite(r.grad_norm)},
-          {"num_zeros", r.num_zeros},
-          {"skipped", r.skipped},
-          {"data_skipped", r.data_skipped},
-          {"nan",
-           !r.data_skipped && r.skipped && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))},
-          {"samples_per_second", 1000.0 * r.global_batch / r.step_ms},
-          {"tflops", FlopsPerIteration(r.global_batch) / (r.step_ms / 1000.0) / 1e12}};
-      if (nd > 1 && !r.data_skipped) {
-        nlohmann::json per = nlohmann::json::object();
-        for (size_t d = 0; d < nd; ++d)
-          per[dataset_names_[d]] = {{"lm_loss", Finite(r.dataset_loss[d])},
-                                    {"sequences", r.dataset_sequences[d]}};
-        m["datasets"] = per;
-      }
-      hooks.metrics(m);
-    }
-    const bool last = counters_.iteration == total_iters_;
-    if (counters_.iteration % cfg_.log_interval == 0 || last) {
-      IterationStats s;
-      s.iteration = counters_.iteration;
-      s.train_iters = total_iters_;
-      s.consumed_samples = counters_.consumed_samples;
-      s.consumed_tokens = counters_.consumed_tokens;
-      s.elapsed_ms_per_iter = iv.ms / static_cast<double>(iv.iters);
-      s.learning_rate = r.lr;
-      s.global_batch_size = r.global_batch;
-      s.lm_loss = iv.ok > 0 ? iv.loss_sum / static_cast<double>(iv.ok) : NAN;
-      s.grad_norm = r.grad_norm;
-      s.num_zeros = static_cast<double>(r.num_zeros);
-      s.skipped_iterations = iv.skipped;
-      s.nan_iterations = iv.skipped;
-      const double secs = iv.ms / 1000.0;
-      s.samples_per_second = static_cast<double>(iv.samples) / secs;
-      s.tflops = iv.flops / secs / 1e12;
-      hooks.log(FormatIterationLine(s));
-      // A mixture's loss per dataset, over the same interval (the seeds' cm4/pmd curves).
-      if (nd > 1) {
-        std::string line = " lm loss per dataset |";
-        for (size_t d = 0; d < nd; ++d) {
-          const int64_t n = d < iv.dataset_sequences.size() ? iv.dataset_sequences[d] : 0;
-          line += n > 0 ? fmt::format(" {}: {:.6E} ({} seq) |", dataset_names_[d],
-                                      iv.dataset_loss_sum[d] / static_cast<double>(n), n)
-                        : fmt::format(" {}: - (0 seq) |", dataset_names_[d]);
-        }
-        hooks.log(line);
-      }
-      // The guard's signals of this iteration, on a line of their own (the iteration line keeps
-      // Megatron's format for the tools that parse it).
-      if (gate_ && !r.data_skipped)
-        hooks.log(fmt::format(
-            " guard signals | max attention logit: {:.3f} | log Z: {:.3f} | update/weight: {:.3E} "
-            "| max Adam v: {:.3E} |",
-            r.signals.max_attn_logit, r.signals.log_z, r.signals.update_ratio,
-            r.signals.max_exp_avg_sq));
-      iv = LogIntervalState{};
-    }
-    if (cfg_.eval_iters > 0 && (counters_.iteration % cfg_.eval_interval == 0 || last))
+    AccountIteration(r, hooks);
+    const bool last = c.iteration == total_iters_;
+    if (cfg_.eval_iters > 0 && (c.iteration % cfg_.eval_interval == 0 || last))
       RunEvaluation(hooks);
     in_skip = r.data_skipped;
     if (hooks.after_iteration && !hooks.after_iteration()) break;
@@ -389,34 +302,135 @@ Status Trainer::Run(const RunHooks& hooks) {
   return Status::OK();
 }
 
+void Trainer::AccountIteration(const StepResult& r, const RunHooks& hooks) {
+  LogIntervalState& iv = state_.interval;
+  const TrainCounters& c = state_.counters;
+  const size_t nd = data_.dataset_names.size();
+  // A skipped data window computes nothing: no loss, no throughput (a gap, not a NaN).
+  const bool nonfinite =
+      !r.data_skipped && r.skipped && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm));
+  const double flops = r.data_skipped ? 0.0 : FlopsPerIteration(r.global_batch);
+  ++iv.iters;
+  iv.ms += r.step_ms;
+  if (!r.data_skipped) {
+    iv.samples += r.global_batch;
+    iv.flops += flops;
+  }
+  if (r.skipped) {
+    ++iv.skipped;
+    if (nonfinite) ++iv.nan;
+  } else {
+    iv.loss_sum += r.loss;
+    ++iv.ok;
+    if (nd > 1) {
+      iv.dataset_loss_sum.resize(nd, 0.0);
+      iv.dataset_sequences.resize(nd, 0);
+      for (size_t d = 0; d < nd; ++d) {
+        if (r.dataset_sequences[d] == 0) continue;
+        iv.dataset_loss_sum[d] += r.dataset_loss[d] * static_cast<double>(r.dataset_sequences[d]);
+        iv.dataset_sequences[d] += r.dataset_sequences[d];
+      }
+    }
+  }
+  if (hooks.metrics) {
+    const double secs = r.step_ms / 1000.0;
+    nlohmann::json m = {
+        {"kind", "train"},
+        {"iteration", c.iteration},
+        {"train_iters", total_iters_},
+        {"consumed_samples", c.consumed_samples},
+        {"consumed_tokens", c.consumed_tokens},
+        {"iteration_ms", r.step_ms},
+        {"learning_rate", r.lr},
+        {"global_batch_size", r.global_batch},
+        {"lm_loss", JsonNumber(r.loss)},
+        {"loss_scale", 1.0},
+        {"grad_norm", JsonNumber(r.grad_norm)},
+        {"num_zeros", r.num_zeros},
+        {"skipped", r.skipped},
+        {"data_skipped", r.data_skipped},
+        {"nan", nonfinite},
+        {"samples_per_second",
+         r.data_skipped ? JsonNumber(NAN) : JsonNumber(r.global_batch / secs)},
+        {"tflops", r.data_skipped ? JsonNumber(NAN) : JsonNumber(flops / secs / 1e12)}};
+    if (nd > 1 && !r.data_skipped) {
+      nlohmann::json per = nlohmann::json::object();
+      for (size_t d = 0; d < nd; ++d)
+        per[data_.dataset_names[d]] = {{"lm_loss", JsonNumber(r.dataset_loss[d])},
+                                       {"sequences", r.dataset_sequences[d]}};
+      m["datasets"] = per;
+    }
+    hooks.metrics(m);
+  }
+  if (c.iteration % cfg_.log_interval != 0 && c.iteration != total_iters_) return;
+  IterationStats s;
+  s.iteration = c.iteration;
+  s.train_iters = total_iters_;
+  s.consumed_samples = c.consumed_samples;
+  s.consumed_tokens = c.consumed_tokens;
+  s.elapsed_ms_per_iter = iv.ms / static_cast<double>(iv.iters);
+  s.learning_rate = r.lr;
+  s.global_batch_size = r.global_batch;
+  s.lm_loss = iv.ok > 0 ? iv.loss_sum / static_cast<double>(iv.ok) : NAN;
+  s.grad_norm = r.grad_norm;
+  s.num_zeros = static_cast<double>(r.num_zeros);
+  s.skipped_iterations = iv.skipped;
+  s.nan_iterations = iv.nan;
+  // Throughput of the iterations that computed; none when the whole interval was skipped data.
+  const double secs = iv.ms / 1000.0;
+  s.samples_per_second = iv.samples > 0 ? static_cast<double>(iv.samples) / secs : NAN;
+  s.tflops = iv.samples > 0 ? iv.flops / secs / 1e12 : NAN;
+  hooks.log(FormatIterationLine(s));
+  // A mixture's loss per dataset, over the same interval (the seeds' cm4/pmd curves).
+  if (nd > 1) {
+    std::string line = " lm loss per dataset |";
+    for (size_t d = 0; d < nd; ++d) {
+      const int64_t n = d < iv.dataset_sequences.size() ? iv.dataset_sequences[d] : 0;
+      line += n > 0 ? fmt::format(" {}: {:.6E} ({} seq) |", data_.dataset_names[d],
+                                  iv.dataset_loss_sum[d] / static_cast<double>(n), n)
+                    : fmt::format(" {}: - (0 seq) |", data_.dataset_names[d]);
+    }
+    hooks.log(line);
+  }
+  // The guard's signals of this iteration, on a line of their own (the iteration line keeps
+  // Megatron's format for the tools that parse it).
+  if (gate_ && !r.data_skipped)
+    hooks.log(fmt::format(
+        " guard signals | max attention logit: {:.3f} | log Z: {:.3f} | update/weight: {:.3E} "
+        "| max Adam v: {:.3E} |",
+        r.signals.max_attn_logit, r.signals.log_z, r.signals.update_ratio,
+        r.signals.max_exp_avg_sq));
+  iv = LogIntervalState{};
+}
+
 void Trainer::RunEvaluation(const RunHooks& hooks) {
-  nlohmann::json m = {{"kind", "validation"},
-                      {"iteration", counters_.iteration},
-                      {"consumed_samples", counters_.consumed_samples}};
-  if (valid_sets_.empty()) {
-    if (!valid_samples_) return;
+  const TrainCounters& c = state_.counters;
+  nlohmann::json m = {
+      {"kind", "validation"}, {"iteration", c.iteration}, {"consumed_samples", c.consumed_samples}};
+  if (data_.valid_sets.empty()) {
+    if (!data_.valid) return;
     const double loss = Evaluate(cfg_.eval_iters);
-    hooks.log(FormatValidationLine(counters_.iteration, loss));
-    m["lm_loss"] = Finite(loss);
-    m["lm_loss_ppl"] = Finite(LossPpl(loss));
+    hooks.log(FormatValidationLine(c.iteration, loss));
+    m["lm_loss"] = JsonNumber(loss);
+    m["lm_loss_ppl"] = JsonNumber(LossPpl(loss));
   } else {
     // Each dataset on its own validation split; the combined loss is their weighted mean, the
     // expected loss of the mixture.
     double wsum = 0, lsum = 0;
     nlohmann::json per = nlohmann::json::object();
     std::vector<std::string> lines;
-    for (const ValidationSet& v : valid_sets_) {
+    for (const ValidationSet& v : data_.valid_sets) {
       const double loss = Evaluate(cfg_.eval_iters, v.samples);
-      lines.push_back(FormatValidationLine(counters_.iteration, loss, v.name));
-      per[v.name] = {{"lm_loss", Finite(loss)}, {"lm_loss_ppl", Finite(LossPpl(loss))}};
+      lines.push_back(FormatValidationLine(c.iteration, loss, v.name));
+      per[v.name] = {{"lm_loss", JsonNumber(loss)}, {"lm_loss_ppl", JsonNumber(LossPpl(loss))}};
       wsum += v.weight;
       lsum += v.weight * loss;
     }
     const double loss = lsum / wsum;
-    hooks.log(FormatValidationLine(counters_.iteration, loss));
+    hooks.log(FormatValidationLine(c.iteration, loss));
     for (const std::string& l : lines) hooks.log(l);
-    m["lm_loss"] = Finite(loss);
-    m["lm_loss_ppl"] = Finite(LossPpl(loss));
+    m["lm_loss"] = JsonNumber(loss);
+    m["lm_loss_ppl"] = JsonNumber(LossPpl(loss));
     m["datasets"] = per;
   }
   if (hooks.metrics) hooks.metrics(m);
@@ -431,12 +445,23 @@ uint64_t Trainer::StateFingerprint() {
     backend_->CopyToHost(host.data(), buf, n);
     XXH3_64bits_update(st, host.data(), n * sizeof(float));
   }
-  const int64_t step = optimizer_->step();
-  XXH3_64bits_update(st, &step, sizeof(step));
-  XXH3_64bits_update(st, &counters_, sizeof(counters_));
-  XXH3_64bits_update(st, &lr_scale_, sizeof(lr_scale_));
-  XXH3_64bits_update(st, &data_salt_, sizeof(data_salt_));
-  for (const IterationRange& r : skip_ranges_) XXH3_64bits_update(st, &r, sizeof(r));
+  const TrainState& s = state_;
+  XXH3_64bits_update(st, &s.optimizer_step, sizeof(s.optimizer_step));
+  XXH3_64bits_update(st, &s.counters, sizeof(s.counters));
+  XXH3_64bits_update(st, &s.lr_scale, sizeof(s.lr_scale));
+  XXH3_64bits_update(st, &s.data_salt, sizeof(s.data_salt));
+  for (const IterationRange& r : s.skip_ranges) XXH3_64bits_update(st, &r, sizeof(r));
+  // The log interval in progress. An empty one (at every log boundary, so at the end of every
+  // run) adds nothing: fingerprints of finished runs compare across keel versions.
+  const LogIntervalState& iv = s.interval;
+  if (iv.iters > 0) {
+    for (double v : {iv.loss_sum, iv.ms, iv.flops}) XXH3_64bits_update(st, &v, sizeof(v));
+    for (int64_t v : {iv.iters, iv.ok, iv.skipped, iv.nan, iv.samples})
+      XXH3_64bits_update(st, &v, sizeof(v));
+    XXH3_64bits_update(st, iv.dataset_loss_sum.data(), iv.dataset_loss_sum.size() * sizeof(double));
+    XXH3_64bits_update(st, iv.dataset_sequences.data(),
+                       iv.dataset_sequences.size() * sizeof(int64_t));
+  }
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return h;

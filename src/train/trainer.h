@@ -2,7 +2,7 @@
 // accumulation, an all-reduce of the gradients, clipping, and one AdamW update at the learning
 // rate of the schedule. Everything that moves with the step is either a pure function of
 // (config, consumed samples) — learning rate, batch size, which samples are read — or lives in
-// TrainState, so a checkpoint can capture the whole run.
+// TrainState (checkpoint/train_state.h), so a checkpoint can capture the whole run.
 #pragma once
 
 #include <cmath>
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "checkpoint/train_state.h"
 #include "comm/communicator.h"
 #include "config/config.h"
-#include "core/env.h"
 #include "guard/instability_detector.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
@@ -37,22 +37,6 @@ struct ValidationSet {
   SampleFn samples;
 };
 
-// Counters that advance with the run; with the model and optimizer, the whole training state.
-struct TrainCounters {
-  int64_t iteration = 0;         // completed iterations
-  int64_t consumed_samples = 0;  // all samples read (the data cursor and the schedule position)
-  int64_t consumed_tokens = 0;
-  int64_t skipped_iterations = 0;  // updates not applied (non-finite loss or gradients)
-  int64_t nan_iterations = 0;
-  int64_t data_skipped_iterations = 0;  // iterations in a skipped data window (no forward)
-};
-
-// Inclusive range of iterations whose data is skipped.
-struct IterationRange {
-  int64_t first = 0, last = -1;
-  bool Contains(int64_t it) const { return it >= first && it <= last; }
-};
-
 struct StepResult {
   double loss = 0;  // mean lm loss over the global batch
   double grad_norm = 0;
@@ -63,22 +47,14 @@ struct StepResult {
   std::vector<int64_t> dataset_sequences;  // per dataset: sequences in this batch
   bool skipped = false;       // no update applied (non-finite, or the guard skipped it)
   bool data_skipped = false;  // in a skipped data window: nothing was computed
+  // The update left NaN/Inf weights (or weights whose squares overflow): the run must stop.
+  bool weights_nonfinite = false;
   GuardSignals signals;
   double step_ms = 0;
 };
 
 // Decides, from an iteration's signals, whether its update is applied (the guard).
 using UpdateGate = std::function<bool(const GuardSignals&)>;
-
-// Accumulators of the log interval in progress (the metrics cursor). They are checkpointed, so a
-// run resumed mid-interval prints the same iteration lines as one that never stopped.
-struct LogIntervalState {
-  double loss_sum = 0, ms = 0, flops = 0;
-  int64_t iters = 0, ok = 0, skipped = 0, samples = 0;
-  // Per dataset of a mixture: summed mean loss of its sequences, and their count.
-  std::vector<double> dataset_loss_sum;
-  std::vector<int64_t> dataset_sequences;
-};
 
 // What the loop calls around iterations.
 struct RunHooks {
@@ -91,102 +67,109 @@ struct RunHooks {
   std::function<void(const nlohmann::json&)> metrics;
 };
 
+// What a trainer reads: its training samples, and what it evaluates.
+struct TrainerData {
+  TrainerData() = default;
+  TrainerData(SampleFn train_samples, SampleFn valid_samples)
+      : train(std::move(train_samples)), valid(std::move(valid_samples)) {}
+
+  SampleFn train;
+  SampleFn valid;  // may be empty: no validation
+  // A mixture: its datasets' names (index = what `train` returns; with more than one, the loop
+  // reports the lm loss of each) and their validation sets, evaluated one by one (then `valid`
+  // is unused and the validation line's loss is their weighted mean).
+  std::vector<std::string> dataset_names{"data"};
+  std::vector<ValidationSet> valid_sets;
+};
+
+// What the micro-batches of one iteration add up to, reduced across data-parallel ranks. The
+// gradients themselves are in the model's gradient buffer.
+struct GradientAccumulation {
+  double loss = 0;                    // mean lm loss over the global batch
+  double log_z = 0;                   // mean log Z of the output softmax (a guard signal)
+  double max_attn_logit = -INFINITY;  // this rank's largest attention logit (a guard signal)
+  // Per dataset of a mixture: mean loss of its sequences (NaN: none), and how many there were.
+  std::vector<double> dataset_loss;
+  std::vector<int64_t> dataset_sequences;
+};
+
 class Trainer {
  public:
-  Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, Env* env,
-          SampleFn train_samples, SampleFn valid_samples);
+  Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, TrainerData data);
   ~Trainer();
 
   // Fresh weights from the config's seed and init method.
   void InitializeWeights();
-  // One training iteration.
+  // One training iteration: the global batch's gradients, then one update (or a skipped one).
   StepResult TrainStep();
   // Mean lm loss over `iters` validation batches (the same samples at every evaluation) of the
-  // constructor's validation samples, or of `samples`.
+  // data's validation samples, or of `samples`.
   double Evaluate(int64_t iters);
   double Evaluate(int64_t iters, const SampleFn& samples);
-  // Names of the datasets of a mixture (index = what the SampleFn returns). With more than one,
-  // the loop reports the lm loss of each (a line after the iteration line, and the metrics).
-  void set_dataset_names(std::vector<std::string> names);
-  // Per-dataset validation sets: evaluated one by one at each evaluation; the validation line's
-  // loss is then their weighted mean. Without them, the constructor's validation samples are used.
-  void set_validation_sets(std::vector<ValidationSet> sets) { valid_sets_ = std::move(sets); }
   // The whole run from the current state: iterations until the configured length, the Megatron
   // iteration line every log-interval, validation every eval-interval; lines go to hooks.log.
+  // Corruption, at once and with nothing more called, when an update leaves non-finite weights.
   Status Run(const RunHooks& hooks);
 
+  // Everything but the tensors, as a value; Restore puts one back (a resume, a rollback, the
+  // guard's LR cut). The tensors are the model's and the optimizer's.
+  const TrainState& state() const { return state_; }
+  void Restore(const TrainState& state);
+
   int64_t TotalIterations() const { return total_iters_; }
+  const TrainConfig& config() const { return cfg_; }
   GptModel& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
-  TrainCounters& counters() { return counters_; }
-  LogIntervalState& log_interval_state() { return interval_; }
-  // Multiplier of the schedule's learning rate (1 unless changed on resume; see train_checkpoint).
-  double lr_scale() const { return lr_scale_; }
-  void set_lr_scale(double s) { lr_scale_ = s; }
-  const LrSchedule& schedule() const { return schedule_; }
-  const BatchRampup& rampup() const { return rampup_; }
-  const TrainConfig& config() const { return cfg_; }
-  // Data windows skipped by the guard's rollbacks (part of the checkpoint). IsSkipped also
-  // honours --skip-train-iteration-range, which comes from the config of each run.
-  const std::vector<IterationRange>& skip_ranges() const { return skip_ranges_; }
   // The iterations whose batches read any of samples [first_sample, last_sample] (0-based
   // positions in the run's sample stream); first = -1 when the run never reaches them.
   IterationRange IterationsReading(int64_t first_sample, int64_t last_sample) const;
-  void set_skip_ranges(std::vector<IterationRange> r) { skip_ranges_ = std::move(r); }
-  void AddSkipRange(IterationRange r) { skip_ranges_.push_back(r); }
-  bool IsSkipped(int64_t iteration) const;
-  // Generation of the data order: 0, raised by the guard's re-seeding rung. The sample function
-  // reads it to pick the order (see train_cmd).
-  uint64_t data_salt() const { return data_salt_; }
-  void set_data_salt(uint64_t s) { data_salt_ = s; }
-  // Fault-injection seam for tests: called with the all-reduced gradients of each iteration
-  // before their statistics (e.g. to plant a NaN).
-  void set_gradient_fault(std::function<void(int64_t iteration, float* grads, size_t n)> f) {
-    grad_fault_ = std::move(f);
-  }
-  // Called before every update with the iteration's signals; false skips the update.
-  void set_update_gate(UpdateGate g) { gate_ = std::move(g); }
-  // The samples iteration `iteration` (1-based, from the current position on) reads:
-  // [first, first + count). Used to report skipped windows in samples.
+  // The first sample iteration `iteration` (1-based, from the current position on) reads.
   int64_t SamplesBefore(int64_t iteration) const;
-  // The learning rate the next iteration's update will use.
+  // The learning rate and global batch of the next iteration's update.
   double NextLr() const;
-  // xxh3 over parameters, optimizer moments and step, counters and the LR scale: equal
-  // fingerprints mean bit-identical training state.
+  int64_t NextGlobalBatch() const;
+  // xxh3 over parameters, optimizer moments and the TrainState: equal fingerprints mean
+  // bit-identical training state.
   uint64_t StateFingerprint();
   double FlopsPerIteration(int64_t global_batch) const;
 
+  // Called before every update with the iteration's signals; false skips the update (the guard).
+  void set_update_gate(UpdateGate g) { gate_ = std::move(g); }
+  // Called with the all-reduced gradients of each iteration before their statistics: the seam
+  // of the test-only fault hooks (train/test_hooks.h), e.g. to plant a NaN.
+  void set_gradient_fault(std::function<void(int64_t iteration, float* grads, size_t n)> f) {
+    grad_fault_ = std::move(f);
+  }
+
  private:
+  bool IsSkipped(int64_t iteration) const;
+  // Forward and backward of every micro-batch of a global batch of `global_batch` samples, the
+  // gradients summed in the model's buffer and all-reduced.
+  GradientAccumulation AccumulateGradients(int64_t global_batch);
+  // Gradient statistics, the guard's gate, clipping and the AdamW step at `r->lr`; fills r.
+  void ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, StepResult* r);
+  // Adds an iteration to the log interval; prints the iteration line at the interval's end.
+  void AccountIteration(const StepResult& r, const RunHooks& hooks);
   // Validation at an eval-interval: one line (and one metrics record), or one per dataset.
   void RunEvaluation(const RunHooks& hooks);
 
   TrainConfig cfg_;
   Backend* backend_;
   Communicator* comm_;
-  Env* env_;
-  SampleFn train_samples_, valid_samples_;
+  TrainerData data_;
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<AdamW> optimizer_;
   BatchRampup rampup_;
   LrSchedule schedule_;
-  TrainCounters counters_;
-  LogIntervalState interval_;
-  double lr_scale_ = 1.0;
+  TrainState state_;
   int64_t total_iters_ = 0;
   std::vector<int32_t> batch_tokens_, inputs_, targets_;
   std::vector<int> dataset_of_;                     // dataset of each sequence of the micro-batch
-  std::vector<IterationRange> skip_ranges_;         // the guard's (checkpointed)
   std::vector<IterationRange> config_skip_ranges_;  // --skip-train-iteration/samples-range
-  std::vector<std::string> dataset_names_{"data"};
-  std::vector<ValidationSet> valid_sets_;
-  uint64_t data_salt_ = 0;
   UpdateGate gate_;
   std::function<void(int64_t, float*, size_t)> grad_fault_;
   double last_update_ratio_ = NAN;  // ||w_new - w_old|| / ||w_new|| of the last update
   double last_max_v_ = NAN;         // max of Adam's second moment after the last update
 };
-
-// The model shape a validated config describes.
-GptSpec SpecFromConfig(const TrainConfig& cfg);
 
 }  // namespace keel

@@ -1,7 +1,7 @@
-// EditCheckpoint (src/train/checkpoint_edit.h): what an edit changes and records, what it refuses,
-// and that a crash at every filesystem mutation of an edit leaves either the whole old checkpoint
-// or the whole edited one, which verifies after CheckpointStore::Recover().
-#include "train/checkpoint_edit.h"
+// EditCheckpoint (src/checkpoint/checkpoint_edit.h): what an edit changes and records, what it
+// refuses, and that a crash at every filesystem mutation of an edit leaves either the whole old
+// checkpoint or the whole edited one, which verifies after CheckpointStore::Recover().
+#include "checkpoint/checkpoint_edit.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -14,9 +14,9 @@
 
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
 #include "core/fault_injection_env.h"
-#include "train/train_checkpoint.h"
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace keel {
@@ -143,6 +143,16 @@ TEST_F(CheckpointEditTest, RefusalsLeaveTheCheckpointUntouched) {
   EXPECT_EQ(edit({}, 0.5, "").code(), Status::Code::kInvalidArgument);  // no reason
   EXPECT_EQ(edit({}, -2.0, "x").code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(edit({}, 0.0, "x").code(), Status::Code::kInvalidArgument);
+  // A factor that would resume above the largest learning rate training accepts (10).
+  st = edit({}, 1e308, "x");
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("--scale-lr 1e+308 would make"), std::string::npos) << st.message();
+  st = edit({"lr=1e-3"}, 2e4, "x");  // the edited lr counts: 1e-3 x 2e4 = 20
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("above 10"), std::string::npos) << st.message();
+  st = edit({"lr=20"}, std::nullopt, "x");
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("--lr 20 is above 10"), std::string::npos) << st.message();
   EXPECT_EQ(edit({}, std::nullopt, "x").code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(ReadFile(Ckpt() + "/state.json"), before);
 
@@ -186,12 +196,12 @@ TEST_F(CheckpointEditTest, CrashAtEveryMutationLeavesTheOldOrTheEditedCheckpoint
     ASSERT_TRUE(v.ok()) << "crash at " << n << ": " << v.message();
     SavedTrainState saved;
     ASSERT_TRUE(ReadSavedTrainState(Env::Default(), Ckpt(), &saved).ok()) << "crash at " << n;
-    if (saved.lr_scale == 1.0) {
+    if (saved.train.lr_scale == 1.0) {
       EXPECT_DOUBLE_EQ(saved.config.lr, 0.002) << "crash at " << n;
       EXPECT_EQ(ReadFile(Ckpt() + "/state.json"), ReadFile(pristine_ + "/iter_0000004/state.json"));
       ++saw_old;
     } else {
-      EXPECT_EQ(saved.lr_scale, 0.5) << "crash at " << n;
+      EXPECT_EQ(saved.train.lr_scale, 0.5) << "crash at " << n;
       EXPECT_DOUBLE_EQ(saved.config.lr, 0.001) << "crash at " << n;
       EXPECT_EQ(saved.history.back()["reason"], "crash test");
       ++saw_new;

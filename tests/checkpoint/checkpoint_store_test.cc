@@ -318,6 +318,165 @@ TEST(CheckpointStoreTest, SavingAnIterationAgainKeepsTheOlderCopy) {
   EXPECT_TRUE(LoggedContains("already existed"));
 }
 
+// Saves a checkpoint of each iteration, in order (the marker ends at the last).
+void SaveRun(CheckpointStore* store, std::initializer_list<int64_t> iterations) {
+  for (int64_t it : iterations) {
+    Content c(it);
+    ASSERT_TRUE(store->Save(it, c.files, nullptr).ok());
+  }
+}
+
+std::vector<int64_t> Iterations(CheckpointStore* store) {
+  std::vector<CheckpointInfo> all;
+  EXPECT_TRUE(store->List(&all).ok());
+  std::vector<int64_t> its;
+  for (const CheckpointInfo& i : all) its.push_back(i.iteration);
+  return its;
+}
+
+TEST(CheckpointIdentityTest, ACopiedCheckpointIsNotLoadedInPlaceOfTheRealNewest) {
+  const std::string root = FreshDir("stray_copy");
+  CheckpointStore store(Env::Default(), root, Collect());
+  SaveRun(&store, {10, 15, 20});
+  fs::copy(root + "/iter_0000010", root + "/iter_0000099", fs::copy_options::recursive);
+  // The copy's files are intact, so only its identity gives it away.
+  Status st = VerifyCheckpointDir(Env::Default(), root + "/iter_0000099", true, nullptr);
+  ASSERT_EQ(st.code(), Status::Code::kCorruption);
+  for (const char* part :
+       {"manifest says iteration 10", "named iter_0000099 (iteration 99)",
+        "a copy of iter_0000010, or was renamed", "move it out of the run directory"})
+    EXPECT_NE(st.message().find(part), std::string::npos) << part << "\n" << st.message();
+  // A resume of the run skips it, saying why, and finds the real newest.
+  Logged.clear();
+  CheckpointInfo info;
+  ASSERT_TRUE(store.FindNewestValid(/*move_aside_rejected=*/true, &info).ok());
+  EXPECT_EQ(info.iteration, 20);
+  EXPECT_EQ(info.path, root + "/iter_0000020");
+  EXPECT_TRUE(LoggedContains("iter_0000099 is unusable")) << ::testing::PrintToString(Logged);
+  EXPECT_TRUE(LoggedContains("manifest says iteration 10"));
+  EXPECT_EQ(ReadFile(root + "/latest_checkpointed_iteration.txt"), "20\n");
+  // Only the stray went aside; every real checkpoint is where it was, and the next save is not
+  // taken for a second attempt at an earlier iteration.
+  EXPECT_TRUE(fs::exists(root + "/iter_0000099.corrupt"));
+  EXPECT_EQ(Iterations(&store), (std::vector<int64_t>{10, 15, 20}));
+  Logged.clear();
+  SaveRun(&store, {25});
+  EXPECT_FALSE(LoggedContains("already existed")) << ::testing::PrintToString(Logged);
+  for (const auto& e : fs::directory_iterator(root))
+    EXPECT_EQ(e.path().string().find("superseded"), std::string::npos) << e.path();
+}
+
+TEST(CheckpointIdentityTest, AStrayLeftInPlaceChangesNothingForTheRealCheckpoints) {
+  // Without moving it aside (a `keel sample` or `--load` of another run's directory), the stray
+  // stays, and it is neither loaded nor counted by retention.
+  const std::string root = FreshDir("stray_kept");
+  CheckpointStore store(Env::Default(), root, Collect());
+  SaveRun(&store, {10, 15, 20});
+  fs::copy(root + "/iter_0000010", root + "/iter_0000099", fs::copy_options::recursive);
+  fs::copy(root + "/iter_0000010", root + "/iter_0000017", fs::copy_options::recursive);
+  CheckpointInfo info;
+  ASSERT_TRUE(store.FindNewestValid(/*move_aside_rejected=*/false, &info).ok());
+  EXPECT_EQ(info.iteration, 20);
+  EXPECT_TRUE(fs::exists(root + "/iter_0000099"));
+  // Retention keeps the two newest real checkpoints, 20 and 15: the stray named 17 takes no place
+  // among them and is not deleted either (it is not this run's checkpoint 17).
+  Logged.clear();
+  ASSERT_TRUE(store.ApplyRetention(2).ok());
+  EXPECT_EQ(Iterations(&store), (std::vector<int64_t>{15, 17, 20, 99}));
+  EXPECT_TRUE(LoggedContains("retention skips " + root + "/iter_0000017"))
+      << ::testing::PrintToString(Logged);
+  EXPECT_TRUE(LoggedContains("removing checkpoint " + root + "/iter_0000010"));
+}
+
+TEST(CheckpointIdentityTest, AManifestNamingAnotherIterationIsRefused) {
+  const std::string root = FreshDir("stray_manifest");
+  CheckpointStore store(Env::Default(), root, Collect());
+  SaveRun(&store, {10});
+  const std::string mpath = root + "/iter_0000010/manifest.json";
+  std::string text = ReadFile(mpath);
+  const std::string was = "\"iteration\": 10", now = "\"iteration\": 99";
+  const size_t at = text.find(was);
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, was.size(), now);
+  { std::ofstream(mpath, std::ios::trunc) << text; }
+  Status st = VerifyCheckpointDir(Env::Default(), root + "/iter_0000010/", true, nullptr);
+  ASSERT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_NE(st.message().find("manifest says iteration 99 but the directory is named "
+                              "iter_0000010 (iteration 10)"),
+            std::string::npos)
+      << st.message();
+  CheckpointInfo info;
+  EXPECT_EQ(store.FindNewestValid(false, &info).code(), Status::Code::kCorruption);
+  // The same checkpoint under a name that claims no iteration (a copy kept elsewhere) is fine.
+  fs::copy(root + "/iter_0000010", root + "/backup", fs::copy_options::recursive);
+  EXPECT_TRUE(VerifyCheckpointDir(Env::Default(), root + "/backup", true, nullptr).ok());
+}
+
+TEST(CheckpointStoreTest, AnUnreadableMarkerIsLoggedWithWhatTheStoreDoesInstead) {
+  for (const char* marker : {"garbage\n", "-5\n", "\n"}) {
+    SCOPED_TRACE(marker);
+    const std::string root = FreshDir("bad_marker");
+    CheckpointStore store(Env::Default(), root, Collect());
+    SaveRun(&store, {10, 20, 30});
+    { std::ofstream(root + "/latest_checkpointed_iteration.txt", std::ios::trunc) << marker; }
+    Logged.clear();
+    std::vector<CheckpointInfo> all;
+    ASSERT_TRUE(store.List(&all).ok());
+    EXPECT_FALSE(all.back().committed);
+    EXPECT_TRUE(LoggedContains("latest_checkpointed_iteration.txt does not hold an iteration"))
+        << ::testing::PrintToString(Logged);
+    EXPECT_TRUE(LoggedContains("every checkpoint counts as uncommitted"));
+    Logged.clear();
+    ASSERT_TRUE(store.ApplyRetention(1).ok());
+    EXPECT_EQ(Iterations(&store), (std::vector<int64_t>{10, 20, 30}));
+    EXPECT_TRUE(LoggedContains("retention (--keep-last-checkpoints 1) deletes nothing"))
+        << ::testing::PrintToString(Logged);
+    // A resume says so too, uses the newest checkpoint and rewrites the marker.
+    Logged.clear();
+    CheckpointInfo info;
+    ASSERT_TRUE(store.FindNewestValid(true, &info).ok());
+    EXPECT_EQ(info.iteration, 30);
+    EXPECT_TRUE(LoggedContains("the marker rewritten"));
+    EXPECT_EQ(ReadFile(root + "/latest_checkpointed_iteration.txt"), "30\n");
+  }
+}
+
+TEST(ResolveCheckpointDirTest, ACheckpointDirectoryOrARunDirectorysNewestValid) {
+  const std::string root = FreshDir("resolve");
+  CheckpointStore store(Env::Default(), root, Collect());
+  SaveRun(&store, {10, 20});
+  Env* env = Env::Default();
+  std::string dir;
+  // A run directory: its newest checkpoint that verifies, and why newer ones were passed over.
+  ASSERT_TRUE(ResolveCheckpointDir(env, root, Collect(), NamedCheckpoint::kVerify, &dir).ok());
+  EXPECT_EQ(dir, root + "/iter_0000020");
+  fs::remove(root + "/iter_0000020/state.json");
+  Logged.clear();
+  ASSERT_TRUE(ResolveCheckpointDir(env, root, Collect(), NamedCheckpoint::kVerify, &dir).ok());
+  EXPECT_EQ(dir, root + "/iter_0000010");
+  EXPECT_TRUE(LoggedContains("iter_0000020 is unusable"));
+  EXPECT_TRUE(fs::exists(root + "/iter_0000020"));  // resolving never moves anything
+  // A checkpoint directory named directly: verified, unless the caller takes it as it is.
+  Status st =
+      ResolveCheckpointDir(env, root + "/iter_0000020", Collect(), NamedCheckpoint::kVerify, &dir);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_NE(st.message().find("state.json is missing"), std::string::npos) << st.message();
+  ASSERT_TRUE(
+      ResolveCheckpointDir(env, root + "/iter_0000020", Collect(), NamedCheckpoint::kAsIs, &dir)
+          .ok());
+  EXPECT_EQ(dir, root + "/iter_0000020");
+  // Neither: a usage error naming the path.
+  st = ResolveCheckpointDir(env, root + "/nothing", Collect(), NamedCheckpoint::kVerify, &dir);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find(root + "/nothing holds no checkpoint"), std::string::npos)
+      << st.message();
+  // A run directory none of whose checkpoints verifies: Corruption with every reason.
+  fs::remove(root + "/iter_0000010/state.json");
+  st = ResolveCheckpointDir(env, root, Collect(), NamedCheckpoint::kVerify, &dir);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_NE(st.message().find("no checkpoint in " + root + " verifies"), std::string::npos);
+}
+
 TEST(FaultInjectionEnvTest, SpecsParseAndBadSpecsAreRefused) {
   std::unique_ptr<FaultInjectionEnv> env;
   EXPECT_TRUE(FaultInjectionEnv::FromSpec("crash-at=7", Env::Default(), &env).ok());

@@ -4,7 +4,7 @@
 // logits must match keel's own forward pass on the same tokens. The weights start at std 0.2 so
 // that attention is far from uniform and the GELU's tails matter: the check then tells a wrong
 // attention scale or GELU variant apart (asserted below). Needs python3 with numpy
-// (scripts/setup.sh installs python3-numpy): the tests fail, not skip, without them.
+// (scripts/test.sh installs python3-numpy): the tests fail, not skip, without them.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "train/train_checkpoint.h"
+#include "checkpoint/train_checkpoint.h"
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace keel {
@@ -83,7 +83,7 @@ std::string PythonWithNumpy() {
 #define REQUIRE_PYTHON_NUMPY(var)                                                            \
   const std::string var = PythonWithNumpy();                                                 \
   ASSERT_FALSE(var.empty()) << "python3 with numpy is required by the HF export tests (the " \
-                               "independent reference reader); run scripts/setup.sh, which " \
+                               "independent reference reader); run scripts/test.sh, which "  \
                                "installs python3-numpy"
 
 // Run directories shared by the tests of this process, removed at exit.

@@ -9,7 +9,7 @@ in float64 and prints the logits at the requested positions as JSON:
 
   hf_gpt2_reference.py OUT --tokens 1,2,3 [--positions 0,2]   (default: the last position)
 
-Needs only numpy (Debian: python3-numpy, installed by scripts/setup.sh).
+Needs only numpy (Debian: python3-numpy, installed by scripts/test.sh).
 """
 import argparse
 import json

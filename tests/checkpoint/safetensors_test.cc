@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 namespace keel {
 namespace {
 
@@ -61,6 +63,8 @@ TEST(SafetensorsTest, DimensionsAndOffsetsMustBeIntegersThatFitTheFile) {
         std::string(R"({"dtype":"F32","shape":[1099511627776,1099511627776,1099511627776],)"
                     R"("data_offsets":[0,0]})"),
         std::string(R"({"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]})"),
+        std::string(R"({"dtype":"F32","shape":[2305843009213693952,2],"data_offsets":[0,0]})"),
+        std::string(R"({"dtype":"F32","shape":[0,9223372036854775808],"data_offsets":[0,0]})"),
         std::string(R"({"dtype":"F32","shape":3,"data_offsets":[0,12]})")}) {
     const std::string image = Image(R"({"w":)" + tensor + "}", data);
     std::map<std::string, TensorRef> out;
@@ -81,6 +85,87 @@ TEST(SafetensorsTest, DimensionsAndOffsetsMustBeIntegersThatFitTheFile) {
   EXPECT_EQ(out["s"].bytes, 4u);
   EXPECT_EQ(out["w"].shape, (std::vector<int64_t>{2, 2}));
   EXPECT_EQ(out["w"].bytes, 16u);
+}
+
+// A safetensors image written by hand: a BF16 tensor, and an F32 one whose data is not 4-byte
+// aligned (legal in the format; keel's writer never does it).
+std::string HandWrittenImage() {
+  std::string header = R"({"half":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]},)"
+                       R"("odd":{"dtype":"F32","shape":[1],"data_offsets":[6,10]}})";
+  while ((8 + header.size()) % 8 != 0) header.push_back(' ');
+  std::string image;
+  for (int i = 0; i < 8; ++i) image.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xff));
+  image += header;
+  image += std::string(6, '\0');
+  const float v = 2.5f;
+  image.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  return image;
+}
+
+TEST(MappedSafetensorsTest, ReadsTensorsInPlaceByNameAndShape) {
+  Env* env = Env::Default();
+  const std::string path = ::testing::TempDir() + "/keel_mapped_test.safetensors";
+  std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {-0.5f};
+  ASSERT_TRUE(WriteSafetensors(env, path,
+                               {{"layers.0.w", {2, 3}, a.data()}, {"bias", {1}, b.data()}},
+                               {{"format", "pt"}})
+                  .ok());
+  MappedSafetensors f;
+  ASSERT_TRUE(MappedSafetensors::Open(env, path, &f).ok());
+  EXPECT_EQ(f.path(), path);
+  EXPECT_EQ(f.tensors().size(), 2u);
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  ASSERT_NE(f.Find("bias"), nullptr);
+  EXPECT_EQ(f.Find("bias")->dtype, "F32");
+  EXPECT_EQ(f.Find("nope"), nullptr);
+  const float* data = nullptr;
+  ASSERT_TRUE(f.GetF32("layers.0.w", {2, 3}, &data).ok());
+  EXPECT_EQ(std::vector<float>(data, data + 6), a);
+  std::vector<float> copy(6, 0.0f);
+  ASSERT_TRUE(f.CopyF32("layers.0.w", {2, 3}, copy.data()).ok());
+  EXPECT_EQ(copy, a);
+  EXPECT_TRUE(f.CheckNoOtherTensors({"layers.0.w", "bias"}).ok());
+  // A moved-to object keeps the mapping its views point into.
+  MappedSafetensors moved = std::move(f);
+  ASSERT_TRUE(moved.GetF32("bias", {1}, &data).ok());
+  EXPECT_EQ(*data, -0.5f);
+  env->RemoveFile(path);
+}
+
+TEST(MappedSafetensorsTest, ErrorsNameTheFileTheTensorAndWhatWasExpectedAndFound) {
+  Env* env = Env::Default();
+  const std::string path = ::testing::TempDir() + "/keel_mapped_errors.safetensors";
+  std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(WriteSafetensors(env, path, {{"w", {2, 3}, a.data()}}, {}).ok());
+  MappedSafetensors f;
+  ASSERT_TRUE(MappedSafetensors::Open(env, path, &f).ok());
+  std::vector<float> dst(6, 0.0f);
+  Status st = f.CopyF32("v", {2, 3}, dst.data());
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_EQ(st.message(), path + ": tensor 'v' is missing (expected F32 [2, 3])");
+  st = f.CopyF32("w", {3, 2}, dst.data());
+  EXPECT_EQ(st.message(), path + ": tensor 'w' is F32 [2, 3], expected F32 [3, 2]");
+  EXPECT_EQ(dst, std::vector<float>(6, 0.0f));  // nothing was copied
+  st = f.CheckNoOtherTensors({"v"});
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_NE(st.message().find(path + ": unexpected tensor 'w' (F32 [2, 3])"), std::string::npos)
+      << st.message();
+
+  ASSERT_TRUE(WriteFileAtomic(env, path, HandWrittenImage()).ok());
+  ASSERT_TRUE(MappedSafetensors::Open(env, path, &f).ok());
+  st = f.CopyF32("half", {2}, dst.data());
+  EXPECT_EQ(st.message(), path + ": tensor 'half' is BF16 [2], expected F32 [2]");
+  // Misaligned data is copied, but never handed out as a float pointer.
+  const float* data = nullptr;
+  st = f.GetF32("odd", {1}, &data);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_NE(st.message().find("not 4-byte aligned"), std::string::npos) << st.message();
+  EXPECT_EQ(data, nullptr);
+  ASSERT_TRUE(f.CopyF32("odd", {1}, dst.data()).ok());
+  EXPECT_EQ(dst[0], 2.5f);
+
+  EXPECT_FALSE(MappedSafetensors::Open(env, path + ".absent", &f).ok());
+  env->RemoveFile(path);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "checkpoint/checkpoint_rewrite.h"
 #include "checkpoint/checkpoint_store.h"
+#include "checkpoint/manifest.h"
 #include "core/fault_injection_env.h"
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
@@ -87,6 +88,71 @@ TEST(CkptCmdTest, VerifyNamesEachKindOfTampering) {
   EXPECT_NE(r.out.find("fails verification"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("model.safetensors"), std::string::npos) << r.out;
   fs::remove_all(d);
+}
+
+TEST(CkptCmdTest, VerifyFailsACheckpointCopiedUnderAnotherIteration) {
+  const std::string d = Trained("stray");
+  fs::copy(d + "/iter_0000002", d + "/iter_0000009", fs::copy_options::recursive);
+  Result r = Keel("ckpt verify " + d);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("FAILED " + d +
+                       "/iter_0000009: its manifest says iteration 2 but the directory is named "
+                       "iter_0000009 (iteration 9): this directory is a copy of iter_0000002, or "
+                       "was renamed; move it out of the run directory"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("ok " + d + "/iter_0000006: iteration 6"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 of 4 checkpoints verified"), std::string::npos) << r.out;
+  r = Keel("ckpt verify " + d + "/iter_0000009");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("manifest says iteration 2"), std::string::npos) << r.out;
+  // The tools that read a run's newest checkpoint pass over it, saying why.
+  r = Keel("ckpt inspect " + d + " counters.iteration");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("counters.iteration = 6\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("iter_0000009 is unusable"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d + "/iter_0000009"));  // a read-only tool moves nothing
+  fs::remove_all(d + "/iter_0000009");
+
+  // state.json and manifest that disagree (each file intact per the manifest) fail deep
+  // verification too.
+  const std::string c = d + "/iter_0000004";
+  std::string state = ReadFile(c + "/state.json");
+  // The counters' iteration, which a resume loads (state.json repeats it at the top level).
+  const std::string was = "\"iteration\": 4", now = "\"iteration\": 5";
+  const size_t at = state.find(was, state.find("\"counters\""));
+  ASSERT_NE(at, std::string::npos) << state;
+  state.replace(at, was.size(), now);
+  ASSERT_TRUE(keel::WriteFileAtomic(keel::Env::Default(), c + "/state.json", state).ok());
+  keel::Manifest m;
+  ASSERT_TRUE(keel::ReadManifest(keel::Env::Default(), c, &m).ok());
+  for (keel::ManifestEntry& e : m.files)
+    if (e.name == "state.json")
+      e.size = state.size(), e.xxh3 = keel::Xxh3(state.data(), state.size());
+  ASSERT_TRUE(keel::WriteFileAtomic(keel::Env::Default(), c + "/manifest.json", m.ToJson()).ok());
+  ASSERT_TRUE(keel::VerifyCheckpointDir(keel::Env::Default(), c, true, nullptr).ok());
+  r = Keel("ckpt verify " + c);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(c + "/state.json says iteration 5 but the manifest says 4"),
+            std::string::npos)
+      << r.out;
+  fs::remove_all(d);
+}
+
+TEST(CkptCmdTest, HelpListsEveryToolIncludingExport) {
+  Result r = Keel("ckpt --help");
+  EXPECT_EQ(r.code, 0) << r.out;
+  const size_t subcommands = r.out.find("Subcommands:");
+  ASSERT_NE(subcommands, std::string::npos) << r.out;
+  for (const char* tool : {"list", "inspect", "verify", "diff", "edit", "pin", "unpin", "export"})
+    EXPECT_NE(r.out.find(std::string("\n  ") + tool + " ", subcommands), std::string::npos)
+        << tool << "\n"
+        << r.out;
+  EXPECT_NE(r.out.find("Hugging Face GPT-2"), std::string::npos) << r.out;
+  // And `export` still reaches its own parser.
+  r = Keel("ckpt export --help");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--hf"), std::string::npos) << r.out;
 }
 
 TEST(CkptCmdTest, InspectPrintsValuesAndTensorSummariesByName) {
@@ -246,6 +312,47 @@ TEST(CheckpointRewriteTest, CrashAtEveryStepLeavesOldOrNewNeverAMix) {
   EXPECT_GT(saw_old, 5);
   EXPECT_GE(saw_new, 2);  // crashes after the exchange (in the cleanup) keep the new version
   fs::remove_all(root);
+}
+
+// Hand-edited JSON of a checkpoint reaches the user as the file, the key and the fix, never as a
+// bare "[json.exception.out_of_range.403] key 'files' not found".
+TEST(CkptCmdTest, MalformedJsonNamesTheFileAndTheKey) {
+  const std::string d = Trained("json", 4);
+  const std::string c = d + "/iter_0000004";
+  nlohmann::json manifest = nlohmann::json::parse(ReadFile(c + "/manifest.json"));
+  const nlohmann::json files = manifest["files"];
+  manifest.erase("files");
+  std::ofstream(c + "/manifest.json") << manifest.dump(2);
+  Result r = Keel("ckpt verify " + d);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(c + "/manifest.json: key 'files' is missing; keel wrote this file"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("json.exception"), std::string::npos) << r.out;
+
+  // state.json with a counter of the wrong type, its checksum in the manifest updated to match.
+  nlohmann::json state = nlohmann::json::parse(ReadFile(c + "/state.json"));
+  state["counters"]["consumed_samples"] = "sixteen";
+  const std::string text = state.dump(2);
+  std::ofstream(c + "/state.json") << text;
+  manifest["files"] = files;
+  for (auto& f : manifest["files"])
+    if (f["name"] == "state.json") {
+      f["size"] = text.size();
+      f["xxh3"] = keel::HexDigest(keel::Xxh3(text.data(), text.size()));
+    }
+  std::ofstream(c + "/manifest.json") << manifest.dump(2);
+  for (const std::string& cmd : {"ckpt verify " + c, "ckpt inspect " + c, "sample --load " + c}) {
+    r = Keel(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find(c + "/state.json: key 'counters.consumed_samples' must be an integer, "
+                             "but is the string \"sixteen\""),
+              std::string::npos)
+        << cmd << "\n"
+        << r.out;
+    EXPECT_EQ(r.out.find("json.exception"), std::string::npos) << r.out;
+  }
+  fs::remove_all(d);
 }
 
 }  // namespace

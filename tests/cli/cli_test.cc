@@ -47,6 +47,18 @@ TEST(CliTest, InvalidShapeIsRefusedBeforeAnyWorkWithFlagAndFix) {
   EXPECT_EQ(r.out.find("iteration"), std::string::npos) << "training started despite the error";
 }
 
+TEST(CliTest, ThreadCountFarAboveTheCoresIsRefusedNotACrash) {
+  // It used to end in SIGSEGV inside OpenMP once training started.
+  Result r = RunKeel("train --threads 100000");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--threads 100000 is more than"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("use --threads 0 for all cores"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("iteration"), std::string::npos) << "training started despite the error";
+  r = RunKeel("sample --load /nonexistent --threads 100000");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--threads 100000 is more than"), std::string::npos) << r.out;
+}
+
 TEST(CliTest, UnknownFlagSuggestsTheClosestOne) {
   Result r = RunKeel("train --num-layer 2");
   EXPECT_EQ(r.code, 2) << r.out;
@@ -82,7 +94,7 @@ TEST(CliTest, TrainsOnDefaultCorpusSavesAndSamples) {
 
 TEST(CliTest, SampleFromMissingRunNamesTheFile) {
   Result r = RunKeel("sample --load /nonexistent/run");
-  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.code, 2);  // a usage error: the path the user gave holds no checkpoint
   EXPECT_NE(r.out.find("/nonexistent/run holds no checkpoint"), std::string::npos) << r.out;
 }
 
@@ -143,6 +155,73 @@ TEST(CliTest, RunWrittenByAnOlderKeelIsRefusedBeforeTraining) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("older keel"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find(" iteration "), std::string::npos) << "trained despite the refusal";
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+namespace {
+
+// Issue 15's smallest model: every refusal below is about the one flag added to it.
+const std::string kT =
+    "--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 32 "
+    "--micro-batch-size 2 --global-batch-size 8 --lr-warmup-iters 2 --sample-tokens 0 ";
+
+TEST(CliTest, ModelThatCannotFitIsRefusedBeforeAnyAllocation) {
+  // It used to allocate until the process was killed.
+  Result r = RunKeel("train " + kT + "--num-layers 1073741824");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("note: memory estimate "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("error: this run needs about "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("TiB of memory but "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("weights "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("reduce --num-layers (at most "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("resolved config"), std::string::npos) << "went on past the check";
+  // A model that fits says what it needs and trains.
+  r = RunKeel("train " + kT + "--train-iters 4");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("note: memory estimate "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(one micro-batch of 2 x 32 tokens)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; available "), std::string::npos) << r.out;
+}
+
+TEST(CliTest, OutOfMemoryIsAMessageNamingWhatKeelWasDoing) {
+  // The estimate passes (the machine has the memory) but the process may not map it: std::bad_alloc
+  // used to reach the user as "error: std::bad_alloc".
+  Result r = keel_test::RunShell("ulimit -v 500000; " + std::string(KEEL_BINARY) + " train " + kT +
+                                 "--num-layers 24 --hidden-size 512 --num-attention-heads 8 "
+                                 "--train-iters 4 --threads 1");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("error: out of memory while building the model and the optimizer: "
+                       "reduce --micro-batch-size"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("std::bad_alloc"), std::string::npos) << r.out;
+}
+
+TEST(CliTest, DirectoryAsDataPathSaysWhatADataPrefixIs) {
+  // It used to say "cannot mmap 'dirds.idx': No such device" or "'dirds.idx' not found".
+  const std::string dir = TempDir("dirds");
+  for (const std::string& cmd : {"train " + kT + "--train-iters 4 --data-path " + dir,
+                                 "data inspect " + dir, "data verify " + dir}) {
+    Result r = RunKeel(cmd);
+    EXPECT_EQ(r.code, 2) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find("'" + dir +
+                         "' is a directory, not a dataset prefix: a dataset is two "
+                         "files PREFIX.bin and PREFIX.idx, named by their common PREFIX (e.g. "
+                         "data/my-corpus"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("it holds no PREFIX.idx file"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("rebuild it"), std::string::npos) << r.out;
+  }
+  std::filesystem::create_directories(dir + "/x.idx");
+  std::filesystem::create_directories(dir + "/x.bin");
+  Result r = RunKeel("data inspect " + dir + "/x");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("dataset file '" + dir + "/x.idx' is a directory"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("No such device"), std::string::npos) << r.out;
   std::filesystem::remove_all(dir);
 }
 

@@ -125,9 +125,23 @@ TEST(DataCliTest, MalformedFilesAreClearErrorsNotCrashes) {
       EXPECT_NE(r.out.find("rebuild it with `keel data prepare`"), std::string::npos) << r.out;
     }
   }
-  const auto r = RunKeelShell("", "data verify " + dir + "/missing");
+  auto r = RunKeelShell("", "data verify " + dir + "/missing");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("not found"), std::string::npos) << r.out;
+  // Metadata with a field of the wrong type: the file and the key, not "[json.exception...]".
+  Spit(p + ".idx", idx);
+  Spit(p + ".bin", bin);
+  Spit(p + ".meta.json", R"({"tokenizer": "gpt2", "vocab_size": "1000", "eod_id": 0})");
+  for (const char* cmd : {"verify", "inspect"}) {
+    r = RunKeelShell("", std::string("data ") + cmd + " " + p);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("dataset metadata '" + p +
+                         ".meta.json': key 'vocab_size' must be an "
+                         "integer, but is the string \"1000\"; rebuild the dataset"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find("json.exception"), std::string::npos) << r.out;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -95,4 +95,44 @@ TEST(LogsCliTest, AnalyzeJsonAndToMetrics) {
   fs::remove_all(dir);
 }
 
+// A crash loop (the same restart twice, within a second): iterations 1-20, 11-20, 11-30. Both
+// restarts are archived, the live metrics hold 1..30 once, and nothing half-written is left (it
+// used to fail with "cannot rename ... Directory not empty" and leave the folder).
+TEST(LogsCliTest, CrashLoopLogConvertsAndAbsurdLinesAreNamed) {
+  const std::string dir = keel_test::FreshTempDir("logs_crash_loop");
+  std::string text;
+  for (const auto& [from, to] : {std::pair<int, int>{1, 20}, {11, 20}, {11, 30}}) {
+    text += "using world size: 8, data-parallel-size: 8\n";
+    for (int it = from; it <= to; ++it)
+      text += keel_test::MegatronLogLine(it, 3.0, 0.3, 150.0, 0) + "\n";
+  }
+  text += " iteration 9223372036854775807/     400 | lm loss: 3.0 |\n";  // a saturated counter
+  std::ofstream(dir + "/main_log.txt") << text;
+  auto r = RunKeelShell("", "logs analyze " + dir + "/main_log.txt --to-metrics " + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("restarts: 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ETA: 0.00 days (370 iterations left"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("main_log.txt:54: iteration 9223372036854775807 is beyond"),
+            std::string::npos)
+      << r.out;
+  std::set<std::string> archives;
+  for (const auto& e : fs::directory_iterator(dir + "/run/metrics-archive"))
+    archives.insert(e.path().filename().string());
+  ASSERT_EQ(archives.size(), 2u);
+  for (const std::string& a : archives) {
+    EXPECT_EQ(a.rfind("restart-iter20-to-iter10-", 0), 0u) << a;
+    EXPECT_NE(r.out.find("metrics-archive/" + a), std::string::npos) << r.out;
+  }
+  std::istringstream live(Slurp(dir + "/run/metrics.jsonl"));
+  std::string line;
+  int64_t expect = 1;
+  while (std::getline(live, line))
+    EXPECT_EQ(nlohmann::json::parse(line)["iteration"].get<int64_t>(), expect++);
+  EXPECT_EQ(expect, 31);
+  std::set<std::string> top;
+  for (const auto& e : fs::directory_iterator(dir)) top.insert(e.path().filename().string());
+  EXPECT_EQ(top, (std::set<std::string>{"main_log.txt", "run"}));
+  fs::remove_all(dir);
+}
+
 }  // namespace

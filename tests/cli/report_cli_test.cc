@@ -19,7 +19,7 @@ using keel_test::RunKeelShell;
 
 TEST(ReportCliTest, ConvertedLogReportLoadsInChromiumAndShowsThePlots) {
   if (!keel_test::HaveChromium())
-    GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it)";
+    GTEST_SKIP() << "chromium is not installed (scripts/test.sh installs it)";
   const std::string dir = keel_test::FreshTempDir("report_cli");
   std::ofstream(dir + "/main_log.txt") << keel_test::GenerateMegatronLog({});
   auto r = RunKeelShell("", "logs analyze " + dir + "/main_log.txt --to-metrics " + dir + "/run");
@@ -46,7 +46,7 @@ TEST(ReportCliTest, ConvertedLogReportLoadsInChromiumAndShowsThePlots) {
   const keel_test::PageLoad page = keel_test::LoadInChromium(dir + "/report.html", dir, shot);
   ASSERT_TRUE(page.ran) << page.log;
   EXPECT_EQ(page.status, "ok") << page.log;
-  EXPECT_EQ(page.charts, "8");  // no per-dataset chart: the log has one dataset
+  EXPECT_EQ(page.charts, "7");  // no per-dataset chart (one dataset), no loss scale (always 1)
   EXPECT_EQ(page.errors, "");
   EXPECT_EQ(keel_test::ConsoleLines(page.log), "");
   // The screenshot: pixels of the rolling-mean loss, the grad norm, the TFLOPs curve, the

@@ -2,11 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
@@ -542,6 +544,10 @@ TEST(ConfigTest, EveryValidationRuleNamesTheFlagAndAFix) {
         "try --lr-warmup-samples 800"}},
       {{"--lr-warmup-iters", "-1"}, {"--lr-warmup-iters -1", "negative"}},
       {{"--lr", "0"}, {"--lr 0 must be positive", "try --lr"}},
+      {{"--lr", "1e308"}, {"--lr 1e+308 is above 10", "try --lr 1e-3"}},
+      {{"--lr", "10.5"}, {"--lr 10.5 is above 10"}},
+      {{"--lr-scale-on-resume", "1e308"},
+       {"--lr-scale-on-resume 1e+308 times --lr 0.002 is above 10", "at most 5000"}},
       {{"--min-lr", "0.01"}, {"--min-lr 0.01 must be between 0 and --lr 0.002", "try --min-lr"}},
       {{"--min-lr", "-1e-5"}, {"--min-lr -1e-05", "try --min-lr"}},
       {{"--adam-beta1", "1"}, {"--adam-beta1 1 must be in [0, 1)", "try --adam-beta1 0.9"}},
@@ -572,6 +578,163 @@ TEST(ConfigTest, EveryValidationRuleNamesTheFlagAndAFix) {
     EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << args;
     for (const auto& e : r.expect) EXPECT_CONTAINS(st.message(), e) << " for: " << args;
   }
+}
+
+// ---- impossible settings: refused up front, never a crash or a hang at run time ----
+
+TEST(ConfigTest, LearningRatesUpToTheBoundAreAccepted) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--lr", "10", "--min-lr", "10"}, &p).ok());
+  ASSERT_TRUE(Parse({"--lr", "1e-3", "--lr-scale-on-resume", "1e4"}, &p).ok());  // LR 10
+}
+
+TEST(ConfigTest, ThreadsAreBoundedByTheMachine) {
+  const int max = MaxThreads();
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  EXPECT_EQ(max, static_cast<int>(std::min(1024u, 4 * hw)));
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--threads", std::to_string(max)}, &p).ok());
+  EXPECT_EQ(p.config.threads, max);
+  ASSERT_TRUE(Parse({"--threads", "0"}, &p).ok());
+  // 100000 crashed with SIGSEGV inside OpenMP, 5000 hung; both are above 1024 on every machine.
+  for (const std::string& n :
+       {std::string("100000"), std::string("5000"), std::to_string(max + 1)}) {
+    Status st = Parse({"--threads", n}, &p);
+    ASSERT_FALSE(st.ok()) << n;
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+    EXPECT_CONTAINS(st.message(), "--threads " + n + " is more than " + std::to_string(max));
+    EXPECT_CONTAINS(st.message(), "4 threads per hardware thread");
+    EXPECT_CONTAINS(st.message(),
+                    "use --threads 0 for all cores, or at most " + std::to_string(max));
+  }
+  // The same rule for a file, and for the other commands' --threads.
+  Status st = Parse({"--config", WriteTemp("threads.toml", "threads = 100000\n")}, &p);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_CONTAINS(st.message(), "--threads 100000 is more than");
+  EXPECT_FALSE(ValidateThreads(100000).ok());
+  EXPECT_FALSE(ValidateThreads(-1).ok());
+  EXPECT_TRUE(ValidateThreads(max).ok());
+  ASSERT_TRUE(Parse({"--help"}, &p).ok());
+  EXPECT_CONTAINS(p.help_text, "at most 4 per hardware thread and never above 1024");
+}
+
+TEST(ConfigTest, SequenceLongerThanMaxPositionsIsRefusedForEveryPositionType) {
+  // alibi with 8 positions used to end in "internal error: gpt.cc: sequence longer than max
+  // positions" at the first step.
+  for (const char* type : {"learned_absolute", "alibi"}) {
+    ParsedConfig p;
+    Status st = Parse({"--position-embedding-type", type, "--max-position-embeddings", "8"}, &p);
+    ASSERT_FALSE(st.ok()) << type;
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+    EXPECT_CONTAINS(st.message(), "--max-position-embeddings 8 is smaller than --seq-length 128");
+    EXPECT_CONTAINS(st.message(), "try --max-position-embeddings 128");
+    EXPECT_CONTAINS(st.message(), "--seq-length 8");
+    ASSERT_TRUE(Parse({"--position-embedding-type", type, "--max-position-embeddings", "8",
+                       "--seq-length", "8"},
+                      &p)
+                    .ok());
+    ASSERT_TRUE(
+        Parse({"--position-embedding-type", type, "--max-position-embeddings", "256"}, &p).ok());
+  }
+  ParsedConfig p;
+  Status st = Parse({"--position-embedding-type", "alibi", "--max-position-embeddings", "8"}, &p);
+  EXPECT_CONTAINS(st.message(), "with alibi positions too");
+}
+
+TEST(ConfigTest, SampleTokensShareKeelSamplesCap) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--sample-tokens", std::to_string(kMaxSampleTokens)}, &p).ok());
+  for (const std::string& n : {std::to_string(kMaxSampleTokens + 1), std::string("2000000000")}) {
+    Status st = Parse({"--sample-tokens", n}, &p);
+    ASSERT_FALSE(st.ok()) << n;
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+    EXPECT_CONTAINS(st.message(), "--sample-tokens " + n + " is more than 100000");
+    EXPECT_CONTAINS(st.message(), "keel sample --tokens has the same cap");
+    EXPECT_CONTAINS(st.message(), "use --sample-tokens 100000 or fewer");
+  }
+}
+
+TEST(ConfigTest, SizesWhoseProductsOverflowAreRefusedWithTheLimit) {
+  const std::vector<Rule> rules = {
+      {{"--micro-batch-size", "2000000000", "--global-batch-size", "2000000000"},
+       {"--micro-batch-size 2000000000 x (--seq-length 128 + 1) = 258000000000 tokens per "
+        "micro-batch is more than 2147483647",
+        "use a smaller --micro-batch-size or --seq-length"}},
+      {{"--seq-length", "2147483647", "--micro-batch-size", "1", "--global-batch-size", "1"},
+       {"(--seq-length 2147483647 + 1) = 2147483648 tokens per micro-batch"}},
+      {{"--micro-batch-size", "16", "--hidden-size", "134217728", "--num-attention-heads",
+        "134217728"},
+       {"--micro-batch-size 16 x --num-attention-heads 134217728 = 2147483648 is more than "
+        "2147483647"}},
+      {{"--num-layers", "2147483647"}, {"--num-layers 2147483647 is more than 2147483646"}},
+      {{"--hidden-size", "1073741824", "--num-attention-heads", "1"},
+       {"--hidden-size 1073741824 is more than 536870911", "4 x hidden-size"}},
+      {{"--num-layers", "1073741824", "--hidden-size", "65536", "--num-attention-heads", "64"},
+       {"--num-layers 1073741824, --hidden-size 65536, --ffn-hidden-size 262144: about",
+        "parameters is more than 2^59 (576460752303423488)", "use a smaller model"}},
+      {{"--num-layers", "1024", "--hidden-size", "256", "--num-attention-heads", "256",
+        "--seq-length", "2000000", "--micro-batch-size", "1", "--global-batch-size", "1"},
+       {"one micro-batch's activations would be 1",
+        "--num-layers 1024 x --micro-batch-size 1 x --num-attention-heads 256 x --seq-length "
+        "2000000 squared = 1048576000000000000",
+        "more than 2^59"}},
+      {{"--train-iters", "100000000000000000", "--lr-warmup-iters", "0"},
+       {"--train-iters 100000000000000000 x --global-batch-size 16 x --seq-length 128 = about "
+        "2.05e+20 tokens is more than 2^62 (4611686018427387904)",
+        "use a smaller --train-iters"}},
+      {{"--lr-decay-iters", "9000000000000000000"}, {"--lr-decay-iters 9000000000000000000 x"}},
+      {{"--eval-iters", "9000000000000000000"}, {"--eval-iters 9000000000000000000 x"}},
+      {{"--train-samples", "100000000000000000"},
+       {"--train-samples 100000000000000000 x --seq-length 128 = about 1.28e+19 tokens",
+        "more than 2^62"}},
+      {{"--train-samples", "1000", "--lr-warmup-samples", "9000000000000000000"},
+       {"--lr-warmup-samples 9000000000000000000 x --seq-length 128"}},
+  };
+  for (const Rule& r : rules) {
+    ParsedConfig p;
+    Status st = Parse(r.args, &p);
+    std::string args;
+    for (const auto& a : r.args) args += a + " ";
+    ASSERT_FALSE(st.ok()) << "accepted: " << args;
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << args;
+    for (const auto& e : r.expect) EXPECT_CONTAINS(st.message(), e) << " for: " << args;
+  }
+
+  // The padded vocabulary is a 32-bit count too (known once the data is).
+  TrainConfig c;
+  c.vocab_size = 1073741825;
+  c.make_vocab_size_divisible_by = 1073741824;
+  std::vector<std::string> notes;
+  Status st = Validate(&c, &notes);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_CONTAINS(st.message(),
+                  "--make-vocab-size-divisible-by 1073741824 pads the vocabulary of 1073741825 "
+                  "tokens to 2147483648, more than 2147483647");
+}
+
+TEST(ConfigTest, LargeRealModelsAreWithinTheLimits) {
+  // GPT-3 175B's shape and run (Brown et al. 2020), BLOOM-176B's vocabulary and ALiBi: far beyond
+  // this CPU, but nothing in them overflows.
+  TrainConfig c;
+  c.num_layers = 96;
+  c.hidden_size = 12288;
+  c.num_attention_heads = 96;
+  c.seq_length = 2048;
+  c.micro_batch_size = 1;
+  c.global_batch_size = 1536;
+  c.train_iters = 0;
+  c.lr_warmup_iters = 0;
+  c.train_samples = 146484375;  // 300B tokens
+  c.lr_warmup_samples = 183105;
+  c.eval_iters = 100;
+  c.vocab_size = 250680;
+  c.position_embedding_type = PositionEmbedding::kAlibi;
+  std::vector<std::string> notes;
+  Status st = Validate(&c, &notes);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  c.rampup_batch_size = {16, 16, 5859375};
+  st = Validate(&c, &notes);
+  EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
 TEST(ConfigTest, ValidateRejectsBothRunLengths) {

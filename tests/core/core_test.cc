@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "core/env.h"
 #include "core/rng.h"
@@ -120,6 +121,53 @@ TEST(EnvTest, LargeAndSmallAppendsMixedKeepEveryByte) {
     EXPECT_TRUE(got == expect);
   }
   ASSERT_TRUE(env->RemoveDirRecursive(dir).ok());
+}
+
+// AvailableMemory: MemAvailable, or the lowest limit of the process's cgroup and its ancestors
+// less what each uses (droppable page cache not counted), whichever is less; cgroup v2 and v1.
+TEST(EnvTest, AvailableMemoryIsTheLeastOfMemAvailableAndTheCgroupLimits) {
+  std::map<std::string, std::string> files = {
+      {"/proc/meminfo", "MemTotal:       32000000 kB\nMemAvailable:   8000000 kB\n"},
+  };
+  auto read = [&](const std::string& path, std::string* text) {
+    auto it = files.find(path);
+    if (it == files.end()) return false;
+    *text = it->second;
+    return true;
+  };
+  MemoryAvailable m;
+  ASSERT_TRUE(AvailableMemoryFromFiles(read, &m).ok());
+  EXPECT_EQ(m.bytes, uint64_t{8000000} * 1024);
+  EXPECT_EQ(m.source, "MemAvailable in /proc/meminfo");
+
+  // cgroup v2, unlimited at the leaf, 4 GiB at the parent with 3 GiB used of which 1 GiB is
+  // inactive page cache: 2 GiB left.
+  const uint64_t gib = uint64_t{1} << 30;
+  files["/proc/self/cgroup"] = "0::/jobs/run7\n";
+  files["/sys/fs/cgroup/jobs/run7/memory.max"] = "max\n";
+  files["/sys/fs/cgroup/jobs/run7/memory.current"] = "1000\n";
+  files["/sys/fs/cgroup/jobs/memory.max"] = std::to_string(4 * gib) + "\n";
+  files["/sys/fs/cgroup/jobs/memory.current"] = std::to_string(3 * gib) + "\n";
+  files["/sys/fs/cgroup/jobs/memory.stat"] =
+      "anon 100\nfile 2000\ninactive_file " + std::to_string(gib) + "\n";
+  ASSERT_TRUE(AvailableMemoryFromFiles(read, &m).ok());
+  EXPECT_EQ(m.bytes, 2 * gib);
+  EXPECT_NE(m.source.find("/sys/fs/cgroup/jobs/memory.max"), std::string::npos) << m.source;
+
+  // cgroup v1 (the memory controller's own hierarchy): 1 GiB limit, 768 MiB used.
+  files["/proc/self/cgroup"] = "4:memory:/box\n1:cpu:/\n";
+  files["/sys/fs/cgroup/memory/box/memory.limit_in_bytes"] = std::to_string(gib);
+  files["/sys/fs/cgroup/memory/box/memory.usage_in_bytes"] = std::to_string(768 << 20);
+  files["/sys/fs/cgroup/memory/memory.limit_in_bytes"] = "9223372036854771712";  // no limit
+  files["/sys/fs/cgroup/memory/memory.usage_in_bytes"] = "5";
+  ASSERT_TRUE(AvailableMemoryFromFiles(read, &m).ok());
+  EXPECT_EQ(m.bytes, uint64_t{256} << 20);
+
+  files.clear();
+  EXPECT_EQ(AvailableMemoryFromFiles(read, &m).code(), Status::Code::kNotFound);
+  // This machine: some figure, from the real files.
+  ASSERT_TRUE(Env::Default()->AvailableMemory(&m).ok());
+  EXPECT_GT(m.bytes, 0u);
 }
 
 }  // namespace

@@ -109,7 +109,9 @@ TEST_F(GptDatasetTest, SamplesAreOverlappingStreamSlicesInPermutedOrder) {
     for (int64_t k = 0; k < n; ++k) {
       const int64_t index = epoch * n + k;
       EXPECT_EQ(ds->EpochOf(index), epoch);
-      ds->GetSample(index, sample.data());
+      // SampleStart says where the sample is cut from (token p of the stream is p here).
+      EXPECT_EQ(ds->GetSample(index, sample.data()), ds->SampleStart(index));
+      EXPECT_EQ(ds->SampleStart(index), sample[0]);
       const int64_t j = PermuteSample(k, n, 99, Split::kTrain, epoch);
       for (int t = 0; t <= kSeq; ++t) EXPECT_EQ(sample[t], j * kSeq + t);
       starts.insert(sample[0]);
@@ -129,7 +131,7 @@ TEST_F(GptDatasetTest, SplitsAreWholeDocumentsInOrder) {
   EXPECT_EQ(valid->SamplesPerEpoch(), 3);
   std::vector<int32_t> sample(4);
   for (int64_t i = 0; i < 3; ++i) {
-    valid->GetSample(i, sample.data());
+    EXPECT_EQ(valid->GetSample(i, sample.data()), sample[0]);  // a position of the whole stream
     EXPECT_GE(sample[0], 80);
     EXPECT_LT(sample[3], 90);
     test->GetSample(i, sample.data());

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "data_test_util.h"
 
@@ -275,6 +276,52 @@ TEST_F(MalformedDatasetTest, MetaNumbersMustBe32BitIntegers) {
   ASSERT_TRUE(IndexedDataset::Open(Env::Default(), prefix_, &ds).ok());
   EXPECT_EQ(ds->meta().vocab_size, 400);
   EXPECT_EQ(ds->meta().eod_id, 1);
+}
+
+// A field of the wrong type names the file, the key, what it must be and the fix, never a bare
+// nlohmann message.
+TEST_F(MalformedDatasetTest, MetaFieldOfTheWrongTypeNamesTheKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"vocab_size": "1000"})",
+       "key 'vocab_size' must be an integer, but is the string \"1000\""},
+      {R"({"eod_id": 1.5})", "key 'eod_id' must be an integer, but is the number 1.5"},
+      {R"({"tokenizer": 3})", "key 'tokenizer' must be a string, but is the number 3"},
+      {R"({"vocab_size": 99999999999})", "key 'vocab_size' must be an integer from"},
+  };
+  for (const auto& [meta, words] : cases) {
+    WriteTextFile(prefix_ + ".meta.json", meta);
+    ExpectError(Status::Code::kCorruption, prefix_ + ".meta.json", words);
+    ExpectError(Status::Code::kCorruption, prefix_ + ".meta.json", "`keel data prepare`");
+    std::unique_ptr<IndexedDataset> ds;
+    const Status st = IndexedDataset::Open(Env::Default(), prefix_, &ds);
+    EXPECT_EQ(st.message().find("json.exception"), std::string::npos) << st.ToString();
+  }
+}
+
+// A directory where a dataset prefix belongs says what a prefix is and which datasets the
+// directory holds; a directory named like one of the files says that, not "No such device".
+TEST_F(MalformedDatasetTest, DirectoryIsNotADatasetPrefix) {
+  std::unique_ptr<IndexedDataset> ds;
+  Status st = IndexedDataset::Open(Env::Default(), dir_.path(), &ds);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("'" + dir_.path() + "' is a directory, not a dataset prefix"),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("named by their common PREFIX (e.g. data/my-corpus"),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("it holds the dataset " + prefix_ + ": pass that"), std::string::npos)
+      << st.message();
+
+  const std::string odd = dir_.Join("odd");
+  std::filesystem::create_directories(odd + ".idx");
+  std::filesystem::create_directories(odd + ".bin");
+  st = IndexedDataset::Open(Env::Default(), odd, &ds);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("dataset file '" + odd + ".idx' is a directory, not a file"),
+            std::string::npos)
+      << st.message();
+  EXPECT_EQ(st.message().find("No such device"), std::string::npos) << st.message();
 }
 
 }  // namespace

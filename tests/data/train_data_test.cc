@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "core/rng.h"
@@ -156,6 +157,69 @@ TEST(TrainDataTest, ShardsReadAsOneDataset) {
   Status st = TrainData::Open(Env::Default(), {{1, dir.Join("nothing_*")}}, "90,10,0", 16, 1, &td);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("no shard matches"), std::string::npos) << st.message();
+}
+
+// Locate names, for every token of train and validation samples (a mixture, shards of different
+// sizes, empty documents, a re-seeded order), the shard, document and token from which `keel data
+// verify SHARD` reads that very id.
+TEST(TrainDataTest, LocateFindsTheShardDocumentAndTokenOfEverySampleToken) {
+  TempDir dir;
+  for (int s = 0; s < 3; ++s) {
+    IndexedDatasetWriter w(Env::Default(), dir.Join("part_0" + std::to_string(s)), 512);
+    ASSERT_TRUE(w.Open().ok());
+    for (int d = 0; d < 12 + 9 * s; ++d) {
+      const int len = d % 5 == 3 ? 0 : 3 + (s * 31 + d * 7) % 17;
+      std::vector<int32_t> doc(len);
+      for (int i = 0; i < len; ++i)
+        doc[i] =
+            1 + static_cast<int32_t>(
+                    U64At({3, RngPurpose::kTest, static_cast<uint64_t>(s * 100 + d)}, i) % 500);
+      ASSERT_TRUE(w.AddDocument(doc).ok());
+    }
+    ASSERT_TRUE(w.Finish({"gpt2", "", 512, 0}).ok());
+  }
+  WriteDataset(dir.Join("b"), 80, 2);
+  auto td = Open({{0.6, dir.Join("part_*")}, {0.4, dir.Join("b")}});
+  ASSERT_EQ(td->source(0).shards.size(), 3u);
+  std::map<std::string, std::unique_ptr<IndexedDataset>> files;
+  std::set<std::string> shards_seen;
+  std::vector<int32_t> t(17);
+  auto check = [&](const SampleOrigin& o, const std::string& what) {
+    for (int off = 0; off <= 16; ++off) {
+      SCOPED_TRACE(what + ", token " + std::to_string(off));
+      const TokenLocation l = td->Locate(o, off);
+      ASSERT_EQ(l.dataset, o.dataset);
+      EXPECT_EQ(l.name, td->source(o.dataset).name);
+      EXPECT_EQ(l.prefix, td->source(o.dataset).prefix);
+      EXPECT_EQ(l.sharded, o.dataset == 0);
+      std::unique_ptr<IndexedDataset>& f = files[l.shard];
+      if (!f) {
+        ASSERT_TRUE(IndexedDataset::Open(Env::Default(), l.shard, &f).ok()) << l.shard;
+      }
+      ASSERT_GE(l.document, 0);
+      ASSERT_LT(l.document, static_cast<int64_t>(f->NumDocuments()));
+      ASSERT_GE(l.token, 0);
+      ASSERT_LT(l.token, f->DocumentLength(static_cast<size_t>(l.document)));
+      ASSERT_EQ(f->Token(static_cast<size_t>(l.document), l.token), t[off]);
+      shards_seen.insert(l.shard);
+    }
+  };
+  for (uint64_t salt : {0, 1}) {
+    for (int64_t k = 0; k < 300; ++k) {
+      const SampleOrigin o = td->GetTrainSample(k, salt, t.data());
+      check(o, "train sample " + std::to_string(k) + " salt " + std::to_string(salt));
+      if (HasFatalFailure()) return;
+    }
+  }
+  for (int d = 0; d < 2; ++d) {
+    ASSERT_NE(td->source(d).valid, nullptr);
+    for (int64_t k = 0; k < 20; ++k) {
+      const SampleOrigin o = td->GetValidSample(d, k, t.data());
+      check(o, "validation sample " + std::to_string(k) + " of dataset " + std::to_string(d));
+      if (HasFatalFailure()) return;
+    }
+  }
+  EXPECT_EQ(shards_seen.size(), 4u);  // every shard of the first dataset, and the second
 }
 
 TEST(TrainDataTest, DatasetsWithDifferentTokenizersAreRefusedWithAFix) {

@@ -2,11 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
-#include "megatron_log_fixture.h"
+#include "../cli/keel_process.h"
+#include "core/fault_injection_env.h"
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
+#include "megatron_log_fixture.h"
 
 namespace keel {
 namespace {
@@ -172,6 +177,230 @@ TEST(LogAnalysisTest, NoIterationLinesIsAnErrorThatSaysWhatWasExpected) {
   Status st = AnalyzeLog(log, {}, &a);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("notes.txt: no Megatron iteration lines"), std::string::npos);
+}
+
+// Finding 9: after a guard rollback, the intervals of the skipped data window trained nothing.
+// They are skips, not NaNs, and their missing (or zero) throughput is not a slow machine.
+TEST(LogAnalysisTest, SkippedWindowIsNeitherNanNorThroughputDrop) {
+  for (const bool zeros : {false, true}) {
+    SCOPED_TRACE(zeros ? "throughput printed as 0" : "no throughput fields");
+    ParsedLog log;
+    const LogAnalysis a = Analyze(keel_test::GenerateSkippedWindowLog(zeros), {}, &log);
+    const std::string text = FormatLogAnalysis(log, a);
+    int64_t gaps = 0;
+    for (const LogRecord& r : log.records) {
+      gaps += r.gap;
+      EXPECT_FALSE(r.nonfinite) << r.iteration;
+      // The window's edges trained some iterations: loss and throughput are values there.
+      if (r.iteration == 260 || r.iteration == 320) {
+        EXPECT_FALSE(r.gap);
+        EXPECT_TRUE(std::isfinite(r.lm_loss));
+      }
+    }
+    EXPECT_EQ(gaps, 5);  // 270 ... 310
+    EXPECT_EQ(a.nan_iterations, 0) << text;
+    EXPECT_EQ(Find(a, "nan"), nullptr) << text;
+    EXPECT_EQ(Find(a, "throughput_drop"), nullptr) << text;
+    EXPECT_EQ(a.skipped_iterations, 60);
+    const LogEvent* skipped = Find(a, "skipped");
+    ASSERT_NE(skipped, nullptr) << text;
+    EXPECT_EQ(skipped->start, 260);
+    EXPECT_EQ(skipped->end, 320);
+    EXPECT_EQ(a.throughput_signal, "TFLOPs");
+    EXPECT_EQ(a.tflops.count, a.records - 5);
+    EXPECT_NEAR(a.tflops.min, 149.5, 0.1);
+    EXPECT_NE(Find(a, "restart"), nullptr);  // the rollback went back from 300 to 260
+    EXPECT_EQ(a.events.size(), 2u) << text;
+    EXPECT_NE(text.find("NaN iterations: 0"), std::string::npos) << text;
+    // Converted for the report: the gaps are null, as keel's own records are.
+    for (const LogRecord& r : log.records) {
+      const nlohmann::json m = LogRecordToMetrics(r);
+      if (!r.gap) continue;
+      EXPECT_TRUE(m.at("lm_loss").is_null());
+      EXPECT_TRUE(m.at("samples_per_second").is_null());
+      EXPECT_TRUE(m.at("tflops").is_null());
+      EXPECT_EQ(m.at("nan"), false);
+    }
+  }
+}
+
+// An fp16 overflow (inf grad norm) that the log counts as skipped and not NaN is a skip; where the
+// log has no NaN counter, a nan grad norm is a NaN; a nan loss in an interval that skipped
+// nothing is one whatever the counter says.
+TEST(MegatronLogTest, NanComesFromTheCounterWhereThereIsOne) {
+  ParsedLog log;
+  ASSERT_TRUE(ParseMegatronLog(
+                  " iteration 10/ 100 | lm loss: 2.0 | grad norm: inf | number of skipped "
+                  "iterations: 1 | number of nan iterations: 0 |\n"
+                  " iteration 20/ 100 | lm loss: 2.0 | grad norm: nan |\n"
+                  " iteration 30/ 100 | lm loss: nan | number of skipped iterations: 0 | number "
+                  "of nan iterations: 0 |\n"
+                  " iteration 40/ 100 | lm loss: 2.0 | number of skipped iterations: 2 | number "
+                  "of nan iterations: 2 |\n",
+                  "t.log", &log)
+                  .ok());
+  ASSERT_EQ(log.records.size(), 4u);
+  EXPECT_FALSE(log.records[0].nonfinite);
+  EXPECT_TRUE(log.records[1].nonfinite);
+  EXPECT_TRUE(log.records[2].nonfinite);
+  EXPECT_TRUE(log.records[3].nonfinite);
+  EXPECT_FALSE(log.records[0].gap);  // 1 of 10 skipped, and it has a loss
+}
+
+// Finding 8: a saturated iteration number (strtoll's LLONG_MAX) printed
+// "-9223372036854775797 iterations left". Numbers that cannot be true are refused by line, and the
+// ETA never counts backwards.
+TEST(LogAnalysisTest, AbsurdNumbersAreRefusedByLineAndTheEtaIsNeverNegative) {
+  ParsedLog log;
+  const std::string good =
+      " iteration 10/ 100 | elapsed time per iteration (ms): 1000000.0 | lm loss: 2.0 |\n";
+  ASSERT_TRUE(
+      ParseMegatronLog(
+          good + " iteration 99999999999999999999/ 10 | elapsed time per iteration (ms): "
+                 "1000.0 | lm loss: 2.0 |\n"
+                 " iteration 11/ 100 | consumed samples: -64 | lm loss: 2.0 |\n"
+                 " iteration 12/ 100 | number of skipped iterations: 1e300 | lm loss: 2.0 |\n"
+                 " iteration 13/ 100 | elapsed time per iteration (ms): -5.0 | lm loss: 2.0 |\n"
+                 " iteration 14/ 99999999999999999999 | lm loss: 2.0 |\n"
+                 " validation loss at iteration 99999999999999999999 | lm loss value: 2.0 |\n",
+          "t.log", &log)
+          .ok());
+  ASSERT_EQ(log.records.size(), 1u);
+  ASSERT_EQ(log.rejected.size(), 6u);
+  EXPECT_EQ(log.rejected[0].line, 2);
+  EXPECT_NE(log.rejected[0].reason.find("iteration 99999999999999999999 is beyond"),
+            std::string::npos)
+      << log.rejected[0].reason;
+  EXPECT_NE(log.rejected[1].reason.find("consumed samples: -64 is not a count"), std::string::npos)
+      << log.rejected[1].reason;
+  EXPECT_NE(log.rejected[3].reason.find("is negative"), std::string::npos);
+  LogAnalysis a;
+  ASSERT_TRUE(AnalyzeLog(log, {}, &a).ok());
+  std::string text = FormatLogAnalysis(log, a);
+  EXPECT_NE(text.find("ETA: 1.04 days (90 iterations left"), std::string::npos) << text;
+  EXPECT_NE(text.find("refused: 6 lines whose numbers cannot be true"), std::string::npos) << text;
+  EXPECT_NE(text.find("t.log:2: iteration 99999999999999999999 is beyond 9007199254740992"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(LogAnalysisJson(log, a)["rejected_lines"].size(), 6u);
+
+  // Past its own total: no ETA, and a reason instead of a negative count.
+  ParsedLog past;
+  ASSERT_TRUE(
+      ParseMegatronLog(" iteration 9007199254740992/ 10 | elapsed time per iteration (ms): 1.0 |\n",
+                       "t.log", &past)
+          .ok());
+  ASSERT_TRUE(AnalyzeLog(past, {}, &a).ok());
+  text = FormatLogAnalysis(past, a);
+  EXPECT_LT(a.eta_seconds, 0);
+  EXPECT_NE(text.find("ETA: unknown (the last record's iteration 9007199254740992 is past its "
+                      "total of 10)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find(" -"), std::string::npos) << text;  // no negative number anywhere
+}
+
+// A crash loop: iterations 1-20, a restart from the checkpoint at 10 that crashed again at 20, and
+// one that got through to 30.
+std::string CrashLoopLog() {
+  std::string log;
+  auto run = [&](int64_t from, int64_t to) {
+    log += "using world size: 8, data-parallel-size: 8\n";
+    for (int64_t it = from; it <= to; ++it)
+      log +=
+          keel_test::MegatronLogLine(it, 3.0 + 1.0 / static_cast<double>(it), 0.3, 150.0, 0) + "\n";
+  };
+  run(1, 20);
+  run(11, 20);
+  run(11, 30);
+  return log;
+}
+
+class FixedClockEnv : public FaultInjectionEnv {
+ public:
+  FixedClockEnv() : FaultInjectionEnv(Env::Default()) {}
+  int64_t NowUnixMicros() override { return 1795410000000000; }
+};
+
+std::vector<std::string> Children(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Both restarts go back to iteration 10 within the same second: each gets its own archive (they
+// used to collide: "cannot rename ... Directory not empty", a half-written directory left).
+TEST(LogAsRunTest, CrashLoopConvertsWithAnArchivePerRestart) {
+  const std::string dir = keel_test::FreshTempDir("log_as_run");
+  ParsedLog log;
+  const LogAnalysis a = Analyze(CrashLoopLog(), {}, &log);
+  EXPECT_EQ(a.restarts, 2);
+  FixedClockEnv env;
+  std::vector<std::string> said;
+  Status st = WriteLogAsRun(&env, dir + "/run", log, a,
+                            [&](const std::string& line) { said.push_back(line); });
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(Children(dir + "/run"),
+            (std::vector<std::string>{"log-analysis.json", "metrics-archive", "metrics.jsonl",
+                                      "tensorboard"}));
+  EXPECT_EQ(Children(dir + "/run/metrics-archive"),
+            (std::vector<std::string>{"restart-iter20-to-iter10-20261123T050000Z-1",
+                                      "restart-iter20-to-iter10-20261123T050000Z-2"}));
+  ASSERT_EQ(said.size(), 2u);
+  EXPECT_NE(said[1].find(dir + "/run/metrics-archive/restart-iter20-to-iter10-20261123T050000Z-2"),
+            std::string::npos)
+      << said[1];
+  std::ifstream live(dir + "/run/metrics.jsonl");
+  std::string line;
+  int64_t expect = 1;
+  while (std::getline(live, line)) EXPECT_EQ(nlohmann::json::parse(line)["iteration"], expect++);
+  EXPECT_EQ(expect, 31);
+  EXPECT_EQ(Children(dir), (std::vector<std::string>{"run"}));  // no staging left beside it
+  std::filesystem::remove_all(dir);
+}
+
+// An error at any write, sync or rename of the conversion (a full disk, a failing disk) leaves
+// nothing of it: no DIR when it did not exist, DIR as it was when it did, no staging directory.
+TEST(LogAsRunTest, AnErrorAnywhereLeavesNothingHalfWritten) {
+  const std::string dir = keel_test::FreshTempDir("log_as_run_fail");
+  ParsedLog log;
+  const LogAnalysis a = Analyze(CrashLoopLog(), {}, &log);
+  int failures = 0;
+  for (const auto fault : {FaultInjectionEnv::Fault::kNoSpace, FaultInjectionEnv::Fault::kSyncFails,
+                           FaultInjectionEnv::Fault::kRenameFails}) {
+    for (const bool existing : {false, true}) {
+      // Every sync and rename; appends (hundreds) ever more sparsely after the first ten.
+      for (int64_t n = 1;; n += 1 + (fault == FaultInjectionEnv::Fault::kNoSpace ? n / 10 : 0)) {
+        SCOPED_TRACE(::testing::Message() << "fault " << static_cast<int>(fault) << " at " << n
+                                          << (existing ? ", into an existing directory" : ""));
+        std::filesystem::remove_all(dir);
+        std::filesystem::create_directories(dir);
+        if (existing) {
+          std::filesystem::create_directories(dir + "/run");
+          std::ofstream(dir + "/run/main_log.txt") << "the user's own file\n";
+        }
+        FaultInjectionEnv env(Env::Default());
+        env.Arm(fault, n);
+        Status st = WriteLogAsRun(&env, dir + "/run", log, a, nullptr);
+        if (!env.fired()) {
+          ASSERT_TRUE(st.ok()) << st.message();
+          break;
+        }
+        ++failures;
+        EXPECT_FALSE(st.ok());
+        if (existing) {
+          EXPECT_EQ(Children(dir), (std::vector<std::string>{"run"}));
+          EXPECT_EQ(Children(dir + "/run"), (std::vector<std::string>{"main_log.txt"}));
+        } else {
+          EXPECT_EQ(Children(dir), (std::vector<std::string>{}));
+        }
+      }
+    }
+  }
+  EXPECT_GT(failures, 100);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -73,4 +73,48 @@ inline std::string GenerateMegatronLog(const LogEvents& ev) {
   return log;
 }
 
+// A keel log (log interval 10, 600 iterations) with a guard rollback after iteration 300 to 250
+// whose skipped data window is iterations 255-314, printed as the loop prints it from now on: an
+// interval that trained nothing (270-310) has no lm loss, samples per second or TFLOPs field
+// (with `zero_throughput`, they are printed as 0), counts its iterations as skipped and none as
+// NaN, and its grad norm is nan; the intervals at the window's edges (260, 320) trained some.
+inline std::string GenerateSkippedWindowLog(bool zero_throughput) {
+  std::string log = "keel train: start\n";
+  uint64_t state = 777;
+  auto noise = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<double>(state >> 11) / static_cast<double>(1ULL << 52) - 1.0;
+  };
+  auto emit = [&](int64_t it, bool after_rollback) {
+    int trained = 0;
+    for (int64_t k = it - 9; k <= it; ++k) trained += !(after_rollback && k >= 255 && k <= 314);
+    const int skipped = 10 - trained;
+    const double ms = (trained * 1000.0 + skipped * 0.2) / 10;
+    std::string line = fmt::format(
+        " iteration {:8d}/     600 | consumed samples: {:12d} | consumed tokens: {:12d} | "
+        "elapsed time per iteration (ms): {:.1f} | learning rate: 3.000E-04 | global batch "
+        "size:    64 |",
+        it, it * 64, it * 64 * 128, ms);
+    if (trained > 0)
+      line += fmt::format(" lm loss: {:.6E} |",
+                          3.0 + 2.0 * std::exp(-static_cast<double>(it) / 100.0) + 0.01 * noise());
+    line += " loss scale: 1.0 |";
+    line += trained > 0 ? fmt::format(" grad norm: {:.3f} |", 0.3 + 0.02 * noise())
+                        : std::string(" grad norm: nan |");
+    line += fmt::format(
+        " num zeros: 0.0 | number of skipped iterations: {:3d} | number of nan iterations:   0 |",
+        skipped);
+    if (trained > 0)
+      line += fmt::format(" samples per second: {:.3f} | TFLOPs: {:.2f} |",
+                          64.0 * trained / (ms * 10 / 1000), 150.0 + 0.5 * noise());
+    else if (zero_throughput)
+      line += " samples per second: 0.000 | TFLOPs: 0.00 |";
+    log += line + "\n";
+  };
+  for (int64_t it = 10; it <= 300; it += 10) emit(it, false);
+  log += "guard: rolled back to iter_0000250 (iteration 250); skipping iterations 255..314\n";
+  for (int64_t it = 260; it <= 600; it += 10) emit(it, true);
+  return log;
+}
+
 }  // namespace keel_test

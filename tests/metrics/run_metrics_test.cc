@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include "core/fault_injection_env.h"
 #include "metrics/tf_event.h"
 
 namespace keel {
@@ -142,7 +144,7 @@ TEST_F(RunMetricsTest, ATrainRecordAtOrBeforeTheLastRewindsByItself) {
 
 // Found by fuzz/metrics_jsonl_fuzz: an "iteration" of another type threw out of Rewind (a resume
 // of a run whose metrics.jsonl was edited), and one written with an exponent was converted with
-// undefined behaviour. Such records are kept, as records of no known iteration.
+// undefined behaviour. The resume goes on; such records stay in the archive only.
 TEST_F(RunMetricsTest, RewindKeepsRecordsWhoseIterationIsNotAnInteger) {
   std::unique_ptr<RunMetrics> m;
   ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, &m).ok());
@@ -158,9 +160,179 @@ TEST_F(RunMetricsTest, RewindKeepsRecordsWhoseIterationIsNotAnInteger) {
   std::ifstream f(dir_ + "/metrics.jsonl");
   std::vector<std::string> kept;
   for (std::string line; std::getline(f, line);) kept.push_back(line);
-  ASSERT_EQ(kept.size(), 8u);  // iterations 1..6 and the two unreadable records
-  EXPECT_NE(kept[6].find("\"25\""), std::string::npos);
-  EXPECT_NE(kept[7].find("1e300"), std::string::npos);
+  ASSERT_EQ(kept.size(), 6u);  // iterations 1..6
+  std::ifstream a(archived + "/metrics.jsonl");
+  const std::string archive((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
+  EXPECT_NE(archive.find("\"25\""), std::string::npos) << archived;
+  EXPECT_NE(archive.find("1e300"), std::string::npos) << archived;
+}
+
+// An Env whose wall clock stands still: every rewind happens "in the same second".
+class FixedClockEnv : public FaultInjectionEnv {
+ public:
+  FixedClockEnv() : FaultInjectionEnv(Env::Default()) {}
+  int64_t NowUnixMicros() override { return 1795410000000000; }  // 2026-11-23T05:00:00Z
+};
+
+std::vector<std::string> ArchiveNames(const std::string& dir) {
+  std::vector<std::string> names;
+  if (!fs::exists(dir + "/metrics-archive")) return names;
+  for (const auto& e : fs::directory_iterator(dir + "/metrics-archive"))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A crash loop: the same resume twice within one second. The second archive used to collide with
+// the first ("cannot rename ... tensorboard: Directory not empty", after its metrics.jsonl had
+// replaced the first archive's), and `keel train` stopped. Each rewind gets its own archive, and
+// a name that exists (made by hand) is never reused.
+TEST_F(RunMetricsTest, RewindsToTheSameIterationInOneSecondGetTheirOwnArchives) {
+  FixedClockEnv env;
+  fs::create_directories(dir_ + "/metrics-archive/resume-iter20-to-iter10-20261123T050000Z-3");
+  for (int round = 1; round <= 3; ++round) {
+    std::unique_ptr<RunMetrics> m;
+    ASSERT_TRUE(RunMetrics::Open(&env, dir_, &m).ok());
+    std::string archived;
+    if (round > 1) {
+      Status st = m->Rewind({10, 80, 2560}, "resume", &archived);
+      ASSERT_TRUE(st.ok()) << round << ": " << st.message();
+      ASSERT_FALSE(archived.empty());
+    }
+    for (int64_t it = round == 1 ? 1 : 11; it <= 20; ++it) ASSERT_TRUE(m->Append(Train(it)).ok());
+  }
+  EXPECT_EQ(ArchiveNames(dir_),
+            (std::vector<std::string>{"resume-iter20-to-iter10-20261123T050000Z-2",
+                                      "resume-iter20-to-iter10-20261123T050000Z-3",
+                                      "resume-iter20-to-iter10-20261123T050000Z-4"}));
+  // Each archive holds the whole run as it was, 1..20; the live files hold 1..20 once.
+  std::vector<int64_t> all;
+  for (int64_t it = 1; it <= 20; ++it) all.push_back(it);
+  for (const char* a : {"-2", "-4"}) {
+    const std::string arch = dir_ + "/metrics-archive/resume-iter20-to-iter10-20261123T050000Z" + a;
+    EXPECT_EQ(JsonlIterations(arch + "/metrics.jsonl"), all) << a;
+    EXPECT_EQ(Events(arch + "/tensorboard")["lm-loss-training/lm loss"], all) << a;
+  }
+  EXPECT_EQ(JsonlIterations(dir_ + "/metrics.jsonl"), all);
+  EXPECT_EQ(Events(dir_ + "/tensorboard")["lm-loss-training/lm loss"], all);
+
+  // The guard's in-process rollback to the same iteration, twice in the same second.
+  std::unique_ptr<RunMetrics> m;
+  ASSERT_TRUE(RunMetrics::Open(&env, dir_, &m).ok());
+  std::string none;
+  ASSERT_TRUE(m->Rewind({20, 160, 5120}, "resume", &none).ok());  // resumed at the end: no move
+  EXPECT_EQ(none, "");
+  for (int round = 0; round < 2; ++round)
+    for (int64_t it = 16; it <= 20; ++it) ASSERT_TRUE(m->Append(Train(it)).ok());
+  int rollbacks = 0;
+  for (const std::string& n : ArchiveNames(dir_))
+    rollbacks += n.rfind("rollback-iter20-to-iter15-20261123T050000Z-", 0) == 0;
+  EXPECT_EQ(rollbacks, 2);
+  EXPECT_EQ(JsonlIterations(dir_ + "/metrics.jsonl"), all);
+}
+
+// A resume must not stop on what a crash or a person left in metrics.jsonl.
+TEST_F(RunMetricsTest, RewindSkipsLinesThatAreNotRecords) {
+  std::unique_ptr<RunMetrics> m;
+  ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, &m).ok());
+  for (int64_t it = 1; it <= 6; ++it) ASSERT_TRUE(m->Append(Train(it)).ok());
+  std::ofstream(dir_ + "/metrics.jsonl", std::ios::app)
+      << "{\"kind\": \"train\", \"iteration\": \"seven\"}\n[1, 2]\n{\"iteration\": "
+         "1e400}\n{\"kind\": \"tr";
+  ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, &m).ok());
+  std::string archived;
+  Status st = m->Rewind({4, 32, 1024}, "resume", &archived);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(JsonlIterations(dir_ + "/metrics.jsonl"), (std::vector<int64_t>{1, 2, 3, 4}));
+}
+
+// Iterations of a skipped data window are gaps in TensorBoard as in the report: no loss, grad
+// norm or throughput point, even where an older record carries a throughput for them.
+TEST_F(RunMetricsTest, SkippedWindowIterationsAreGapsInTensorBoard) {
+  std::unique_ptr<RunMetrics> m;
+  ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, &m).ok());
+  for (int64_t it = 1; it <= 6; ++it) {
+    nlohmann::json r = Train(it);
+    if (it == 3 || it == 4) {
+      r["data_skipped"] = true;
+      r["lm_loss"] = nullptr;
+      r["grad_norm"] = nullptr;
+      if (it == 3) {
+        r["samples_per_second"] = nullptr;
+        r["tflops"] = nullptr;
+      } else {
+        r["samples_per_second"] = 1.2e7;  // what records used to carry
+        r["tflops"] = 5e4;
+      }
+    }
+    ASSERT_TRUE(m->Append(r).ok());
+  }
+  auto ev = Events(dir_ + "/tensorboard");
+  const std::vector<int64_t> trained = {1, 2, 5, 6}, all = {1, 2, 3, 4, 5, 6};
+  for (const char* tag : {"lm-loss-training/lm loss", "grad-norm/grad-norm",
+                          "throughput/samples per second", "throughput/TFLOPs"})
+    EXPECT_EQ(ev[tag], trained) << tag;
+  EXPECT_EQ(ev["learning-rate/learning-rate"], all);
+}
+
+// A dataset named by a path that is not UTF-8 (Latin-1 "café") must not throw out of the metrics
+// stream (nlohmann's dump would): it is written with U+FFFD.
+TEST_F(RunMetricsTest, ANameThatIsNotUtf8IsWrittenNotThrown) {
+  std::unique_ptr<RunMetrics> m;
+  ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, &m).ok());
+  nlohmann::json r = Train(1);
+  r["datasets"] = {{"caf\xe9", {{"lm_loss", 5.0}, {"sequences", 6}}}};
+  ASSERT_TRUE(m->Append(r).ok());
+  std::ifstream f(dir_ + "/metrics.jsonl");
+  std::string line;
+  std::getline(f, line);
+  const auto j = nlohmann::json::parse(line);
+  EXPECT_TRUE(j["datasets"].contains("caf\xef\xbf\xbd")) << line;
+}
+
+// A crash (the process killed) at every filesystem operation of a rewind: the next start rewinds
+// again and ends with the same live files, and an archive holds the whole run; nothing lost,
+// nothing doubled, no partial archive left.
+TEST_F(RunMetricsTest, ACrashAnywhereInARewindLosesNothing) {
+  std::vector<int64_t> all, kept;
+  for (int64_t it = 1; it <= 10; ++it) {
+    all.push_back(it);
+    if (it <= 6) kept.push_back(it);
+  }
+  for (int64_t n = 1;; ++n) {
+    SCOPED_TRACE("crash at mutation " + std::to_string(n));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::unique_ptr<RunMetrics> m;
+    ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, &m).ok());
+    for (int64_t it = 1; it <= 10; ++it) ASSERT_TRUE(m->Append(Train(it)).ok());
+    m.reset();
+    FaultInjectionEnv crashing(Env::Default());
+    crashing.SetCrashHook([] {});
+    crashing.Arm(FaultInjectionEnv::Fault::kCrash, n);
+    ASSERT_TRUE(RunMetrics::Open(&crashing, dir_, &m).ok());
+    std::string archived;
+    (void)m->Rewind({6, 48, 1536}, "resume", &archived);
+    m.reset();
+    const bool fired = crashing.fired();
+    // The next process.
+    ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, &m).ok());
+    ASSERT_TRUE(m->Rewind({6, 48, 1536}, "resume", &archived).ok());
+    m.reset();
+    EXPECT_EQ(JsonlIterations(dir_ + "/metrics.jsonl"), kept);
+    auto live = Events(dir_ + "/tensorboard");
+    EXPECT_EQ(live["lm-loss-training/lm loss"], kept);
+    EXPECT_EQ(live["grad-norm/grad-norm vs samples"].size(), kept.size());
+    bool whole = false;
+    for (const std::string& a : ArchiveNames(dir_)) {
+      EXPECT_NE(a[0], '.') << a;  // no partial archive left behind
+      const std::string arch = dir_ + "/metrics-archive/" + a;
+      whole = whole || (JsonlIterations(arch + "/metrics.jsonl") == all &&
+                        Events(arch + "/tensorboard")["lm-loss-training/lm loss"] == all);
+    }
+    EXPECT_TRUE(whole);
+    if (!fired) break;  // the rewind ran to its end: every crash point was tried
+  }
 }
 
 }  // namespace

@@ -94,5 +94,18 @@ TEST(TbToolsTest, RenameAndTruncateThroughTheCli) {
   fs::remove_all(dir);
 }
 
+TEST(TbToolsTest, RenameHelpSaysTheMapIsAFile) {
+  auto r = RunKeelShell("", "tb rename --help");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--map MAP.json"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a JSON file holding an object"), std::string::npos) << r.out;
+  // The option takes a path, not the JSON itself: given inline, it names the missing file.
+  const std::string dir = FreshTempDir("tb_inline");
+  r = RunKeelShell("", "tb rename --map '{\"a\": \"b\"}' " + dir);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--map {\"a\": \"b\"}"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace keel

@@ -110,7 +110,7 @@ TEST(TfEventTest, LengthNear2To64IsTruncatedData) {
 
 TEST(TfEventTest, ProtocDecodesWhatKeelWrites) {
   ASSERT_EQ(std::system("command -v protoc >/dev/null 2>&1"), 0)
-      << "protoc (Debian protobuf-compiler) is needed: run scripts/setup.sh";
+      << "protoc (Debian protobuf-compiler) is needed: run scripts/test.sh";
   const auto path = std::filesystem::temp_directory_path() / "keel_tf_event_protoc.bin";
   std::ofstream(path, std::ios::binary)
       << EncodeScalarEvent(1.5, 42, "lm-loss-training/lm loss", 2.0f)

@@ -1,12 +1,19 @@
 // The whole model against an independent reference: a naive double-precision GPT written here
 // from the formulas (not from keel's ops). Checks the loss and logits of the forward, and every
 // parameter gradient of keel's backward against central finite differences of the reference.
+// Runs on every backend of tests/backend/test_backends.h (data moves through the backend's copies
+// only), with that backend's tolerance scale.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <tuple>
 #include <vector>
 
+#include "../backend/test_backends.h"
 #include "backend/backend.h"
 #include "core/rng.h"
 #include "model/gpt.h"
@@ -14,6 +21,8 @@
 namespace keel {
 namespace {
 
+using testing_backends::TestBackend;
+using testing_backends::TestBackends;
 using Vec = std::vector<double>;
 
 struct RefModel {
@@ -151,8 +160,17 @@ struct Case {
   float z_loss = 0.0f;
   bool reset_docs = false;  // --reset-position-ids and --reset-attention-mask
 };
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "alibi=" << c.alibi << " embed_ln=" << c.embed_ln << " qk_ln=" << c.qk_ln
+      << " z_loss=" << c.z_loss << " reset_docs=" << c.reset_docs;
+}
 
-class GptReferenceTest : public ::testing::TestWithParam<Case> {};
+class GptReferenceTest : public ::testing::TestWithParam<std::tuple<TestBackend, Case>> {
+ protected:
+  const Case& GetCase() const { return std::get<1>(GetParam()); }
+  // A tolerance written for the fp32 CPU backend, scaled for this backend.
+  double Tol(double fp32_tol) const { return fp32_tol * std::get<0>(GetParam()).tol.scale; }
+};
 
 TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   GptSpec s;
@@ -163,14 +181,14 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   s.max_positions = 6;
   s.vocab = 13;
   s.padded_vocab = 16;
-  s.alibi = GetParam().alibi;
-  s.embed_layernorm = GetParam().embed_ln;
-  s.qk_layernorm = GetParam().qk_ln;
-  s.z_loss = GetParam().z_loss;
-  s.reset_position_ids = s.reset_attention_mask = GetParam().reset_docs;
+  s.alibi = GetCase().alibi;
+  s.embed_layernorm = GetCase().embed_ln;
+  s.qk_layernorm = GetCase().qk_ln;
+  s.z_loss = GetCase().z_loss;
+  s.reset_position_ids = s.reset_attention_mask = GetCase().reset_docs;
   s.eod_id = 3;
   const int B = 2, T = 5, N = B * T;
-  auto be = MakeCpuBackend(2);
+  std::unique_ptr<Backend> be = std::get<0>(GetParam()).make(2);
   GptModel model(be.get(), s);
   model.Initialize(7, 0.3f);  // large std so every path carries signal
   // Non-trivial norms and biases too.
@@ -186,7 +204,7 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
     tgt[i] = static_cast<int32_t>(U64At({1, RngPurpose::kTest, 3}, i) % s.vocab);
     if (tok[i] == s.eod_id) tok[i] = 4;
   }
-  if (GetParam().reset_docs) {
+  if (GetCase().reset_docs) {
     // Documents [0,1,2] [3,4] in sequence 0; [0] [1,2,3] [4] in sequence 1.
     tok[2] = tok[T] = tok[T + 3] = s.eod_id;
   }
@@ -201,8 +219,8 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   for (const ParamInfo& p : model.params()) ref.p[p.name] = dp.data() + p.offset;
   double ref_z = 0;
   const double ref_loss = RefLoss(ref, tok, tgt, B, T, nullptr, &ref_z);
-  EXPECT_NEAR(loss, ref_loss - ref_z, 1e-5 * std::abs(ref_loss));  // Forward reports lm loss
-  EXPECT_NEAR(model.LastZLoss(), ref_z, 1e-5 * std::abs(ref_z) + 1e-12);
+  EXPECT_NEAR(loss, ref_loss - ref_z, Tol(1e-5) * std::abs(ref_loss));  // Forward reports lm loss
+  EXPECT_NEAR(model.LastZLoss(), ref_z, Tol(1e-5) * std::abs(ref_z) + 1e-12);
   if (s.z_loss > 0) {
     EXPECT_GT(ref_z, 1e-3);  // the term is large enough to test its gradient
   }
@@ -213,7 +231,8 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   RefLoss(ref, tok, tgt, B, T, &ref_logits);
   for (int i = 0; i < N; ++i) {
     std::vector<float> row = model.LogitsAt(i / T, i % T);
-    for (int v = 0; v < s.vocab; ++v) EXPECT_NEAR(row[v], ref_logits[i * s.padded_vocab + v], 1e-4);
+    for (int v = 0; v < s.vocab; ++v)
+      EXPECT_NEAR(row[v], ref_logits[i * s.padded_vocab + v], Tol(1e-4));
   }
 
   // Every parameter's gradient vs central differences of the double-precision reference.
@@ -229,26 +248,35 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
       w = keep;
       const double numeric = (lp - lm) / (2 * eps);
       const double analytic = grad[p.offset + k];
-      ASSERT_NEAR(analytic, numeric, 2e-4 + 2e-3 * std::abs(numeric)) << p.name << "[" << k << "]";
+      ASSERT_NEAR(analytic, numeric, Tol(2e-4 + 2e-3 * std::abs(numeric)))
+          << p.name << "[" << k << "]";
     }
   }
 }
 
+// Names: <backend>_<variant>, e.g. cpu_AlibiEmbedLN.
 INSTANTIATE_TEST_SUITE_P(
     Variants, GptReferenceTest,
-    ::testing::Values(Case{false, false}, Case{true, false}, Case{false, true}, Case{true, true},
-                      Case{false, false, true}, Case{false, false, false, 0.05f},
-                      Case{true, true, true, 0.05f}, Case{false, false, false, 0.0f, true},
-                      Case{true, false, false, 0.0f, true}),
+    ::testing::Combine(::testing::ValuesIn(TestBackends()),
+                       ::testing::Values(Case{false, false}, Case{true, false}, Case{false, true},
+                                         Case{true, true}, Case{false, false, true},
+                                         Case{false, false, false, 0.05f},
+                                         Case{true, true, true, 0.05f},
+                                         Case{false, false, false, 0.0f, true},
+                                         Case{true, false, false, 0.0f, true})),
     [](const auto& info) {
-      return std::string(info.param.alibi ? "Alibi" : "Learned") +
-             (info.param.embed_ln ? "EmbedLN" : "") + (info.param.qk_ln ? "QkLN" : "") +
-             (info.param.z_loss > 0 ? "ZLoss" : "") + (info.param.reset_docs ? "ResetDocs" : "");
+      const Case& c = std::get<1>(info.param);
+      return std::get<0>(info.param).name + "_" + (c.alibi ? "Alibi" : "Learned") +
+             (c.embed_ln ? "EmbedLN" : "") + (c.qk_ln ? "QkLN" : "") +
+             (c.z_loss > 0 ? "ZLoss" : "") + (c.reset_docs ? "ResetDocs" : "");
     });
 
-TEST(GptModelTest, ParameterCountMatchesSeedsFormulaForStandardShape) {
+// The model's parameter layout and initialisation, on every backend (read back by CopyToHost).
+class GptModelBackendTest : public ::testing::TestWithParam<TestBackend> {};
+
+TEST_P(GptModelBackendTest, ParameterCountMatchesSeedsFormulaForStandardShape) {
   GptSpec s{3, 32, 128, 4, 16, 100, 128, false, false, 1e-5f};
-  auto be = MakeCpuBackend(1);
+  std::unique_ptr<Backend> be = GetParam().make(1);
   GptModel m(be.get(), s);
   EXPECT_EQ(static_cast<int64_t>(m.num_params()), GptModel::FormulaParamCount(s));
   s.ffn_hidden = 96;  // a stale FFN size is visible as a difference
@@ -256,9 +284,9 @@ TEST(GptModelTest, ParameterCountMatchesSeedsFormulaForStandardShape) {
   EXPECT_NE(static_cast<int64_t>(m2.num_params()), GptModel::FormulaParamCount(s));
 }
 
-TEST(GptModelTest, InitialisationFollowsMegatron) {
+TEST_P(GptModelBackendTest, InitialisationFollowsMegatron) {
   GptSpec s{4, 64, 256, 4, 16, 500, 512, false, false, 1e-5f};
-  auto be = MakeCpuBackend(2);
+  std::unique_ptr<Backend> be = GetParam().make(2);
   GptModel m(be.get(), s);
   m.Initialize(42, 0.02f);
   std::vector<float> h(m.num_params());
@@ -285,6 +313,9 @@ TEST(GptModelTest, InitialisationFollowsMegatron) {
   be->CopyToHost(h2.data(), m2.param_data(), h2.size());
   EXPECT_NE(h, h2);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, GptModelBackendTest, ::testing::ValuesIn(TestBackends()),
+                         [](const auto& info) { return info.param.name; });
 
 TEST(GptModelTest, AlibiSlopesMatchPaper) {
   std::vector<float> s8 = AlibiSlopes(8);

@@ -114,7 +114,7 @@ Outcome RunGuarded(const TrainConfig& c, const std::string& root,
                    int64_t stop_after = -1) {
   auto be = MakeCpuBackend(2);
   auto comm = MakeSingleProcessCommunicator();
-  Trainer tr(c, be.get(), comm.get(), Env::Default(), Data(1, poison), Data(2));
+  Trainer tr(c, be.get(), comm.get(), {Data(1, poison), Data(2)});
   tr.set_gradient_fault([&](int64_t it, float* g, size_t) {
     for (int64_t k : nan_at)
       if (k == it) {
@@ -123,19 +123,18 @@ Outcome RunGuarded(const TrainConfig& c, const std::string& root,
       }
   });
   CheckpointStore store(Env::Default(), root, nullptr);
+  RunInfo run;
+  run.meta.tokenizer = "none";
+  CheckpointController ckpt(c, Env::Default(), &store, &tr, run, json::array(), nullptr);
   std::unique_ptr<SavedTrainState> saved;
   CheckpointInfo info;
   if (store.FindNewestValid(true, &info).ok()) {
     saved = std::make_unique<SavedTrainState>();
     EXPECT_TRUE(ReadSavedTrainState(Env::Default(), info.path, saved.get()).ok());
-    EXPECT_TRUE(RestoreTrainCheckpoint(Env::Default(), *saved, tr).ok());
+    EXPECT_TRUE(ckpt.Restore(*saved, /*in_save_dir=*/true).ok());
   } else {
     tr.InitializeWeights();
   }
-  RunInfo run;
-  run.meta.tokenizer = "none";
-  CheckpointController ckpt(c, Env::Default(), &store, &tr, run, json::array(), nullptr);
-  if (saved) ckpt.set_last_saved_iteration(saved->counters.iteration);
   RunJournal journal(Env::Default(), root, nullptr);
   // (GuardController hooks itself into ckpt's saves to pin the checkpoints around an event.)
   GuardController guard(c, Env::Default(), &store, &tr, &ckpt, &journal, nullptr);
@@ -145,7 +144,7 @@ Outcome RunGuarded(const TrainConfig& c, const std::string& root,
   hooks.log = [](const std::string&) {};
   hooks.after_iteration = [&] {
     if (!guard.AfterIteration()) return false;
-    if (stop_after >= 0 && tr.counters().iteration == stop_after) return false;
+    if (stop_after >= 0 && tr.state().counters.iteration == stop_after) return false;
     return ckpt.AfterIteration();
   };
   EXPECT_TRUE(tr.Run(hooks).ok());
@@ -159,9 +158,9 @@ Outcome RunGuarded(const TrainConfig& c, const std::string& root,
   o.model = ModelHash(tr);
   o.eval = 0;
   for (int i = 0; i < 8; ++i) o.eval += tr.Evaluate(1) / 8;  // same valid samples each time
-  o.lr_scale = tr.lr_scale();
-  o.salt = tr.data_salt();
-  o.counters = tr.counters();
+  o.lr_scale = tr.state().lr_scale;
+  o.salt = tr.state().data_salt;
+  o.counters = tr.state().counters;
   return o;
 }
 
@@ -346,6 +345,49 @@ TEST(GuardControllerTest, NoHealthyCheckpointStopsWithTheReason) {
   EXPECT_NE(o.stop_message.find("no healthy checkpoint at or before iteration 60"),
             std::string::npos)
       << o.stop_message;
+  fs::remove_all(root);
+}
+
+TEST(GuardControllerTest, MalformedGuardJsonNamesTheFileTheKeyAndTheFix) {
+  const TrainConfig c = GuardTiny();
+  const std::string root = FreshRoot("guard_json");
+  fs::create_directories(root);
+  auto be = MakeCpuBackend(1);
+  auto comm = MakeSingleProcessCommunicator();
+  Trainer tr(c, be.get(), comm.get(), {Data(1), Data(2)});
+  tr.InitializeWeights();
+  CheckpointStore store(Env::Default(), root, nullptr);
+  RunInfo run;
+  run.meta.tokenizer = "none";
+  CheckpointController ckpt(c, Env::Default(), &store, &tr, run, json::array(), nullptr);
+  RunJournal journal(Env::Default(), root, nullptr);
+  const std::string gp = JoinPath(root, kGuardPolicyFile);
+  const std::string policy =
+      R"("policy": {"decisions": 1, "rollbacks": 1, "level": 1, "last_rollback_onset": 5})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{" + policy + R"(, "lr_scale": "half", "data_order_salt": 0,
+          "skipped_iteration_ranges": []})",
+       "key 'lr_scale' must be a number, but is the string \"half\""},
+      {"{" + policy + R"(, "lr_scale": 0.5, "skipped_iteration_ranges": [[3]]})",
+       "key 'skipped_iteration_ranges[0][1]' is missing (the array has 1 element)"},
+      {"{" + policy + R"(, "lr_scale": 0.5, "skipped_iteration_ranges": []})",
+       "key 'data_order_salt' is missing"},
+      {R"({"policy": {"decisions": 1, "rollbacks": 1, "last_rollback_onset": 5}})",
+       "policy: key 'level' is missing"},
+      {R"({"policy": {"decisions": "one"}})",
+       "key 'policy.decisions' must be an integer, but is the string \"one\""},
+  };
+  for (const auto& [text, expect] : cases) {
+    ASSERT_TRUE(WriteFileAtomic(Env::Default(), gp, text).ok());
+    GuardController guard(c, Env::Default(), &store, &tr, &ckpt, &journal, nullptr);
+    const Status st = guard.Start(nullptr);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+    const std::string& m = st.message();
+    EXPECT_EQ(m.rfind(gp, 0), 0u) << m;
+    EXPECT_NE(m.find(expect), std::string::npos) << m;
+    EXPECT_NE(m.find("delete it to forget the guard's past rollbacks"), std::string::npos) << m;
+    EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+  }
   fs::remove_all(root);
 }
 

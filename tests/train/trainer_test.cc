@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "core/rng.h"
@@ -55,7 +56,7 @@ TEST(TrainerTest, LossFallsOnLearnableData) {
   ASSERT_TRUE(Validate(&c, &notes).ok());
   auto be = MakeCpuBackend(2);
   auto comm = MakeSingleProcessCommunicator();
-  Trainer tr(c, be.get(), comm.get(), Env::Default(), PatternData(1), PatternData(2));
+  Trainer tr(c, be.get(), comm.get(), {PatternData(1), PatternData(2)});
   tr.InitializeWeights();
   const double first = tr.TrainStep().loss;
   EXPECT_NEAR(first, std::log(50.0), 0.3);  // near-uniform prediction at init
@@ -64,9 +65,9 @@ TEST(TrainerTest, LossFallsOnLearnableData) {
   // Measured 3.92 -> 1.65: the bigram rule is being learned (unigram entropy is ~3.9).
   EXPECT_LT(last, 0.6 * first);
   EXPECT_LT(tr.Evaluate(2), 0.6 * first);
-  EXPECT_EQ(tr.counters().iteration, 100);
-  EXPECT_EQ(tr.counters().consumed_samples, 400);
-  EXPECT_EQ(tr.counters().consumed_tokens, 400 * 16);
+  EXPECT_EQ(tr.state().counters.iteration, 100);
+  EXPECT_EQ(tr.state().counters.consumed_samples, 400);
+  EXPECT_EQ(tr.state().counters.consumed_tokens, 400 * 16);
   EXPECT_EQ(tr.optimizer().step(), 100);
 }
 
@@ -77,7 +78,7 @@ TEST(TrainerTest, SameConfigSameBitsDifferentSeedDifferentBits) {
   auto run = [&](uint64_t seed) {
     TrainConfig cc = c;
     cc.seed = seed;
-    Trainer tr(cc, be.get(), comm.get(), Env::Default(), PatternData(1), SampleFn());
+    Trainer tr(cc, be.get(), comm.get(), {PatternData(1), SampleFn()});
     tr.InitializeWeights();
     std::vector<double> losses;
     for (int i = 0; i < 6; ++i) losses.push_back(tr.TrainStep().loss);
@@ -93,7 +94,7 @@ TEST(TrainerTest, NonFiniteGradientsSkipTheUpdateAndAreCounted) {
   TrainConfig c = TinyConfig();
   auto be = MakeCpuBackend(2);
   auto comm = MakeSingleProcessCommunicator();
-  Trainer tr(c, be.get(), comm.get(), Env::Default(), PatternData(1), SampleFn());
+  Trainer tr(c, be.get(), comm.get(), {PatternData(1), SampleFn()});
   tr.InitializeWeights();
   tr.TrainStep();
   // Poison one weight: the forward produces NaN, the update must be skipped.
@@ -106,8 +107,8 @@ TEST(TrainerTest, NonFiniteGradientsSkipTheUpdateAndAreCounted) {
   StepResult r = tr.TrainStep();
   EXPECT_TRUE(r.skipped);
   EXPECT_EQ(tr.optimizer().step(), step_before);
-  EXPECT_EQ(tr.counters().skipped_iterations, 1);
-  EXPECT_EQ(tr.counters().nan_iterations, 1);
+  EXPECT_EQ(tr.state().counters.skipped_iterations, 1);
+  EXPECT_EQ(tr.state().counters.nan_iterations, 1);
   std::vector<float> after(w.size());
   be->CopyToHost(after.data(), tr.model().param_data(), after.size());
   for (size_t i = 0; i < w.size(); ++i) {
@@ -123,7 +124,7 @@ TEST(TrainerTest, RunLogsMegatronLinesAndValidation) {
   ASSERT_TRUE(Validate(&c, &notes).ok());
   auto be = MakeCpuBackend(2);
   auto comm = MakeSingleProcessCommunicator();
-  Trainer tr(c, be.get(), comm.get(), Env::Default(), PatternData(1), PatternData(2));
+  Trainer tr(c, be.get(), comm.get(), {PatternData(1), PatternData(2)});
   tr.InitializeWeights();
   std::vector<std::string> lines;
   RunHooks hooks;
@@ -138,6 +139,79 @@ TEST(TrainerTest, RunLogsMegatronLinesAndValidation) {
       std::regex(
           R"( validation loss at iteration 20 \| lm loss value: [0-9.]+E[-+][0-9]+ \| lm loss PPL: [0-9.]+E[-+][0-9]+ \|)")))
       << lines[2];
+}
+
+TEST(TrainerTest, SkippedDataWindowIsAGapNotANan) {
+  TrainConfig c = TinyConfig();
+  c.train_iters = 30;
+  c.eval_iters = 0;
+  c.skip_train_iteration_range = {"11-20"};  // the whole second log interval
+  std::vector<std::string> notes;
+  ASSERT_TRUE(Validate(&c, &notes).ok());
+  auto be = MakeCpuBackend(2);
+  auto comm = MakeSingleProcessCommunicator();
+  Trainer tr(c, be.get(), comm.get(), {PatternData(1), SampleFn()});
+  tr.InitializeWeights();
+  std::vector<std::string> lines;
+  std::vector<nlohmann::json> records;
+  RunHooks hooks;
+  hooks.log = [&](const std::string& l) { lines.push_back(l); };
+  hooks.metrics = [&](const nlohmann::json& m) { records.push_back(m); };
+  ASSERT_TRUE(tr.Run(hooks).ok());
+  std::string skipped_line;
+  for (const std::string& l : lines)
+    if (l.find(" iteration       20/") == 0) skipped_line = l;
+  ASSERT_FALSE(skipped_line.empty());
+  EXPECT_NE(skipped_line.find("number of skipped iterations:  10 | number of nan iterations:   0"),
+            std::string::npos)
+      << skipped_line;
+  EXPECT_EQ(skipped_line.find("lm loss"), std::string::npos) << skipped_line;
+  EXPECT_EQ(skipped_line.find("samples per second"), std::string::npos) << skipped_line;
+  EXPECT_EQ(skipped_line.find("TFLOPs"), std::string::npos) << skipped_line;
+  const nlohmann::json& r15 = records.at(14);
+  EXPECT_EQ(r15["iteration"], 15);
+  EXPECT_TRUE(r15["data_skipped"].get<bool>());
+  EXPECT_FALSE(r15["nan"].get<bool>());
+  EXPECT_TRUE(r15["lm_loss"].is_null());
+  EXPECT_TRUE(r15["samples_per_second"].is_null());
+  EXPECT_TRUE(r15["tflops"].is_null());
+  EXPECT_EQ(tr.state().counters.data_skipped_iterations, 10);
+  EXPECT_EQ(tr.state().counters.nan_iterations, 0);
+  EXPECT_EQ(tr.state().optimizer_step, 20);
+}
+
+TEST(TrainerTest, StateRestoreCarriesEveryFieldIntoTheFingerprint) {
+  TrainConfig c = TinyConfig();
+  auto be = MakeCpuBackend(2);
+  auto comm = MakeSingleProcessCommunicator();
+  Trainer tr(c, be.get(), comm.get(), {PatternData(1), SampleFn()});
+  tr.InitializeWeights();
+  tr.TrainStep();
+  const uint64_t base = tr.StateFingerprint();
+  const TrainState s0 = tr.state();
+  std::vector<std::function<void(TrainState&)>> edits = {
+      [](TrainState& s) { s.counters.consumed_samples += 1; },
+      [](TrainState& s) { s.optimizer_step += 1; },
+      [](TrainState& s) { s.lr_scale = 0.5; },
+      [](TrainState& s) {
+        s.skip_ranges.push_back({5, 6});
+      },
+      [](TrainState& s) { s.data_salt = 1; },
+      [](TrainState& s) { s.interval.iters += 1; },
+  };
+  for (size_t i = 0; i < edits.size(); ++i) {
+    TrainState s = s0;
+    edits[i](s);
+    tr.Restore(s);
+    EXPECT_NE(tr.StateFingerprint(), base) << "edit " << i << " is not in the fingerprint";
+    tr.Restore(s0);
+    EXPECT_EQ(tr.StateFingerprint(), base);
+  }
+  // Restore also sets the optimizer's own step (its bias correction).
+  TrainState s = s0;
+  s.optimizer_step = 7;
+  tr.Restore(s);
+  EXPECT_EQ(tr.optimizer().step(), 7);
 }
 
 TEST(IterationLogTest, MatchesTheSeedsLineLayout) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <vector>
 
 #include "backend/cpu/blas.h"
@@ -32,10 +33,8 @@ void* AllocZeroed(size_t bytes) {
   // aligned_alloc wants a multiple of the alignment; 64 bytes suits AVX-512 and cache lines.
   size_t padded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
   void* p = std::aligned_alloc(64, padded);
-  if (p == nullptr) {
-    throw KeelError(Status::Internal("out of memory allocating " + std::to_string(padded) +
-                                     " bytes of host memory"));
-  }
+  // Callers that know what the memory was for (TrainingRun, the CLI) turn this into a message.
+  if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, padded);
   return p;
 }
@@ -187,6 +186,9 @@ void CpuBackend::CopyToHost(float* host_dst, const float* src, size_t n) {
 void CpuBackend::CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) {
   std::memcpy(dst, host_src, n * sizeof(int32_t));
 }
+void CpuBackend::CopyIntsToHost(int32_t* host_dst, const int32_t* src, size_t n) {
+  std::memcpy(host_dst, src, n * sizeof(int32_t));
+}
 void CpuBackend::Zero(float* x, size_t n) {
   std::memset(x, 0, n * sizeof(float));
 }
@@ -196,9 +198,28 @@ void CpuBackend::Copy(float* dst, const float* src, size_t n) {
 
 // ---- embeddings -----------------------------------------------------------------------------
 
+namespace {
+
+// The safety net under the loop's own check of its inputs: one compare per token, before any row
+// of the table is touched.
+void CheckTokenRows(const int32_t* tokens, int n, int V, const char* op) {
+  int bad = -1;
+  for (int i = 0; i < n && bad < 0; i++)
+    if (static_cast<uint32_t>(tokens[i]) >= static_cast<uint32_t>(V)) bad = i;
+  KEEL_CHECK(bad < 0, std::string(op) + ": token id " + std::to_string(tokens[bad]) + " at row " +
+                          std::to_string(bad) + " is outside the embedding table [0, " +
+                          std::to_string(V) +
+                          ") (the training loop checks every sample against the vocabulary "
+                          "first; this caller did not)");
+}
+
+}  // namespace
+
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]          out (B,T,C), wte (V,C), wpe (maxT,C)
 void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* wte,
-                                  const float* wpe, int B, int T, int C, const int32_t* positions) {
+                                  const float* wpe, int B, int T, int C, int V,
+                                  const int32_t* positions) {
+  CheckTokenRows(tokens, B * T, V, "EmbeddingForward");
 #pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
   for (int bt = 0; bt < B * T; bt++) {
     float* o = out + size_t(bt) * C;
@@ -216,8 +237,9 @@ void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float
 // Repeated tokens hit the same row, so threads split channels (not tokens): each element of dwte
 // is summed by one thread in token order. No atomics, same bits every run.
 void CpuBackend::EmbeddingBackward(float* dwte, float* dwpe, const float* dout,
-                                   const int32_t* tokens, int B, int T, int C,
+                                   const int32_t* tokens, int B, int T, int C, int V,
                                    const int32_t* positions) {
+  CheckTokenRows(tokens, B * T, V, "EmbeddingBackward");
   const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
 #pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
   for (int blk = 0; blk < nblocks; blk++) {
@@ -632,7 +654,9 @@ void CpuBackend::CrossEntropyForwardBackward(float* losses, float* logz, float* 
     if (targets[i] < 0 || targets[i] >= V) {
       throw KeelError(Status::InvalidArgument(
           "cross-entropy target " + std::to_string(targets[i]) + " at row " + std::to_string(i) +
-          " is outside the vocabulary [0, " + std::to_string(V) + ")"));
+          " is outside the vocabulary [0, " + std::to_string(V) +
+          ") (the training loop checks every sample against the vocabulary before the model "
+          "sees it, naming the dataset and document; this caller did not)"));
     }
   }
 #pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * V))

@@ -25,14 +25,15 @@ class CpuBackend : public Backend {
   void CopyToDevice(float* dst, const float* host_src, size_t n) override;
   void CopyToHost(float* host_dst, const float* src, size_t n) override;
   void CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) override;
+  void CopyIntsToHost(int32_t* host_dst, const int32_t* src, size_t n) override;
   const float* HostReadable(const float* p) const override { return p; }
   void Zero(float* x, size_t n) override;
   void Copy(float* dst, const float* src, size_t n) override;
 
   void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                        int B, int T, int C, const int32_t* positions) override;
+                        int B, int T, int C, int V, const int32_t* positions) override;
   void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                         int T, int C, const int32_t* positions) override;
+                         int T, int C, int V, const int32_t* positions) override;
 
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int N, int C, float eps) override;

@@ -1,13 +1,15 @@
-#include "train/hf_gpt2_export.h"
+#include "checkpoint/hf_gpt2_export.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <string>
 
 #include "checkpoint/manifest.h"
+#include "checkpoint/train_checkpoint.h"
+#include "core/json_reader.h"
 #include "data/tokenizer.h"
-#include "train/train_checkpoint.h"
 
 namespace keel {
 namespace {
@@ -69,26 +71,6 @@ Status Gpt2TokenizerFiles(Env* env, const std::string& assets_dir, int vocab, in
   out->emplace_back("merges.txt", std::move(merges));
   out->emplace_back("tokenizer_config.json", config.dump(2) + "\n");
   out->emplace_back("special_tokens_map.json", special.dump(2) + "\n");
-  return Status::OK();
-}
-
-// The iter_N directory `path` names: itself, or a run directory's newest valid checkpoint.
-Status ResolveCheckpointDir(Env* env, const std::string& path, const CheckpointStore::Logger& log,
-                            std::string* dir) {
-  if (env->FileExists(JoinPath(path, kManifestFile))) {
-    KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, path, /*check_contents=*/true, nullptr));
-    *dir = path;
-    return Status::OK();
-  }
-  CheckpointStore store(env, path, log);
-  CheckpointInfo info;
-  Status st = store.FindNewestValid(/*move_aside_rejected=*/false, &info);
-  if (st.code() == Status::Code::kNotFound)
-    return Status::InvalidArgument(path +
-                                   " holds no checkpoint: pass a run directory written by `keel "
-                                   "train --save DIR` or one of its iter_NNNNNNN directories");
-  KEEL_RETURN_IF_ERROR(st);
-  *dir = info.path;
   return Status::OK();
 }
 
@@ -227,16 +209,19 @@ Status ExportHfGpt2(Env* env, const std::string& checkpoint_path, const std::str
                                    " exists (an interrupted export?); remove it and run again");
 
   std::string dir;
-  KEEL_RETURN_IF_ERROR(ResolveCheckpointDir(env, checkpoint_path, log, &dir));
+  KEEL_RETURN_IF_ERROR(
+      ResolveCheckpointDir(env, checkpoint_path, log, NamedCheckpoint::kVerify, &dir));
   report->checkpoint_dir = dir;
   SavedTrainState saved;
   KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &saved));
   const GptSpec& spec = saved.spec;
   KEEL_RETURN_IF_ERROR(CheckHfGpt2Compatible(spec));
-  const nlohmann::json tok = saved.state.value("tokenizer", nlohmann::json::object());
-  report->tokenizer_kind = tok.value("kind", "");
-  const int32_t eod_id = tok.value("eod_id", -1);
-  const int tok_vocab = tok.value("vocab_size", 0);
+  JsonReader reader(JoinPath(saved.dir, "state.json"), saved.state, kDamagedCheckpointFix);
+  const JsonValue tok = reader.root().Optional("tokenizer");
+  report->tokenizer_kind = tok.Optional("kind").Get<std::string>();
+  const int32_t eod_id = tok.Optional("eod_id").Get<int32_t>(-1);
+  const int tok_vocab = tok.Optional("vocab_size").Get<int>(0);
+  KEEL_RETURN_IF_ERROR(reader.status());
   if (tok_vocab != spec.vocab)
     return Status::Corruption(
         fmt::format("{}/state.json: tokenizer vocab_size {} differs from the model's vocab {}", dir,
@@ -249,21 +234,37 @@ Status ExportHfGpt2(Env* env, const std::string& checkpoint_path, const std::str
 
   // Weights, read in place from the mapped file.
   const std::string wpath = JoinPath(dir, "model.safetensors");
-  std::unique_ptr<ReadOnlyRegion> region;
-  KEEL_RETURN_IF_ERROR(env->MapReadOnly(wpath, &region));
-  std::map<std::string, TensorRef> refs;
-  KEEL_RETURN_IF_ERROR(ParseSafetensors(region->data(), region->size(), wpath, &refs, nullptr));
+  MappedSafetensors weights;
+  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, wpath, &weights));
   std::map<std::string, TensorView> keel;
-  for (const auto& [name, r] : refs) {
-    if (r.dtype != "F32")
-      return Status::Corruption(wpath + ": tensor '" + name + "' is " + r.dtype + ", not F32");
-    keel[name] = {name, r.shape, reinterpret_cast<const float*>(r.data)};
+  for (const auto& [name, r] : weights.tensors()) {
+    const float* data = nullptr;
+    KEEL_RETURN_IF_ERROR(weights.GetF32(name, r.shape, &data));  // F32 and aligned
+    keel[name] = {name, r.shape, data};
   }
   std::vector<std::vector<float>> storage;
   std::vector<TensorView> hf;
   Status st = ConvertToHfGpt2(spec, keel, &storage, &hf);
   if (!st.ok()) return Status::Corruption(wpath + ": " + st.message());
   report->num_tensors = hf.size();
+  // A diverged checkpoint's NaN/Inf weights would load in transformers without a word.
+  NonFiniteParams nf;
+  for (const ParamInfo& p : GptModel::ParamLayout(spec)) {
+    auto it = keel.find(p.name);
+    if (it == keel.end()) continue;
+    int64_t numel = 1;
+    for (int64_t d : it->second.shape) numel *= d;
+    size_t n = 0;
+    for (int64_t i = 0; i < numel; ++i) n += !std::isfinite(it->second.data[i]);
+    if (n > 0 && nf.count == 0) {
+      nf.first_tensor = p.name;
+      nf.in_first_tensor = n;
+    }
+    nf.count += n;
+  }
+  if (nf.count > 0)
+    return NonFiniteWeightsError(dir, nf, "export",
+                                 "`keel ckpt export RUN/iter_N --hf " + out + "` exports one");
 
   // Everything but the weights, as bytes.
   std::vector<std::pair<std::string, std::string>> files;

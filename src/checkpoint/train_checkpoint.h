@@ -21,12 +21,13 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_store.h"
+#include "checkpoint/train_state.h"
 #include "config/config.h"
 #include "core/env.h"
 #include "data/indexed_dataset.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
-#include "train/trainer.h"
+#include "optim/adamw.h"
 
 namespace keel {
 
@@ -38,12 +39,23 @@ struct RunInfo {
   nlohmann::json datasets = nlohmann::json::array();  // [{name, prefix, shards, weight}]
 };
 
-// The files of a checkpoint of `trainer`'s current state. Tensor data is staged in `staging`
-// (host memory), which must outlive the returned files, unless the backend's memory is host memory
+// What a checkpoint of a training run is made of: the tensors of the model and optimizer, the
+// TrainState, and where the schedule stands (recorded for readers; a resume recomputes it).
+struct TrainCheckpointSource {
+  const TrainConfig* config = nullptr;
+  GptModel* model = nullptr;
+  AdamW* optimizer = nullptr;
+  TrainState state;
+  double next_lr = 0;
+  int64_t next_global_batch = 0;
+};
+
+// The files of a checkpoint of `src`. Tensor data is staged in `staging` (host memory), which
+// must outlive the returned files, unless the backend's memory is host memory
 // (Backend::HostReadable): then the files point at the model and optimizer, which must not change
 // until they are written.
 // `guard_state` (the guard's windows, open event and budget) goes into state.json's "guard".
-Status BuildTrainCheckpoint(Env* env, Trainer& trainer, const RunInfo& run,
+Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const RunInfo& run,
                             const nlohmann::json& history, std::vector<float>* staging,
                             std::vector<CheckpointFile>* out,
                             const nlohmann::json& guard_state = nullptr);
@@ -55,47 +67,35 @@ struct SavedTrainState {
   TrainConfig config;    // config.toml, resolved as it was saved
   std::string config_text;
   GptSpec spec;
-  TrainCounters counters;
-  int64_t optimizer_step = 0;
-  double lr_scale = 1.0;
-  std::vector<IterationRange> skip_ranges;  // data windows the guard skipped
-  uint64_t data_salt = 0;
+  TrainState train;      // counters, optimizer step, LR scale, skipped windows, metrics cursor
   nlohmann::json guard;  // state.json "guard" (null when the guard was off)
   nlohmann::json history = nlohmann::json::array();
 };
 Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* out);
+// Verifies checkpoint directory `dir` completely (manifest, sizes, checksums) and reads it.
+Status ReadVerifiedCheckpoint(Env* env, const std::string& dir, SavedTrainState* out);
 
 // The model shape recorded in state.json, and back.
 nlohmann::json SpecToJson(const GptSpec& s);
 Status SpecFromJson(const nlohmann::json& j, const std::string& where, GptSpec* out);
 
-// One difference between a checkpoint's config and the new run's.
-struct ConfigChange {
-  enum class Kind {
-    kShape,      // the model's shape: always refused
-    kScheduler,  // LR, warmup, decay, optimizer, batch: needs --override-scheduler
-    kDataOrder,  // seed, data, split: needs --override-data-order
-    kFree,       // lengths, intervals, threads...: logged
-  };
-  Kind kind;
-  std::string key, old_value, new_value;
-};
-std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const TrainConfig& now);
+// The refusal of checkpoint `dir` whose weights hold NaN or Inf (`nf`): saved after its run
+// diverged (by a keel that did not yet stop such runs), it must never be trained on, sampled or
+// exported silently. `refused` says what was refused ("load"), `instead` the command to run on
+// an older checkpoint, where RUN/ stands for `dir`'s run directory. Corruption: exit 1.
+Status NonFiniteWeightsError(const std::string& dir, const NonFiniteParams& nf,
+                             const std::string& refused, const std::string& instead);
 
-// Applies the resume rules to `changes`: an error with the full diff and the accepting flag when
-// a change needs a flag that was not given; otherwise `accepted` lists the changes a flag
-// accepted and `notes` the free ones.
-Status CheckResumeChanges(const std::vector<ConfigChange>& changes, const TrainConfig& now,
-                          std::vector<ConfigChange>* accepted, std::vector<std::string>* notes);
-
-// Loads weights, optimizer moments and step, counters, metrics cursor, LR scale, skipped data
-// windows and data-order salt from `saved`'s
-// directory into `trainer`. Every tensor must be present with the model's exact name, shape and
-// dtype, and nothing else may be there.
-Status RestoreTrainCheckpoint(Env* env, const SavedTrainState& saved, Trainer& trainer);
+// Loads the weights and Adam moments of `saved`'s directory into `model` and `optimizer` (the
+// TrainState, saved.train, is the caller's to restore). Every tensor must be present with the
+// model's exact name, shape and dtype, and nothing else may be there; weights holding NaN or Inf
+// are refused (NonFiniteWeightsError).
+Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* model,
+                             AdamW* optimizer);
 
 // For `keel sample` and tools: the model (weights only) and tokenizer of a checkpoint directory.
 // `path` is a checkpoint directory or a run directory (its newest valid checkpoint is used).
+// Weights holding NaN or Inf are refused (NonFiniteWeightsError).
 struct LoadedModel {
   std::string checkpoint_dir;
   SavedTrainState saved;

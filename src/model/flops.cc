@@ -1,4 +1,4 @@
-#include "train/flops.h"
+#include "model/flops.h"
 
 namespace keel {
 

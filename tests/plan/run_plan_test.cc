@@ -1,4 +1,4 @@
-#include "train/run_plan.h"
+#include "plan/run_plan.h"
 
 #include <gtest/gtest.h>
 
@@ -129,6 +129,21 @@ TEST(RunPlanTest, ParameterCountIsTheClosedFormAndShardsAddUp) {
   // FLOPs per iteration: 3 x forward of 8 sequences of 32 tokens.
   const double fwd = L * (8.0 * h * h + 4.0 * h * F + 4.0 * s * h) + 2.0 * h * V;
   EXPECT_DOUBLE_EQ(p.flops_per_iteration, 3 * fwd * 8 * 32);
+}
+
+TEST(RunPlanTest, ABillionLayersArePlannedWithoutListingThem) {
+  // The plan used to list every layer's tensors: 2^30 layers took memory until it was killed.
+  const PlanInput in =
+      Input({"--num-layers", "1073741824", "--hidden-size", "32", "--num-attention-heads", "2",
+             "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+             "--train-iters", "100"},
+            1000, 1, 4, 1, 4);
+  RunPlan p;
+  ASSERT_TRUE(MakeRunPlan(in, &p).ok());
+  EXPECT_EQ(p.params_total, p.params_formula);
+  const int64_t layer = 12 * 32 * 32 + 13 * 32;
+  ASSERT_EQ(p.params_per_stage.size(), 4u);
+  EXPECT_EQ(p.params_per_stage[1], (int64_t{1} << 28) * layer);
 }
 
 TEST(RunPlanTest, Tr13BCannotUse64NodesUntilTheBatchReaches1024) {

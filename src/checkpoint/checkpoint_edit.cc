@@ -1,16 +1,17 @@
-#include "train/checkpoint_edit.h"
+#include "checkpoint/checkpoint_edit.h"
 
 #include <fmt/format.h>
 
 #include <cmath>
-#include <ctime>
 #include <map>
 #include <set>
 
 #include "checkpoint/checkpoint_rewrite.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/resume.h"
+#include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
-#include "train/train_checkpoint.h"
+#include "core/timestamp.h"
 
 namespace keel {
 namespace {
@@ -35,36 +36,16 @@ const std::set<std::string>& EditableKeys() {
 
 // Why a config key other than the editable ones is refused.
 std::string RefusalReason(const std::string& key) {
-  static const std::set<std::string> shape = {"num-layers",
-                                              "hidden-size",
-                                              "ffn-hidden-size",
-                                              "num-attention-heads",
-                                              "seq-length",
-                                              "max-position-embeddings",
-                                              "position-embedding-type",
-                                              "embed-layernorm",
-                                              "make-vocab-size-divisible-by",
-                                              "layernorm-epsilon"};
-  static const std::set<std::string> data_order = {
-      "seed", "data-path", "split", "tokenizer", "reset-position-ids", "reset-attention-mask"};
-  if (shape.count(key))
+  const ConfigChange::Kind kind = ResumeKindOfKey(key);
+  if (kind == ConfigChange::Kind::kShape)
     return "it is part of the model shape, which is fixed by the saved weights and can never be "
            "edited";
-  if (data_order.count(key))
+  if (kind == ConfigChange::Kind::kDataOrder)
     return "it changes the data order; give the new value when resuming, with "
            "--override-data-order";
   return "only scheduler and optimizer settings can be edited (lr, min-lr, lr-decay-style, "
          "lr-warmup-samples/-iters, lr-decay-samples/-iters, adam-beta1, adam-beta2, adam-eps, "
          "weight-decay, clip-grad); give other settings on the resume command line";
-}
-
-std::string UtcNow() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 // The TOML literal for `value` of `key`: as given when it parses (numbers), else quoted (strings
@@ -136,7 +117,7 @@ Status EditCheckpoint(Env* env, const std::string& dir, const CheckpointEditRequ
 
   if (request.scale_lr) {
     const double factor = *request.scale_lr;
-    const double old_scale = saved.lr_scale;
+    const double old_scale = saved.train.lr_scale;
     s["scheduler"]["lr_scale"] = old_scale * factor;
     if (s["scheduler"].contains("next_lr") && s["scheduler"]["next_lr"].is_number())
       s["scheduler"]["next_lr"] = s["scheduler"]["next_lr"].get<double>() * factor;
@@ -158,6 +139,7 @@ Status EditCheckpoint(Env* env, const std::string& dir, const CheckpointEditRequ
     config_text.replace(value_at, line_end - value_at, literal);
     changes.push_back({"config." + key, old_literal, literal});
   }
+  double lr = saved.config.lr;  // of the resumed run
   if (!sets.empty()) {
     // The edited config must load and pass every rule, as it will on resume.
     TrainConfig cfg;
@@ -169,14 +151,21 @@ Status EditCheckpoint(Env* env, const std::string& dir, const CheckpointEditRequ
     }
     if (!st.ok()) return Status::InvalidArgument("the edit is invalid: " + st.message());
     s["config_hash"] = HexDigest(ConfigHash(cfg));
+    lr = cfg.lr;
   }
+  if (request.scale_lr && !(lr * saved.train.lr_scale * *request.scale_lr <= kMaxLearningRate))
+    return Status::InvalidArgument(fmt::format(
+        "--scale-lr {} would make the resumed run's learning rate {:g} (lr {:g} x LR scale {:g} "
+        "x {}), above {}, the largest keel trains at; use a smaller factor",
+        *request.scale_lr, lr * saved.train.lr_scale * *request.scale_lr, lr, saved.train.lr_scale,
+        *request.scale_lr, kMaxLearningRate));
 
   ojson change_list = ojson::array();
   for (const CheckpointEditChange& c : changes)
     change_list.push_back({{"key", c.key}, {"old", c.old_value}, {"new", c.new_value}});
   if (!s.contains("history") || !s["history"].is_array()) s["history"] = ojson::array();
   s["history"].push_back({{"event", "edit"},
-                          {"at", request.at.empty() ? UtcNow() : request.at},
+                          {"at", request.at.empty() ? UtcTimestamp() : request.at},
                           {"changes", change_list},
                           {"reason", request.reason}});
   std::map<std::string, std::string> replaced = {{"state.json", s.dump(2) + "\n"}};

@@ -2,13 +2,19 @@
 // same losses and the same final state bits as one that never stopped, including mid log-interval
 // and across a batch ramp-up; a checkpoint that does not match the model is refused; config
 // changes on resume are classified and refused or accepted by the right flag.
-#include "train/train_checkpoint.h"
+#include "checkpoint/train_checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <filesystem>
+#include <functional>
+#include <map>
 
+#include "checkpoint/manifest.h"
+#include "checkpoint/resume.h"
+#include "checkpoint/safetensors.h"
 #include "core/fault_injection_env.h"
 #include "core/rng.h"
 #include "train/checkpoint_controller.h"
@@ -64,8 +70,7 @@ struct Harness {
   std::unique_ptr<Backend> be = MakeCpuBackend(2);
   std::unique_ptr<Communicator> comm = MakeSingleProcessCommunicator();
   Trainer tr;
-  explicit Harness(const TrainConfig& c)
-      : tr(c, be.get(), comm.get(), Env::Default(), Data(1), Data(2)) {}
+  explicit Harness(const TrainConfig& c) : tr(c, be.get(), comm.get(), {Data(1), Data(2)}) {}
 };
 
 RunInfo NoTokenizer() {
@@ -114,9 +119,9 @@ TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
                              nlohmann::json::array(), nullptr);
     RunHooks hb;
     hb.log = [&](const std::string& l) { lines_b.push_back(Untimed(l)); };
-    hb.after_iteration = [&] { return b.tr.counters().iteration < 6; };
+    hb.after_iteration = [&] { return b.tr.state().counters.iteration < 6; };
     ASSERT_TRUE(b.tr.Run(hb).ok());
-    ASSERT_EQ(b.tr.counters().iteration, 6);
+    ASSERT_EQ(b.tr.state().counters.iteration, 6);
     ASSERT_TRUE(ctl.SaveNow("test").ok());
   }
   Harness r(c);
@@ -125,10 +130,10 @@ TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
   ASSERT_TRUE(store.FindNewestValid(true, &info).ok());
   SavedTrainState saved;
   ASSERT_TRUE(ReadSavedTrainState(Env::Default(), info.path, &saved).ok());
-  EXPECT_EQ(saved.counters.iteration, 6);
-  EXPECT_EQ(saved.optimizer_step, 6);
+  EXPECT_EQ(saved.train.counters.iteration, 6);
+  EXPECT_EQ(saved.train.optimizer_step, 6);
   EXPECT_TRUE(DiffConfigForResume(saved.config, c).empty());
-  ASSERT_TRUE(RestoreTrainCheckpoint(Env::Default(), saved, r.tr).ok());
+  ASSERT_TRUE(RestoreTrainer(Env::Default(), saved, &r.tr).ok());
   RunHooks hr;
   hr.log = [&](const std::string& l) { lines_b.push_back(Untimed(l)); };
   ASSERT_TRUE(r.tr.Run(hr).ok());
@@ -155,7 +160,7 @@ TEST(TrainCheckpointTest, CheckpointOfAnotherShapeIsRefused) {
   TrainConfig other = c;
   other.hidden_size = 64;
   Harness h(other);
-  Status st = RestoreTrainCheckpoint(Env::Default(), saved, h.tr);
+  Status st = RestoreTrainer(Env::Default(), saved, &h.tr);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("differs from this run's"), std::string::npos) << st.message();
   fs::remove_all(root);
@@ -253,7 +258,7 @@ TEST(TrainCheckpointTest, RepeatedSaveFailuresStopTheRunWithTheError) {
   hooks.log = [](const std::string&) {};
   hooks.after_iteration = [&] { return ctl.AfterIteration(); };
   ASSERT_TRUE(h.tr.Run(hooks).ok());
-  EXPECT_EQ(h.tr.counters().iteration, 3);  // stopped after the third failed save
+  EXPECT_EQ(h.tr.state().counters.iteration, 3);  // stopped after the third failed save
   EXPECT_EQ(ctl.stop_reason(), StopReason::kSaveFailures);
   Status st = ctl.Finish();
   EXPECT_FALSE(st.ok());
@@ -295,13 +300,149 @@ TEST(TrainCheckpointTest, TimeBasedSavesAndExitDurationFollowTheClock) {
   // 40 s per iteration: saves after iterations 3 (120 s), 6 (240 s since the start, 120 since the
   // last); the exit duration (300 s) is reached at iteration 8 (320 s), which saves and stops.
   EXPECT_EQ(ctl.stop_reason(), StopReason::kExitDuration);
-  EXPECT_EQ(h.tr.counters().iteration, 8);
+  EXPECT_EQ(h.tr.state().counters.iteration, 8);
   ASSERT_TRUE(ctl.Finish().ok());
   std::vector<CheckpointInfo> all;
   ASSERT_TRUE(store.List(&all).ok());
   std::vector<int64_t> its;
   for (const auto& i : all) its.push_back(i.iteration);
   EXPECT_EQ(its, (std::vector<int64_t>{3, 6, 8}));
+  fs::remove_all(root);
+}
+
+// A state.json, manifest.json or safetensors header that was edited or damaged is refused with
+// the file, the key and the fix, never a bare nlohmann message.
+TEST(TrainCheckpointTest, MalformedCheckpointJsonNamesTheFileTheKeyAndTheFix) {
+  const TrainConfig c = Tiny(false);
+  const std::string root = ::testing::TempDir() + "/keel_ckpt_json_" + std::to_string(getpid());
+  fs::remove_all(root);
+  {
+    Harness h(c);
+    h.tr.InitializeWeights();
+    CheckpointStore store(Env::Default(), root, nullptr);
+    CheckpointController ctl(c, Env::Default(), &store, &h.tr, NoTokenizer(),
+                             nlohmann::json::array(), nullptr);
+    ASSERT_TRUE(ctl.SaveNow("test").ok());
+  }
+  const std::string dir = JoinPath(root, CheckpointDirName(0));
+  const std::string sp = JoinPath(dir, "state.json");
+  std::string text;
+  ASSERT_TRUE(Env::Default()->ReadFileToString(sp, &text).ok());
+  const nlohmann::json good = nlohmann::json::parse(text);
+  auto expect_refused = [&](const std::string& message, const std::string& file,
+                            const std::string& words) {
+    EXPECT_EQ(message.rfind(file + ": ", 0), 0u) << message;
+    EXPECT_NE(message.find(words), std::string::npos) << message;
+    EXPECT_NE(message.find("another checkpoint of the run (`keel ckpt list SAVE`"),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
+  };
+  using Edit = std::function<void(nlohmann::json&)>;
+  const std::vector<std::pair<Edit, std::string>> cases = {
+      {[](nlohmann::json& s) { s["counters"]["iteration"] = "ten"; },
+       "key 'counters.iteration' must be an integer, but is the string \"ten\""},
+      {[](nlohmann::json& s) { s["counters"].erase("consumed_samples"); },
+       "key 'counters.consumed_samples' is missing"},
+      {[](nlohmann::json& s) { s.erase("optimizer"); }, "key 'optimizer' is missing"},
+      {[](nlohmann::json& s) { s["scheduler"] = nlohmann::json::array(); },
+       "key 'scheduler' must be an object, but is an array []"},
+      {[](nlohmann::json& s) { s["metrics"]["interval"]["loss_sum"] = "x"; },
+       "key 'metrics.interval.loss_sum' must be a number (or null)"},
+      {[](nlohmann::json& s) { s["data"]["skipped_iteration_ranges"] = {{4}}; },
+       "key 'data.skipped_iteration_ranges[0][1]' is missing"},
+      {[](nlohmann::json& s) { s["model"]["hidden"] = 32.5; },
+       "key 'model.hidden' must be an integer, but is the number 32.5"},
+      {[](nlohmann::json& s) { s["model"]["num_layers"] = 0; },
+       "key 'model' describes no model keel can build"},
+      {[](nlohmann::json& s) { s["model"]["num_layers"] = 1 << 30; },
+       "bytes of weights) but model.safetensors holds"},  // refused before it is allocated
+      {[](nlohmann::json& s) { s["guard"] = 7; }, "key 'guard' must be an object (or null)"},
+      {[](nlohmann::json& s) { s["format_version"] = "1"; },
+       "key 'format_version' must be an integer"},
+      // Found by fuzz/state_json_fuzz (fuzz/regressions/state_json_fuzz): a number with an
+      // exponent was converted to an integer with undefined behaviour beyond its range.
+      {[](nlohmann::json& s) { s["counters"]["iteration"] = 1e300; },
+       "key 'counters.iteration' must be an integer, but is the number"},
+      {[](nlohmann::json& s) { s["data"]["order_salt"] = -3.5; },
+       "key 'data.order_salt' must be an integer"},
+  };
+  for (const auto& [edit, words] : cases) {
+    nlohmann::json s = good;
+    edit(s);
+    ASSERT_TRUE(WriteFileAtomic(Env::Default(), sp, s.dump(2)).ok());
+    SavedTrainState saved;
+    const Status st = ReadSavedTrainState(Env::Default(), dir, &saved);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+    expect_refused(st.message(), sp, words);
+  }
+
+  // Also found by fuzz/state_json_fuzz: a "format" of another type threw out of the reader.
+  for (const char* format : {R"({"format": 1})", R"({"format": ["keel-train-state"]})"}) {
+    ASSERT_TRUE(WriteFileAtomic(Env::Default(), sp, format).ok());
+    SavedTrainState saved;
+    const Status st = ReadSavedTrainState(Env::Default(), dir, &saved);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+    EXPECT_NE(st.message().find(sp + " is not a keel training state"), std::string::npos)
+        << st.message();
+  }
+  ASSERT_TRUE(WriteFileAtomic(Env::Default(), sp, good.dump(2)).ok());
+
+  // Found by fuzz/checkpoint_config_fuzz (fuzz/regressions/checkpoint_config_fuzz): a saved
+  // config.toml that Validate refuses reached the LR schedule's invariants on resume as an
+  // internal error. It is Corruption naming the file and the rule.
+  const std::string cp = JoinPath(dir, "config.toml");
+  std::string config;
+  ASSERT_TRUE(Env::Default()->ReadFileToString(cp, &config).ok());
+  auto with = [&](const std::string& key, const std::string& value) {
+    const size_t at = config.find("\n" + key + " = ");
+    EXPECT_NE(at, std::string::npos) << key;
+    const size_t end = config.find('\n', at + 1);
+    return config.substr(0, at + 1) + key + " = " + value + config.substr(end);
+  };
+  for (const auto& [key, value, words] : std::vector<std::array<std::string, 3>>{
+           {"lr-warmup-iters", "400000", "warmup"},
+           {"global-batch-size", "0", "global-batch-size"}}) {
+    ASSERT_TRUE(WriteFileAtomic(Env::Default(), cp, with(key, value)).ok());
+    SavedTrainState saved;
+    const Status st = ReadSavedTrainState(Env::Default(), dir, &saved);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+    EXPECT_EQ(st.message().rfind(cp + ": the saved config is not valid: ", 0), 0u) << st.message();
+    EXPECT_NE(st.message().find(words), std::string::npos) << st.message();
+    EXPECT_EQ(st.message().find("internal error"), std::string::npos) << st.message();
+  }
+  ASSERT_TRUE(WriteFileAtomic(Env::Default(), cp, config).ok());
+  {
+    SavedTrainState saved;
+    ASSERT_TRUE(ReadSavedTrainState(Env::Default(), dir, &saved).ok());
+  }
+
+  const std::string mp = JoinPath(dir, kManifestFile);
+  Manifest m;
+  Status st = Manifest::FromJson(R"({"format": "keel-checkpoint", "format_version": 1,
+                                     "iteration": 3})",
+                                 mp, &m);
+  expect_refused(st.message(), mp, "key 'files' is missing");
+  st = Manifest::FromJson(R"({"format": "keel-checkpoint", "format_version": 1, "iteration": 3,
+                              "files": [{"name": "a", "size": "12", "xxh3": "00"}]})",
+                          mp, &m);
+  expect_refused(st.message(), mp, "key 'files[0].size' must be an integer");
+  st = Manifest::FromJson(R"({"format": "keel-checkpoint", "format_version": 1, "iteration": 3,
+                              "files": [{"name": "a", "size": 12, "xxh3": "xyz"}]})",
+                          mp, &m);
+  expect_refused(st.message(), mp, "key 'files[0].xxh3' must be 16 hexadecimal digits");
+  st = Manifest::FromJson(R"({"format": 7})", mp, &m);
+  EXPECT_NE(st.message().find("is not a keel checkpoint manifest"), std::string::npos)
+      << st.message();
+
+  const std::string header = R"({"w": {"dtype": 5, "shape": [1], "data_offsets": [0, 4]}})";
+  std::string image(8, '\0');
+  image[0] = static_cast<char>(header.size());
+  image += header + std::string(4, '\0');
+  std::map<std::string, TensorRef> tensors;
+  st = ParseSafetensors(image.data(), image.size(), "m.safetensors", &tensors, nullptr);
+  expect_refused(st.message(), "m.safetensors (safetensors header)",
+                 "key 'w.dtype' must be a string, but is the number 5");
   fs::remove_all(root);
 }
 

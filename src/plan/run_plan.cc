@@ -1,14 +1,13 @@
-#include "train/run_plan.h"
+#include "plan/run_plan.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <numeric>
 
+#include "model/flops.h"
 #include "model/gpt.h"
 #include "optim/batch_rampup.h"
-#include "train/flops.h"
-#include "train/trainer.h"
 
 namespace keel {
 namespace {
@@ -150,13 +149,17 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
                     "{} x tensor parallel {})",
                     c.vocab_size, p.padded_vocab, c.make_vocab_size_divisible_by, tp));
   }
-  const std::vector<ParamInfo> layout = GptModel::ParamLayout(spec);
+  // Every layer's tensors are alike: one layer's layout stands for all of them, so a plan of a
+  // billion layers lists 16 tensors, not 16 billion.
+  GptSpec one_layer = spec;
+  one_layer.num_layers = 1;
+  const std::vector<ParamInfo> layout = GptModel::ParamLayout(one_layer);
   p.params_formula = GptModel::FormulaParamCount(spec);
   p.params_per_stage.assign(pp, 0);
   // Layers per stage: equal, or (DeepSpeed's uniform partition) the first L % PP stages one more.
-  std::vector<int> stage_of(c.num_layers);
-  for (int s = 0, l = 0; s < pp; ++s)
-    for (int k = 0; k < c.num_layers / pp + (s < c.num_layers % pp ? 1 : 0); ++k) stage_of[l++] = s;
+  std::vector<int64_t> stage_layers(pp);
+  for (int s = 0; s < pp; ++s)
+    stage_layers[s] = c.num_layers / pp + (s < c.num_layers % pp ? 1 : 0);
   if (c.num_layers % pp != 0) {
     p.notes.push_back(fmt::format(
         "{} layers over {} pipeline stages: {} stages of {} and {} of {} (Megatron-DeepSpeed's "
@@ -165,12 +168,14 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
         c.num_layers / pp));
   }
   for (const ParamInfo& info : layout) {
-    p.params_total += static_cast<int64_t>(info.numel);
     const int64_t shard = ShardNumel(info, tp);
-    const int layer = LayerOf(info.name);
-    if (layer >= 0) {
-      p.params_per_stage[stage_of[layer]] += shard;
-    } else if (info.name.rfind("embedding.", 0) == 0) {
+    if (LayerOf(info.name) >= 0) {
+      p.params_total += static_cast<int64_t>(info.numel) * c.num_layers;
+      for (int s = 0; s < pp; ++s) p.params_per_stage[s] += shard * stage_layers[s];
+      continue;
+    }
+    p.params_total += static_cast<int64_t>(info.numel);
+    if (info.name.rfind("embedding.", 0) == 0) {
       p.params_per_stage[0] += shard;
       // The output layer reuses the word embedding; the last stage keeps its own copy.
       if (pp > 1 && info.name == "embedding.word_embeddings.weight")

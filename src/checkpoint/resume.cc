@@ -1,0 +1,231 @@
+#include "checkpoint/resume.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <set>
+
+#include "checkpoint/manifest.h"
+#include "optim/lr_schedule.h"
+
+namespace keel {
+
+const char* ResumeKindName(ResumePoint::Kind kind) {
+  switch (kind) {
+    case ResumePoint::Kind::kFresh:
+      return "fresh";
+    case ResumePoint::Kind::kResume:
+      return "resume";
+    case ResumePoint::Kind::kRollback:
+      return "rollback";
+    case ResumePoint::Kind::kLoad:
+      return "load";
+  }
+  return "?";
+}
+
+namespace {
+
+// --load SAVE/iter_N: a checkpoint directory of the run's own --save, so a rollback to N.
+bool IsRollbackTarget(Env* env, const TrainConfig& cfg, int64_t* iteration) {
+  namespace fs = std::filesystem;
+  if (cfg.load.empty() || cfg.save.empty() || !env->FileExists(JoinPath(cfg.load, kManifestFile)))
+    return false;
+  const fs::path ld = fs::weakly_canonical(fs::path(cfg.load));
+  return ld.parent_path() == fs::weakly_canonical(fs::path(cfg.save)) &&
+         ParseCheckpointDirName(ld.filename().string(), iteration);
+}
+
+Status FindCheckpoint(Env* env, const TrainConfig& cfg, const CheckpointStore::Logger& log,
+                      ResumePoint* out) {
+  using Kind = ResumePoint::Kind;
+  int64_t rollback_to = -1;
+  if (IsRollbackTarget(env, cfg, &rollback_to)) {
+    CheckpointStore store(env, cfg.save, log);
+    KEEL_RETURN_IF_ERROR(store.Recover());
+    auto saved = std::make_unique<SavedTrainState>();
+    KEEL_RETURN_IF_ERROR(ReadVerifiedCheckpoint(
+        env, JoinPath(cfg.save, CheckpointDirName(rollback_to)), saved.get()));
+    out->kind = Kind::kRollback;
+    out->saved = std::move(saved);
+    return Status::OK();
+  }
+  if (!cfg.load.empty() && cfg.load != cfg.save) {
+    // Another run's newest valid checkpoint, or one of its iter_N directories.
+    if (!cfg.save.empty()) {
+      CheckpointStore save_store(env, cfg.save, nullptr);
+      std::vector<CheckpointInfo> existing;
+      if (save_store.List(&existing).ok() && !existing.empty())
+        return Status::InvalidArgument(
+            "--save " + cfg.save +
+            " already holds checkpoints of a run and --load names another directory (" + cfg.load +
+            "): drop --load to continue the run in --save, give --load one of --save's own "
+            "iter_NNNNNNN directories to roll back to it, or pass a new --save directory");
+    }
+    std::string dir;
+    KEEL_RETURN_IF_ERROR(ResolveCheckpointDir(env, cfg.load, log, NamedCheckpoint::kVerify, &dir));
+    auto saved = std::make_unique<SavedTrainState>();
+    KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, saved.get()));
+    out->kind = Kind::kLoad;
+    out->saved = std::move(saved);
+    return Status::OK();
+  }
+  if (cfg.save.empty()) return Status::OK();  // no --save, no --load: a fresh, unsaved run
+  // The run's own --save: leftovers of interrupted saves go, checkpoints that fail verification
+  // are set aside (so the run can save their iterations again), the newest valid one is used.
+  CheckpointStore store(env, cfg.save, log);
+  KEEL_RETURN_IF_ERROR(store.Recover());
+  CheckpointInfo info;
+  Status st = store.FindNewestValid(/*move_aside_rejected=*/true, &info);
+  if (st.code() == Status::Code::kNotFound) {
+    if (!cfg.load.empty())
+      return Status::InvalidArgument("--load " + cfg.load +
+                                     " holds no checkpoint (iter_NNNNNNN directory); check the "
+                                     "path, or drop --load to start afresh");
+    return Status::OK();  // a new run in --save
+  }
+  if (!st.ok())
+    return Status::Corruption(
+        st.message() + "\nfix or move the broken checkpoints, or pass a new --save directory");
+  auto saved = std::make_unique<SavedTrainState>();
+  KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, info.path, saved.get()));
+  out->kind = Kind::kResume;
+  out->saved = std::move(saved);
+  return Status::OK();
+}
+
+}  // namespace
+
+Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStore::Logger& log,
+                          ResumePoint* out) {
+  *out = ResumePoint{};
+  KEEL_RETURN_IF_ERROR(FindCheckpoint(env, cfg, log, out));
+  if (!out->saved) return Status::OK();
+  const std::vector<ConfigChange> changes = DiffConfigForResume(out->saved->config, cfg);
+  Status st = CheckResumeChanges(changes, cfg, &out->accepted, &out->notes);
+  if (!st.ok()) return Status::InvalidArgument(out->saved->dir + ": " + st.message());
+  return Status::OK();
+}
+
+namespace {
+
+const std::set<std::string> kShapeKeys = {"num-layers",
+                                          "hidden-size",
+                                          "ffn-hidden-size",
+                                          "num-attention-heads",
+                                          "seq-length",
+                                          "max-position-embeddings",
+                                          "position-embedding-type",
+                                          "embed-layernorm",
+                                          "make-vocab-size-divisible-by",
+                                          "layernorm-epsilon",
+                                          "qk-layernorm"};
+const std::set<std::string> kSchedulerKeys = {
+    "lr",           "min-lr",    "lr-decay-style",    "adam-beta1",        "adam-beta2", "adam-eps",
+    "weight-decay", "clip-grad", "global-batch-size", "rampup-batch-size", "z-loss"};
+// Warmup and decay lengths are compared in samples (below), whichever form set them.
+const std::set<std::string> kScheduleLengthKeys = {"lr-warmup-samples", "lr-warmup-iters",
+                                                   "lr-decay-samples", "lr-decay-iters"};
+const std::set<std::string> kDataOrderKeys = {
+    "seed", "data-path", "split", "tokenizer", "reset-position-ids", "reset-attention-mask"};
+// Settings that only steer this process (where to save, when to stop, how to resume).
+const std::set<std::string> kOperationalKeys = {"save",
+                                                "load",
+                                                "override-scheduler",
+                                                "override-data-order",
+                                                "lr-scale-on-resume",
+                                                "init-method",
+                                                "init-method-std"};
+
+}  // namespace
+
+ConfigChange::Kind ResumeKindOfKey(const std::string& key) {
+  using K = ConfigChange::Kind;
+  if (kShapeKeys.count(key)) return K::kShape;
+  if (kSchedulerKeys.count(key) || kScheduleLengthKeys.count(key)) return K::kScheduler;
+  if (kDataOrderKeys.count(key)) return K::kDataOrder;
+  return K::kFree;
+}
+
+std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const TrainConfig& now) {
+  using K = ConfigChange::Kind;
+  std::vector<ConfigChange> out;
+  const auto a = ConfigValues(saved), b = ConfigValues(now);
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const std::string& key = a[i].first;
+    if (a[i].second == b[i].second || kScheduleLengthKeys.count(key) || kOperationalKeys.count(key))
+      continue;
+    out.push_back({ResumeKindOfKey(key), key, a[i].second, b[i].second});
+  }
+  const LrSchedule sa = LrSchedule::FromConfig(saved), sb = LrSchedule::FromConfig(now);
+  if (sa.warmup_samples() != sb.warmup_samples())
+    out.push_back({K::kScheduler, "lr warmup (samples)", std::to_string(sa.warmup_samples()),
+                   std::to_string(sb.warmup_samples())});
+  if (sa.decay_samples() != sb.decay_samples())
+    out.push_back({K::kScheduler, "lr decay (samples)", std::to_string(sa.decay_samples()),
+                   std::to_string(sb.decay_samples())});
+  if (saved.padded_vocab_size != now.padded_vocab_size || saved.vocab_size != now.vocab_size)
+    out.push_back({K::kShape, "vocabulary (from the data)",
+                   fmt::format("{} (padded {})", saved.vocab_size, saved.padded_vocab_size),
+                   fmt::format("{} (padded {})", now.vocab_size, now.padded_vocab_size)});
+  return out;
+}
+
+Status CheckResumeChanges(const std::vector<ConfigChange>& changes, const TrainConfig& now,
+                          std::vector<ConfigChange>* accepted, std::vector<std::string>* notes) {
+  using K = ConfigChange::Kind;
+  std::string refused;
+  bool shape = false, sched = false, data = false;
+  accepted->clear();
+  for (const ConfigChange& c : changes) {
+    const std::string line = fmt::format("\n  {}: {} -> {}", c.key, c.old_value, c.new_value);
+    switch (c.kind) {
+      case K::kShape:
+        shape = true;
+        refused += line + "  (model shape: cannot change on resume)";
+        break;
+      case K::kScheduler:
+        if (now.override_scheduler) {
+          accepted->push_back(c);
+        } else {
+          sched = true;
+          refused += line + "  (accept with --override-scheduler)";
+        }
+        break;
+      case K::kDataOrder:
+        if (now.override_data_order) {
+          accepted->push_back(c);
+        } else {
+          data = true;
+          refused += line + "  (accept with --override-data-order)";
+        }
+        break;
+      case K::kFree:
+        notes->push_back(
+            fmt::format("changed on resume: {}: {} -> {}", c.key, c.old_value, c.new_value));
+        break;
+    }
+  }
+  if (refused.empty()) return Status::OK();
+  std::string fix;
+  if (shape)
+    fix =
+        "the model's shape is fixed by the checkpoint: restore the old values, or start a new "
+        "run with a new --save";
+  else if (sched && data)
+    fix =
+        "pass --override-scheduler and --override-data-order to accept these changes, or "
+        "restore the old values";
+  else if (sched)
+    fix =
+        "pass --override-scheduler to accept them (or --lr-scale-on-resume S to scale the LR "
+        "without changing the schedule), or restore the old values";
+  else
+    fix =
+        "pass --override-data-order to accept them (the data order changes from here on), or "
+        "restore the old values";
+  return Status::InvalidArgument(
+      "the config differs from the checkpoint's (old -> new):" + refused + "\n" + fix);
+}
+
+}  // namespace keel

@@ -1,0 +1,65 @@
+// Where a run continues from: the one place that reads --save and --load and decides between a
+// fresh start, a resume of the run's own newest valid checkpoint, a rollback to one of its
+// checkpoints (--load SAVE/iter_N), and a start from another run's checkpoint. It also applies
+// the resume rules to the config's differences from the checkpoint's.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/train_checkpoint.h"
+#include "config/config.h"
+#include "core/env.h"
+
+namespace keel {
+
+// One difference between a checkpoint's config and the new run's.
+struct ConfigChange {
+  enum class Kind {
+    kShape,      // the model's shape: always refused
+    kScheduler,  // LR, warmup, decay, optimizer, batch: needs --override-scheduler
+    kDataOrder,  // seed, data, split: needs --override-data-order
+    kFree,       // lengths, intervals, threads...: logged
+  };
+  Kind kind;
+  std::string key, old_value, new_value;
+};
+std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const TrainConfig& now);
+// The kind of change a config key makes on resume (warmup and decay lengths are kScheduler;
+// settings that only steer the process, like --save, are kFree).
+ConfigChange::Kind ResumeKindOfKey(const std::string& key);
+
+// Applies the resume rules to `changes`: an error with the full diff and the accepting flag when
+// a change needs a flag that was not given; otherwise `accepted` lists the changes a flag
+// accepted and `notes` the free ones.
+Status CheckResumeChanges(const std::vector<ConfigChange>& changes, const TrainConfig& now,
+                          std::vector<ConfigChange>* accepted, std::vector<std::string>* notes);
+
+struct ResumePoint {
+  enum class Kind {
+    kFresh,     // no checkpoint: fresh weights
+    kResume,    // the newest valid checkpoint of --save (or of --load when it is --save)
+    kRollback,  // --load SAVE/iter_N: back to N; newer checkpoints are set aside when it starts
+    kLoad,      // --load names another run or checkpoint: its state, saved into --save
+  };
+  Kind kind = Kind::kFresh;
+  std::unique_ptr<SavedTrainState> saved;  // verified and read; null for kFresh
+  std::vector<ConfigChange> accepted;      // changes an override flag accepted
+  std::vector<std::string> notes;          // changes that need no flag
+  // The checkpoint lies in --save (a resume or a rollback): later saves continue its numbering.
+  bool in_save_dir() const { return kind == Kind::kResume || kind == Kind::kRollback; }
+};
+const char* ResumeKindName(ResumePoint::Kind kind);
+
+// Decides where the run of `cfg` (validated, with the data's vocabulary) continues from. Reading
+// it changes nothing but what a resume must: leftovers of interrupted saves are removed, and
+// checkpoints of --save that fail verification are set aside (iter_N.corrupt), each logged.
+// Errors: InvalidArgument for a config that differs from the checkpoint's without the accepting
+// flag, a --load that holds nothing, or a --load of another run into a --save that has its own
+// checkpoints; Corruption when checkpoints exist but none verifies.
+Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStore::Logger& log,
+                          ResumePoint* out);
+
+}  // namespace keel

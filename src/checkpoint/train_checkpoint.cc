@@ -1,0 +1,402 @@
+#include "checkpoint/train_checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "checkpoint/manifest.h"
+#include "core/json_number.h"
+#include "core/json_reader.h"
+#include "core/timestamp.h"
+#include "data/prepare.h"
+#include "optim/lr_schedule.h"
+
+namespace keel {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+const char* StyleName(LrDecayStyle s) {
+  switch (s) {
+    case LrDecayStyle::kConstant:
+      return "constant";
+    case LrDecayStyle::kLinear:
+      return "linear";
+    case LrDecayStyle::kCosine:
+      return "cosine";
+  }
+  return "?";
+}
+
+std::string SiblingPath(const std::string& prefix, const std::string& file) {
+  if (file.empty() || file[0] == '/') return file;
+  const auto slash = prefix.rfind('/');
+  return JoinPath(slash == std::string::npos ? "." : prefix.substr(0, slash), file);
+}
+
+}  // namespace
+
+json SpecToJson(const GptSpec& s) {
+  return json{{"num_layers", s.num_layers},
+              {"hidden", s.hidden},
+              {"ffn_hidden", s.ffn_hidden},
+              {"heads", s.heads},
+              {"max_positions", s.max_positions},
+              {"vocab", s.vocab},
+              {"padded_vocab", s.padded_vocab},
+              {"alibi", s.alibi},
+              {"embed_layernorm", s.embed_layernorm},
+              {"layernorm_eps", s.layernorm_eps},
+              {"qk_layernorm", s.qk_layernorm},
+              {"z_loss", s.z_loss},
+              {"reset_position_ids", s.reset_position_ids},
+              {"reset_attention_mask", s.reset_attention_mask},
+              {"eod_id", s.eod_id}};
+}
+
+Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
+  const json doc = {{"model", m}};  // so that paths read "model.hidden"
+  JsonReader r(where, doc, kDamagedCheckpointFix);
+  const JsonValue j = r.root()["model"];
+  GptSpec s;
+  s.num_layers = j["num_layers"].Get<int>();
+  s.hidden = j["hidden"].Get<int>();
+  s.ffn_hidden = j["ffn_hidden"].Get<int>();
+  s.heads = j["heads"].Get<int>();
+  s.max_positions = j["max_positions"].Get<int>();
+  s.vocab = j["vocab"].Get<int>();
+  s.padded_vocab = j["padded_vocab"].Get<int>();
+  s.alibi = j["alibi"].Get<bool>();
+  s.embed_layernorm = j["embed_layernorm"].Get<bool>();
+  s.layernorm_eps = j["layernorm_eps"].Get<float>();
+  // Absent in checkpoints written before these options.
+  s.qk_layernorm = j.Optional("qk_layernorm").Get<bool>(false);
+  s.z_loss = j.Optional("z_loss").Get<float>(0.0f);
+  s.reset_position_ids = j.Optional("reset_position_ids").Get<bool>(false);
+  s.reset_attention_mask = j.Optional("reset_attention_mask").Get<bool>(false);
+  s.eod_id = j.Optional("eod_id").Get<int32_t>(-1);
+  KEEL_RETURN_IF_ERROR(r.status());
+  // A model keel cannot build (edited by hand): the sizes its constructor and kernels rely on.
+  constexpr int kMaxWidth = std::numeric_limits<int32_t>::max() / 4;  // as config validation
+  if (s.num_layers < 1 || s.hidden < 1 || s.ffn_hidden < 1 || s.heads < 1 ||
+      s.hidden % s.heads != 0 || s.max_positions < 1 || s.vocab < 1 || s.padded_vocab < s.vocab ||
+      s.hidden > kMaxWidth || s.ffn_hidden > kMaxWidth)
+    return Status::Corruption(where + ": key 'model' describes no model keel can build (" +
+                              m.dump() + "); " + kDamagedCheckpointFix);
+  *out = s;
+  return Status::OK();
+}
+
+Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const RunInfo& run,
+                            const json& history, std::vector<float>* staging,
+                            std::vector<CheckpointFile>* out, const json& guard_state) {
+  out->clear();
+  GptModel& model = *src.model;
+  AdamW& opt = *src.optimizer;
+  const TrainConfig& cfg = *src.config;
+  const TrainState& ts = src.state;
+  const TrainCounters& c = ts.counters;
+  const size_t n = model.num_params();
+  Backend* be = model.backend();
+  // Host memory (the CPU backend) is written straight from the model and optimizer: the save runs
+  // between iterations, so nothing changes it meanwhile. Device memory is staged on the host.
+  const float* host_p = be->HostReadable(model.param_data());
+  const float* host_m = be->HostReadable(opt.exp_avg());
+  const float* host_v = be->HostReadable(opt.exp_avg_sq());
+  if (host_p == nullptr || host_m == nullptr || host_v == nullptr) {
+    staging->resize(3 * n);
+    float* p = staging->data();
+    be->CopyToHost(p, model.param_data(), n);
+    be->CopyToHost(p + n, opt.exp_avg(), n);
+    be->CopyToHost(p + 2 * n, opt.exp_avg_sq(), n);
+    host_p = p, host_m = p + n, host_v = p + 2 * n;
+  }
+
+  const std::map<std::string, std::string> st_meta = {{"format", "pt"},
+                                                      {"writer", "keel " KEEL_VERSION}};
+  CheckpointFile weights{"model.safetensors", "", true, {}, st_meta};
+  CheckpointFile moments{"optimizer.safetensors", "", true, {}, st_meta};
+  for (const ParamInfo& p : model.params()) {
+    weights.tensors.push_back({p.name, p.shape, host_p + p.offset});
+    moments.tensors.push_back({"exp_avg." + p.name, p.shape, host_m + p.offset});
+  }
+  for (const ParamInfo& p : model.params())
+    moments.tensors.push_back({"exp_avg_sq." + p.name, p.shape, host_v + p.offset});
+
+  const LrSchedule sched = LrSchedule::FromConfig(cfg);
+  const LogIntervalState& iv = ts.interval;
+  ojson s;
+  s["format"] = "keel-train-state";
+  s["format_version"] = 1;
+  s["keel_version"] = KEEL_VERSION;
+  s["saved_at"] = UtcTimestamp();
+  s["iteration"] = c.iteration;
+  s["counters"] = {{"iteration", c.iteration},
+                   {"consumed_samples", c.consumed_samples},
+                   {"consumed_tokens", c.consumed_tokens},
+                   {"skipped_iterations", c.skipped_iterations},
+                   {"nan_iterations", c.nan_iterations},
+                   {"data_skipped_iterations", c.data_skipped_iterations}};
+  s["optimizer"] = {{"type", "adamw"},
+                    {"step", ts.optimizer_step},
+                    {"beta1", opt.config().beta1},
+                    {"beta2", opt.config().beta2},
+                    {"eps", opt.config().eps},
+                    {"weight_decay", opt.config().weight_decay},
+                    {"clip_grad", cfg.clip_grad}};
+  s["scheduler"] = {{"decay_style", StyleName(cfg.lr_decay_style)},
+                    {"max_lr", cfg.lr},
+                    {"min_lr", cfg.min_lr},
+                    {"warmup_samples", sched.warmup_samples()},
+                    {"decay_samples", sched.decay_samples()},
+                    {"lr_scale", ts.lr_scale},
+                    {"consumed_samples", c.consumed_samples},
+                    {"next_lr", src.next_lr}};
+  s["batch"] = {{"global_batch_size", cfg.global_batch_size},
+                {"micro_batch_size", cfg.micro_batch_size},
+                {"rampup_batch_size", cfg.rampup_batch_size},
+                {"next_global_batch", src.next_global_batch}};
+  s["rng"] = {{"generator", "philox4x32-10"},
+              {"seed", cfg.seed},
+              {"streams",
+               "counter-based: keyed by (seed, purpose, stream); positions derive from the "
+               "counters above, so no generator state is stored"}};
+  s["data"] = {{"path", run.data_path},
+               {"split", cfg.split},
+               {"seed", cfg.seed},
+               {"seq_length", cfg.seq_length},
+               {"cursor_samples", c.consumed_samples},
+               {"datasets", run.datasets},
+               {"order",
+                "Feistel permutation per (seed, split, epoch) of each dataset; a mixture "
+                "interleaves them by error diffusion over the weights"},
+               {"order_salt", ts.data_salt},
+               {"skipped_iteration_ranges", json::array()}};
+  for (const IterationRange& r : ts.skip_ranges)
+    s["data"]["skipped_iteration_ranges"].push_back({r.first, r.last});
+  s["metrics"] = {{"interval",
+                   {{"loss_sum", JsonNumber(iv.loss_sum)},
+                    {"ms", JsonNumber(iv.ms)},
+                    {"flops", JsonNumber(iv.flops)},
+                    {"iters", iv.iters},
+                    {"ok", iv.ok},
+                    {"skipped", iv.skipped},
+                    {"nan", iv.nan},
+                    {"samples", iv.samples},
+                    {"dataset_loss_sum", ojson::array()},
+                    {"dataset_sequences", iv.dataset_sequences}}}};
+  for (double v : iv.dataset_loss_sum)
+    s["metrics"]["interval"]["dataset_loss_sum"].push_back(ojson(JsonNumber(v)));
+  s["guard"] = guard_state;
+  s["model"] = SpecToJson(model.spec());
+  s["tokenizer"] = {{"kind", run.meta.tokenizer},
+                    {"eod_id", run.meta.eod_id},
+                    {"vocab_size", run.meta.vocab_size}};
+  s["config_hash"] = HexDigest(ConfigHash(cfg));
+  s["history"] = history;
+
+  std::vector<CheckpointFile> files;
+  files.push_back(std::move(weights));
+  files.push_back(std::move(moments));
+  if (run.meta.tokenizer == "sentencepiece") {
+    CheckpointFile tok;
+    tok.name = "tokenizer.model";
+    KEEL_RETURN_IF_ERROR(
+        env->ReadFileToString(SiblingPath(run.data_path, run.meta.tokenizer_model), &tok.bytes));
+    s["tokenizer"]["model"] = "tokenizer.model";
+    files.push_back(std::move(tok));
+  }
+  files.push_back({"state.json", s.dump(2) + "\n", false, {}, {}});
+  files.push_back(
+      {"config.toml",
+       "# resolved config of the run (load it with keel train --config)\n" + FormatConfig(cfg),
+       false,
+       {},
+       {}});
+  *out = std::move(files);
+  return Status::OK();
+}
+
+Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* out) {
+  const std::string sp = JoinPath(dir, "state.json");
+  std::string text;
+  KEEL_RETURN_IF_ERROR(env->ReadFileToString(sp, &text));
+  json s = json::parse(text, nullptr, false);
+  if (s.is_discarded() || !s.is_object() || !s.contains("format") ||
+      s["format"] != "keel-train-state")
+    return Status::Corruption(sp + " is not a keel training state; " + kDamagedCheckpointFix);
+  JsonReader reader(sp, s, kDamagedCheckpointFix);
+  const JsonValue root = reader.root();
+  const JsonValue version = root["format_version"];
+  if (version.Get<int64_t>(1) != 1)
+    return Status::Corruption(sp + ": format_version " + version.raw().dump() +
+                              " is not supported by keel " KEEL_VERSION);
+  SavedTrainState r;
+  r.dir = dir;
+  TrainState& t = r.train;
+  const JsonValue c = root["counters"];
+  t.counters.iteration = c["iteration"].Get<int64_t>();
+  t.counters.consumed_samples = c["consumed_samples"].Get<int64_t>();
+  t.counters.consumed_tokens = c["consumed_tokens"].Get<int64_t>();
+  t.counters.skipped_iterations = c["skipped_iterations"].Get<int64_t>();
+  t.counters.nan_iterations = c["nan_iterations"].Get<int64_t>();
+  t.counters.data_skipped_iterations = c.Optional("data_skipped_iterations").Get<int64_t>(0);
+  const JsonValue d = root["data"];
+  t.data_salt = d.Optional("order_salt").Get<uint64_t>(0);
+  for (const JsonValue& p : d.Optional("skipped_iteration_ranges").Items())
+    t.skip_ranges.push_back({p[0].Get<int64_t>(), p[1].Get<int64_t>()});
+  const JsonValue guard = root.Optional("guard");
+  if (guard.present() && !guard.is_null() && !guard.raw().is_object())
+    reader.Fail(guard.path(), "must be an object (or null), but is " + DescribeJson(guard.raw()));
+  r.guard = guard.raw();
+  t.optimizer_step = root["optimizer"]["step"].Get<int64_t>();
+  t.lr_scale = root["scheduler"]["lr_scale"].Get<double>();
+  const JsonValue history = root.Optional("history");
+  history.Items();  // an array when present
+  r.history = history.present() ? history.raw() : json::array();
+  const JsonValue iv = root["metrics"]["interval"];
+  LogIntervalState& l = t.interval;
+  l.loss_sum = iv["loss_sum"].Number();
+  l.ms = iv["ms"].Number();
+  l.flops = iv["flops"].Number();
+  l.iters = iv["iters"].Get<int64_t>();
+  l.ok = iv["ok"].Get<int64_t>();
+  l.skipped = iv["skipped"].Get<int64_t>();
+  l.nan = iv.Optional("nan").Get<int64_t>(0);  // absent before keel counted NaNs apart from skips
+  l.samples = iv["samples"].Get<int64_t>();
+  for (const JsonValue& v : iv.Optional("dataset_loss_sum").Items())
+    l.dataset_loss_sum.push_back(v.Number());
+  for (const JsonValue& v : iv.Optional("dataset_sequences").Items())
+    l.dataset_sequences.push_back(v.Get<int64_t>());
+  const JsonValue model = root["model"];
+  const JsonValue tokenizer = root.Optional("tokenizer");
+  if (tokenizer.present() && !tokenizer.raw().is_object())
+    reader.Fail(tokenizer.path(), "must be an object, but is " + DescribeJson(tokenizer.raw()));
+  KEEL_RETURN_IF_ERROR(reader.status());
+  if (l.dataset_loss_sum.size() != l.dataset_sequences.size())
+    return Status::Corruption(sp +
+                              ": metrics.interval: per-dataset sums and counts differ in length");
+  KEEL_RETURN_IF_ERROR(SpecFromJson(model.raw(), sp, &r.spec));
+  // A model larger than the weights file holds is an edited state.json; building it could take
+  // all the memory there is, so it is refused before anything is allocated.
+  // (In double: a hand-written layer count times the layer's size may not fit 64 bits.)
+  GptSpec no_layer = r.spec;
+  no_layer.num_layers = 0;
+  const uint64_t outside = GptModel::ParamCount(no_layer);
+  no_layer.num_layers = 1;
+  const double params =
+      static_cast<double>(outside) + static_cast<double>(GptModel::ParamCount(no_layer) - outside) *
+                                         static_cast<double>(r.spec.num_layers);
+  uint64_t weights_bytes = 0;
+  if (env->GetFileSize(JoinPath(dir, "model.safetensors"), &weights_bytes).ok() &&
+      params * sizeof(float) > static_cast<double>(weights_bytes))
+    return Status::Corruption(
+        fmt::format("{}: key 'model' describes {:.4g} parameters ({:.4g} bytes of weights) but "
+                    "model.safetensors holds {} bytes; {}",
+                    sp, params, params * sizeof(float), weights_bytes, kDamagedCheckpointFix));
+  const std::string cp = JoinPath(dir, "config.toml");
+  KEEL_RETURN_IF_ERROR(env->ReadFileToString(cp, &r.config_text));
+  KEEL_RETURN_IF_ERROR(ApplyToml(r.config_text, cp, &r.config));
+  r.config.vocab_size = r.spec.vocab;
+  r.config.padded_vocab_size = r.spec.padded_vocab;
+  // The saved config was valid when it was written; one edited since would reach invariants of
+  // the code that rebuilds its schedule (DiffConfigForResume) as an internal error.
+  TrainConfig check = r.config;
+  std::vector<std::string> notes;
+  if (Status v = Validate(&check, &notes); !v.ok())
+    return Status::Corruption(fmt::format("{}: the saved config is not valid: {}; {}", cp,
+                                          v.message(), kDamagedCheckpointFix));
+  r.state = std::move(s);
+  *out = std::move(r);
+  return Status::OK();
+}
+
+Status ReadVerifiedCheckpoint(Env* env, const std::string& dir, SavedTrainState* out) {
+  KEEL_RETURN_IF_ERROR(VerifyCheckpointDir(env, dir, /*check_contents=*/true, nullptr));
+  return ReadSavedTrainState(env, dir, out);
+}
+
+namespace {
+
+// Copies every parameter's tensor, named `prefix + name` for each (prefix, destination) pair, from
+// the safetensors file `path` into backend memory; each must be F32 of its parameter's shape, and
+// the file may hold nothing else.
+Status LoadParams(Env* env, const std::string& path, const std::vector<ParamInfo>& params,
+                  const std::vector<std::pair<std::string, float*>>& prefixed, Backend* be) {
+  MappedSafetensors file;
+  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, path, &file));
+  std::set<std::string> expected;
+  std::vector<float> tmp;
+  for (const auto& [prefix, dst] : prefixed) {
+    for (const ParamInfo& p : params) {
+      tmp.resize(p.numel);
+      KEEL_RETURN_IF_ERROR(file.CopyF32(prefix + p.name, p.shape, tmp.data()));
+      be->CopyToDevice(dst + p.offset, tmp.data(), p.numel);
+      expected.insert(prefix + p.name);
+    }
+  }
+  return file.CheckNoOtherTensors(expected);
+}
+
+}  // namespace
+
+Status NonFiniteWeightsError(const std::string& dir, const NonFiniteParams& nf,
+                             const std::string& refused, const std::string& instead) {
+  const size_t slash = dir.find_last_of('/');
+  const std::string run = slash == std::string::npos ? "." : dir.substr(0, slash);
+  std::string command = instead;
+  if (const size_t at = command.find("RUN/"); at != std::string::npos) command.replace(at, 3, run);
+  return Status::Corruption(fmt::format(
+      "refusing to {} {}: its weights hold {} NaN or Inf values ({} in {}, the first tensor "
+      "holding one), so it was saved after its run diverged. Use an older checkpoint: `keel ckpt "
+      "list {}` lists them; then {}",
+      refused, dir, nf.count, nf.in_first_tensor, nf.first_tensor, run, command));
+}
+
+Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* model,
+                             AdamW* optimizer) {
+  if (SpecToJson(saved.spec) != SpecToJson(model->spec()))
+    return Status::InvalidArgument(
+        fmt::format("{}: the checkpoint's model ({}) differs from this run's ({})", saved.dir,
+                    SpecToJson(saved.spec).dump(), SpecToJson(model->spec()).dump()));
+  Backend* be = model->backend();
+  KEEL_RETURN_IF_ERROR(LoadParams(env, JoinPath(saved.dir, "model.safetensors"), model->params(),
+                                  {{"", model->param_data()}}, be));
+  if (const NonFiniteParams nf = FindNonFiniteParams(*model); nf.count > 0)
+    return NonFiniteWeightsError(saved.dir, nf, "continue training from",
+                                 "`keel train ... --load RUN/iter_N` continues from one");
+  return LoadParams(env, JoinPath(saved.dir, "optimizer.safetensors"), model->params(),
+                    {{"exp_avg.", optimizer->exp_avg()}, {"exp_avg_sq.", optimizer->exp_avg_sq()}},
+                    be);
+}
+
+Status LoadModelFromCheckpoint(Env* env, const std::string& path, Backend* backend,
+                               const CheckpointStore::Logger& log, LoadedModel* out) {
+  std::string dir;
+  KEEL_RETURN_IF_ERROR(ResolveCheckpointDir(env, path, log, NamedCheckpoint::kVerify, &dir));
+  out->checkpoint_dir = dir;
+  KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &out->saved));
+  out->model = std::make_unique<GptModel>(backend, out->saved.spec);
+  KEEL_RETURN_IF_ERROR(LoadParams(env, JoinPath(dir, "model.safetensors"), out->model->params(),
+                                  {{"", out->model->param_data()}}, backend));
+  if (const NonFiniteParams nf = FindNonFiniteParams(*out->model); nf.count > 0)
+    return NonFiniteWeightsError(dir, nf, "load",
+                                 "`keel sample --load RUN/iter_N` samples from one");
+  const std::string sp = JoinPath(dir, "state.json");
+  JsonReader r(sp, out->saved.state, kDamagedCheckpointFix);
+  const JsonValue t = r.root()["tokenizer"];
+  DatasetMeta meta;
+  meta.tokenizer = t.Optional("kind").Get<std::string>();
+  meta.eod_id = t.Optional("eod_id").Get<int>(-1);
+  meta.vocab_size = t.Optional("vocab_size").Get<int>(0);
+  meta.tokenizer_model = t.Optional("model").Get<std::string>();
+  KEEL_RETURN_IF_ERROR(r.status());
+  return LoadTokenizerForDataset(JoinPath(dir, "state"), meta, &out->tokenizer);
+}
+
+}  // namespace keel

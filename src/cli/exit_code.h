@@ -1,0 +1,27 @@
+// How a command's failure becomes keel's exit code (cli/commands.h): 2 when the user can fix the
+// call (InvalidArgument: a bad flag, value or path), 1 for a failure at run time.
+#pragma once
+
+#include "core/log.h"
+#include "core/status.h"
+
+namespace keel::cli {
+
+// Whether NotFound is the user's doing (the command was given a path that does not exist, and
+// that is its only way to fail with NotFound) or a failure at run time.
+enum class NotFoundIs { kRuntimeError, kUsageError };
+
+inline int ExitCode(const Status& st, NotFoundIs not_found = NotFoundIs::kRuntimeError) {
+  if (st.ok()) return 0;
+  if (st.code() == Status::Code::kInvalidArgument) return 2;
+  if (st.code() == Status::Code::kNotFound && not_found == NotFoundIs::kUsageError) return 2;
+  return 1;
+}
+
+// Logs "error: MESSAGE" on stderr and returns ExitCode(st, not_found), for `return Fail(st);`.
+inline int Fail(const Status& st, NotFoundIs not_found = NotFoundIs::kRuntimeError) {
+  LogError("error: " + st.message());
+  return ExitCode(st, not_found);
+}
+
+}  // namespace keel::cli

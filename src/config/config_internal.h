@@ -1,0 +1,80 @@
+// What the pieces of the config module share, and nothing outside src/config includes: the value
+// sources (a flag's text or a TOML node), the one settings table, and the small parsing and
+// formatting helpers.
+//   config_settings.cc  the settings table: flags, TOML keys, help, "did you mean" suggestions
+//   config_sources.cc   reading the command line and TOML files (ParseTrainArgs, ApplyToml)
+//   config_validate.cc  the rules and derived defaults (Validate), skip ranges, limits
+//   config_format.cc    values as TOML literals, FormatConfig, ConfigValues, ConfigHash
+//   toml_screen.cc      refuses the TOML text that toml++ 3.3 cannot read safely
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config/train_config.h"
+#include "core/status.h"
+
+namespace keel::config_internal {
+
+// A value from either source. CLI values arrive as text; TOML values as typed nodes. Setters ask
+// for the type they need and report the key, the value and the expected type when it is not.
+class Input {
+ public:
+  virtual ~Input() = default;
+  // "--num-layers abc" or "run.toml:3: num-layers = \"abc\"", for error messages.
+  virtual std::string Where() const = 0;
+  // ", got a string" for typed sources; empty for text.
+  virtual std::string Got() const { return ""; }
+  virtual std::optional<int64_t> Int() const = 0;
+  virtual std::optional<uint64_t> UInt() const = 0;
+  virtual std::optional<double> Number() const = 0;
+  virtual std::optional<bool> Bool() const = 0;
+  virtual std::optional<std::string> String() const = 0;
+  virtual std::optional<std::vector<int64_t>> IntList() const = 0;
+  virtual std::optional<std::vector<std::string>> StringList() const = 0;
+};
+
+// The whole of `s` as a number, or nothing (no leading spaces, signs only where from_chars takes
+// them, no trailing text).
+template <typename T>
+std::optional<T> ParseWhole(std::string_view s) {
+  T v{};
+  const char* end = s.data() + s.size();
+  auto [p, ec] = std::from_chars(s.data(), end, v);
+  if (ec != std::errc() || p != end || s.empty()) return std::nullopt;
+  return v;
+}
+
+// One setting: its flag and TOML key, how --help shows it, and how it is set from an Input and
+// read back as a TOML literal.
+struct Setting {
+  std::string name;  // flag without dashes, and TOML key
+  std::string type;  // shown in --help, e.g. INT
+  std::string help;
+  bool is_flag = false;  // a bool: `--name` alone means true
+  bool is_list = false;  // takes several values on the command line
+  std::function<Status(const Input&, TrainConfig*)> set;
+  std::function<std::string(const TrainConfig&)> get;  // TOML literal
+};
+
+// The settings table, in the order --help and FormatConfig list them.
+const std::vector<Setting>& Settings();
+// The setting named `name` (without dashes), or null.
+const Setting* FindSetting(std::string_view name);
+// "did you mean --num-layers?" for the nearest name, or a pointer to --help when nothing is near.
+std::string Suggest(std::string_view name, std::string_view prefix);
+
+// `s` as a TOML basic string literal, quoted and escaped.
+std::string TomlString(const std::string& s);
+
+// toml++ 3.3 reaches __builtin_unreachable() on non-ASCII text outside strings and comments and
+// right after a multi-line string's line-ending backslash; refuses that text as invalid TOML at
+// origin:line:column (where TOML allows no such text anyway).
+Status CheckTomlNonAscii(std::string_view text, const std::string& origin);
+
+}  // namespace keel::config_internal

@@ -1,0 +1,397 @@
+// The settings table: every TrainConfig setting once, with its flag/TOML name, --help text, setter
+// and TOML literal. The CLI11 options, the TOML keys, the help text, FormatConfig and the "did you
+// mean" suggestions all read this one table, so the flag and file spellings can never drift apart.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+#include "config/config.h"
+#include "config/config_internal.h"
+
+namespace keel::config_internal {
+namespace {
+
+Status TypeError(const Input& in, std::string_view expected) {
+  return Status::InvalidArgument(fmt::format("{}: expected {}{}", in.Where(), expected, in.Got()));
+}
+
+// Shortest round-trip text, always readable back as a TOML float (1 -> 1.0).
+template <typename T>
+std::string TomlFloat(T v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+template <typename T>
+Setting IntSetting(std::string name, std::string help, T TrainConfig::*m) {
+  Setting s;
+  s.name = std::move(name);
+  s.type = "INT";
+  s.help = std::move(help);
+  s.set = [m](const Input& in, TrainConfig* c) -> Status {
+    if constexpr (std::is_unsigned_v<T>) {
+      auto v = in.UInt();
+      if (!v) return TypeError(in, "a non-negative integer");
+      c->*m = static_cast<T>(*v);
+    } else {
+      auto v = in.Int();
+      if (!v) return TypeError(in, "an integer");
+      if (*v < std::numeric_limits<T>::min() || *v > std::numeric_limits<T>::max()) {
+        return TypeError(in, fmt::format("an integer in [{}, {}]", std::numeric_limits<T>::min(),
+                                         std::numeric_limits<T>::max()));
+      }
+      c->*m = static_cast<T>(*v);
+    }
+    return Status::OK();
+  };
+  s.get = [m](const TrainConfig& c) { return fmt::format("{}", c.*m); };
+  return s;
+}
+
+template <typename T>
+Setting RealSetting(std::string name, std::string help, T TrainConfig::*m) {
+  Setting s;
+  s.name = std::move(name);
+  s.type = "FLOAT";
+  s.help = std::move(help);
+  s.set = [m](const Input& in, TrainConfig* c) -> Status {
+    auto v = in.Number();
+    if (!v || !std::isfinite(*v)) return TypeError(in, "a finite number");
+    if (std::fabs(*v) > static_cast<double>(std::numeric_limits<T>::max())) {
+      return TypeError(in, "a number in float range");
+    }
+    c->*m = static_cast<T>(*v);
+    return Status::OK();
+  };
+  s.get = [m](const TrainConfig& c) { return TomlFloat(c.*m); };
+  return s;
+}
+
+Setting BoolSetting(std::string name, std::string help, bool TrainConfig::*m) {
+  Setting s;
+  s.name = std::move(name);
+  s.type = "";
+  s.help = std::move(help);
+  s.is_flag = true;
+  s.set = [m](const Input& in, TrainConfig* c) -> Status {
+    auto v = in.Bool();
+    if (!v) return TypeError(in, "true or false");
+    c->*m = *v;
+    return Status::OK();
+  };
+  s.get = [m](const TrainConfig& c) -> std::string { return c.*m ? "true" : "false"; };
+  return s;
+}
+
+Setting StringSetting(std::string name, std::string type, std::string help,
+                      std::string TrainConfig::*m) {
+  Setting s;
+  s.name = std::move(name);
+  s.type = std::move(type);
+  s.help = std::move(help);
+  s.set = [m](const Input& in, TrainConfig* c) -> Status {
+    auto v = in.String();
+    if (!v) return TypeError(in, "a string");
+    c->*m = *v;
+    return Status::OK();
+  };
+  s.get = [m](const TrainConfig& c) { return TomlString(c.*m); };
+  return s;
+}
+
+template <typename E>
+Setting EnumSetting(std::string name, std::string help, E TrainConfig::*m,
+                    std::vector<std::pair<E, std::string>> names) {
+  std::string choices;
+  for (const auto& [e, n] : names) choices += (choices.empty() ? "" : ",") + n;
+  Setting s;
+  s.name = std::move(name);
+  s.type = "{" + choices + "}";
+  s.help = std::move(help);
+  s.set = [m, names, choices](const Input& in, TrainConfig* c) -> Status {
+    auto v = in.String();
+    if (v) {
+      for (const auto& [e, n] : names) {
+        if (*v == n) {
+          c->*m = e;
+          return Status::OK();
+        }
+      }
+    }
+    return TypeError(in, "one of " + choices);
+  };
+  s.get = [m, names](const TrainConfig& c) {
+    for (const auto& [e, n] : names) {
+      if (c.*m == e) return TomlString(n);
+    }
+    return TomlString("?");
+  };
+  return s;
+}
+
+Setting IntListSetting(std::string name, std::string type, std::string help,
+                       std::vector<int64_t> TrainConfig::*m) {
+  Setting s;
+  s.name = std::move(name);
+  s.type = std::move(type);
+  s.help = std::move(help);
+  s.is_list = true;
+  s.set = [m](const Input& in, TrainConfig* c) -> Status {
+    auto v = in.IntList();
+    if (!v) return TypeError(in, "a list of integers");
+    c->*m = *v;
+    return Status::OK();
+  };
+  s.get = [m](const TrainConfig& c) {
+    std::string out = "[";
+    for (size_t i = 0; i < (c.*m).size(); ++i) out += (i ? ", " : "") + std::to_string((c.*m)[i]);
+    return out + "]";
+  };
+  return s;
+}
+
+Setting StringListSetting(std::string name, std::string type, std::string help,
+                          std::vector<std::string> TrainConfig::*m) {
+  Setting s;
+  s.name = std::move(name);
+  s.type = std::move(type);
+  s.help = std::move(help);
+  s.is_list = true;
+  s.set = [m](const Input& in, TrainConfig* c) -> Status {
+    auto v = in.StringList();
+    if (!v) return TypeError(in, "a list of strings");
+    // A lone empty string is no value (configs written before data-path became a list hold "").
+    if (v->size() == 1 && (*v)[0].empty()) v->clear();
+    c->*m = *v;
+    return Status::OK();
+  };
+  s.get = [m](const TrainConfig& c) {
+    std::string out = "[";
+    for (size_t i = 0; i < (c.*m).size(); ++i) out += (i ? ", " : "") + TomlString((c.*m)[i]);
+    return out + "]";
+  };
+  return s;
+}
+
+using TC = TrainConfig;
+
+}  // namespace
+
+const std::vector<Setting>& Settings() {
+  static const std::vector<Setting>* table = new std::vector<Setting>{
+      // model
+      IntSetting("num-layers", "number of transformer layers", &TC::num_layers),
+      IntSetting("hidden-size", "transformer hidden size", &TC::hidden_size),
+      IntSetting("ffn-hidden-size", "MLP inner size (0: 4 * hidden-size)", &TC::ffn_hidden_size),
+      IntSetting("num-attention-heads", "attention heads; must divide hidden-size",
+                 &TC::num_attention_heads),
+      IntSetting("seq-length", "tokens per training sequence", &TC::seq_length),
+      IntSetting("max-position-embeddings", "rows of the position table (0: seq-length)",
+                 &TC::max_position_embeddings),
+      EnumSetting("position-embedding-type", "position encoding", &TC::position_embedding_type,
+                  {{PositionEmbedding::kLearnedAbsolute, "learned_absolute"},
+                   {PositionEmbedding::kAlibi, "alibi"}}),
+      BoolSetting("embed-layernorm", "LayerNorm after the word embedding (BLOOM)",
+                  &TC::embed_layernorm),
+      IntSetting("make-vocab-size-divisible-by", "pad the vocabulary to a multiple of this",
+                 &TC::make_vocab_size_divisible_by),
+      RealSetting("layernorm-epsilon", "LayerNorm epsilon", &TC::layernorm_epsilon),
+      EnumSetting("init-method", "weight init: normal uses init-method-std", &TC::init_method,
+                  {{InitMethod::kNormal, "normal"},
+                   {InitMethod::kSmallInit, "small_init"},
+                   {InitMethod::kMegatron530B, "megatron_530b"}}),
+      RealSetting("init-method-std", "init standard deviation (init-method normal)",
+                  &TC::init_method_std),
+      BoolSetting("qk-layernorm",
+                  "LayerNorm of each head's query and key before attention (stability at high LR)",
+                  &TC::qk_layernorm),
+      RealSetting("z-loss", "z-loss coefficient: adds z * mean (log Z)^2 to the objective (0: off)",
+                  &TC::z_loss),
+      // batch and length
+      IntSetting("micro-batch-size", "sequences per micro-batch per rank", &TC::micro_batch_size),
+      IntSetting("global-batch-size", "sequences per iteration (0: micro * data-parallel)",
+                 &TC::global_batch_size),
+      IntListSetting("rampup-batch-size", "START INCR SAMPLES",
+                     "grow the global batch from START by INCR over SAMPLES samples",
+                     &TC::rampup_batch_size),
+      IntSetting("train-iters", "iterations to train (iteration-based run)", &TC::train_iters),
+      IntSetting("train-samples", "samples to train (samples-based run)", &TC::train_samples),
+      // learning rate
+      RealSetting("lr", "peak learning rate", &TC::lr),
+      RealSetting("min-lr", "learning rate at the end of decay", &TC::min_lr),
+      EnumSetting("lr-decay-style", "learning rate decay", &TC::lr_decay_style,
+                  {{LrDecayStyle::kConstant, "constant"},
+                   {LrDecayStyle::kLinear, "linear"},
+                   {LrDecayStyle::kCosine, "cosine"}}),
+      IntSetting("lr-warmup-samples", "linear warmup length in samples", &TC::lr_warmup_samples),
+      IntSetting("lr-warmup-iters", "linear warmup length in iterations", &TC::lr_warmup_iters),
+      IntSetting("lr-decay-samples", "decay length in samples (0: train-samples)",
+                 &TC::lr_decay_samples),
+      IntSetting("lr-decay-iters", "decay length in iterations (0: train-iters)",
+                 &TC::lr_decay_iters),
+      // optimizer
+      RealSetting("adam-beta1", "Adam beta1", &TC::adam_beta1),
+      RealSetting("adam-beta2", "Adam beta2", &TC::adam_beta2),
+      RealSetting("adam-eps", "Adam epsilon", &TC::adam_eps),
+      RealSetting("weight-decay", "decoupled weight decay", &TC::weight_decay),
+      RealSetting("clip-grad", "global gradient-norm clip (0: off)", &TC::clip_grad),
+      // run
+      IntSetting("seed", "random seed", &TC::seed),
+      IntSetting("eval-interval", "iterations between evaluations", &TC::eval_interval),
+      IntSetting("eval-iters", "iterations per evaluation", &TC::eval_iters),
+      IntSetting("log-interval", "iterations between log lines", &TC::log_interval),
+      IntSetting("threads",
+                 fmt::format("CPU threads (0: all cores); at most 4 per hardware thread and never "
+                             "above 1024, here {}",
+                             MaxThreads()),
+                 &TC::threads),
+      // data
+      StringListSetting("data-path", "[W] PREFIX ...",
+                        "Megatron indexed dataset prefix, or a mixture W1 PREFIX1 W2 PREFIX2 ... "
+                        "(empty: default corpus)",
+                        &TC::data_path),
+      StringSetting("split", "TRAIN,VALID,TEST", "document split weights", &TC::split),
+      EnumSetting(
+          "tokenizer", "tokenizer for the default corpus", &TC::tokenizer,
+          {{TokenizerKind::kGpt2, "gpt2"}, {TokenizerKind::kSentencePiece, "sentencepiece"}}),
+      BoolSetting("reset-position-ids", "restart position ids after each end-of-document token",
+                  &TC::reset_position_ids),
+      BoolSetting("reset-attention-mask",
+                  "tokens attend only within their own document of a packed sequence",
+                  &TC::reset_attention_mask),
+      // checkpoints and stopping
+      StringSetting("save", "DIR",
+                    "run directory: checkpoints and the run's files; keel train with the same "
+                    "--save resumes from its newest valid checkpoint",
+                    &TC::save),
+      StringSetting("load", "DIR",
+                    "start from the newest valid checkpoint in DIR (default: --save's)", &TC::load),
+      IntSetting("save-interval", "iterations between checkpoints (0: only at the end and on stop)",
+                 &TC::save_interval),
+      RealSetting("save-interval-minutes",
+                  "also checkpoint when this many minutes passed since the last save (0: off)",
+                  &TC::save_interval_minutes),
+      IntSetting("keep-last-checkpoints",
+                 "keep the newest N checkpoints, delete older unpinned ones (0: keep all)",
+                 &TC::keep_last_checkpoints),
+      StringSetting("kill-switch-path", "FILE", "when FILE appears: save a checkpoint and exit 0",
+                    &TC::kill_switch_path),
+      IntSetting("exit-interval", "save and exit when the iteration is a multiple of N (0: off)",
+                 &TC::exit_interval),
+      RealSetting("exit-duration-in-mins", "save and exit after this many minutes (0: off)",
+                  &TC::exit_duration_in_mins),
+      BoolSetting("override-scheduler",
+                  "on resume, accept LR, warmup, decay, optimizer and batch settings that differ "
+                  "from the checkpoint's",
+                  &TC::override_scheduler),
+      BoolSetting("override-data-order",
+                  "on resume, accept a seed, data path or split that differs from the checkpoint's",
+                  &TC::override_data_order),
+      RealSetting("lr-scale-on-resume",
+                  "on resume, multiply the schedule's LR by this from now on (stored in later "
+                  "checkpoints; 0: keep the checkpoint's)",
+                  &TC::lr_scale_on_resume),
+      // guard
+      EnumSetting("guard",
+                  "instability guard: act (skip updates, roll back, cut the LR, reseed), observe "
+                  "(journal what it would do), off",
+                  &TC::guard,
+                  {{GuardLevel::kOff, "off"},
+                   {GuardLevel::kObserve, "observe"},
+                   {GuardLevel::kAct, "act"}}),
+      RealSetting("guard-z-threshold", "loss spike: robust z-score above this",
+                  &TC::guard_z_threshold),
+      RealSetting("guard-grad-z-threshold", "gradient-norm spike: robust z-score above this",
+                  &TC::guard_grad_z_threshold),
+      IntSetting("guard-window", "iterations in the guard's robust windows", &TC::guard_window),
+      IntSetting("guard-min-history", "normal iterations seen before spikes are detected",
+                 &TC::guard_min_history),
+      IntSetting("guard-divergence-window",
+                 "iterations whose median loss is compared with its lowest level",
+                 &TC::guard_divergence_window),
+      RealSetting("guard-divergence-rel",
+                  "divergence: that median above (1 + this) x the lowest level",
+                  &TC::guard_divergence_rel),
+      IntSetting("guard-max-skips", "anomalous updates skipped in a row before rolling back",
+                 &TC::guard_max_skips),
+      IntSetting("guard-recover-iters",
+                 "roll back when the loss is not back at its pre-onset level after this many "
+                 "iterations",
+                 &TC::guard_recover_iters),
+      IntSetting("guard-rollback-margin",
+                 "roll back to a healthy checkpoint at least this many iterations before the "
+                 "onset",
+                 &TC::guard_rollback_margin),
+      IntSetting("guard-skip-before", "skipped data window: iterations before the onset",
+                 &TC::guard_skip_before),
+      IntSetting("guard-skip-after", "skipped data window: iterations after the onset",
+                 &TC::guard_skip_after),
+      RealSetting("guard-lr-cut", "LR factor applied by an escalated rollback", &TC::guard_lr_cut),
+      IntSetting("guard-max-rollbacks", "rollbacks allowed before the run stops with a report",
+                 &TC::guard_max_rollbacks),
+      IntSetting("guard-escalation-window",
+                 "a rollback within this many iterations of the previous one escalates",
+                 &TC::guard_escalation_window),
+      StringListSetting("skip-train-iteration-range", "A-B ...",
+                        "skip the data of these iterations (inclusive ranges): read past, no "
+                        "update",
+                        &TC::skip_train_iteration_range),
+      StringListSetting("skip-train-samples-range", "A-B ...",
+                        "skip the iterations that read these samples (inclusive, 0-based "
+                        "positions in the sample stream)",
+                        &TC::skip_train_samples_range),
+      // output
+      IntSetting("sample-tokens",
+                 fmt::format("tokens generated at the end (0: none; at most {}, as keel sample)",
+                             kMaxSampleTokens),
+                 &TC::sample_tokens),
+      StringSetting("sample-prompt", "TEXT", "prompt for the end-of-run sample",
+                    &TC::sample_prompt),
+  };
+  return *table;
+}
+
+const Setting* FindSetting(std::string_view name) {
+  for (const Setting& s : Settings()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+namespace {
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+std::string Suggest(std::string_view name, std::string_view prefix) {
+  const Setting* best = nullptr;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const Setting& s : Settings()) {
+    size_t d = EditDistance(name, s.name);
+    if (d < best_d) best_d = d, best = &s;
+  }
+  if (best != nullptr && best_d <= std::max<size_t>(3, name.size() / 2)) {
+    return fmt::format("did you mean {}{}? (keel train --help lists all)", prefix, best->name);
+  }
+  return "run `keel train --help` for the list of settings";
+}
+
+}  // namespace keel::config_internal

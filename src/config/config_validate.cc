@@ -1,0 +1,610 @@
+// Validation of a TrainConfig: every rule with an error that names the flag, the value, the rule
+// and a fix, and the derived defaults (FFN size, max positions, global batch, decay length, padded
+// vocabulary), each reported as a note. Also the skip-range syntax.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "config/config.h"
+#include "config/config_internal.h"
+
+namespace keel {
+namespace {
+
+using config_internal::FindSetting;
+using config_internal::ParseWhole;
+
+// ---------------------------------------------------------------------------------------------
+// Limits. Products of sizes are formed here in 128 bits, so checking them cannot overflow itself.
+
+using Wide = __int128;
+
+// Sizes the model and its kernels compute with in int: tokens and (sequence, head) pairs of a
+// micro-batch, the 3h and 4h widths, the layer count plus one, the padded vocabulary.
+constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+// Elements of the parameters or of one micro-batch's activations, counted in size_t: 16 bytes per
+// parameter (weights, gradients, two Adam moments) must still fit a signed 64-bit byte count.
+constexpr Wide kMaxFloats = Wide{1} << 59;
+// Tokens of any length of the run (iterations x global batch x sequence): consumed samples and
+// tokens are int64 counters, and 2^62 leaves room for the sums made with them.
+constexpr Wide kMaxRunTokens = Wide{1} << 62;
+
+// `v` exactly when it fits in int64, else in scientific notation.
+std::string Count(Wide v) {
+  if (v <= std::numeric_limits<int64_t>::max()) return fmt::format("{}", static_cast<int64_t>(v));
+  return fmt::format("about {:.3g}", static_cast<double>(v));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation helpers.
+
+Status Invalid(std::string msg) {
+  return Status::InvalidArgument(std::move(msg));
+}
+
+int64_t RoundUp(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+
+Status Positive(const char* flag, int64_t v) {
+  if (v > 0) return Status::OK();
+  return Invalid(fmt::format("--{} {} must be positive; set --{} to 1 or more", flag, v, flag));
+}
+
+Status NonNegative(const char* flag, int64_t v, std::string_view fix) {
+  if (v >= 0) return Status::OK();
+  return Invalid(fmt::format("--{} {} must not be negative; {}", flag, v, fix));
+}
+
+// Validates "a,b,c": three non-negative weights, not all zero.
+Status CheckSplit(const std::string& split) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    size_t comma = split.find(',', start);
+    parts.push_back(split.substr(start, comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  bool ok = parts.size() == 3;
+  double sum = 0;
+  for (const auto& p : parts) {
+    auto v = ParseWhole<double>(p);
+    if (!v || !std::isfinite(*v) || *v < 0) ok = false;
+    if (v) sum += *v;
+  }
+  if (ok && sum > 0) return Status::OK();
+  return Invalid(fmt::format(
+      "--split '{}' must be three non-negative train,valid,test weights, not all zero; try --split "
+      "969,30,1",
+      split));
+}
+
+Status ValidateModel(TrainConfig* c, std::vector<std::string>* notes) {
+  KEEL_RETURN_IF_ERROR(Positive("num-layers", c->num_layers));
+  KEEL_RETURN_IF_ERROR(Positive("hidden-size", c->hidden_size));
+  KEEL_RETURN_IF_ERROR(Positive("num-attention-heads", c->num_attention_heads));
+  KEEL_RETURN_IF_ERROR(Positive("seq-length", c->seq_length));
+  if (c->num_layers > kMaxInt - 1) {
+    return Invalid(fmt::format(
+        "--num-layers {} is more than {}: the model counts its num-layers + 1 residual streams in "
+        "32-bit integers; use fewer layers",
+        c->num_layers, kMaxInt - 1));
+  }
+  if (c->hidden_size > kMaxInt / 4) {
+    return Invalid(fmt::format(
+        "--hidden-size {} is more than {}: the model computes 4 x hidden-size (the default MLP "
+        "width; the QKV width is 3 x hidden-size) in 32-bit integers; use a smaller --hidden-size",
+        c->hidden_size, kMaxInt / 4));
+  }
+  if (c->hidden_size % c->num_attention_heads != 0) {
+    int h = c->hidden_size, n = c->num_attention_heads;
+    // Suggest a head dimension that is a multiple of 8, and a power-of-two head count.
+    int64_t step = int64_t{n} * 8;
+    int64_t try_hidden = std::max<int64_t>(step, (h + step / 2) / step * step);
+    int try_heads = 1;
+    while (try_heads * 2 <= n && h % (try_heads * 2) == 0) try_heads *= 2;
+    return Invalid(fmt::format(
+        "--hidden-size {} is not divisible by --num-attention-heads {}: hidden size must be a "
+        "multiple of the head count; try --hidden-size {} or --num-attention-heads {}",
+        h, n, try_hidden, try_heads));
+  }
+  KEEL_RETURN_IF_ERROR(NonNegative("ffn-hidden-size", c->ffn_hidden_size,
+                                   "set it to 0 for 4 * hidden-size, or give a positive size"));
+  if (c->ffn_hidden_size == 0) {
+    c->ffn_hidden_size = 4 * c->hidden_size;
+    notes->push_back(
+        fmt::format("--ffn-hidden-size not given: using 4 * hidden-size = {}", c->ffn_hidden_size));
+  }
+  KEEL_RETURN_IF_ERROR(NonNegative("max-position-embeddings", c->max_position_embeddings,
+                                   "set it to 0 to use --seq-length"));
+  if (c->max_position_embeddings == 0) {
+    c->max_position_embeddings = c->seq_length;
+    notes->push_back(
+        fmt::format("--max-position-embeddings not given: using --seq-length = {}", c->seq_length));
+  }
+  if (c->max_position_embeddings < c->seq_length) {
+    // ALiBi has no position table, but the model still runs at most max-position-embeddings
+    // tokens per sequence.
+    const bool learned = c->position_embedding_type == PositionEmbedding::kLearnedAbsolute;
+    return Invalid(fmt::format(
+        "--max-position-embeddings {} is smaller than --seq-length {}: {}; try "
+        "--max-position-embeddings {} (or 0 for --seq-length) or --seq-length {}",
+        c->max_position_embeddings, c->seq_length,
+        learned ? "learned absolute positions need a table row for every position"
+                : "the model runs sequences of at most max-position-embeddings tokens, with alibi "
+                  "positions too",
+        c->seq_length, c->max_position_embeddings));
+  }
+  if (c->make_vocab_size_divisible_by < 1) {
+    return Invalid(fmt::format(
+        "--make-vocab-size-divisible-by {} must be at least 1; try --make-vocab-size-divisible-by "
+        "128",
+        c->make_vocab_size_divisible_by));
+  }
+  if (!(c->layernorm_epsilon > 0)) {
+    return Invalid(
+        fmt::format("--layernorm-epsilon {} must be positive; try --layernorm-epsilon 1e-5",
+                    c->layernorm_epsilon));
+  }
+  if (!(c->init_method_std > 0)) {
+    return Invalid(fmt::format("--init-method-std {} must be positive; try --init-method-std 0.02",
+                               c->init_method_std));
+  }
+  return Status::OK();
+}
+
+Status ValidateBatch(TrainConfig* c, std::vector<std::string>* notes) {
+  KEEL_RETURN_IF_ERROR(Positive("micro-batch-size", c->micro_batch_size));
+  if (c->data_parallel_size < 1) {
+    return Status::Internal(
+        fmt::format("data-parallel size {} must be at least 1", c->data_parallel_size));
+  }
+  const int64_t mb_tokens = int64_t{c->micro_batch_size} * (int64_t{c->seq_length} + 1);
+  if (mb_tokens > kMaxInt) {
+    return Invalid(fmt::format(
+        "--micro-batch-size {} x (--seq-length {} + 1) = {} tokens per micro-batch is more than "
+        "{}: keel counts a micro-batch's tokens in 32-bit integers; use a smaller "
+        "--micro-batch-size or --seq-length",
+        c->micro_batch_size, c->seq_length, mb_tokens, kMaxInt));
+  }
+  const int64_t mb_heads = int64_t{c->micro_batch_size} * c->num_attention_heads;
+  if (mb_heads > kMaxInt) {
+    return Invalid(fmt::format(
+        "--micro-batch-size {} x --num-attention-heads {} = {} is more than {}: the attention "
+        "kernels count (sequence, head) pairs in 32-bit integers; use a smaller --micro-batch-size",
+        c->micro_batch_size, c->num_attention_heads, mb_heads, kMaxInt));
+  }
+  const int64_t m = int64_t{c->micro_batch_size} * c->data_parallel_size;
+  const std::string m_text = fmt::format("--micro-batch-size {} * data-parallel size {} = {}",
+                                         c->micro_batch_size, c->data_parallel_size, m);
+  KEEL_RETURN_IF_ERROR(NonNegative("global-batch-size", c->global_batch_size,
+                                   "set it to 0 for micro-batch-size * data-parallel size"));
+  if (c->global_batch_size == 0) {
+    if (m > kMaxInt) {
+      return Invalid(fmt::format(
+          "--global-batch-size not given, and its default {} is more than {}, the largest global "
+          "batch; use a smaller --micro-batch-size",
+          m_text, kMaxInt));
+    }
+    c->global_batch_size = static_cast<int>(m);
+    notes->push_back(fmt::format("--global-batch-size not given: using {}", m_text));
+  }
+  const int64_t g = c->global_batch_size;
+  if (g % m != 0) {
+    int64_t down = g / m * m, up = down + m;
+    return Invalid(
+        fmt::format("--global-batch-size {} is not divisible by {}: every iteration must be whole "
+                    "micro-batches on every rank; try --global-batch-size {}",
+                    g, m_text, down > 0 ? fmt::format("{} or {}", down, up) : std::to_string(up)));
+  }
+  if (c->rampup_batch_size.empty()) return Status::OK();
+
+  const auto& r = c->rampup_batch_size;
+  if (r.size() != 3) {
+    return Invalid(
+        fmt::format("--rampup-batch-size takes 3 values (start increment samples), got {}; e.g. "
+                    "--rampup-batch-size 16 16 5859375",
+                    r.size()));
+  }
+  const std::string given = fmt::format("--rampup-batch-size {} {} {}", r[0], r[1], r[2]);
+  if (c->train_samples <= 0) {
+    return Invalid(fmt::format(
+        "{}: expected no batch-size rampup for iteration-based training; give the run length "
+        "with --train-samples (and --lr-warmup-samples / --lr-decay-samples) instead of "
+        "--train-iters, or drop --rampup-batch-size",
+        given));
+  }
+  if (r[0] <= 0 || r[1] <= 0 || r[2] <= 0) {
+    return Invalid(fmt::format(
+        "{}: start, increment and samples must all be positive; e.g. --rampup-batch-size {} {} {}",
+        given, m, m, std::max<int64_t>(r[2], 1000 * m)));
+  }
+  if (r[0] > g) {
+    return Invalid(fmt::format(
+        "{}: start batch {} is larger than --global-batch-size {}: the ramp-up grows towards the "
+        "global batch; use a start of at most {}",
+        given, r[0], g, g));
+  }
+  if ((g - r[0]) % r[1] != 0) {
+    // Suggest the largest smaller increment that divides the gap, preferring whole micro-batches.
+    int64_t diff = g - r[0], d = r[1];
+    while (d > 1 && (diff % d != 0 || d % m != 0)) --d;
+    if (diff % d != 0 || d % m != 0) {
+      for (d = r[1]; diff % d != 0;) --d;
+    }
+    return Invalid(fmt::format(
+        "{}: --global-batch-size {} minus start {} = {} is not a multiple of the increment {}: "
+        "the ramp-up must land exactly on the global batch; try increment {}",
+        given, g, r[0], diff, r[1], d));
+  }
+  // Every stage start, start+incr, ..., global must split into whole micro-batches on every rank.
+  int64_t bad = r[0] % m != 0 ? r[0] : (g > r[0] && r[1] % m != 0) ? r[0] + r[1] : 0;
+  if (bad != 0) {
+    return Invalid(fmt::format(
+        "{}: ramp-up batch size {} is not divisible by {}: every batch size during the ramp-up "
+        "must be whole micro-batches on every rank; use a start and increment that are multiples "
+        "of {}, or a smaller micro-batch or data-parallel size",
+        given, bad, m_text, m));
+  }
+  if (r[2] > c->train_samples) {
+    return Invalid(fmt::format(
+        "{}: ramp-up samples {} exceed --train-samples {}: the run would end before reaching the "
+        "global batch; use ramp-up samples of at most {}",
+        given, r[2], c->train_samples, c->train_samples));
+  }
+  return Status::OK();
+}
+
+// Every length of the run in tokens stays below kMaxRunTokens: the schedule multiplies iterations
+// by the global batch, and the trainer counts consumed samples and tokens in int64.
+Status ValidateRunTokens(const TrainConfig& c) {
+  const Wide g = c.global_batch_size, t = c.seq_length;
+  const std::string limit = fmt::format("2^62 ({})", Count(kMaxRunTokens));
+  for (auto [flag, v] : {std::pair{"train-iters", c.train_iters},
+                         {"lr-warmup-iters", c.lr_warmup_iters},
+                         {"lr-decay-iters", c.lr_decay_iters},
+                         {"eval-iters", c.eval_iters}}) {
+    const Wide tokens = Wide{v} * g * t;
+    if (tokens > kMaxRunTokens) {
+      return Invalid(fmt::format(
+          "--{} {} x --global-batch-size {} x --seq-length {} = {} tokens is more than {}: keel "
+          "counts samples and tokens in 64-bit integers; use a smaller --{}",
+          flag, v, c.global_batch_size, c.seq_length, Count(tokens), limit, flag));
+    }
+  }
+  for (auto [flag, v] : {std::pair{"train-samples", c.train_samples},
+                         {"lr-warmup-samples", c.lr_warmup_samples},
+                         {"lr-decay-samples", c.lr_decay_samples}}) {
+    const Wide tokens = Wide{v} * t;
+    if (tokens > kMaxRunTokens) {
+      return Invalid(fmt::format(
+          "--{} {} x --seq-length {} = {} tokens is more than {}: keel counts samples and tokens "
+          "in 64-bit integers; use a smaller --{}",
+          flag, v, c.seq_length, Count(tokens), limit, flag));
+    }
+  }
+  return Status::OK();
+}
+
+Status ValidateSchedule(TrainConfig* c, std::vector<std::string>* notes) {
+  KEEL_RETURN_IF_ERROR(NonNegative("train-iters", c->train_iters, "give a positive length"));
+  KEEL_RETURN_IF_ERROR(NonNegative("train-samples", c->train_samples, "give a positive length"));
+  if (c->train_iters == 0 && c->train_samples == 0) {
+    return Invalid(
+        "neither --train-iters nor --train-samples is set: give the run length with exactly one "
+        "of them, e.g. --train-iters 300");
+  }
+  if (c->train_iters > 0 && c->train_samples > 0) {
+    return Invalid(fmt::format(
+        "--train-iters {} and --train-samples {} are both set: a run counts either iterations or "
+        "samples; set the other to 0",
+        c->train_iters, c->train_samples));
+  }
+  for (auto [flag, v] : {std::pair{"lr-warmup-samples", c->lr_warmup_samples},
+                         {"lr-warmup-iters", c->lr_warmup_iters},
+                         {"lr-decay-samples", c->lr_decay_samples},
+                         {"lr-decay-iters", c->lr_decay_iters}}) {
+    KEEL_RETURN_IF_ERROR(NonNegative(flag, v, "use 0 or a positive length"));
+  }
+  KEEL_RETURN_IF_ERROR(ValidateRunTokens(*c));
+  const int64_t g = c->global_batch_size;
+  const bool constant = c->lr_decay_style == LrDecayStyle::kConstant;
+  if (c->train_iters > 0) {
+    // Megatron: an iteration-based run uses the iteration forms of the schedule flags.
+    if (c->lr_warmup_samples > 0) {
+      return Invalid(fmt::format(
+          "--lr-warmup-samples {} is for samples-based runs, but this run is iteration-based "
+          "(--train-iters {}): use --lr-warmup-iters {} instead",
+          c->lr_warmup_samples, c->train_iters, (c->lr_warmup_samples + g - 1) / g));
+    }
+    if (c->lr_decay_samples > 0) {
+      return Invalid(fmt::format(
+          "--lr-decay-samples {} is for samples-based runs, but this run is iteration-based "
+          "(--train-iters {}): use --lr-decay-iters {} instead",
+          c->lr_decay_samples, c->train_iters, (c->lr_decay_samples + g - 1) / g));
+    }
+    if (c->lr_decay_iters == 0) {
+      c->lr_decay_iters = c->train_iters;
+      if (!constant) {
+        notes->push_back(
+            fmt::format("--lr-decay-iters not given: decaying over the whole run, {} iterations",
+                        c->train_iters));
+      }
+    }
+    if (!constant && c->lr_warmup_iters >= c->lr_decay_iters) {
+      return Invalid(fmt::format(
+          "--lr-warmup-iters {} is not smaller than --lr-decay-iters {}: warmup must end before "
+          "the decay does; try --lr-warmup-iters {} or a longer --lr-decay-iters",
+          c->lr_warmup_iters, c->lr_decay_iters, c->lr_decay_iters / 10));
+    }
+  } else {
+    if (c->lr_warmup_iters > 0) {
+      return Invalid(fmt::format(
+          "--lr-warmup-iters {} is for iteration-based runs, but this run is samples-based "
+          "(--train-samples {}): use --lr-warmup-samples {} (iterations * global batch {}) and "
+          "--lr-warmup-iters 0",
+          c->lr_warmup_iters, c->train_samples, c->lr_warmup_iters * g, g));
+    }
+    if (c->lr_decay_iters > 0) {
+      return Invalid(fmt::format(
+          "--lr-decay-iters {} is for iteration-based runs, but this run is samples-based "
+          "(--train-samples {}): use --lr-decay-samples {} (iterations * global batch {}) and "
+          "--lr-decay-iters 0",
+          c->lr_decay_iters, c->train_samples, c->lr_decay_iters * g, g));
+    }
+    if (c->lr_decay_samples == 0) {
+      c->lr_decay_samples = c->train_samples;
+      if (!constant) {
+        notes->push_back(
+            fmt::format("--lr-decay-samples not given: decaying over the whole run, {} samples",
+                        c->train_samples));
+      }
+    }
+    if (!constant && c->lr_warmup_samples >= c->lr_decay_samples) {
+      return Invalid(fmt::format(
+          "--lr-warmup-samples {} is not smaller than --lr-decay-samples {}: warmup must end "
+          "before the decay does; try --lr-warmup-samples {} or a longer --lr-decay-samples",
+          c->lr_warmup_samples, c->lr_decay_samples, c->lr_decay_samples / 10));
+    }
+  }
+  if (!(c->lr > 0)) {
+    return Invalid(fmt::format("--lr {} must be positive; try --lr 1e-3", c->lr));
+  }
+  if (!(c->lr <= kMaxLearningRate)) {
+    return Invalid(fmt::format(
+        "--lr {} is above {}: AdamW moves every weight by about the learning rate per step, so "
+        "this only drives the weights to infinity; GPT-style models train at 1e-4 to 1e-3, try "
+        "--lr 1e-3",
+        c->lr, kMaxLearningRate));
+  }
+  if (!(c->min_lr >= 0 && c->min_lr <= c->lr)) {
+    return Invalid(fmt::format(
+        "--min-lr {} must be between 0 and --lr {}: decay goes down to it; try --min-lr {}",
+        c->min_lr, c->lr, c->lr / 10));
+  }
+  return Status::OK();
+}
+
+Status ValidateOptimizerAndRun(TrainConfig* c) {
+  for (auto [flag, v] : {std::pair{"adam-beta1", c->adam_beta1}, {"adam-beta2", c->adam_beta2}}) {
+    if (!(v >= 0 && v < 1)) {
+      return Invalid(fmt::format(
+          "--{} {} must be in [0, 1): it is the decay of a moving average; try --adam-beta1 0.9 "
+          "--adam-beta2 0.95",
+          flag, v));
+    }
+  }
+  if (!(c->adam_eps > 0)) {
+    return Invalid(fmt::format("--adam-eps {} must be positive; try --adam-eps 1e-8", c->adam_eps));
+  }
+  if (!(c->weight_decay >= 0)) {
+    return Invalid(fmt::format(
+        "--weight-decay {} must not be negative; use 0 to disable it or e.g. --weight-decay 0.1",
+        c->weight_decay));
+  }
+  if (!(c->clip_grad >= 0)) {
+    return Invalid(fmt::format(
+        "--clip-grad {} must not be negative; use 0 to disable clipping or e.g. --clip-grad 1.0",
+        c->clip_grad));
+  }
+  KEEL_RETURN_IF_ERROR(Positive("eval-interval", c->eval_interval));
+  KEEL_RETURN_IF_ERROR(Positive("log-interval", c->log_interval));
+  KEEL_RETURN_IF_ERROR(
+      NonNegative("eval-iters", c->eval_iters, "use 0 to skip evaluation, e.g. --eval-iters 10"));
+  KEEL_RETURN_IF_ERROR(ValidateThreads(c->threads));
+  KEEL_RETURN_IF_ERROR(NonNegative("sample-tokens", c->sample_tokens,
+                                   "use 0 for no sample or a positive token count"));
+  if (c->sample_tokens > kMaxSampleTokens) {
+    return Invalid(fmt::format(
+        "--sample-tokens {} is more than {}, the most keel generates in one sample (keel sample "
+        "--tokens has the same cap); use --sample-tokens {} or fewer",
+        c->sample_tokens, kMaxSampleTokens, kMaxSampleTokens));
+  }
+  KEEL_RETURN_IF_ERROR(NonNegative("save-interval", c->save_interval,
+                                   "use 0 to save only at the end and on stop requests"));
+  KEEL_RETURN_IF_ERROR(
+      NonNegative("keep-last-checkpoints", c->keep_last_checkpoints, "use 0 to keep all"));
+  KEEL_RETURN_IF_ERROR(NonNegative("exit-interval", c->exit_interval, "use 0 to disable it"));
+  for (auto [flag, v] :
+       {std::pair<const char*, double>{"save-interval-minutes", c->save_interval_minutes},
+        {"exit-duration-in-mins", c->exit_duration_in_mins},
+        {"lr-scale-on-resume", c->lr_scale_on_resume}}) {
+    if (!(v >= 0))
+      return Invalid(fmt::format("--{} {} must not be negative; use 0 to disable it", flag, v));
+  }
+  if (!(c->lr * c->lr_scale_on_resume <= kMaxLearningRate)) {
+    return Invalid(fmt::format(
+        "--lr-scale-on-resume {} times --lr {} is above {}, the largest learning rate keel "
+        "accepts; use a scale of at most {:g}",
+        c->lr_scale_on_resume, c->lr, kMaxLearningRate, kMaxLearningRate / c->lr));
+  }
+  if (c->save.empty()) {
+    if (!c->kill_switch_path.empty())
+      return Invalid(
+          "--kill-switch-path needs --save: the kill switch saves a checkpoint before "
+          "exiting; pass --save DIR");
+    if (!c->load.empty())
+      return Invalid("--load " + c->load +
+                     " needs --save: a resumed run must have somewhere to save; pass --save DIR");
+  }
+  return CheckSplit(c->split);
+}
+
+Status ValidateGuard(const TrainConfig& c) {
+  if (!(c.z_loss >= 0) || c.z_loss > 1)
+    return Invalid(fmt::format(
+        "--z-loss {} must be between 0 (off) and 1; PaLM used 1e-4, e.g. --z-loss 1e-4", c.z_loss));
+  for (auto [flag, v] : {std::pair{"guard-z-threshold", c.guard_z_threshold},
+                         std::pair{"guard-grad-z-threshold", c.guard_grad_z_threshold},
+                         std::pair{"guard-divergence-rel", c.guard_divergence_rel}}) {
+    if (!(v > 0))
+      return Invalid(fmt::format("--{} {} must be positive; the default is {}", flag, v,
+                                 FindSetting(flag)->get(TrainConfig{})));
+  }
+  if (!(c.guard_lr_cut > 0 && c.guard_lr_cut <= 1))
+    return Invalid(fmt::format(
+        "--guard-lr-cut {} must be in (0, 1]: it multiplies the LR on an escalated rollback; "
+        "try 0.5",
+        c.guard_lr_cut));
+  KEEL_RETURN_IF_ERROR(Positive("guard-window", c.guard_window));
+  KEEL_RETURN_IF_ERROR(Positive("guard-divergence-window", c.guard_divergence_window));
+  KEEL_RETURN_IF_ERROR(Positive("guard-recover-iters", c.guard_recover_iters));
+  if (c.guard_min_history < 3 || c.guard_min_history > c.guard_window)
+    return Invalid(fmt::format(
+        "--guard-min-history {} must be between 3 and --guard-window {}: robust statistics need "
+        "a few values and cannot use more than the window holds",
+        c.guard_min_history, c.guard_window));
+  for (auto [flag, v] : {std::pair{"guard-max-skips", c.guard_max_skips},
+                         std::pair{"guard-rollback-margin", c.guard_rollback_margin},
+                         std::pair{"guard-skip-before", c.guard_skip_before},
+                         std::pair{"guard-skip-after", c.guard_skip_after},
+                         std::pair{"guard-max-rollbacks", c.guard_max_rollbacks},
+                         std::pair{"guard-escalation-window", c.guard_escalation_window}})
+    KEEL_RETURN_IF_ERROR(NonNegative(flag, v, "give 0 or more"));
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  KEEL_RETURN_IF_ERROR(ParseIterationRanges(c.skip_train_iteration_range, &ranges));
+  return ParseSampleRanges(c.skip_train_samples_range, &ranges);
+}
+
+// The parameter count and one micro-batch's activation floats (upper bounds of GptModel's own
+// counts) stay below kMaxFloats. Needs the derived sizes (FFN, max positions, padded vocab).
+Status ValidateModelSize(const TrainConfig& c) {
+  const Wide L = c.num_layers, h = c.hidden_size, F = c.ffn_hidden_size;
+  const Wide NH = c.num_attention_heads, Vp = c.padded_vocab_size, P = c.max_position_embeddings;
+  const Wide B = c.micro_batch_size, T = c.seq_length, N = B * T;
+  const std::string limit = fmt::format("2^59 ({})", Count(kMaxFloats));
+  // Per layer: QKV 3h^2+3h, projection h^2+h, MLP 2hF+F+h, LayerNorms 4h, QK-LayerNorm 4h/NH;
+  // then the word and position tables and the embedding and final LayerNorms.
+  const Wide params = L * (4 * h * h + 2 * h * F + 9 * h + F + 4 * h / NH) + (Vp + P + 4) * h;
+  if (params > kMaxFloats) {
+    return Invalid(fmt::format(
+        "--num-layers {}, --hidden-size {}, --ffn-hidden-size {}: {} parameters is more than {}: "
+        "their weights, gradients and Adam moments (16 bytes each) would overflow 64-bit byte "
+        "counts; use a smaller model",
+        c.num_layers, c.hidden_size, c.ffn_hidden_size, Count(params), limit));
+  }
+  // Per layer: attention probabilities B*NH*T^2, the (N, h), (N, 3h) and (N, F) buffers (QK-
+  // LayerNorm included); then the logits (N, Vp), the final buffers and gradient scratch.
+  const Wide attention = L * B * NH * T * T;
+  const Wide acts =
+      attention + L * (N * (12 * h + 2 * F + 4 * NH + 4) + B * NH) + N * (Vp + 16 * h + 2 * F + 12);
+  if (acts > kMaxFloats) {
+    return Invalid(fmt::format(
+        "one micro-batch's activations would be {} floats (attention probabilities alone: "
+        "--num-layers {} x --micro-batch-size {} x --num-attention-heads {} x --seq-length {} "
+        "squared = {}), more than {}: their byte counts would overflow 64-bit sizes; use a "
+        "smaller --micro-batch-size, --seq-length or --num-layers",
+        Count(acts), c.num_layers, c.micro_batch_size, c.num_attention_heads, c.seq_length,
+        Count(attention), limit));
+  }
+  return Status::OK();
+}
+
+Status ParseRanges(const std::vector<std::string>& text, const char* flag, int64_t min_first,
+                   const char* what, const char* example,
+                   std::vector<std::pair<int64_t, int64_t>>* out) {
+  out->clear();
+  for (const std::string& r : text) {
+    const size_t dash = r.find('-');
+    std::optional<int64_t> a, b;
+    if (dash != std::string::npos) {
+      a = ParseWhole<int64_t>(std::string_view(r).substr(0, dash));
+      b = ParseWhole<int64_t>(std::string_view(r).substr(dash + 1));
+    }
+    if (!a || !b || *a < min_first || *b < *a)
+      return Invalid(
+          fmt::format("--{} {}: expected FIRST-LAST with {} <= FIRST <= LAST ({}), e.g. --{} {}",
+                      flag, r, min_first, what, flag, example));
+    out->emplace_back(*a, *b);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status Validate(TrainConfig* cfg, std::vector<std::string>* notes) {
+  KEEL_RETURN_IF_ERROR(ValidateModel(cfg, notes));
+  KEEL_RETURN_IF_ERROR(ValidateGuard(*cfg));
+  KEEL_RETURN_IF_ERROR(ValidateBatch(cfg, notes));
+  KEEL_RETURN_IF_ERROR(ValidateSchedule(cfg, notes));
+  KEEL_RETURN_IF_ERROR(ValidateOptimizerAndRun(cfg));
+  if (cfg->vocab_size < 0) {
+    return Status::InvalidArgument(
+        fmt::format("vocabulary size {} is negative: the dataset metadata is wrong; rebuild it",
+                    cfg->vocab_size));
+  }
+  if (cfg->vocab_size > 0) {
+    const int64_t mult = cfg->make_vocab_size_divisible_by;
+    const int64_t padded = RoundUp(cfg->vocab_size, mult);
+    if (padded > kMaxInt) {
+      return Invalid(fmt::format(
+          "--make-vocab-size-divisible-by {} pads the vocabulary of {} tokens to {}, more than "
+          "{}: the model counts vocabulary rows in 32-bit integers; try "
+          "--make-vocab-size-divisible-by 128",
+          mult, cfg->vocab_size, padded, kMaxInt));
+    }
+    cfg->padded_vocab_size = static_cast<int>(padded);
+    notes->push_back(fmt::format("vocab {} padded to {} (multiple of {})", cfg->vocab_size,
+                                 cfg->padded_vocab_size, mult));
+  }
+  return ValidateModelSize(*cfg);
+}
+
+int MaxThreads() {
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(std::min(1024u, 4 * hw));
+}
+
+Status ValidateThreads(int threads) {
+  KEEL_RETURN_IF_ERROR(
+      NonNegative("threads", threads, "use 0 for all cores or a positive thread count"));
+  const int max = MaxThreads();
+  if (threads <= max) return Status::OK();
+  return Invalid(fmt::format(
+      "--threads {} is more than {}: keel runs at most 4 threads per hardware thread ({} here) "
+      "and never more than 1024, since far more threads than cores only slow it down and "
+      "thousands of them hang or crash OpenMP; use --threads 0 for all cores, or at most {}",
+      threads, max, std::max(1u, std::thread::hardware_concurrency()), max));
+}
+
+Status ParseIterationRanges(const std::vector<std::string>& text,
+                            std::vector<std::pair<int64_t, int64_t>>* out) {
+  return ParseRanges(text, "skip-train-iteration-range", 1, "inclusive iterations",
+                     "101-200 301-400", out);
+}
+
+Status ParseSampleRanges(const std::vector<std::string>& text,
+                         std::vector<std::pair<int64_t, int64_t>>* out) {
+  return ParseRanges(text, "skip-train-samples-range", 0, "inclusive 0-based sample positions",
+                     "204800-409599", out);
+}
+
+}  // namespace keel

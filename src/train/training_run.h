@@ -1,0 +1,121 @@
+// TrainingRun: one process's part of a training run, as a library (LevelDB's DB::Open is the
+// model). Open resolves everything a run needs before any work: the run directory, the data and
+// the final config, the point it continues from (train checkpoint resume rules, rollbacks), the
+// model, the checkpoint controller, the journal, the metrics and the guard, each logged as it is
+// decided. Train runs it to its end and says how it ended.
+//
+//   std::unique_ptr<TrainingRun> run;
+//   KEEL_RETURN_IF_ERROR(TrainingRun::Open(config, {env, comm, &hooks}, &run));
+//   TrainingRun::Outcome outcome;
+//   KEEL_RETURN_IF_ERROR(run->Train(&outcome));
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "checkpoint/checkpoint_store.h"
+#include "checkpoint/resume.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "core/env.h"
+#include "data/sample_prefetcher.h"
+#include "data/train_data.h"
+#include "journal/run_journal.h"
+#include "metrics/run_metrics.h"
+#include "train/checkpoint_controller.h"
+#include "train/guard_controller.h"
+#include "train/test_hooks.h"
+#include "train/trainer.h"
+
+namespace keel {
+
+struct RunOptions {
+  Env* env = nullptr;                     // all file I/O and the clock
+  Communicator* comm = nullptr;           // this process's place among the data-parallel ranks
+  const TestHooks* test_hooks = nullptr;  // test-only faults (train/test_hooks.h); may be null
+};
+
+class TrainingRun {
+ public:
+  enum class Outcome {
+    kFinished,         // trained to the end and saved (with --save)
+    kAlreadyComplete,  // the checkpoint it resumed already completes the run
+    kStopped,          // a stop request (signal, kill switch, exit interval): saved, resumable
+    kNotStarted,       // the kill switch existed at start: nothing was done
+    kGuardStopped,     // the guard could not recover (its budget spent, or no checkpoint)
+  };
+
+  // `config` as the user gave it (flags and TOML); the run completes and validates it once the
+  // data (vocabulary) and the communicator (data-parallel size) are known. InvalidArgument for a
+  // setting or input the user must fix; other codes for runtime failures.
+  static Status Open(const TrainConfig& config, const RunOptions& options,
+                     std::unique_ptr<TrainingRun>* out);
+  ~TrainingRun();
+
+  // Trains until the configured length, a stop request or a guard stop; then saves, logs the
+  // state fingerprint and, with --sample-tokens, a text sample.
+  Status Train(Outcome* outcome);
+
+  const TrainConfig& config() const { return cfg_; }
+  const ResumePoint& resume_point() const { return resume_; }
+  Trainer& trainer() { return *trainer_; }
+  uint64_t StateFingerprint() { return trainer_->StateFingerprint(); }
+
+ private:
+  TrainingRun(const TrainConfig& config, const RunOptions& options);
+  // Open's steps; `doing` names the step under way for an out-of-memory message.
+  static Status OpenSteps(const TrainConfig& config, const RunOptions& options,
+                          std::unique_ptr<TrainingRun>* out, std::string* doing);
+  Status CheckMemory(std::vector<std::string>* notes);
+  Status PrepareRunDirectory();
+  Status OpenData(std::vector<std::string>* notes);
+  void LogData();
+  TrainerData MakeTrainerData();
+  int ReadTrainSample(int64_t index, int32_t* tokens);
+  int ReadValidSample(int d, int64_t index, int32_t* tokens);
+  // Throws KeelError(InvalidArgument) naming the dataset, document and token when a token of
+  // sample `index` (origin `o`) lies outside the vocabulary: the one check every sample passes
+  // before the model sees it.
+  void CheckTokens(const SampleOrigin& o, const int32_t* tokens, bool train, int64_t index);
+  // After a bad sample stopped an iteration: keeps the last completed iteration (a checkpoint
+  // with --save) and returns `error` with what was kept.
+  Status StopOnDataError(const Status& error);
+  // Where the newest checkpoint is, for an error that stops the run.
+  std::string LastCheckpointText();
+  void LogSkippedSampleRanges();
+  Status StartFromResumePoint();
+  Status OpenJournalMetricsAndGuard();
+  Status PrintSample();
+
+  TrainConfig cfg_;
+  Env* env_;
+  Communicator* comm_;
+  const TestHooks* test_hooks_;
+  bool not_started_ = false;  // the kill switch was there at start
+  bool data_error_ = false;   // CheckTokens threw: a sample held a token outside the vocabulary
+
+  std::unique_ptr<TrainData> data_;
+  std::string prefix_;  // the dataset whose tokenizer is the run's
+  DatasetMeta meta_;
+  ResumePoint resume_;
+  nlohmann::json history_ = nlohmann::json::array();
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<SamplePrefetcher> prefetcher_;  // reads data_; stopped before it goes
+  std::vector<int64_t> last_epoch_;               // per dataset: the epoch last read
+  uint64_t last_salt_ = 0;
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<CheckpointStore> store_;  // null without --save
+  std::unique_ptr<CheckpointController> ckpt_;
+  std::unique_ptr<RunJournal> journal_;
+  std::unique_ptr<RunMetrics> metrics_;
+  std::unique_ptr<GuardController> guard_;
+};
+
+const char* OutcomeName(TrainingRun::Outcome outcome);
+
+}  // namespace keel

@@ -1,0 +1,70 @@
+// The model's memory as a run estimates it before allocating (train/memory_estimate.h):
+// ParamCount is ParamLayout's total for every shape option and counts a billion layers without
+// allocating them; ActivationBytes is what the first Forward of that shape really allocates.
+#include <gtest/gtest.h>
+#include <malloc.h>
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/gpt.h"
+
+namespace keel {
+namespace {
+
+GptSpec Spec(int layers, bool alibi, bool embed_ln, bool qk_ln) {
+  GptSpec s{layers, 64, 192, 4, 32, 500, 512, alibi, embed_ln, 1e-5f};
+  s.qk_layernorm = qk_ln;
+  return s;
+}
+
+TEST(GptMemoryTest, ParamCountIsTheLayoutsTotalForEveryShapeOption) {
+  std::unique_ptr<Backend> be = MakeCpuBackend(1);
+  for (int layers : {1, 3}) {
+    for (bool alibi : {false, true}) {
+      for (bool qk : {false, true}) {
+        const GptSpec s = Spec(layers, alibi, !alibi, qk);
+        uint64_t total = 0;
+        for (const ParamInfo& p : GptModel::ParamLayout(s)) total += p.numel;
+        EXPECT_EQ(GptModel::ParamCount(s), total) << layers << alibi << qk;
+        EXPECT_EQ(GptModel(be.get(), s).num_params(), total);
+      }
+    }
+  }
+}
+
+TEST(GptMemoryTest, ABillionLayersAreCountedNotAllocated) {
+  GptSpec s{1 << 30, 32, 128, 2, 32, 4096, 4096, false, false, 1e-5f};
+  // The seeds' formula is exact for this shape; listing 2^30 layers' tensors would take ~1 TB.
+  EXPECT_EQ(static_cast<int64_t>(GptModel::ParamCount(s)), GptModel::FormulaParamCount(s));
+  EXPECT_GT(GptModel::ActivationBytes(s, 2, 32), (uint64_t{1} << 30) * 2 * 32 * 32 * 4);
+}
+
+// Bytes the process holds from malloc (arenas and mmapped chunks).
+size_t HeapBytes() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+TEST(GptMemoryTest, ActivationBytesIsWhatTheFirstForwardAllocates) {
+  std::unique_ptr<Backend> be = MakeCpuBackend(1);
+  for (bool qk : {false, true}) {
+    const GptSpec s = Spec(3, false, false, qk);
+    const int B = 4, T = 32;
+    GptModel m(be.get(), s);
+    m.Initialize(1, 0.02f);
+    std::vector<int32_t> tokens(B * T), targets(B * T);
+    for (int i = 0; i < B * T; ++i) tokens[i] = targets[i] = i % s.vocab;
+    const size_t before = HeapBytes();
+    m.Forward(tokens.data(), targets.data(), B, T, 1.0f);
+    const double allocated = static_cast<double>(HeapBytes() - before);
+    const double counted = static_cast<double>(GptModel::ActivationBytes(s, B, T));
+    ASSERT_GT(counted, 1e6);
+    // Allowance: 64-byte rounding and malloc headers of ~90 buffers, the kernels' scratch rows.
+    EXPECT_NEAR(allocated, counted, 0.01 * counted + 64 * 1024) << "qk_layernorm " << qk;
+  }
+}
+
+}  // namespace
+}  // namespace keel
