@@ -17,6 +17,7 @@
 namespace keel {
 namespace {
 
+using config_internal::CheckTomlNonAscii;
 using config_internal::FindSetting;
 using config_internal::Input;
 using config_internal::ParseWhole;
