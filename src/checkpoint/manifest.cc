@@ -77,7 +77,10 @@ Status Manifest::FromJson(const std::string& text, const std::string& path, Mani
   if (version.Get<int64_t>(1) != 1)
     return Status::Corruption(path + ": manifest format_version " + version.raw().dump() +
                               " is not supported by this keel (" KEEL_VERSION ")");
-  out->iteration = root["iteration"].Get<int64_t>();
+  const JsonValue iteration = root["iteration"];
+  out->iteration = iteration.Get<int64_t>();
+  if (r.ok() && out->iteration < 0)
+    r.Fail(iteration.path(), "must be a non-negative integer, but is " + iteration.raw().dump());
   out->files.clear();
   for (const JsonValue& f : root["files"].Items()) {
     ManifestEntry e;

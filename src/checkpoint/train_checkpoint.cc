@@ -246,6 +246,10 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
   t.counters.skipped_iterations = c["skipped_iterations"].Get<int64_t>();
   t.counters.nan_iterations = c["nan_iterations"].Get<int64_t>();
   t.counters.data_skipped_iterations = c.Optional("data_skipped_iterations").Get<int64_t>(0);
+  for (const char* key : {"iteration", "consumed_samples", "consumed_tokens", "skipped_iterations",
+                          "nan_iterations"})
+    if (reader.ok() && c[key].Get<int64_t>() < 0)
+      reader.Fail(c[key].path(), "must be a non-negative integer, but is " + c[key].raw().dump());
   const JsonValue d = root["data"];
   t.data_salt = d.Optional("order_salt").Get<uint64_t>(0);
   for (const JsonValue& p : d.Optional("skipped_iteration_ranges").Items())
@@ -306,9 +310,8 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
   r.config.padded_vocab_size = r.spec.padded_vocab;
   // The saved config was valid when it was written; one edited since would reach invariants of
   // the code that rebuilds its schedule (DiffConfigForResume) as an internal error.
-  TrainConfig check = r.config;
   std::vector<std::string> notes;
-  if (Status v = Validate(&check, &notes); !v.ok())
+  if (Status v = Validate(&r.config, &notes); !v.ok())
     return Status::Corruption(fmt::format("{}: the saved config is not valid: {}; {}", cp,
                                           v.message(), kDamagedCheckpointFix));
   r.state = std::move(s);

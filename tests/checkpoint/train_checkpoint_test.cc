@@ -366,6 +366,8 @@ TEST(TrainCheckpointTest, MalformedCheckpointJsonNamesTheFileTheKeyAndTheFix) {
        "key 'counters.iteration' must be an integer, but is the number"},
       {[](nlohmann::json& s) { s["data"]["order_salt"] = -3.5; },
        "key 'data.order_salt' must be an integer"},
+      {[](nlohmann::json& s) { s["counters"]["consumed_samples"] = -8; },
+       "key 'counters.consumed_samples' must be a non-negative integer, but is -8"},
   };
   for (const auto& [edit, words] : cases) {
     nlohmann::json s = good;
@@ -402,7 +404,7 @@ TEST(TrainCheckpointTest, MalformedCheckpointJsonNamesTheFileTheKeyAndTheFix) {
   };
   for (const auto& [key, value, words] : std::vector<std::array<std::string, 3>>{
            {"lr-warmup-iters", "400000", "warmup"},
-           {"global-batch-size", "0", "global-batch-size"}}) {
+           {"global-batch-size", "7", "global-batch-size 7 is not divisible"}}) {
     ASSERT_TRUE(WriteFileAtomic(Env::Default(), cp, with(key, value)).ok());
     SavedTrainState saved;
     const Status st = ReadSavedTrainState(Env::Default(), dir, &saved);

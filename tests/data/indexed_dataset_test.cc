@@ -269,7 +269,7 @@ TEST_F(MalformedDatasetTest, MetaNumbersMustBe32BitIntegers) {
        {"{\"vocab_size\": 2e22}", "{\"vocab_size\": 4294967296}", "{\"vocab_size\": 400.5}",
         "{\"eod_id\": \"1\"}", "{\"tokenizer_model\": 7}"}) {
     WriteTextFile(prefix_ + ".meta.json", meta);
-    ExpectError(Status::Code::kCorruption, prefix_ + ".meta.json", "is not a");
+    ExpectError(Status::Code::kCorruption, prefix_ + ".meta.json", "must be");
   }
   WriteTextFile(prefix_ + ".meta.json", "{\"vocab_size\": 400, \"eod_id\": 1}");
   std::unique_ptr<IndexedDataset> ds;

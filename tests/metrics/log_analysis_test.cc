@@ -66,22 +66,26 @@ TEST(MegatronLogTest, ReadsTheSeedsWrappedPrefixedLinesField) {
 }
 
 // Found by fuzz/megatron_log_fuzz: a count printed as inf or beyond int64 ("consumed tokens:
-// 1e30") was converted with undefined behaviour. It now reads as unknown.
-TEST(MegatronLogTest, CountsThatDoNotFitReadAsUnknown) {
+// 1e30") was converted with undefined behaviour. Such a line is refused, with the reason.
+TEST(MegatronLogTest, CountsThatDoNotFitAreRefusedByLine) {
   ParsedLog log;
   ASSERT_TRUE(
       ParseMegatronLog("iteration5/|consumedtokens:1e30\n"
-                       " iteration 6/ 10 | consumed samples: inf | consumed tokens: 1536 | "
-                       "number of skipped iterations: -inf | number of nan iterations: nan |\n",
+                       " iteration 6/ 10 | consumed samples: inf | consumed tokens: 1536 |\n"
+                       " iteration 7/ 10 | consumed samples: 64 | number of nan iterations: nan |\n"
+                       " iteration 8/ 10 | consumed samples: 72 | consumed tokens: 1536 |\n",
                        "x.log", &log)
           .ok());
-  ASSERT_EQ(log.records.size(), 2u);
-  EXPECT_EQ(log.records[0].iteration, 5);
-  EXPECT_EQ(log.records[0].consumed_tokens, -1);
-  EXPECT_EQ(log.records[1].consumed_samples, -1);
-  EXPECT_EQ(log.records[1].consumed_tokens, 1536);
-  EXPECT_EQ(log.records[1].skipped, 0);
-  EXPECT_EQ(log.records[1].nan, 0);
+  ASSERT_EQ(log.records.size(), 1u);
+  EXPECT_EQ(log.records[0].iteration, 8);
+  EXPECT_EQ(log.records[0].consumed_samples, 72);
+  ASSERT_EQ(log.rejected.size(), 3u);
+  EXPECT_NE(log.rejected[0].reason.find("1e30 is not a count"), std::string::npos)
+      << log.rejected[0].reason;
+  EXPECT_NE(log.rejected[1].reason.find("inf is not a count"), std::string::npos)
+      << log.rejected[1].reason;
+  EXPECT_NE(log.rejected[2].reason.find("nan is not a count"), std::string::npos)
+      << log.rejected[2].reason;
 }
 
 TEST(LogAnalysisTest, SeedsSpikeAndSlowGpuAreFoundWhereTheChroniclesSay) {
