@@ -2,7 +2,6 @@
 // each file replaced atomically. `keel tb truncate --after-step N DIR`: keep the curves up to
 // iteration N; the original files go whole to DIR/tb-archive/ (docs/observability.md).
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/exit_code.h"
@@ -41,19 +40,9 @@ int TbCommand(int argc, const char* const* argv) {
     std::string text;
     Status st = env->ReadFileToString(map_path, &text);
     if (!st.ok()) return fail(Status::NotFound("--map " + map_path + ": " + st.message()));
-    const auto j = nlohmann::json::parse(text, nullptr, false);
     std::map<std::string, std::string> map;
-    bool ok = j.is_object() && !j.empty();
-    if (ok)
-      for (const auto& [from, to] : j.items()) {
-        if (!to.is_string() || to.get<std::string>().empty() || from.empty()) ok = false;
-        if (ok) map[from] = to.get<std::string>();
-      }
-    if (!ok)
-      return fail(Status::InvalidArgument(
-          "--map " + map_path +
-          " must be a JSON object of non-empty tag names, e.g. {\"lm loss\": "
-          "\"lm-loss-training/lm loss\"}"));
+    st = ParseTagMap(text, "--map " + map_path, &map);
+    if (!st.ok()) return fail(st);
     TagRenameReport r;
     st = RenameTags(env, dir, map, &r);
     if (!st.ok()) return fail(st);

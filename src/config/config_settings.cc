@@ -183,176 +183,217 @@ using TC = TrainConfig;
 }  // namespace
 
 const std::vector<Setting>& Settings() {
-  static const std::vector<Setting>* table = new std::vector<Setting>{
-      // model
-      IntSetting("num-layers", "number of transformer layers", &TC::num_layers),
-      IntSetting("hidden-size", "transformer hidden size", &TC::hidden_size),
-      IntSetting("ffn-hidden-size", "MLP inner size (0: 4 * hidden-size)", &TC::ffn_hidden_size),
-      IntSetting("num-attention-heads", "attention heads; must divide hidden-size",
-                 &TC::num_attention_heads),
-      IntSetting("seq-length", "tokens per training sequence", &TC::seq_length),
-      IntSetting("max-position-embeddings", "rows of the position table (0: seq-length)",
-                 &TC::max_position_embeddings),
-      EnumSetting("position-embedding-type", "position encoding", &TC::position_embedding_type,
-                  {{PositionEmbedding::kLearnedAbsolute, "learned_absolute"},
-                   {PositionEmbedding::kAlibi, "alibi"}}),
-      BoolSetting("embed-layernorm", "LayerNorm after the word embedding (BLOOM)",
-                  &TC::embed_layernorm),
-      IntSetting("make-vocab-size-divisible-by", "pad the vocabulary to a multiple of this",
-                 &TC::make_vocab_size_divisible_by),
-      RealSetting("layernorm-epsilon", "LayerNorm epsilon", &TC::layernorm_epsilon),
-      EnumSetting("init-method", "weight init: normal uses init-method-std", &TC::init_method,
-                  {{InitMethod::kNormal, "normal"},
-                   {InitMethod::kSmallInit, "small_init"},
-                   {InitMethod::kMegatron530B, "megatron_530b"}}),
-      RealSetting("init-method-std", "init standard deviation (init-method normal)",
-                  &TC::init_method_std),
-      BoolSetting("qk-layernorm",
-                  "LayerNorm of each head's query and key before attention (stability at high LR)",
-                  &TC::qk_layernorm),
-      RealSetting("z-loss", "z-loss coefficient: adds z * mean (log Z)^2 to the objective (0: off)",
-                  &TC::z_loss),
-      // batch and length
-      IntSetting("micro-batch-size", "sequences per micro-batch per rank", &TC::micro_batch_size),
-      IntSetting("global-batch-size", "sequences per iteration (0: micro * data-parallel)",
-                 &TC::global_batch_size),
-      IntListSetting("rampup-batch-size", "START INCR SAMPLES",
-                     "grow the global batch from START by INCR over SAMPLES samples",
-                     &TC::rampup_batch_size),
-      IntSetting("train-iters", "iterations to train (iteration-based run)", &TC::train_iters),
-      IntSetting("train-samples", "samples to train (samples-based run)", &TC::train_samples),
-      // learning rate
-      RealSetting("lr", "peak learning rate", &TC::lr),
-      RealSetting("min-lr", "learning rate at the end of decay", &TC::min_lr),
-      EnumSetting("lr-decay-style", "learning rate decay", &TC::lr_decay_style,
-                  {{LrDecayStyle::kConstant, "constant"},
-                   {LrDecayStyle::kLinear, "linear"},
-                   {LrDecayStyle::kCosine, "cosine"}}),
-      IntSetting("lr-warmup-samples", "linear warmup length in samples", &TC::lr_warmup_samples),
-      IntSetting("lr-warmup-iters", "linear warmup length in iterations", &TC::lr_warmup_iters),
-      IntSetting("lr-decay-samples", "decay length in samples (0: train-samples)",
-                 &TC::lr_decay_samples),
-      IntSetting("lr-decay-iters", "decay length in iterations (0: train-iters)",
-                 &TC::lr_decay_iters),
-      // optimizer
-      RealSetting("adam-beta1", "Adam beta1", &TC::adam_beta1),
-      RealSetting("adam-beta2", "Adam beta2", &TC::adam_beta2),
-      RealSetting("adam-eps", "Adam epsilon", &TC::adam_eps),
-      RealSetting("weight-decay", "decoupled weight decay", &TC::weight_decay),
-      RealSetting("clip-grad", "global gradient-norm clip (0: off)", &TC::clip_grad),
-      // run
-      IntSetting("seed", "random seed", &TC::seed),
-      IntSetting("eval-interval", "iterations between evaluations", &TC::eval_interval),
-      IntSetting("eval-iters", "iterations per evaluation", &TC::eval_iters),
-      IntSetting("log-interval", "iterations between log lines", &TC::log_interval),
-      IntSetting("threads",
-                 fmt::format("CPU threads (0: all cores); at most 4 per hardware thread and never "
-                             "above 1024, here {}",
-                             MaxThreads()),
-                 &TC::threads),
-      // data
-      StringListSetting("data-path", "[W] PREFIX ...",
-                        "Megatron indexed dataset prefix, or a mixture W1 PREFIX1 W2 PREFIX2 ... "
-                        "(empty: default corpus)",
-                        &TC::data_path),
-      StringSetting("split", "TRAIN,VALID,TEST", "document split weights", &TC::split),
-      EnumSetting(
-          "tokenizer", "tokenizer for the default corpus", &TC::tokenizer,
-          {{TokenizerKind::kGpt2, "gpt2"}, {TokenizerKind::kSentencePiece, "sentencepiece"}}),
-      BoolSetting("reset-position-ids", "restart position ids after each end-of-document token",
-                  &TC::reset_position_ids),
-      BoolSetting("reset-attention-mask",
-                  "tokens attend only within their own document of a packed sequence",
-                  &TC::reset_attention_mask),
-      // checkpoints and stopping
-      StringSetting("save", "DIR",
-                    "run directory: checkpoints and the run's files; keel train with the same "
-                    "--save resumes from its newest valid checkpoint",
-                    &TC::save),
-      StringSetting("load", "DIR",
-                    "start from the newest valid checkpoint in DIR (default: --save's)", &TC::load),
-      IntSetting("save-interval", "iterations between checkpoints (0: only at the end and on stop)",
-                 &TC::save_interval),
-      RealSetting("save-interval-minutes",
-                  "also checkpoint when this many minutes passed since the last save (0: off)",
-                  &TC::save_interval_minutes),
-      IntSetting("keep-last-checkpoints",
-                 "keep the newest N checkpoints, delete older unpinned ones (0: keep all)",
-                 &TC::keep_last_checkpoints),
-      StringSetting("kill-switch-path", "FILE", "when FILE appears: save a checkpoint and exit 0",
-                    &TC::kill_switch_path),
-      IntSetting("exit-interval", "save and exit when the iteration is a multiple of N (0: off)",
-                 &TC::exit_interval),
-      RealSetting("exit-duration-in-mins", "save and exit after this many minutes (0: off)",
-                  &TC::exit_duration_in_mins),
-      BoolSetting("override-scheduler",
-                  "on resume, accept LR, warmup, decay, optimizer and batch settings that differ "
-                  "from the checkpoint's",
-                  &TC::override_scheduler),
-      BoolSetting("override-data-order",
-                  "on resume, accept a seed, data path or split that differs from the checkpoint's",
-                  &TC::override_data_order),
-      RealSetting("lr-scale-on-resume",
-                  "on resume, multiply the schedule's LR by this from now on (stored in later "
-                  "checkpoints; 0: keep the checkpoint's)",
-                  &TC::lr_scale_on_resume),
-      // guard
-      EnumSetting("guard",
-                  "instability guard: act (skip updates, roll back, cut the LR, reseed), observe "
-                  "(journal what it would do), off",
-                  &TC::guard,
-                  {{GuardLevel::kOff, "off"},
-                   {GuardLevel::kObserve, "observe"},
-                   {GuardLevel::kAct, "act"}}),
-      RealSetting("guard-z-threshold", "loss spike: robust z-score above this",
-                  &TC::guard_z_threshold),
-      RealSetting("guard-grad-z-threshold", "gradient-norm spike: robust z-score above this",
-                  &TC::guard_grad_z_threshold),
-      IntSetting("guard-window", "iterations in the guard's robust windows", &TC::guard_window),
-      IntSetting("guard-min-history", "normal iterations seen before spikes are detected",
-                 &TC::guard_min_history),
-      IntSetting("guard-divergence-window",
-                 "iterations whose median loss is compared with its lowest level",
-                 &TC::guard_divergence_window),
-      RealSetting("guard-divergence-rel",
-                  "divergence: that median above (1 + this) x the lowest level",
-                  &TC::guard_divergence_rel),
-      IntSetting("guard-max-skips", "anomalous updates skipped in a row before rolling back",
-                 &TC::guard_max_skips),
-      IntSetting("guard-recover-iters",
-                 "roll back when the loss is not back at its pre-onset level after this many "
-                 "iterations",
-                 &TC::guard_recover_iters),
-      IntSetting("guard-rollback-margin",
-                 "roll back to a healthy checkpoint at least this many iterations before the "
-                 "onset",
-                 &TC::guard_rollback_margin),
-      IntSetting("guard-skip-before", "skipped data window: iterations before the onset",
-                 &TC::guard_skip_before),
-      IntSetting("guard-skip-after", "skipped data window: iterations after the onset",
-                 &TC::guard_skip_after),
-      RealSetting("guard-lr-cut", "LR factor applied by an escalated rollback", &TC::guard_lr_cut),
-      IntSetting("guard-max-rollbacks", "rollbacks allowed before the run stops with a report",
-                 &TC::guard_max_rollbacks),
-      IntSetting("guard-escalation-window",
-                 "a rollback within this many iterations of the previous one escalates",
-                 &TC::guard_escalation_window),
-      StringListSetting("skip-train-iteration-range", "A-B ...",
-                        "skip the data of these iterations (inclusive ranges): read past, no "
-                        "update",
-                        &TC::skip_train_iteration_range),
-      StringListSetting("skip-train-samples-range", "A-B ...",
-                        "skip the iterations that read these samples (inclusive, 0-based "
-                        "positions in the sample stream)",
-                        &TC::skip_train_samples_range),
-      // output
-      IntSetting("sample-tokens",
-                 fmt::format("tokens generated at the end (0: none; at most {}, as keel sample)",
-                             kMaxSampleTokens),
-                 &TC::sample_tokens),
-      StringSetting("sample-prompt", "TEXT", "prompt for the end-of-run sample",
-                    &TC::sample_prompt),
-  };
+  // Filled one entry at a time: under clang 14's AddressSanitizer (the fuzz build) destroying a
+  // long initializer_list's backing array of these entries reported stack-use-after-scope; GCC's
+  // does not, and no entry outlives its statement either way.
+  static const std::vector<Setting>* table = [] {
+    auto* t = new std::vector<Setting>;
+    // model
+    t->push_back(IntSetting("num-layers", "number of transformer layers", &TC::num_layers));
+    t->push_back(IntSetting("hidden-size", "transformer hidden size", &TC::hidden_size));
+    t->push_back(
+        IntSetting("ffn-hidden-size", "MLP inner size (0: 4 * hidden-size)", &TC::ffn_hidden_size));
+    t->push_back(IntSetting("num-attention-heads", "attention heads; must divide hidden-size",
+                            &TC::num_attention_heads));
+    t->push_back(IntSetting("seq-length", "tokens per training sequence", &TC::seq_length));
+    t->push_back(IntSetting("max-position-embeddings", "rows of the position table (0: seq-length)",
+                            &TC::max_position_embeddings));
+    t->push_back(EnumSetting("position-embedding-type", "position encoding",
+                             &TC::position_embedding_type,
+                             {{PositionEmbedding::kLearnedAbsolute, "learned_absolute"},
+                              {PositionEmbedding::kAlibi, "alibi"}}));
+    t->push_back(BoolSetting("embed-layernorm", "LayerNorm after the word embedding (BLOOM)",
+                             &TC::embed_layernorm));
+    t->push_back(IntSetting("make-vocab-size-divisible-by",
+                            "pad the vocabulary to a multiple of this",
+                            &TC::make_vocab_size_divisible_by));
+    t->push_back(RealSetting("layernorm-epsilon", "LayerNorm epsilon", &TC::layernorm_epsilon));
+    t->push_back(EnumSetting("init-method", "weight init: normal uses init-method-std",
+                             &TC::init_method,
+                             {{InitMethod::kNormal, "normal"},
+                              {InitMethod::kSmallInit, "small_init"},
+                              {InitMethod::kMegatron530B, "megatron_530b"}}));
+    t->push_back(RealSetting("init-method-std", "init standard deviation (init-method normal)",
+                             &TC::init_method_std));
+    t->push_back(BoolSetting(
+        "qk-layernorm",
+        "LayerNorm of each head's query and key before attention (stability at high LR)",
+        &TC::qk_layernorm));
+    t->push_back(RealSetting(
+        "z-loss", "z-loss coefficient: adds z * mean (log Z)^2 to the objective (0: off)",
+        &TC::z_loss));
+    // batch and length
+    t->push_back(IntSetting("micro-batch-size", "sequences per micro-batch per rank",
+                            &TC::micro_batch_size));
+    t->push_back(IntSetting("global-batch-size",
+                            "sequences per iteration (0: micro * data-parallel)",
+                            &TC::global_batch_size));
+    t->push_back(IntListSetting("rampup-batch-size", "START INCR SAMPLES",
+                                "grow the global batch from START by INCR over SAMPLES samples",
+                                &TC::rampup_batch_size));
+    t->push_back(
+        IntSetting("train-iters", "iterations to train (iteration-based run)", &TC::train_iters));
+    t->push_back(
+        IntSetting("train-samples", "samples to train (samples-based run)", &TC::train_samples));
+    // learning rate
+    t->push_back(RealSetting("lr", "peak learning rate", &TC::lr));
+    t->push_back(RealSetting("min-lr", "learning rate at the end of decay", &TC::min_lr));
+    t->push_back(EnumSetting("lr-decay-style", "learning rate decay", &TC::lr_decay_style,
+                             {{LrDecayStyle::kConstant, "constant"},
+                              {LrDecayStyle::kLinear, "linear"},
+                              {LrDecayStyle::kCosine, "cosine"}}));
+    t->push_back(
+        IntSetting("lr-warmup-samples", "linear warmup length in samples", &TC::lr_warmup_samples));
+    t->push_back(
+        IntSetting("lr-warmup-iters", "linear warmup length in iterations", &TC::lr_warmup_iters));
+    t->push_back(IntSetting("lr-decay-samples", "decay length in samples (0: train-samples)",
+                            &TC::lr_decay_samples));
+    t->push_back(IntSetting("lr-decay-iters", "decay length in iterations (0: train-iters)",
+                            &TC::lr_decay_iters));
+    // optimizer
+    t->push_back(RealSetting("adam-beta1", "Adam beta1", &TC::adam_beta1));
+    t->push_back(RealSetting("adam-beta2", "Adam beta2", &TC::adam_beta2));
+    t->push_back(RealSetting("adam-eps", "Adam epsilon", &TC::adam_eps));
+    t->push_back(RealSetting("weight-decay", "decoupled weight decay", &TC::weight_decay));
+    t->push_back(RealSetting("clip-grad", "global gradient-norm clip (0: off)", &TC::clip_grad));
+    // run
+    t->push_back(IntSetting("seed", "random seed", &TC::seed));
+    t->push_back(IntSetting("eval-interval", "iterations between evaluations", &TC::eval_interval));
+    t->push_back(IntSetting("eval-iters", "iterations per evaluation", &TC::eval_iters));
+    t->push_back(IntSetting("log-interval", "iterations between log lines", &TC::log_interval));
+    t->push_back(IntSetting(
+        "threads",
+        fmt::format("CPU threads (0: all cores); at most 4 per hardware thread and never "
+                    "above 1024, here {}",
+                    MaxThreads()),
+        &TC::threads));
+    // data
+    t->push_back(
+        StringListSetting("data-path", "[W] PREFIX ...",
+                          "Megatron indexed dataset prefix, or a mixture W1 PREFIX1 W2 PREFIX2 ... "
+                          "(empty: default corpus)",
+                          &TC::data_path));
+    t->push_back(StringSetting("split", "TRAIN,VALID,TEST", "document split weights", &TC::split));
+    t->push_back(EnumSetting(
+        "tokenizer", "tokenizer for the default corpus", &TC::tokenizer,
+        {{TokenizerKind::kGpt2, "gpt2"}, {TokenizerKind::kSentencePiece, "sentencepiece"}}));
+    t->push_back(BoolSetting("reset-position-ids",
+                             "restart position ids after each end-of-document token",
+                             &TC::reset_position_ids));
+    t->push_back(BoolSetting("reset-attention-mask",
+                             "tokens attend only within their own document of a packed sequence",
+                             &TC::reset_attention_mask));
+    // checkpoints and stopping
+    t->push_back(
+        StringSetting("save", "DIR",
+                      "run directory: checkpoints and the run's files; keel train with the same "
+                      "--save resumes from its newest valid checkpoint",
+                      &TC::save));
+    t->push_back(StringSetting("load", "DIR",
+                               "start from the newest valid checkpoint in DIR (default: --save's)",
+                               &TC::load));
+    t->push_back(IntSetting("save-interval",
+                            "iterations between checkpoints (0: only at the end and on stop)",
+                            &TC::save_interval));
+    t->push_back(
+        RealSetting("save-interval-minutes",
+                    "also checkpoint when this many minutes passed since the last save (0: off)",
+                    &TC::save_interval_minutes));
+    t->push_back(
+        IntSetting("keep-last-checkpoints",
+                   "keep the newest N checkpoints, delete older unpinned ones (0: keep all)",
+                   &TC::keep_last_checkpoints));
+    t->push_back(StringSetting("kill-switch-path", "FILE",
+                               "when FILE appears: save a checkpoint and exit 0",
+                               &TC::kill_switch_path));
+    t->push_back(IntSetting("exit-interval",
+                            "save and exit when the iteration is a multiple of N (0: off)",
+                            &TC::exit_interval));
+    t->push_back(RealSetting("exit-duration-in-mins",
+                             "save and exit after this many minutes (0: off)",
+                             &TC::exit_duration_in_mins));
+    t->push_back(
+        BoolSetting("override-scheduler",
+                    "on resume, accept LR, warmup, decay, optimizer and batch settings that differ "
+                    "from the checkpoint's",
+                    &TC::override_scheduler));
+    t->push_back(BoolSetting(
+        "override-data-order",
+        "on resume, accept a seed, data path or split that differs from the checkpoint's",
+        &TC::override_data_order));
+    t->push_back(
+        RealSetting("lr-scale-on-resume",
+                    "on resume, multiply the schedule's LR by this from now on (stored in later "
+                    "checkpoints; 0: keep the checkpoint's)",
+                    &TC::lr_scale_on_resume));
+    // guard
+    t->push_back(EnumSetting(
+        "guard",
+        "instability guard: act (skip updates, roll back, cut the LR, reseed), observe "
+        "(journal what it would do), off",
+        &TC::guard,
+        {{GuardLevel::kOff, "off"}, {GuardLevel::kObserve, "observe"}, {GuardLevel::kAct, "act"}}));
+    t->push_back(RealSetting("guard-z-threshold", "loss spike: robust z-score above this",
+                             &TC::guard_z_threshold));
+    t->push_back(RealSetting("guard-grad-z-threshold",
+                             "gradient-norm spike: robust z-score above this",
+                             &TC::guard_grad_z_threshold));
+    t->push_back(
+        IntSetting("guard-window", "iterations in the guard's robust windows", &TC::guard_window));
+    t->push_back(IntSetting("guard-min-history",
+                            "normal iterations seen before spikes are detected",
+                            &TC::guard_min_history));
+    t->push_back(IntSetting("guard-divergence-window",
+                            "iterations whose median loss is compared with its lowest level",
+                            &TC::guard_divergence_window));
+    t->push_back(RealSetting("guard-divergence-rel",
+                             "divergence: that median above (1 + this) x the lowest level",
+                             &TC::guard_divergence_rel));
+    t->push_back(IntSetting("guard-max-skips",
+                            "anomalous updates skipped in a row before rolling back",
+                            &TC::guard_max_skips));
+    t->push_back(
+        IntSetting("guard-recover-iters",
+                   "roll back when the loss is not back at its pre-onset level after this many "
+                   "iterations",
+                   &TC::guard_recover_iters));
+    t->push_back(
+        IntSetting("guard-rollback-margin",
+                   "roll back to a healthy checkpoint at least this many iterations before the "
+                   "onset",
+                   &TC::guard_rollback_margin));
+    t->push_back(IntSetting("guard-skip-before", "skipped data window: iterations before the onset",
+                            &TC::guard_skip_before));
+    t->push_back(IntSetting("guard-skip-after", "skipped data window: iterations after the onset",
+                            &TC::guard_skip_after));
+    t->push_back(RealSetting("guard-lr-cut", "LR factor applied by an escalated rollback",
+                             &TC::guard_lr_cut));
+    t->push_back(IntSetting("guard-max-rollbacks",
+                            "rollbacks allowed before the run stops with a report",
+                            &TC::guard_max_rollbacks));
+    t->push_back(IntSetting("guard-escalation-window",
+                            "a rollback within this many iterations of the previous one escalates",
+                            &TC::guard_escalation_window));
+    t->push_back(
+        StringListSetting("skip-train-iteration-range", "A-B ...",
+                          "skip the data of these iterations (inclusive ranges): read past, no "
+                          "update",
+                          &TC::skip_train_iteration_range));
+    t->push_back(
+        StringListSetting("skip-train-samples-range", "A-B ...",
+                          "skip the iterations that read these samples (inclusive, 0-based "
+                          "positions in the sample stream)",
+                          &TC::skip_train_samples_range));
+    // output
+    t->push_back(
+        IntSetting("sample-tokens",
+                   fmt::format("tokens generated at the end (0: none; at most {}, as keel sample)",
+                               kMaxSampleTokens),
+                   &TC::sample_tokens));
+    t->push_back(StringSetting("sample-prompt", "TEXT", "prompt for the end-of-run sample",
+                               &TC::sample_prompt));
+    return t;
+  }();
   return *table;
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "core/timestamp.h"
 #include "metrics/tf_event.h"
@@ -55,6 +56,22 @@ Status ListEventFiles(Env* env, const std::string& dir, std::vector<std::string>
     if (n.find("tfevents") != std::string::npos && n.find(".tmp") == std::string::npos)
       out->push_back(n);
   std::sort(out->begin(), out->end());
+  return Status::OK();
+}
+
+Status ParseTagMap(const std::string& text, const std::string& origin,
+                   std::map<std::string, std::string>* map) {
+  map->clear();
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  bool ok = j.is_object() && !j.empty();
+  for (auto it = j.begin(); ok && it != j.end(); ++it) {
+    ok = !it.key().empty() && it->is_string() && !it->get<std::string>().empty();
+    if (ok) (*map)[it.key()] = it->get<std::string>();
+  }
+  if (!ok)
+    return Status::InvalidArgument(origin +
+                                   " must be a JSON object of non-empty tag names, e.g. {\"lm "
+                                   "loss\": \"lm-loss-training/lm loss\"}");
   return Status::OK();
 }
 

@@ -21,6 +21,10 @@ struct TagRenameReport {
   int files = 0, files_changed = 0;
   std::map<std::string, int64_t> renamed;  // old tag -> events renamed
 };
+// Reads a tag map (`keel tb rename --map`): a JSON object of old tag -> new tag, both non-empty
+// strings. `origin` names the file in the error.
+Status ParseTagMap(const std::string& text, const std::string& origin,
+                   std::map<std::string, std::string>* map);
 // Renames every event whose tag is a key of `map` to its value, one pass per file.
 Status RenameTags(Env* env, const std::string& dir, const std::map<std::string, std::string>& map,
                   TagRenameReport* report);

@@ -107,5 +107,20 @@ TEST(TbToolsTest, RenameHelpSaysTheMapIsAFile) {
   fs::remove_all(dir);
 }
 
+// A --map file is a JSON object of non-empty tag names; anything else is refused naming the file.
+TEST(TbToolsTest, TagMapMustBeAnObjectOfNonEmptyNames) {
+  std::map<std::string, std::string> map;
+  ASSERT_TRUE(ParseTagMap(R"({"lm loss": "train/loss", "a": "b"})", "m.json", &map).ok());
+  EXPECT_EQ(map, (std::map<std::string, std::string>{{"a", "b"}, {"lm loss", "train/loss"}}));
+  for (const char* bad : {"", "[]", "{}", R"({"a": 1})", R"({"a": ""})", R"({"": "b"})",
+                          R"({"a": "b")", R"({"a": ["b"]})"}) {
+    const Status st = ParseTagMap(bad, "--map m.json", &map);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << bad;
+    EXPECT_EQ(st.message().rfind("--map m.json must be a JSON object of non-empty tag names", 0),
+              0u)
+        << st.message();
+  }
+}
+
 }  // namespace
 }  // namespace keel
