@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/resume.h"
+#include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
 #include "fuzz_input.h"
 #include "mem_env.h"
-#include "checkpoint/resume.h"
-#include "checkpoint/train_checkpoint.h"
 
 namespace {
 

@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
 #include "fuzz_input.h"
 #include "mem_env.h"
-#include "checkpoint/train_checkpoint.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string config = [] {

@@ -246,8 +246,8 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
   t.counters.skipped_iterations = c["skipped_iterations"].Get<int64_t>();
   t.counters.nan_iterations = c["nan_iterations"].Get<int64_t>();
   t.counters.data_skipped_iterations = c.Optional("data_skipped_iterations").Get<int64_t>(0);
-  for (const char* key : {"iteration", "consumed_samples", "consumed_tokens", "skipped_iterations",
-                          "nan_iterations"})
+  for (const char* key :
+       {"iteration", "consumed_samples", "consumed_tokens", "skipped_iterations", "nan_iterations"})
     if (reader.ok() && c[key].Get<int64_t>() < 0)
       reader.Fail(c[key].path(), "must be a non-negative integer, but is " + c[key].raw().dump());
   const JsonValue d = root["data"];

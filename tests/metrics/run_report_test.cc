@@ -181,7 +181,8 @@ TEST(RunReportTest, FieldsOfAnotherTypeAreRefusedOrReadAsMissing) {
   for (const auto& [line, words] : std::vector<std::pair<std::string, std::string>>{
            {"{\"kind\":4}", "\"kind\" is not a string"},
            {"{\"kind\":\"train\",\"iteration\":1e300}", "without an integer \"iteration\""}}) {
-    std::ofstream(dir + "/metrics.jsonl") << "{\"kind\":\"train\",\"iteration\":1}\n" << line << "\n";
+    std::ofstream(dir + "/metrics.jsonl") << "{\"kind\":\"train\",\"iteration\":1}\n"
+                                          << line << "\n";
     st = BuildRunReport(Env::Default(), dir, ReportAssets{}, &html, &summary);
     EXPECT_EQ(st.code(), Status::Code::kCorruption) << line;
     EXPECT_NE(st.message().find("metrics.jsonl:2: "), std::string::npos) << st.message();
