@@ -38,6 +38,7 @@ TRAIN_PACKAGES=(
   libisal-dev                           # CRC-32C of TensorBoard event records (Intel ISA-L)
   libpcre2-dev                          # GPT-2 pre-tokenizer regex
   libsentencepiece-dev                  # SentencePiece BPE tokenizer training
+  openmpi-bin libopenmpi-dev            # data parallel over MPI (mpirun, libmpi)
 )
 # Only for the tests and benchmarks: a user who only trains never downloads them (Chromium alone
 # is hundreds of MB).

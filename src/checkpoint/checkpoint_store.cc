@@ -14,6 +14,7 @@ CheckpointStore::CheckpointStore(Env* env, std::string root, Logger log)
 }
 
 Status CheckpointStore::Recover() {
+  if (read_only_) return Status::OK();
   if (!env_->IsDirectory(root_)) return Status::OK();
   std::vector<std::string> children;
   KEEL_RETURN_IF_ERROR(env_->GetChildren(root_, &children));
@@ -58,6 +59,7 @@ Status CheckpointStore::ReadMarker(int64_t* iteration) {
 }
 
 Status CheckpointStore::WriteMarker(int64_t iteration) {
+  if (read_only_) return Status::OK();
   return WriteFileAtomic(env_, JoinPath(root_, kMarkerFile), fmt::format("{}\n", iteration));
 }
 
@@ -81,6 +83,7 @@ Status CheckpointStore::ReadPins(std::map<int64_t, std::string>* pins) {
 }
 
 Status CheckpointStore::Pin(int64_t iteration, const std::string& reason) {
+  if (read_only_) return Status::OK();
   std::map<int64_t, std::string> pins;
   KEEL_RETURN_IF_ERROR(ReadPins(&pins));
   pins[iteration] = reason;
@@ -90,6 +93,7 @@ Status CheckpointStore::Pin(int64_t iteration, const std::string& reason) {
 }
 
 Status CheckpointStore::Unpin(int64_t iteration) {
+  if (read_only_) return Status::OK();
   std::map<int64_t, std::string> pins;
   KEEL_RETURN_IF_ERROR(ReadPins(&pins));
   pins.erase(iteration);
@@ -170,7 +174,7 @@ Status CheckpointStore::FindNewestValid(bool move_aside_rejected, CheckpointInfo
     if (!st.ok()) {
       reasons += "\n  " + st.message();
       std::string moved;
-      if (move_aside_rejected && MoveAside(it->name, "corrupt", &moved).ok()) {
+      if (move_aside_rejected && !read_only_ && MoveAside(it->name, "corrupt", &moved).ok()) {
         log_(fmt::format(
             "WARNING: checkpoint {} is unusable: {}\n  moved it to {} (kept for inspection) and "
             "falling back to an older checkpoint",
@@ -196,32 +200,46 @@ Status CheckpointStore::FindNewestValid(bool move_aside_rejected, CheckpointInfo
   return Status::Corruption("no checkpoint in " + root_ + " verifies:" + reasons);
 }
 
-Status CheckpointStore::Save(int64_t iteration, const std::vector<CheckpointFile>& files,
-                             SaveStats* stats) {
-  const uint64_t t0 = env_->NowMicros();
+std::string CheckpointStore::SaveDir(int64_t iteration) const {
+  return JoinPath(root_, ".tmp." + CheckpointDirName(iteration));
+}
+
+Status CheckpointStore::BeginSave(int64_t iteration) {
+  const std::string tmp = SaveDir(iteration);
+  KEEL_RETURN_IF_ERROR(env_->CreateDirs(root_));
+  if (env_->FileExists(tmp)) KEEL_RETURN_IF_ERROR(env_->RemoveDirRecursive(tmp));
+  return env_->CreateDirs(tmp);
+}
+
+Status CheckpointStore::WriteSaveFiles(int64_t iteration, const std::vector<CheckpointFile>& files,
+                                       std::vector<ManifestEntry>* written) {
+  const std::string tmp = SaveDir(iteration);
+  for (const CheckpointFile& f : files) {
+    std::unique_ptr<WritableFile> base;
+    KEEL_RETURN_IF_ERROR(env_->NewWritableFile(JoinPath(tmp, f.name), &base));
+    ChecksummingFile file(std::move(base));
+    Status st =
+        f.safetensors ? AppendSafetensors(&file, f.tensors, f.metadata) : file.Append(f.bytes);
+    if (st.ok()) st = file.Sync();
+    Status cst = file.Close();
+    KEEL_RETURN_IF_ERROR(st);
+    KEEL_RETURN_IF_ERROR(cst);
+    written->push_back({f.name, file.size(), file.digest()});
+  }
+  return Status::OK();
+}
+
+Status CheckpointStore::CommitSave(int64_t iteration, const std::vector<ManifestEntry>& files,
+                                   uint64_t start_us, SaveStats* stats) {
   const std::string name = CheckpointDirName(iteration);
-  const std::string tmp = JoinPath(root_, ".tmp." + name);
+  const std::string tmp = SaveDir(iteration);
   const std::string final_path = JoinPath(root_, name);
   Manifest manifest;
   manifest.iteration = iteration;
+  manifest.files = files;
   uint64_t total = 0;
-  auto write_all = [&]() -> Status {
-    KEEL_RETURN_IF_ERROR(env_->CreateDirs(root_));
-    if (env_->FileExists(tmp)) KEEL_RETURN_IF_ERROR(env_->RemoveDirRecursive(tmp));
-    KEEL_RETURN_IF_ERROR(env_->CreateDirs(tmp));
-    for (const CheckpointFile& f : files) {
-      std::unique_ptr<WritableFile> base;
-      KEEL_RETURN_IF_ERROR(env_->NewWritableFile(JoinPath(tmp, f.name), &base));
-      ChecksummingFile file(std::move(base));
-      Status st =
-          f.safetensors ? AppendSafetensors(&file, f.tensors, f.metadata) : file.Append(f.bytes);
-      if (st.ok()) st = file.Sync();
-      Status cst = file.Close();
-      KEEL_RETURN_IF_ERROR(st);
-      KEEL_RETURN_IF_ERROR(cst);
-      manifest.files.push_back({f.name, file.size(), file.digest()});
-      total += file.size();
-    }
+  for (const ManifestEntry& e : files) total += e.size;
+  auto write_manifest = [&]() -> Status {
     const std::string mtext = manifest.ToJson();
     std::unique_ptr<WritableFile> mf;
     KEEL_RETURN_IF_ERROR(env_->NewWritableFile(JoinPath(tmp, kManifestFile), &mf));
@@ -233,7 +251,7 @@ Status CheckpointStore::Save(int64_t iteration, const std::vector<CheckpointFile
     total += mtext.size();
     return env_->SyncDir(tmp);
   };
-  Status st = write_all();
+  Status st = write_manifest();
   if (st.ok() && env_->FileExists(final_path)) {
     // An older save of the same iteration (a run resumed from an earlier checkpoint): keep it.
     std::string moved;
@@ -246,12 +264,7 @@ Status CheckpointStore::Save(int64_t iteration, const std::vector<CheckpointFile
   }
   if (st.ok()) st = env_->RenameFile(tmp, final_path);
   if (st.ok()) st = env_->SyncDir(root_);
-  if (!st.ok()) {
-    env_->RemoveDirRecursive(tmp);  // best effort; Recover() removes it otherwise
-    return Status::IOError(
-        fmt::format("saving checkpoint {} failed: {} (the checkpoints saved before it are intact)",
-                    final_path, st.message()));
-  }
+  if (!st.ok()) return AbortSave(iteration, st);
   st = WriteMarker(iteration);
   if (!st.ok())
     return Status::IOError(fmt::format(
@@ -261,12 +274,30 @@ Status CheckpointStore::Save(int64_t iteration, const std::vector<CheckpointFile
   if (stats) {
     stats->path = final_path;
     stats->bytes = total;
-    stats->seconds = static_cast<double>(env_->NowMicros() - t0) / 1e6;
+    stats->seconds = static_cast<double>(env_->NowMicros() - start_us) / 1e6;
   }
   return Status::OK();
 }
 
+Status CheckpointStore::AbortSave(int64_t iteration, const Status& why) {
+  env_->RemoveDirRecursive(SaveDir(iteration));  // best effort; Recover() removes it otherwise
+  return Status::IOError(
+      fmt::format("saving checkpoint {} failed: {} (the checkpoints saved before it are intact)",
+                  JoinPath(root_, CheckpointDirName(iteration)), why.message()));
+}
+
+Status CheckpointStore::Save(int64_t iteration, const std::vector<CheckpointFile>& files,
+                             SaveStats* stats) {
+  const uint64_t t0 = env_->NowMicros();
+  std::vector<ManifestEntry> written;
+  Status st = BeginSave(iteration);
+  if (st.ok()) st = WriteSaveFiles(iteration, files, &written);
+  if (!st.ok()) return AbortSave(iteration, st);
+  return CommitSave(iteration, written, t0, stats);
+}
+
 Status CheckpointStore::RollbackTo(int64_t iteration, std::vector<std::string>* moved_names) {
+  if (read_only_) return Status::OK();
   std::vector<CheckpointInfo> all;
   KEEL_RETURN_IF_ERROR(List(&all));
   bool found = false;
@@ -286,6 +317,7 @@ Status CheckpointStore::RollbackTo(int64_t iteration, std::vector<std::string>* 
 }
 
 Status CheckpointStore::ApplyRetention(int keep_last) {
+  if (read_only_) return Status::OK();
   if (keep_last <= 0) return Status::OK();
   int64_t marker = -1;
   Status ms = ReadMarker(&marker);

@@ -57,6 +57,11 @@ class CheckpointStore {
   CheckpointStore(Env* env, std::string root, Logger log);
 
   const std::string& root() const { return root_; }
+  // A data-parallel rank other than 0 reads the run directory but never changes it: Recover,
+  // Pin, Unpin, RollbackTo, ApplyRetention and the marker are rank 0's (they return OK and do
+  // nothing here), and FindNewestValid moves nothing aside.
+  void set_read_only(bool read_only) { read_only_ = read_only; }
+  bool read_only() const { return read_only_; }
 
   // Removes what an interrupted save or edit left behind (temporary directories and files), each
   // with a log line. Safe to call at any time no save is running.
@@ -78,6 +83,20 @@ class CheckpointStore {
   // Writes a checkpoint of `iteration` as described above. On failure the partial temporary
   // directory is removed (best effort) and the error says that the previous checkpoints are intact.
   Status Save(int64_t iteration, const std::vector<CheckpointFile>& files, SaveStats* stats);
+
+  // Save's steps, for a save written by several processes (data-parallel ranks, each writing
+  // its own files into the same directory): BeginSave (one process) creates the empty temporary
+  // directory; WriteSaveFiles (every process) writes and fsyncs files into it, returning their
+  // manifest entries; CommitSave (one process, once every writer succeeded) writes the manifest
+  // of all of them, renames the directory and updates the marker; AbortSave removes the
+  // temporary directory and returns `why` as the save's error.
+  std::string SaveDir(int64_t iteration) const;
+  Status BeginSave(int64_t iteration);
+  Status WriteSaveFiles(int64_t iteration, const std::vector<CheckpointFile>& files,
+                        std::vector<ManifestEntry>* written);
+  Status CommitSave(int64_t iteration, const std::vector<ManifestEntry>& files, uint64_t start_us,
+                    SaveStats* stats);
+  Status AbortSave(int64_t iteration, const Status& why);
   // Makes checkpoint `iteration` the newest: every newer checkpoint directory is renamed to
   // iter_M.rolled-back (kept, never deleted) and the marker set to `iteration`, each logged;
   // `moved` (may be null) gets their new names. The guard's rollbacks and `keel train --load
@@ -104,6 +123,7 @@ class CheckpointStore {
   Env* env_;
   std::string root_;
   Logger log_;
+  bool read_only_ = false;
 };
 
 // What ResolveCheckpointDir does with a checkpoint directory named directly: verify it strictly

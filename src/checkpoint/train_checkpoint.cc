@@ -9,6 +9,7 @@
 #include <set>
 
 #include "checkpoint/manifest.h"
+#include "checkpoint/optimizer_shards.h"
 #include "core/json_number.h"
 #include "core/json_reader.h"
 #include "core/timestamp.h"
@@ -103,30 +104,45 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
   const TrainCounters& c = ts.counters;
   const size_t n = model.num_params();
   Backend* be = model.backend();
+  // Each rank writes its shard of the moments (optimizer_shards.h); rank 0 writes the rest.
+  const ShardRange shard = ShardOf(n, src.rank, src.world);
+  const ShardRange& held = opt.shard();
+  KEEL_CHECK(shard.begin >= held.begin && shard.end <= held.end,
+             "a rank saves moments its optimizer does not hold");
+  const size_t skip = shard.begin - held.begin;  // into the optimizer's buffers
   // Host memory (the CPU backend) is written straight from the model and optimizer: the save runs
   // between iterations, so nothing changes it meanwhile. Device memory is staged on the host.
   const float* host_p = be->HostReadable(model.param_data());
   const float* host_m = be->HostReadable(opt.exp_avg());
   const float* host_v = be->HostReadable(opt.exp_avg_sq());
   if (host_p == nullptr || host_m == nullptr || host_v == nullptr) {
-    staging->resize(3 * n);
+    const size_t k = held.size();
+    staging->resize(n + 2 * k);
     float* p = staging->data();
     be->CopyToHost(p, model.param_data(), n);
-    be->CopyToHost(p + n, opt.exp_avg(), n);
-    be->CopyToHost(p + 2 * n, opt.exp_avg_sq(), n);
-    host_p = p, host_m = p + n, host_v = p + 2 * n;
+    be->CopyToHost(p + n, opt.exp_avg(), k);
+    be->CopyToHost(p + n + k, opt.exp_avg_sq(), k);
+    host_p = p, host_m = p + n, host_v = p + n + k;
   }
 
   const std::map<std::string, std::string> st_meta = {{"format", "pt"},
                                                       {"writer", "keel " KEEL_VERSION}};
   CheckpointFile weights{"model.safetensors", "", true, {}, st_meta};
-  CheckpointFile moments{"optimizer.safetensors", "", true, {}, st_meta};
-  for (const ParamInfo& p : model.params()) {
-    weights.tensors.push_back({p.name, p.shape, host_p + p.offset});
-    moments.tensors.push_back({"exp_avg." + p.name, p.shape, host_m + p.offset});
+  std::map<std::string, std::string> moment_meta = st_meta;
+  if (src.world > 1) {
+    moment_meta["shard"] = fmt::format("elements [{}, {}) of the flat parameter buffer of {}",
+                                       shard.begin, shard.end, n);
+    moment_meta["rank"] = fmt::format("{} of {}", src.rank, src.world);
   }
+  CheckpointFile moments{OptimizerFileName(src.rank, src.world), "", true, {}, moment_meta};
   for (const ParamInfo& p : model.params())
-    moments.tensors.push_back({"exp_avg_sq." + p.name, p.shape, host_v + p.offset});
+    weights.tensors.push_back({p.name, p.shape, host_p + p.offset});
+  AppendMomentPieces(model.params(), "exp_avg.", shard, host_m + skip, &moments.tensors);
+  AppendMomentPieces(model.params(), "exp_avg_sq.", shard, host_v + skip, &moments.tensors);
+  if (src.rank != 0) {
+    out->push_back(std::move(moments));
+    return Status::OK();
+  }
 
   const LrSchedule sched = LrSchedule::FromConfig(cfg);
   const LogIntervalState& iv = ts.interval;
@@ -142,8 +158,13 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
                    {"skipped_iterations", c.skipped_iterations},
                    {"nan_iterations", c.nan_iterations},
                    {"data_skipped_iterations", c.data_skipped_iterations}};
+  std::vector<std::string> moment_files;
+  for (int r = 0; r < src.world; ++r) moment_files.push_back(OptimizerFileName(r, src.world));
   s["optimizer"] = {{"type", "adamw"},
                     {"step", ts.optimizer_step},
+                    {"data_parallel_size", src.world},
+                    {"sharded", src.sharded},
+                    {"files", moment_files},
                     {"beta1", opt.config().beta1},
                     {"beta2", opt.config().beta2},
                     {"eps", opt.config().eps},
@@ -373,9 +394,21 @@ Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* m
   if (const NonFiniteParams nf = FindNonFiniteParams(*model); nf.count > 0)
     return NonFiniteWeightsError(saved.dir, nf, "continue training from",
                                  "`keel train ... --load RUN/iter_N` continues from one");
-  return LoadParams(env, JoinPath(saved.dir, "optimizer.safetensors"), model->params(),
-                    {{"exp_avg.", optimizer->exp_avg()}, {"exp_avg_sq.", optimizer->exp_avg_sq()}},
-                    be);
+  // The moments this rank's optimizer holds, from however many files the writers left.
+  Manifest manifest;
+  KEEL_RETURN_IF_ERROR(ReadManifest(env, saved.dir, &manifest));
+  std::vector<std::string> names;
+  for (const ManifestEntry& e : manifest.files) names.push_back(e.name);
+  OptimizerMoments moments;
+  KEEL_RETURN_IF_ERROR(OptimizerMoments::Open(env, saved.dir, names, model->params(), &moments));
+  const ShardRange& shard = optimizer->shard();
+  std::vector<float> tmp(shard.size());
+  for (auto [prefix, dst] : {std::pair<const char*, float*>{"exp_avg.", optimizer->exp_avg()},
+                             {"exp_avg_sq.", optimizer->exp_avg_sq()}}) {
+    moments.CopyShard(model->params(), prefix, shard, tmp.data());
+    be->CopyToDevice(dst, tmp.data(), tmp.size());
+  }
+  return Status::OK();
 }
 
 Status LoadModelFromCheckpoint(Env* env, const std::string& path, Backend* backend,

@@ -1,7 +1,9 @@
 // What a checkpoint of a training run holds, and how the loop writes, reads and resumes it.
 //
 //   iter_N/model.safetensors      fp32 master weights by Megatron name (topology-free)
-//   iter_N/optimizer.safetensors  AdamW moments: exp_avg.<name>, exp_avg_sq.<name>
+//   iter_N/optimizer.safetensors  AdamW moments: exp_avg.<name>, exp_avg_sq.<name> (written by N
+//                                 data-parallel ranks: optimizer.rank-R-of-N.safetensors, each
+//                                 rank's shard; checkpoint/optimizer_shards.h)
 //   iter_N/state.json             counters (iteration, consumed samples = data cursor and schedule
 //                                 position), optimizer step and hyper-parameters, scheduler and
 //                                 ramp-up position, LR scale, RNG keys, data order, metrics cursor,
@@ -48,13 +50,18 @@ struct TrainCheckpointSource {
   TrainState state;
   double next_lr = 0;
   int64_t next_global_batch = 0;
+  // Data parallel: this rank and the world size (each rank writes its shard of the moments, rank 0
+  // everything else), and whether the optimizer is sharded (ZeRO-1; recorded in state.json).
+  int rank = 0;
+  int world = 1;
+  bool sharded = false;
 };
 
-// The files of a checkpoint of `src`. Tensor data is staged in `staging` (host memory), which
-// must outlive the returned files, unless the backend's memory is host memory
-// (Backend::HostReadable): then the files point at the model and optimizer, which must not change
-// until they are written.
-// `guard_state` (the guard's windows, open event and budget) goes into state.json's "guard".
+// The files of a checkpoint of `src` that rank src.rank writes (all of them for one process).
+// Tensor data is staged in `staging` (host memory), which must outlive the returned files, unless
+// the backend's memory is host memory (Backend::HostReadable): then the files point at the model
+// and optimizer, which must not change until they are written. `guard_state` (the guard's windows,
+// open event and budget) goes into state.json's "guard".
 Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const RunInfo& run,
                             const nlohmann::json& history, std::vector<float>* staging,
                             std::vector<CheckpointFile>* out,

@@ -13,6 +13,7 @@
 #include "checkpoint/checkpoint_edit.h"
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/optimizer_shards.h"
 #include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
@@ -83,6 +84,29 @@ std::string Describe(const std::string& name, const TensorRef& t) {
       s.non_finite ? fmt::format(" | {} non-finite", s.non_finite) : "", first);
 }
 
+// The Adam moments of checkpoint `dir` as whole tensors by name (exp_avg.NAME, exp_avg_sq.NAME),
+// whichever number of data-parallel ranks wrote them; `refs` point into `data`.
+Status ReadMoments(Env* env, const std::string& dir, const GptSpec& spec,
+                   std::map<std::string, std::vector<float>>* data,
+                   std::map<std::string, TensorRef>* refs) {
+  Manifest manifest;
+  KEEL_RETURN_IF_ERROR(ReadManifest(env, dir, &manifest));
+  std::vector<std::string> files;
+  for (const ManifestEntry& e : manifest.files) files.push_back(e.name);
+  const std::vector<ParamInfo> params = GptModel::ParamLayout(spec);
+  OptimizerMoments moments;
+  KEEL_RETURN_IF_ERROR(OptimizerMoments::Open(env, dir, files, params, &moments));
+  for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
+    for (const ParamInfo& p : params) {
+      const std::string name = prefix + p.name;
+      std::vector<float>& v = (*data)[name];
+      v.resize(p.numel);
+      moments.Copy(name, 0, p.numel, v.data());
+      (*refs)[name] = {"F32", p.shape, reinterpret_cast<const char*>(v.data()), p.numel * 4};
+    }
+  return Status::OK();
+}
+
 void Flatten(const json& j, const std::string& prefix, std::map<std::string, std::string>* out) {
   if (j.is_object()) {
     for (auto it = j.begin(); it != j.end(); ++it)
@@ -151,10 +175,12 @@ Status DeepVerify(Env* env, const std::string& dir, std::string* summary) {
           dir, said, manifest.iteration));
   auto backend = MakeCpuBackend(1);
   GptModel model(backend.get(), s.spec);
-  MappedSafetensors w, o;
+  MappedSafetensors w;
   KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, JoinPath(dir, "model.safetensors"), &w));
-  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, JoinPath(dir, "optimizer.safetensors"), &o));
-  std::set<std::string> w_names, o_names;
+  std::map<std::string, std::vector<float>> moment_data;
+  std::map<std::string, TensorRef> moments;
+  KEEL_RETURN_IF_ERROR(ReadMoments(env, dir, s.spec, &moment_data, &moments));
+  std::set<std::string> w_names;
   int64_t non_finite = 0;
   auto check = [&](const MappedSafetensors& file, const std::string& name,
                    const std::vector<int64_t>& shape, std::set<std::string>* seen) -> Status {
@@ -166,11 +192,9 @@ Status DeepVerify(Env* env, const std::string& dir, std::string* summary) {
   };
   for (const ParamInfo& p : model.params()) {
     KEEL_RETURN_IF_ERROR(check(w, p.name, p.shape, &w_names));
-    KEEL_RETURN_IF_ERROR(check(o, "exp_avg." + p.name, p.shape, &o_names));
-    KEEL_RETURN_IF_ERROR(check(o, "exp_avg_sq." + p.name, p.shape, &o_names));
   }
+  for (const auto& [name, ref] : moments) non_finite += Summarize(ref).non_finite;
   KEEL_RETURN_IF_ERROR(w.CheckNoOtherTensors(w_names));
-  KEEL_RETURN_IF_ERROR(o.CheckNoOtherTensors(o_names));
   if (non_finite > 0)
     return Status::Corruption(
         fmt::format("{}: {} weight or moment values are NaN or Inf", dir, non_finite));
@@ -233,9 +257,11 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
   SavedTrainState s;
   st = ReadSavedTrainState(env, dir, &s);
   if (!st.ok()) return Fail(st);
-  MappedSafetensors w, o;
+  MappedSafetensors w;
+  std::map<std::string, std::vector<float>> moment_data;
+  std::map<std::string, TensorRef> moments;
   st = MappedSafetensors::Open(env, JoinPath(dir, "model.safetensors"), &w);
-  if (st.ok()) st = MappedSafetensors::Open(env, JoinPath(dir, "optimizer.safetensors"), &o);
+  if (st.ok()) st = ReadMoments(env, dir, s.spec, &moment_data, &moments);
   if (!st.ok()) return Fail(st);
   if (names.empty()) {
     const json& j = s.state;
@@ -264,7 +290,7 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
   }
   if (all_tensors) {
     for (const auto& [n, t] : w.tensors()) LogLine(Describe("model." + n, t));
-    for (const auto& [n, t] : o.tensors()) LogLine(Describe("optimizer." + n, t));
+    for (const auto& [n, t] : moments) LogLine(Describe("optimizer." + n, t));
   }
   std::map<std::string, std::string> flat;
   Flatten(s.state, "", &flat);
@@ -279,9 +305,8 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
     } else if (const TensorRef* wt =
                    name.rfind("model.", 0) == 0 ? w.Find(name.substr(6)) : nullptr) {
       LogLine(Describe(name, *wt));
-    } else if (const TensorRef* ot =
-                   name.rfind("optimizer.", 0) == 0 ? o.Find(name.substr(10)) : nullptr) {
-      LogLine(Describe(name, *ot));
+    } else if (name.rfind("optimizer.", 0) == 0 && moments.count(name.substr(10))) {
+      LogLine(Describe(name, moments.at(name.substr(10))));
     } else if (s.state.contains(name)) {
       LogLine(name + " = " + s.state[name].dump(2));
     } else {
@@ -345,14 +370,27 @@ int Diff(const std::string& a_path, const std::string& b_path) {
     }
   }
   int tensors = 0, tensors_differ = 0;
-  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
-    MappedSafetensors ta, tb;
-    st = MappedSafetensors::Open(env, JoinPath(a_dir, file), &ta);
-    if (st.ok()) st = MappedSafetensors::Open(env, JoinPath(b_dir, file), &tb);
-    if (!st.ok()) return FailDiff(st);
-    for (const auto& [name, t] : ta.tensors()) {
+  // The weights, then the moments as whole tensors (the checkpoints may have been written by
+  // different numbers of data-parallel ranks).
+  MappedSafetensors wa, wb;
+  st = MappedSafetensors::Open(env, JoinPath(a_dir, "model.safetensors"), &wa);
+  if (st.ok()) st = MappedSafetensors::Open(env, JoinPath(b_dir, "model.safetensors"), &wb);
+  std::map<std::string, std::vector<float>> ma_data, mb_data;
+  std::map<std::string, TensorRef> ma, mb;
+  if (st.ok()) st = ReadMoments(env, a_dir, a.spec, &ma_data, &ma);
+  if (st.ok()) st = ReadMoments(env, b_dir, b.spec, &mb_data, &mb);
+  if (!st.ok()) return FailDiff(st);
+  using Tensors = std::map<std::string, TensorRef>;
+  for (const auto& [ta, tb] :
+       {std::pair<const Tensors*, const Tensors*>{&wa.tensors(), &wb.tensors()},
+        std::pair<const Tensors*, const Tensors*>{&ma, &mb}}) {
+    auto find_b = [b_tensors = tb](const std::string& name) -> const TensorRef* {
+      auto it = b_tensors->find(name);
+      return it == b_tensors->end() ? nullptr : &it->second;
+    };
+    for (const auto& [name, t] : *ta) {
       ++tensors;
-      const TensorRef* found = tb.Find(name);
+      const TensorRef* found = find_b(name);
       if (found == nullptr) {
         LogLine(fmt::format("tensor {} only in {}", name, a_dir));
         ++tensors_differ;
@@ -379,8 +417,8 @@ int Diff(const std::string& a_path, const std::string& b_path) {
                           a2 > 0 ? std::sqrt(d2 / a2) : INFINITY));
       ++tensors_differ;
     }
-    for (const auto& [name, t] : tb.tensors())
-      if (ta.Find(name) == nullptr) {
+    for (const auto& [name, t] : *tb)
+      if (ta->count(name) == 0) {
         ++tensors;
         LogLine(fmt::format("tensor {} only in {}", name, b_dir));
         ++tensors_differ;

@@ -1,10 +1,18 @@
 // Communicator: every reduction the training loop does goes through this interface, so data
 // parallelism (MPI on CPU, NCCL on GPU) is a new implementation, not a rewrite of the loop.
-// Reductions are in a fixed order so results are deterministic.
+//
+// Determinism: every sum is taken in rank order (rank 0 + rank 1 + ...) on the rank that owns the
+// element, whatever algorithm moves the bytes; so the same world size, data and seed give the same
+// bits, and the result does not depend on how a buffer is cut into buckets.
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <vector>
+
+#include "core/shard_range.h"
+#include "core/status.h"
 
 namespace keel {
 
@@ -13,11 +21,33 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // In-place sum over ranks of n floats in backend memory (gradients).
-  virtual void AllReduceSum(float* data, size_t n) = 0;
-  // In-place sum over ranks of n doubles in host memory (losses, norms, counters).
-  virtual void AllReduceSumHost(double* data, size_t n) = 0;
+  // How this process was launched and where it runs, for the log ("MPI (Open MPI v4.1.4), rank 1
+  // of 2 on host a").
+  virtual std::string Describe() const = 0;
+
+  // Gradients (backend memory, host on the CPU backend). For elements [begin, end) of a buffer of
+  // n floats: the owner of each element (ShardOf(n, ...)) receives every rank's value and stores
+  // the sum in rank order; elements this rank does not own keep its own values.
+  virtual void ReduceScatterSum(float* data, size_t n, size_t begin, size_t end) = 0;
+  // Every rank's shard (ShardOf(n, rank, world)) of `data` copied to every other rank.
+  virtual void AllGather(float* data, size_t n) = 0;
+  // ReduceScatterSum over the whole buffer, then AllGather: every rank holds the same sums.
+  void AllReduceSum(float* data, size_t n) {
+    ReduceScatterSum(data, n, 0, n);
+    AllGather(data, n);
+  }
+
+  // Host values (losses, norms, counters, file lists): every rank's `mine`, in rank order.
+  virtual void AllGatherBytes(const std::string& mine, std::vector<std::string>* all) = 0;
+  // In-place sum (in rank order) and maximum over ranks of n host doubles.
+  void AllReduceSumHost(double* data, size_t n);
+  void AllReduceMaxHost(double* data, size_t n);
+  // Whether every rank's `st` is OK; else the first failing rank's error, naming the rank.
+  Status AgreeOnStatus(const Status& st);
   virtual void Barrier() = 0;
+  // Ends every rank of the job at once with `exit_code` (a failed rank must not leave the others
+  // waiting in a collective). Does not return.
+  [[noreturn]] virtual void Abort(int exit_code) = 0;
 };
 
 // One process, world size 1: every reduction is the identity.

@@ -256,6 +256,17 @@ const std::vector<Setting>& Settings() {
     t->push_back(RealSetting("adam-eps", "Adam epsilon", &TC::adam_eps));
     t->push_back(RealSetting("weight-decay", "decoupled weight decay", &TC::weight_decay));
     t->push_back(RealSetting("clip-grad", "global gradient-norm clip (0: off)", &TC::clip_grad));
+    // data parallel
+    t->push_back(
+        BoolSetting("use-distributed-optimizer",
+                    "ZeRO-1: each data-parallel rank keeps only its shard of the Adam moments "
+                    "(=false: a full copy on every rank)",
+                    &TC::use_distributed_optimizer));
+    t->push_back(BoolSetting("overlap-grad-reduce",
+                             "reduce gradient buckets while backward runs (=false: after it)",
+                             &TC::overlap_grad_reduce));
+    t->push_back(IntSetting("ddp-bucket-size", "gradient elements per data-parallel bucket",
+                            &TC::ddp_bucket_size));
     // run
     t->push_back(IntSetting("seed", "random seed", &TC::seed));
     t->push_back(IntSetting("eval-interval", "iterations between evaluations", &TC::eval_interval));

@@ -415,6 +415,12 @@ Status ValidateOptimizerAndRun(TrainConfig* c) {
         "--clip-grad {} must not be negative; use 0 to disable clipping or e.g. --clip-grad 1.0",
         c->clip_grad));
   }
+  if (c->ddp_bucket_size < 1024 || c->ddp_bucket_size > (int64_t{1} << 30)) {
+    return Invalid(fmt::format(
+        "--ddp-bucket-size {} must be between 1024 and 2^30 elements; the default 1048576 (4 MB "
+        "of fp32) suits most models",
+        c->ddp_bucket_size));
+  }
   KEEL_RETURN_IF_ERROR(Positive("eval-interval", c->eval_interval));
   KEEL_RETURN_IF_ERROR(Positive("log-interval", c->log_interval));
   KEEL_RETURN_IF_ERROR(

@@ -67,6 +67,11 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double clip_grad = 1.0;  // 0 disables clipping
 
+  // ---- data parallel (docs/distributed.md) ----
+  bool use_distributed_optimizer = true;  // ZeRO-1: Adam moments sharded over the ranks
+  bool overlap_grad_reduce = true;        // reduce gradient buckets during backward
+  int64_t ddp_bucket_size = 1 << 20;      // elements per gradient bucket
+
   // ---- run ----
   uint64_t seed = 1234;
   int64_t eval_interval = 100;

@@ -5,14 +5,21 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <functional>
 #include <string>
 
 namespace keel {
 
-// Writes `line` plus '\n' to stdout and flushes.
+// Writes `line` plus '\n' to stdout (unless muted) and to the copy sink (if set), and flushes.
 void LogLine(const std::string& line);
-// Writes to stderr and flushes (warnings and errors).
+// Writes to stderr and flushes (warnings and errors), and to the copy sink (if set).
 void LogError(const std::string& line);
+
+// Data-parallel ranks: each rank's lines also go to `sink` (its SAVE/logs/rank-NNN.log), and the
+// ranks other than 0 keep stdout quiet (`mute_stdout`) so the terminal shows one run; errors
+// still reach stderr with `error_prefix` ("[rank 1] "). An empty sink removes the copy.
+void SetLogCopy(std::function<void(const std::string&)> sink, bool mute_stdout,
+                std::string error_prefix);
 
 template <typename... Args>
 void Log(fmt::format_string<Args...> f, Args&&... args) {

@@ -484,6 +484,8 @@ void GptModel::Backward() {
     be->LayerNormBackward(dres_in, dln1w, dln1b, a.dln, a.res[l], ln1w, y.ln1_mean, y.ln1_rstd, N,
                           C);
     std::swap(dres, dres_in);
+    // Layer l and everything after it in the buffer (later layers, the final LayerNorm) are final.
+    if (grad_ready_) grad_ready_(params_[pi].offset);
   }
   // dres now holds the gradient w.r.t. res[0].
   float* dwpe = nullptr;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,9 @@ class GptModel {
   // Backpropagates the last Forward (which must have had targets); ACCUMULATES into grad_data().
   void Backward();
   void ZeroGrad();
+  // Called by Backward after each layer with the offset from which on every gradient is final
+  // (the data-parallel reduction starts on those while backward goes on); empty: not called.
+  void set_grad_ready(std::function<void(size_t from)> f) { grad_ready_ = std::move(f); }
 
   // Host copy of the logits row (first V entries) at position t of sequence b of the last Forward.
   std::vector<float> LogitsAt(int b, int t);
@@ -126,6 +130,7 @@ class GptModel {
   const int32_t* positions_ = nullptr;  // of the last Forward, when position ids are reset
   const int32_t* doc_start_ = nullptr;  // of the last Forward, when attention is reset
   bool has_targets_ = false;
+  std::function<void(size_t)> grad_ready_;
 };
 
 // The NaN and Inf values among a model's parameters: how many, and the first tensor (in buffer

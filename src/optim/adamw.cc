@@ -1,13 +1,21 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "core/status.h"
 
 namespace keel {
 
-AdamW::AdamW(Backend* backend, size_t num_params, const AdamWConfig& cfg)
-    : backend_(backend), n_(num_params), cfg_(cfg) {
-  m_ = backend_->AllocFloats(n_);
-  v_ = backend_->AllocFloats(n_);
+AdamW::AdamW(Backend* backend, size_t num_params, const AdamWConfig& cfg,
+             std::optional<ShardRange> shard)
+    : backend_(backend),
+      n_(num_params),
+      shard_(shard.value_or(ShardRange{0, num_params})),
+      cfg_(cfg) {
+  KEEL_CHECK(shard_.end <= n_, "optimizer shard beyond the parameters");
+  m_ = backend_->AllocFloats(shard_.size());
+  v_ = backend_->AllocFloats(shard_.size());
 }
 
 AdamW::~AdamW() {
@@ -19,11 +27,14 @@ void AdamW::Step(float* param, const float* grad, const std::vector<ParamInfo>& 
                  Backend::AdamWStats* stats) {
   ++step_;
   for (const ParamInfo& p : params) {
+    const size_t lo = std::max(p.offset, shard_.begin);
+    const size_t hi = std::min(p.offset + p.numel, shard_.end);
+    if (lo >= hi) continue;
     const float wd = p.weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
-    backend_->AdamWUpdate(param + p.offset, grad + p.offset, m_ + p.offset, v_ + p.offset, p.numel,
-                          static_cast<float>(lr), static_cast<float>(cfg_.beta1),
-                          static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), wd, step_,
-                          stats);
+    const size_t s = lo - shard_.begin;
+    backend_->AdamWUpdate(param + lo, grad + lo, m_ + s, v_ + s, hi - lo, static_cast<float>(lr),
+                          static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+                          static_cast<float>(cfg_.eps), wd, step_, stats);
   }
 }
 
@@ -31,6 +42,7 @@ GradStats ComputeGradStats(Backend* backend, const float* grad, size_t n) {
   GradStats s;
   const double sq = backend->SumSquares(grad, n);
   s.finite = std::isfinite(sq) && backend->CountNonFinite(grad, n) == 0;
+  s.sum_sq = sq;
   s.norm = std::sqrt(sq);
   s.num_zeros = backend->CountZeros(grad, n);
   return s;

@@ -3,13 +3,81 @@
 #include <fmt/format.h>
 #include <signal.h>
 
+#include "checkpoint/manifest.h"
 #include "core/stop_signal.h"
 
 namespace keel {
 
 TrainCheckpointSource CheckpointSourceOf(Trainer& trainer) {
-  return {&trainer.config(), &trainer.model(), &trainer.optimizer(),
-          trainer.state(),   trainer.NextLr(), trainer.NextGlobalBatch()};
+  TrainCheckpointSource src{&trainer.config(), &trainer.model(), &trainer.optimizer(),
+                            trainer.state(),   trainer.NextLr(), trainer.NextGlobalBatch()};
+  src.rank = trainer.comm()->rank();
+  src.world = trainer.comm()->world_size();
+  src.sharded = trainer.sharded_optimizer();
+  return src;
+}
+
+namespace {
+
+// Manifest entries as text, to send them from every rank to rank 0.
+std::string EncodeEntries(const std::vector<ManifestEntry>& entries) {
+  std::string out;
+  for (const ManifestEntry& e : entries) out += fmt::format("{}\t{}\t{}\n", e.name, e.size, e.xxh3);
+  return out;
+}
+
+void DecodeEntries(const std::string& text, std::vector<ManifestEntry>* out) {
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t nl = text.find('\n', at);
+    const std::string line = text.substr(at, nl - at);
+    at = nl + 1;
+    const size_t t1 = line.find('\t'), t2 = line.find('\t', t1 + 1);
+    out->push_back({line.substr(0, t1), std::stoull(line.substr(t1 + 1, t2 - t1 - 1)),
+                    std::stoull(line.substr(t2 + 1))});
+  }
+}
+
+}  // namespace
+
+Status CheckpointController::WriteCheckpoint(int64_t it, const std::vector<CheckpointFile>& files,
+                                             Status built, SaveStats* stats) {
+  Communicator* comm = trainer_->comm();
+  if (comm->world_size() == 1) {
+    KEEL_RETURN_IF_ERROR(built);
+    return store_->Save(it, files, stats);
+  }
+  // Every rank writes its files into the directory rank 0 prepared; rank 0 commits once all
+  // succeeded. Each step ends with every rank agreeing on its outcome, so a failure on any rank
+  // leaves the previous checkpoint the newest on every rank.
+  const uint64_t t0 = env_->NowMicros();
+  const bool leader = comm->rank() == 0;
+  Status st = built;
+  if (leader && st.ok()) st = store_->BeginSave(it);
+  st = comm->AgreeOnStatus(st);
+  std::vector<ManifestEntry> written;
+  if (st.ok()) st = comm->AgreeOnStatus(store_->WriteSaveFiles(it, files, &written));
+  if (!st.ok()) {
+    if (leader) return store_->AbortSave(it, st);
+    return Status::IOError(
+        fmt::format("saving checkpoint {} failed: {} (the checkpoints saved before it are intact)",
+                    JoinPath(store_->root(), CheckpointDirName(it)), st.message()));
+  }
+  std::vector<std::string> all;
+  comm->AllGatherBytes(EncodeEntries(written), &all);
+  if (leader) {
+    std::vector<ManifestEntry> entries;
+    for (const std::string& text : all) DecodeEntries(text, &entries);
+    st = store_->CommitSave(it, entries, t0, stats);
+  }
+  // The commit's outcome (rank 0's) for every rank.
+  st = comm->AgreeOnStatus(st);
+  if (!leader && st.ok() && stats != nullptr) {
+    stats->path = JoinPath(store_->root(), CheckpointDirName(it));
+    stats->seconds = static_cast<double>(env_->NowMicros() - t0) / 1e6;
+    for (const ManifestEntry& e : written) stats->bytes += e.size;
+  }
+  return st;
 }
 
 Status RestoreTrainer(Env* env, const SavedTrainState& saved, Trainer* trainer) {
@@ -55,10 +123,10 @@ Status CheckpointController::SaveNow(const std::string& why) {
   const int64_t it = trainer_->state().counters.iteration;
   std::vector<CheckpointFile> files;
   const nlohmann::json guard = guard_state_ ? guard_state_() : nlohmann::json();
-  KEEL_RETURN_IF_ERROR(BuildTrainCheckpoint(env_, CheckpointSourceOf(*trainer_), run_, history_,
-                                            &staging_, &files, guard));
+  const Status built = BuildTrainCheckpoint(env_, CheckpointSourceOf(*trainer_), run_, history_,
+                                            &staging_, &files, guard);
   SaveStats stats;
-  KEEL_RETURN_IF_ERROR(store_->Save(it, files, &stats));
+  KEEL_RETURN_IF_ERROR(WriteCheckpoint(it, files, built, &stats));
   last_saved_ = it;
   last_save_us_ = env_->NowMicros();
   log_(fmt::format("saved checkpoint {} ({}): {:.1f} MB in {:.2f} s, {:.0f} MB/s{}", stats.path,
@@ -84,8 +152,9 @@ Status CheckpointController::RollbackTo(const SavedTrainState& target,
   if (store_ == nullptr)
     return Status::NotFound(
         "there is no --save directory, so no checkpoint to roll back to; give --save");
-  KEEL_RETURN_IF_ERROR(store_->RollbackTo(target.train.counters.iteration, kept));
-  return Restore(target, /*in_save_dir=*/true);
+  KEEL_RETURN_IF_ERROR(trainer_->comm()->AgreeOnStatus(
+      store_->RollbackTo(target.train.counters.iteration, kept)));  // rank 0 moves, all wait
+  return trainer_->comm()->AgreeOnStatus(Restore(target, /*in_save_dir=*/true));
 }
 
 bool CheckpointController::AfterIteration() {
@@ -114,13 +183,27 @@ bool CheckpointController::AfterIteration() {
                      cfg_.exit_duration_in_mins, it));
     stop_ = StopReason::kExitDuration;
   }
+  bool minutes_due = cfg_.save_interval_minutes > 0 &&
+                     static_cast<double>(now - last_save_us_) / 60e6 >= cfg_.save_interval_minutes;
+  Communicator* comm = trainer_->comm();
+  if (comm->world_size() > 1) {
+    // A signal, the kill switch and the clocks are seen by each rank at its own moment: the ranks
+    // take the strongest request of any, so all stop (or save) at the same iteration.
+    double v[2] = {static_cast<double>(stop_), minutes_due ? 1.0 : 0.0};
+    comm->AllReduceMaxHost(v, 2);
+    const auto agreed = static_cast<StopReason>(static_cast<int>(v[0]));
+    if (agreed != stop_)
+      log_(fmt::format("stopping at iteration {} with the other ranks: {}", it,
+                       StopReasonText(agreed)));
+    stop_ = agreed;
+    minutes_due = v[1] > 0;
+  }
   if (stop_ != StopReason::kNone) return false;
 
   std::string why;
   if (cfg_.save_interval > 0 && it % cfg_.save_interval == 0) {
     why = "--save-interval";
-  } else if (cfg_.save_interval_minutes > 0 &&
-             static_cast<double>(now - last_save_us_) / 60e6 >= cfg_.save_interval_minutes) {
+  } else if (minutes_due) {
     why = "--save-interval-minutes";
   }
   if (why.empty() || store_ == nullptr || it == last_saved_) return true;

@@ -56,6 +56,9 @@ class CheckpointController {
   Status RollbackTo(const SavedTrainState& target, std::vector<std::string>* kept);
 
   StopReason stop_reason() const { return stop_; }
+  // Data parallel: every rank calls AfterIteration, SaveNow, Finish, Restore and RollbackTo at
+  // the same iterations (they agree on stops and saves); rank 0 alone changes the run directory's
+  // shared files (the store is read-only on the others).
   int64_t last_saved_iteration() const { return last_saved_; }
   // Where the guard's state for each save comes from (null state when unset).
   void set_guard_state_fn(std::function<nlohmann::json()> f) { guard_state_ = std::move(f); }
@@ -65,6 +68,11 @@ class CheckpointController {
   void AddHistory(nlohmann::json event) { history_.push_back(std::move(event)); }
 
  private:
+  // Writes `files` (built with status `built`) as checkpoint `it`: in one process a plain Save;
+  // across ranks every rank's files, committed by rank 0 once all of them are written.
+  Status WriteCheckpoint(int64_t it, const std::vector<CheckpointFile>& files, Status built,
+                         SaveStats* stats);
+
   TrainConfig cfg_;
   Env* env_;
   CheckpointStore* store_;

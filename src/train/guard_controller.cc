@@ -156,7 +156,7 @@ json GuardController::StateForCheckpoint() const {
 }
 
 Status GuardController::WritePolicyFile() {
-  if (store_ == nullptr) return Status::OK();
+  if (store_ == nullptr || store_->read_only()) return Status::OK();  // rank 0's file
   const TrainState& state = trainer_->state();
   json j = {{"format", "keel-guard-policy"},      {"iteration", state.counters.iteration},
             {"policy", guard_.PolicyJson()},      {"lr_scale", state.lr_scale},
@@ -189,6 +189,18 @@ Status GuardController::Rollback(const GuardDecision& d) {
     }
     target = std::move(saved);
     break;
+  }
+  // Every rank chose from the same files; they must agree before rank 0 changes any of them.
+  Communicator* comm = trainer_->comm();
+  if (comm->world_size() > 1) {
+    std::vector<std::string> all;
+    comm->AllGatherBytes(std::to_string(target ? target->train.counters.iteration : -1), &all);
+    for (size_t r = 1; r < all.size(); ++r)
+      if (all[r] != all[0])
+        return Status::IOError(fmt::format(
+            "the ranks chose different checkpoints to roll back to (rank 0: iteration {}, rank "
+            "{}: {}): every rank must see the same --save directory",
+            all[0], r, all[r]));
   }
   if (!target) {
     std::string why = fmt::format(

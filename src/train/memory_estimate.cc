@@ -21,7 +21,12 @@ MemoryEstimate EstimateRunMemory(const TrainConfig& cfg) {
   e.params = GptModel::ParamCount(spec);
   e.weights = e.params * sizeof(float);
   e.gradients = e.params * sizeof(float);
-  e.moments = 2 * e.params * sizeof(float);  // AdamW's m and v
+  // AdamW's m and v; with ZeRO-1 each data-parallel rank holds its shard of them.
+  const uint64_t dp = static_cast<uint64_t>(std::max(1, cfg.data_parallel_size));
+  const bool zero = cfg.use_distributed_optimizer && dp > 1;
+  e.moments = 2 * (zero ? (e.params + dp - 1) / dp : e.params) * sizeof(float);
+  // The data-parallel reduction receives one bucket from every rank.
+  if (dp > 1) e.gradients += static_cast<uint64_t>(cfg.ddp_bucket_size) * dp * sizeof(float);
   e.activations = GptModel::ActivationBytes(spec, cfg.micro_batch_size, cfg.seq_length);
   // The read-ahead ring, and the loop's own buffers of one micro-batch (the tokens read, the
   // inputs and the targets: Trainer's batch_tokens_, inputs_ and targets_).
@@ -46,9 +51,13 @@ std::string FormatBytes(uint64_t bytes) {
 
 std::string DescribeMemoryEstimate(const TrainConfig& cfg, const MemoryEstimate& e) {
   return fmt::format(
-      "weights {}, gradients {} and AdamW moments {} ({} parameters x 4 + 4 + 8 bytes), "
+      "weights {}, gradients {} and AdamW moments {} ({} parameters x 4 + 4 + 8 bytes{}), "
       "activations {} (one micro-batch of {} x {} tokens), data buffers {}",
       FormatBytes(e.weights), FormatBytes(e.gradients), FormatBytes(e.moments), e.params,
+      cfg.data_parallel_size > 1
+          ? fmt::format(", per rank of {}{}", cfg.data_parallel_size,
+                        cfg.use_distributed_optimizer ? ", moments sharded by ZeRO-1" : "")
+          : std::string(),
       FormatBytes(e.activations), cfg.micro_batch_size, cfg.seq_length, FormatBytes(e.data));
 }
 

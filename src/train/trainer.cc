@@ -27,7 +27,11 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, T
   oc.beta2 = cfg_.adam_beta2;
   oc.eps = cfg_.adam_eps;
   oc.weight_decay = cfg_.weight_decay;
-  optimizer_ = std::make_unique<AdamW>(backend_, model_->num_params(), oc);
+  const size_t n = model_->num_params();
+  shard_ = ShardOf(n, comm_->rank(), comm_->world_size());
+  zero_ = cfg_.use_distributed_optimizer && comm_->world_size() > 1;
+  optimizer_ = std::make_unique<AdamW>(backend_, n, oc, zero_ ? shard_ : ShardRange{0, n});
+  reducer_ = std::make_unique<GradientReducer>(comm_, static_cast<size_t>(cfg_.ddp_bucket_size));
   total_iters_ = TotalTrainIters(cfg_);
   const size_t mb = static_cast<size_t>(cfg_.micro_batch_size);
   batch_tokens_.resize(mb * (cfg_.seq_length + 1));
@@ -109,6 +113,8 @@ StepResult Trainer::TrainStep() {
   c.consumed_tokens += r.global_batch * cfg_.seq_length;
   r.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // The iteration line's timings are the slowest rank's.
+  if (comm_->world_size() > 1) comm_->AllReduceMaxHost(&r.step_ms, 1);
   return r;
 }
 
@@ -121,6 +127,8 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
   GradientAccumulation acc;
   std::vector<double> dataset_loss_sum(nd, 0.0), dataset_sequences(nd, 0.0);
   model_->ZeroGrad();
+  float* grads = model_->grad_data();
+  const size_t n = model_->num_params();
   for (int64_t m = 0; m < num_micro; ++m) {
     // Sample order: micro-batch m of rank r reads global samples (m * dp + r) * mbs + b.
     const int64_t first =
@@ -144,8 +152,21 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
       acc.log_z += model_->MeanLogZ();
       acc.max_attn_logit = std::max(acc.max_attn_logit, model_->LastMaxAttentionLogit());
     }
+    if (m + 1 == num_micro) {
+      // The last micro-batch: its backward finishes the gradients layer by layer, and each
+      // finished bucket is reduced while the layers below still compute.
+      reducer_->Begin(grads, n);
+      if (cfg_.overlap_grad_reduce)
+        model_->set_grad_ready([this](size_t from) { reducer_->Ready(from); });
+    }
     model_->Backward();
   }
+  model_->set_grad_ready(nullptr);
+  reducer_->Finish();
+  // Each rank now holds the sums of its shard. ZeRO-1 updates only that shard; without it every
+  // rank needs every sum.
+  if (!zero_) comm_->AllGather(grads, n);
+  if (gate_ && dp > 1) comm_->AllReduceMaxHost(&acc.max_attn_logit, 1);
   // One host all-reduce for the scalars: loss and log Z (sums of micro-batch means), then the
   // per-dataset sums and counts.
   std::vector<double> sums = {acc.loss, acc.log_z};
@@ -164,7 +185,6 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
       acc.dataset_loss[d] = n > 0 ? sums[2 + d] / n : NAN;
     }
   }
-  comm_->AllReduceSum(model_->grad_data(), model_->num_params());
   return acc;
 }
 
@@ -173,7 +193,21 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
   r->loss = acc.loss;
   r->dataset_loss = acc.dataset_loss;
   r->dataset_sequences = acc.dataset_sequences;
-  const GradStats gs = ComputeGradStats(backend_, model_->grad_data(), model_->num_params());
+  float* grads = model_->grad_data();
+  const size_t n = model_->num_params();
+  const int dp = comm_->world_size();
+  // Statistics of the global gradient: each rank measures the shard it owns (the summed values),
+  // the ranks add their parts, so every rank sees the same norm and makes the same decisions.
+  const ShardRange own = dp > 1 ? shard_ : ShardRange{0, n};
+  GradStats gs = ComputeGradStats(backend_, grads + own.begin, own.size());
+  if (dp > 1) {
+    double v[3] = {gs.sum_sq, static_cast<double>(gs.num_zeros), gs.finite ? 0.0 : 1.0};
+    comm_->AllReduceSumHost(v, 3);
+    gs.sum_sq = v[0];
+    gs.norm = std::sqrt(v[0]);
+    gs.num_zeros = static_cast<size_t>(v[1]);
+    gs.finite = v[2] == 0.0 && std::isfinite(v[0]);
+  }
   r->grad_norm = gs.norm;
   r->num_zeros = gs.num_zeros;
   const bool finite = gs.finite && std::isfinite(r->loss);
@@ -204,11 +238,23 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
     ++c.skipped_iterations;
     return;
   }
-  ClipGradients(backend_, model_->grad_data(), model_->num_params(), gs.norm, cfg_.clip_grad);
+  // The part of the gradients this rank's optimizer reads: its shard (ZeRO-1) or all of them.
+  const ShardRange upd = zero_ ? shard_ : ShardRange{0, n};
+  ClipGradients(backend_, grads + upd.begin, upd.size(), gs.norm, cfg_.clip_grad);
   // Measured inside the update's own pass over memory: the guard's signals, and the weights'
   // squared norm, non-finite exactly when a weight is (or its square overflows).
   Backend::AdamWStats st;
-  optimizer_->Step(model_->param_data(), model_->grad_data(), model_->params(), r->lr, &st);
+  optimizer_->Step(model_->param_data(), grads, model_->params(), r->lr, &st);
+  if (zero_) {
+    // Every rank updated its shard: the statistics are summed, the weights all-gathered.
+    double sums[2] = {st.update_sq, st.param_sq}, max_v = st.max_v;
+    comm_->AllReduceSumHost(sums, 2);
+    comm_->AllReduceMaxHost(&max_v, 1);
+    st.update_sq = sums[0];
+    st.param_sq = sums[1];
+    st.max_v = static_cast<float>(max_v);
+    comm_->AllGather(model_->param_data(), n);
+  }
   last_update_ratio_ = std::sqrt(st.update_sq / std::max(st.param_sq, 1e-30));
   last_max_v_ = st.max_v;
   r->weights_nonfinite = !std::isfinite(st.param_sq);
@@ -441,8 +487,14 @@ uint64_t Trainer::StateFingerprint() {
   XXH3_64bits_reset(st);
   const size_t n = model_->num_params();
   std::vector<float> host(n);
-  for (float* buf : {model_->param_data(), optimizer_->exp_avg(), optimizer_->exp_avg_sq()}) {
-    backend_->CopyToHost(host.data(), buf, n);
+  backend_->CopyToHost(host.data(), model_->param_data(), n);
+  XXH3_64bits_update(st, host.data(), n * sizeof(float));
+  for (float* buf : {optimizer_->exp_avg(), optimizer_->exp_avg_sq()}) {
+    // The whole moment buffer, gathered from the shards under ZeRO-1: the fingerprint does not
+    // depend on how the optimizer is partitioned.
+    const ShardRange& sh = optimizer_->shard();
+    backend_->CopyToHost(host.data() + sh.begin, buf, sh.size());
+    if (zero_) comm_->AllGather(host.data(), n);
     XXH3_64bits_update(st, host.data(), n * sizeof(float));
   }
   const TrainState& s = state_;

@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "checkpoint/train_state.h"
 #include "comm/communicator.h"
+#include "comm/gradient_reducer.h"
 #include "config/config.h"
 #include "guard/instability_detector.h"
 #include "model/gpt.h"
@@ -117,6 +118,12 @@ class Trainer {
   void Restore(const TrainState& state);
 
   int64_t TotalIterations() const { return total_iters_; }
+  // ZeRO-1 is on: this rank's optimizer holds only its shard (optimizer().shard()).
+  bool sharded_optimizer() const { return zero_; }
+  Communicator* comm() { return comm_; }
+  // The data-parallel gradient reduction's totals (communication time, the part not hidden
+  // behind backward, bytes sent) since the trainer was built.
+  const ReductionStats& reduction_stats() const { return reducer_->stats(); }
   const TrainConfig& config() const { return cfg_; }
   GptModel& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
@@ -129,7 +136,8 @@ class Trainer {
   double NextLr() const;
   int64_t NextGlobalBatch() const;
   // xxh3 over parameters, optimizer moments and the TrainState: equal fingerprints mean
-  // bit-identical training state.
+  // bit-identical training state. The same value on every rank, whatever the sharding (a
+  // collective: every rank calls it).
   uint64_t StateFingerprint();
   double FlopsPerIteration(int64_t global_batch) const;
 
@@ -159,6 +167,9 @@ class Trainer {
   TrainerData data_;
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<AdamW> optimizer_;
+  bool zero_ = false;  // ZeRO-1: the optimizer holds this rank's shard of the moments
+  ShardRange shard_;   // this rank's shard of the parameter buffer (ShardOf)
+  std::unique_ptr<GradientReducer> reducer_;
   BatchRampup rampup_;
   LrSchedule schedule_;
   TrainState state_;

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "checkpoint/manifest.h"
+#include "core/json_reader.h"
 #include "core/log.h"
 #include "core/stop_signal.h"
 #include "core/timestamp.h"
@@ -79,7 +80,8 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   // vocab) are derived once both are known, from the config as the user gave it.
   r.cfg_.data_parallel_size = r.comm_->world_size();
   // The run directory is checked before any work, so a long run never fails at its end.
-  KEEL_RETURN_IF_ERROR(r.PrepareRunDirectory());
+  KEEL_RETURN_IF_ERROR(r.comm_->AgreeOnStatus(r.PrepareRunDirectory()));
+  KEEL_RETURN_IF_ERROR(r.OpenRankLog());
   if (!r.cfg_.kill_switch_path.empty() && r.env_->FileExists(r.cfg_.kill_switch_path)) {
     Warn("kill switch {} exists: not training (remove the file to train)", r.cfg_.kill_switch_path);
     r.not_started_ = true;
@@ -95,7 +97,7 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   KEEL_RETURN_IF_ERROR(fits);
   r.LogData();
 
-  KEEL_RETURN_IF_ERROR(ResolveResumePoint(r.env_, r.cfg_, LogTo, &r.resume_));
+  KEEL_RETURN_IF_ERROR(r.ResolveResumeOnEveryRank());
   for (const std::string& n : r.resume_.notes) Log("note: {}", n);
   if (r.resume_.saved) {
     const SavedTrainState& saved = *r.resume_.saved;
@@ -135,6 +137,13 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
       static_cast<int64_t>(r.trainer_->model().num_params()) == formula
           ? ", equal"
           : ": differs because of the FFN size, ALiBi or the embedding LayerNorm");
+  if (r.comm_->world_size() > 1) {
+    const AdamW& opt = r.trainer_->optimizer();
+    Log("optimizer: {}: this rank holds the Adam moments of {} of {} parameters ({})",
+        r.trainer_->sharded_optimizer() ? "ZeRO-1 (--use-distributed-optimizer)"
+                                        : "replicated (--use-distributed-optimizer=false)",
+        opt.shard().size(), opt.num_params(), FormatBytes(2 * opt.shard().size() * sizeof(float)));
+  }
   Log("training: {} iterations, {} flops per token", r.trainer_->TotalIterations(),
       fmt::format("{:.3g}", TrainingFlopsPerToken(spec, r.cfg_.seq_length)));
 
@@ -143,6 +152,71 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   *doing = "opening the journal, the metrics and the guard";
   KEEL_RETURN_IF_ERROR(r.OpenJournalMetricsAndGuard());
   *out = std::move(run);
+  return Status::OK();
+}
+
+Status TrainingRun::OpenRankLog() {
+  if (comm_->world_size() == 1) return Status::OK();
+  const int rank = comm_->rank();
+  if (!cfg_.save.empty()) {
+    const std::string dir = JoinPath(cfg_.save, "logs");
+    const std::string path = JoinPath(dir, fmt::format("rank-{:03d}.log", rank));
+    Status st = env_->CreateDirs(dir);
+    if (st.ok()) st = env_->NewAppendableFile(path, &rank_log_);
+    KEEL_RETURN_IF_ERROR(comm_->AgreeOnStatus(st));
+    rank_log_->Append(fmt::format("==== keel {} rank {} of {} started {} ====\n", KEEL_VERSION,
+                                  rank, comm_->world_size(), UtcTimestamp()));
+  }
+  WritableFile* f = rank_log_.get();
+  SetLogCopy(f == nullptr ? std::function<void(const std::string&)>()
+                          : [f](const std::string& line) {
+                              (void)f->Append(line + "\n");
+                              (void)f->Flush();
+                            },
+             /*mute_stdout=*/rank != 0, fmt::format("[rank {}] ", rank));
+  Log("data parallel: {}{}", comm_->Describe(),
+      cfg_.save.empty()
+          ? ""
+          : fmt::format("; this rank logs to {}/logs/rank-{:03d}.log", cfg_.save, rank));
+  return Status::OK();
+}
+
+Status TrainingRun::ResolveResumeOnEveryRank() {
+  // Rank 0 first: it may tidy the run directory (remove an interrupted save, move a corrupt
+  // checkpoint aside, adopt an uncommitted one); the others then read the tidied directory.
+  Status st;
+  if (comm_->rank() == 0) st = ResolveResumePoint(env_, cfg_, LogTo, &resume_);
+  st = comm_->AgreeOnStatus(st);
+  if (st.ok() && comm_->rank() != 0) st = ResolveResumePoint(env_, cfg_, LogTo, &resume_);
+  KEEL_RETURN_IF_ERROR(comm_->AgreeOnStatus(st));
+  KEEL_RETURN_IF_ERROR(NoteDataParallelChange());
+  if (comm_->world_size() == 1) return Status::OK();
+  const int64_t mine = resume_.saved ? resume_.saved->train.counters.iteration : -1;
+  std::vector<std::string> all;
+  comm_->AllGatherBytes(std::to_string(mine), &all);
+  for (size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0])
+      return Status::IOError(fmt::format(
+          "the ranks found different checkpoints to continue from (rank 0: iteration {}, rank "
+          "{}: iteration {}): every rank must see the same --save directory (a shared "
+          "filesystem when the ranks run on several machines)",
+          all[0], r, all[r]));
+  return Status::OK();
+}
+
+Status TrainingRun::NoteDataParallelChange() {
+  if (resume_.saved) {
+    JsonReader reader(JoinPath(resume_.saved->dir, "state.json"), resume_.saved->state);
+    const int saved_dp = reader.root()["optimizer"]
+                             .Optional("data_parallel_size")
+                             .Get<int>(1);  // older checkpoints: one process
+    KEEL_RETURN_IF_ERROR(reader.status());
+    if (saved_dp != comm_->world_size())
+      Log("note: {} was saved by {} data-parallel rank{}; this run has {}: each rank loads the "
+          "Adam moments of its new shard (no conversion step); the global batch and the sample "
+          "order are unchanged",
+          resume_.saved->dir, saved_dp, saved_dp == 1 ? "" : "s", comm_->world_size());
+  }
   return Status::OK();
 }
 
@@ -171,9 +245,14 @@ Status TrainingRun::PrepareRunDirectory() {
         "--save " + cfg_.save +
         " holds a run written by an older keel (run.json, no checkpoints) that cannot be "
         "resumed; pass a new --save directory");
+  // One probe file per rank: ranks of one job probe the same directory at once.
+  const std::string probe =
+      JoinPath(cfg_.save, comm_->world_size() == 1
+                              ? std::string(".keel-write-test")
+                              : fmt::format(".keel-write-test.rank-{:03d}", comm_->rank()));
   Status st = env_->CreateDirs(cfg_.save);
-  if (st.ok()) st = WriteFileAtomic(env_, JoinPath(cfg_.save, ".keel-write-test"), "ok\n");
-  if (st.ok()) st = env_->RemoveFile(JoinPath(cfg_.save, ".keel-write-test"));
+  if (st.ok()) st = WriteFileAtomic(env_, probe, "ok\n");
+  if (st.ok()) st = env_->RemoveFile(probe);
   if (!st.ok())
     return Status::InvalidArgument("--save " + cfg_.save + " is not writable: " + st.message());
   return Status::OK();
@@ -344,7 +423,10 @@ void TrainingRun::LogSkippedSampleRanges() {
 }
 
 Status TrainingRun::StartFromResumePoint() {
-  if (!cfg_.save.empty()) store_ = std::make_unique<CheckpointStore>(env_, cfg_.save, LogTo);
+  if (!cfg_.save.empty()) {
+    store_ = std::make_unique<CheckpointStore>(env_, cfg_.save, LogTo);
+    store_->set_read_only(comm_->rank() != 0);  // rank 0 owns the run directory's shared files
+  }
   RunInfo run_info{prefix_, meta_, nlohmann::json::array()};
   for (int d = 0; d < data_->NumDatasets(); ++d)
     run_info.datasets.push_back({{"name", data_->source(d).name},
@@ -380,7 +462,10 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
   const SavedTrainState* saved = resume_.saved.get();
   const bool rollback = resume_.kind == ResumePoint::Kind::kRollback;
   const int64_t start_iteration = trainer_->state().counters.iteration;
-  journal_ = std::make_unique<RunJournal>(env_, cfg_.save, LogTo);
+  // Rank 0 writes the chronicle, metrics.jsonl and TensorBoard; the other ranks keep them in
+  // memory (the same decisions, one record of them).
+  const std::string shared_dir = comm_->rank() == 0 ? cfg_.save : std::string();
+  journal_ = std::make_unique<RunJournal>(env_, shared_dir, LogTo);
   journal_->Heading(fmt::format("{} at iteration {} ({}, keel {})",
                                 saved ? (rollback ? "rolled back" : "resumed") : "started",
                                 start_iteration, UtcTimestamp(), KEEL_VERSION));
@@ -391,7 +476,7 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
   // Metrics: metrics.jsonl and TensorBoard files, rewound to where this run continues.
   std::string archived;
   const TrainCounters& c = trainer_->state().counters;
-  Status st = RunMetrics::Open(env_, cfg_.save, &metrics_);
+  Status st = RunMetrics::Open(env_, shared_dir, &metrics_);
   if (st.ok())
     st = metrics_->Rewind({c.iteration, c.consumed_samples, c.consumed_tokens},
                           rollback ? "rollback"
@@ -458,6 +543,7 @@ Status TrainingRun::Train(Outcome* outcome) {
     return Status::OK();
   }
   const TrainCounters& c = trainer_->state().counters;
+  start_iteration_ = c.iteration;
   *outcome = Outcome::kFinished;
   if (c.iteration >= trainer_->TotalIterations()) {
     Log("the checkpoint at iteration {} already completes this run of {} iterations; raise "
@@ -517,6 +603,7 @@ Status TrainingRun::Train(Outcome* outcome) {
       return Status::OK();
     }
     Log("training finished: iteration {} in {:.1f} s", c.iteration, secs);
+    LogDataParallelTraffic(secs);
     const SamplePrefetcher::Stats ps = prefetcher_->stats();
     Log("data: {} samples read ahead on a background thread; the loop waited for {} of them "
         "({:.1f} ms in all, {} read-ahead restarts)",
@@ -532,10 +619,39 @@ Status TrainingRun::Train(Outcome* outcome) {
   }
 }
 
+void TrainingRun::LogDataParallelTraffic(double train_seconds) {
+  const int world = comm_->world_size();
+  if (world == 1) return;
+  const ReductionStats& rs = trainer_->reduction_stats();
+  const int64_t iters = trainer_->state().counters.iteration - start_iteration_;
+  if (iters <= 0 || rs.buckets == 0) return;
+  const size_t n = trainer_->model().num_params();
+  // This rank sends the part of each bucket it does not own (reduce-scatter), then its shard to
+  // every other rank (all-gather of the weights, or of the gradients without ZeRO-1).
+  const double rs_bytes = static_cast<double>(rs.bytes_sent);
+  const double ag_bytes = static_cast<double>(ShardOf(n, comm_->rank(), world).size()) * 4.0 *
+                          (world - 1) * static_cast<double>(iters);
+  const double bound = 2.0 * (world - 1) / world * static_cast<double>(n) * 4.0;
+  const double per_iter = (rs_bytes + ag_bytes) / static_cast<double>(iters);
+  Log("data parallel: this rank sent {:.2f} MB per iteration ({:.2f} reduce-scatter + {:.2f} "
+      "all-gather; the 2(N-1)/N x gradient-bytes lower bound is {:.2f} MB); gradient reduction "
+      "{:.3f} s in {} buckets, of which {:.3f} s not hidden behind backward ({:.0f}% overlapped); "
+      "{:.1f}% of the training time waited on it",
+      per_iter / 1e6, rs_bytes / static_cast<double>(iters) / 1e6,
+      ag_bytes / static_cast<double>(iters) / 1e6, bound / 1e6, rs.comm_seconds, rs.buckets,
+      rs.wait_seconds,
+      rs.comm_seconds > 0 ? 100.0 * std::max(0.0, 1.0 - rs.wait_seconds / rs.comm_seconds) : 0.0,
+      100.0 * rs.wait_seconds / std::max(train_seconds, 1e-9));
+}
+
 Status TrainingRun::StopOnDataError(const Status& error) {
   // The bad sample stopped its iteration before the update: the weights and the TrainState are
   // those of the last completed iteration, so that much progress is kept.
   const int64_t it = trainer_->state().counters.iteration;
+  if (comm_->world_size() > 1)  // the other ranks wait in a collective: no save is possible
+    return Status::InvalidArgument(fmt::format("{}. Rank {} stops every rank of the job; {}",
+                                               error.message(), comm_->rank(),
+                                               LastCheckpointText()));
   const char* resume = ": the same command resumes from it once the data is fixed";
   std::string kept;
   if (!store_) {
@@ -565,7 +681,7 @@ std::string TrainingRun::LastCheckpointText() {
 }
 
 Status TrainingRun::PrintSample() {
-  if (cfg_.sample_tokens <= 0) return Status::OK();
+  if (cfg_.sample_tokens <= 0 || comm_->rank() != 0) return Status::OK();
   std::unique_ptr<Tokenizer> tok;
   KEEL_RETURN_IF_ERROR(LoadTokenizerForDataset(prefix_, meta_, &tok));
   std::vector<int32_t> prompt = tok->Encode(cfg_.sample_prompt);

@@ -70,6 +70,12 @@ class TrainingRun {
   // Open's steps; `doing` names the step under way for an out-of-memory message.
   static Status OpenSteps(const TrainConfig& config, const RunOptions& options,
                           std::unique_ptr<TrainingRun>* out, std::string* doing);
+  // Data parallel: this rank's log, SAVE/logs/rank-NNN.log; ranks other than 0 keep stdout quiet.
+  Status OpenRankLog();
+  // ResolveResumePoint on every rank (rank 0 first); the ranks must agree on the checkpoint.
+  Status ResolveResumeOnEveryRank();
+  // Logs that the checkpoint continued from was written by another number of ranks.
+  Status NoteDataParallelChange();
   Status CheckMemory(std::vector<std::string>* notes);
   Status PrepareRunDirectory();
   Status OpenData(std::vector<std::string>* notes);
@@ -90,14 +96,19 @@ class TrainingRun {
   Status StartFromResumePoint();
   Status OpenJournalMetricsAndGuard();
   Status PrintSample();
+  // Data parallel: bytes this rank sent per iteration against the lower bound, and how much of
+  // the gradient reduction hid behind backward.
+  void LogDataParallelTraffic(double train_seconds);
 
   TrainConfig cfg_;
   Env* env_;
   Communicator* comm_;
   const TestHooks* test_hooks_;
-  bool not_started_ = false;  // the kill switch was there at start
-  bool data_error_ = false;   // CheckTokens threw: a sample held a token outside the vocabulary
+  bool not_started_ = false;     // the kill switch was there at start
+  int64_t start_iteration_ = 0;  // the iteration Train started from
+  bool data_error_ = false;      // CheckTokens threw: a sample held a token outside the vocabulary
 
+  std::unique_ptr<WritableFile> rank_log_;  // data parallel: SAVE/logs/rank-NNN.log
   std::unique_ptr<TrainData> data_;
   std::string prefix_;  // the dataset whose tokenizer is the run's
   DatasetMeta meta_;
