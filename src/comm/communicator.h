@@ -31,11 +31,6 @@ class Communicator {
   virtual void ReduceScatterSum(float* data, size_t n, size_t begin, size_t end) = 0;
   // Every rank's shard (ShardOf(n, rank, world)) of `data` copied to every other rank.
   virtual void AllGather(float* data, size_t n) = 0;
-  // ReduceScatterSum over the whole buffer, then AllGather: every rank holds the same sums.
-  void AllReduceSum(float* data, size_t n) {
-    ReduceScatterSum(data, n, 0, n);
-    AllGather(data, n);
-  }
 
   // Host values (losses, norms, counters, file lists): every rank's `mine`, in rank order.
   virtual void AllGatherBytes(const std::string& mine, std::vector<std::string>* all) = 0;
