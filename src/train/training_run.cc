@@ -82,7 +82,11 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   // The run directory is checked before any work, so a long run never fails at its end.
   KEEL_RETURN_IF_ERROR(r.comm_->AgreeOnStatus(r.PrepareRunDirectory()));
   KEEL_RETURN_IF_ERROR(r.OpenRankLog());
-  if (!r.cfg_.kill_switch_path.empty() && r.env_->FileExists(r.cfg_.kill_switch_path)) {
+  // Every rank takes the same decision (one of them may see the file appear first).
+  double kill_switch =
+      !r.cfg_.kill_switch_path.empty() && r.env_->FileExists(r.cfg_.kill_switch_path) ? 1 : 0;
+  r.comm_->AllReduceMaxHost(&kill_switch, 1);
+  if (kill_switch > 0) {
     Warn("kill switch {} exists: not training (remove the file to train)", r.cfg_.kill_switch_path);
     r.not_started_ = true;
     *out = std::move(run);

@@ -192,6 +192,16 @@ TEST(DataParallelCliTest, AnErrorOnOneRankEndsEveryRankWithItsExitCode) {
   EXPECT_LT(secs, 10.0) << r.out;
 }
 
+TEST(DataParallelCliTest, AKillSwitchAtStartStopsEveryRankBeforeAnyWork) {
+  const std::string dir = FreshTempDir("dp_kill_switch");
+  RunShell("touch " + dir + "/stop");
+  const KeelResult r =
+      Train(2, "--train-iters 20 --kill-switch-path " + dir + "/stop --save " + dir + "/run");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("exists: not training"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir + "/run/latest_checkpointed_iteration.txt"));
+}
+
 TEST(DataParallelCliTest, CrashInsideASaveOnRank1LeavesThePreviousCheckpoint) {
   const std::string dir = FreshTempDir("dp_crash_save");
   const std::string args = "--train-iters 60 --save-interval 20 --log-interval 20 --save ";
