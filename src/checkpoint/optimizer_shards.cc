@@ -125,6 +125,12 @@ void OptimizerMoments::Copy(const std::string& name, size_t from, size_t to, flo
   }
 }
 
+const float* OptimizerMoments::Whole(const std::string& name) const {
+  const auto it = pieces_.find(name);
+  KEEL_CHECK(it != pieces_.end(), "OptimizerMoments::Whole of an unknown tensor");
+  return it->second.size() == 1 ? it->second[0].data : nullptr;
+}
+
 void OptimizerMoments::CopyShard(const std::vector<ParamInfo>& params, const std::string& prefix,
                                  const ShardRange& shard, float* dst) const {
   for (const ParamInfo& p : params) {

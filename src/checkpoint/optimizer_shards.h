@@ -44,6 +44,9 @@ class OptimizerMoments {
   // Copies elements [from, to) of the flattened tensor `name` (e.g. "exp_avg.final_layernorm.
   // weight") to dst (host memory).
   void Copy(const std::string& name, size_t from, size_t to, float* dst) const;
+  // Tensor `name` in place (in the mapped file) when one piece holds all of it: every tensor of a
+  // one-process checkpoint, those inside one rank's shard otherwise; nullptr when it is cut.
+  const float* Whole(const std::string& name) const;
   // Copies elements [shard.begin, shard.end) of the flat buffer of moment `prefix` to dst.
   void CopyShard(const std::vector<ParamInfo>& params, const std::string& prefix,
                  const ShardRange& shard, float* dst) const;

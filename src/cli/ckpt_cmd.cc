@@ -84,25 +84,35 @@ std::string Describe(const std::string& name, const TensorRef& t) {
       s.non_finite ? fmt::format(" | {} non-finite", s.non_finite) : "", first);
 }
 
+// What the moment tensors of a checkpoint point into: the mapped files, and a joined copy of the
+// tensors that data-parallel ranks cut across their files.
+struct MomentStorage {
+  OptimizerMoments files;
+  std::map<std::string, std::vector<float>> joined;
+};
+
 // The Adam moments of checkpoint `dir` as whole tensors by name (exp_avg.NAME, exp_avg_sq.NAME),
-// whichever number of data-parallel ranks wrote them; `refs` point into `data`.
-Status ReadMoments(Env* env, const std::string& dir, const GptSpec& spec,
-                   std::map<std::string, std::vector<float>>* data,
+// whichever number of data-parallel ranks wrote them; `refs` point into `storage` (in place in
+// the mapped file when one piece holds the whole tensor, else into a joined copy).
+Status ReadMoments(Env* env, const std::string& dir, const GptSpec& spec, MomentStorage* storage,
                    std::map<std::string, TensorRef>* refs) {
   Manifest manifest;
   KEEL_RETURN_IF_ERROR(ReadManifest(env, dir, &manifest));
   std::vector<std::string> files;
   for (const ManifestEntry& e : manifest.files) files.push_back(e.name);
   const std::vector<ParamInfo> params = GptModel::ParamLayout(spec);
-  OptimizerMoments moments;
-  KEEL_RETURN_IF_ERROR(OptimizerMoments::Open(env, dir, files, params, &moments));
+  KEEL_RETURN_IF_ERROR(OptimizerMoments::Open(env, dir, files, params, &storage->files));
   for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
     for (const ParamInfo& p : params) {
       const std::string name = prefix + p.name;
-      std::vector<float>& v = (*data)[name];
-      v.resize(p.numel);
-      moments.Copy(name, 0, p.numel, v.data());
-      (*refs)[name] = {"F32", p.shape, reinterpret_cast<const char*>(v.data()), p.numel * 4};
+      const float* data = storage->files.Whole(name);
+      if (data == nullptr) {
+        std::vector<float>& v = storage->joined[name];
+        v.resize(p.numel);
+        storage->files.Copy(name, 0, p.numel, v.data());
+        data = v.data();
+      }
+      (*refs)[name] = {"F32", p.shape, reinterpret_cast<const char*>(data), p.numel * 4};
     }
   return Status::OK();
 }
@@ -177,7 +187,7 @@ Status DeepVerify(Env* env, const std::string& dir, std::string* summary) {
   GptModel model(backend.get(), s.spec);
   MappedSafetensors w;
   KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, JoinPath(dir, "model.safetensors"), &w));
-  std::map<std::string, std::vector<float>> moment_data;
+  MomentStorage moment_data;
   std::map<std::string, TensorRef> moments;
   KEEL_RETURN_IF_ERROR(ReadMoments(env, dir, s.spec, &moment_data, &moments));
   std::set<std::string> w_names;
@@ -258,7 +268,7 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
   st = ReadSavedTrainState(env, dir, &s);
   if (!st.ok()) return Fail(st);
   MappedSafetensors w;
-  std::map<std::string, std::vector<float>> moment_data;
+  MomentStorage moment_data;
   std::map<std::string, TensorRef> moments;
   st = MappedSafetensors::Open(env, JoinPath(dir, "model.safetensors"), &w);
   if (st.ok()) st = ReadMoments(env, dir, s.spec, &moment_data, &moments);
@@ -375,7 +385,7 @@ int Diff(const std::string& a_path, const std::string& b_path) {
   MappedSafetensors wa, wb;
   st = MappedSafetensors::Open(env, JoinPath(a_dir, "model.safetensors"), &wa);
   if (st.ok()) st = MappedSafetensors::Open(env, JoinPath(b_dir, "model.safetensors"), &wb);
-  std::map<std::string, std::vector<float>> ma_data, mb_data;
+  MomentStorage ma_data, mb_data;
   std::map<std::string, TensorRef> ma, mb;
   if (st.ok()) st = ReadMoments(env, a_dir, a.spec, &ma_data, &ma);
   if (st.ok()) st = ReadMoments(env, b_dir, b.spec, &mb_data, &mb);

@@ -60,6 +60,19 @@ TEST(OptimizerShardsTest, MomentsWrittenByNRanksLoadOnMRanks) {
     OptimizerMoments om;
     ASSERT_TRUE(OptimizerMoments::Open(Env::Default(), dir, files, params, &om).ok());
     EXPECT_EQ(om.num_files(), writers);
+    // Tensors are read in place unless the writers' shards cut them (then they are copied).
+    for (const ParamInfo& p : params) {
+      bool cut = false;
+      for (int r = 0; r + 1 < writers; ++r) {
+        const size_t at = ShardOf(n, r, writers).end;  // a boundary between two ranks' files
+        cut = cut || (p.offset < at && at < p.offset + p.numel);
+      }
+      const float* whole = om.Whole("exp_avg." + p.name);
+      EXPECT_EQ(whole == nullptr, cut) << p.name << " written by " << writers;
+      if (whole != nullptr) {
+        EXPECT_EQ(whole[p.numel - 1], m[p.offset + p.numel - 1]) << p.name;
+      }
+    }
     for (int readers : {1, 2, 3, 5}) {
       for (int r = 0; r < readers; ++r) {
         const ShardRange s = ShardOf(n, r, readers);
