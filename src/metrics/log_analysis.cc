@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "guard/robust_window.h"
+#include "health/level_shift.h"
 #include "metrics/run_metrics.h"
 
 namespace keel {
@@ -203,35 +204,37 @@ class InstabilityScan {
   bool div_open_ = false;   // ... and the loss is still above its level
 };
 
-// A sustained drop of the windowed median throughput.
+// A sustained drop of the windowed median throughput: the window after a point is shifted from
+// the window before it, by the live detectors' rule (health/level_shift.h).
 void FindThroughputDrops(const std::vector<int64_t>& iters, const std::vector<double>& v,
                          const std::string& signal, const LogAnalysisOptions& opt,
                          std::vector<LogEvent>* events) {
   const int n = static_cast<int>(v.size());
   const int w = opt.drop_window > 0 ? opt.drop_window : std::clamp(n / 20, 3, 50);
   if (n < 2 * w) return;
+  const LevelShift drop{opt.drop_threshold, Worse::kLower};
   auto median = [&](int from, int to) {
     return MedianOf(std::vector<double>(v.begin() + from, v.begin() + to));
   };
   for (int i = w; i + w <= n;) {
     const double before = median(i - w, i), after = median(i, i + w);
-    if (!(after < before * (1 - opt.drop_threshold))) {
+    if (!drop.Shifted(after, before)) {
       ++i;
       continue;
     }
     // The deepest point of this stretch of drops is where the drop happened.
     int best = i;
-    double best_ratio = after / before;
+    double deepest = drop.Worsening(after, before);
     for (int j = i + 1; j + w <= n; ++j) {
       const double b = median(j - w, j), a = median(j, j + w);
-      if (!(a < b * (1 - opt.drop_threshold))) break;
-      if (a / b < best_ratio) best_ratio = a / b, best = j;
+      if (!drop.Shifted(a, b)) break;
+      if (drop.Worsening(a, b) > deepest) deepest = drop.Worsening(a, b), best = j;
     }
     const double base = median(best - w, best), level = median(best, best + w);
     // It lasts until a window is back within half the threshold of the level before.
     int end = n;
     for (int j = best + 1; j + w <= n; ++j) {
-      if (median(j, j + w) >= base * (1 - opt.drop_threshold / 2)) {
+      if (drop.Back(median(j, j + w), base)) {
         end = j + w / 2;
         break;
       }

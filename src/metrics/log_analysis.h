@@ -1,7 +1,8 @@
 // LogAnalysis: the findings `keel logs analyze` reports on a parsed training log. Spikes and
 // divergences go through the guard's InstabilityDetector (the same code that watches keel's own
 // runs); restarts, skipped and NaN iterations come from the log's own counters; a sustained
-// throughput drop is a change in the windowed median that lasts at least a window.
+// throughput drop is a change in the windowed median that lasts at least a window (the rule of the
+// live detectors, health/level_shift.h).
 //
 // Event kinds (start/end are iterations):
 //   spike_recovered   loss or grad-norm spike; end = first record back within recover_z
