@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <vector>
 
 #include "core/json_reader.h"
@@ -16,6 +17,13 @@ double MedianOf(std::vector<double> v) {
   if (v.size() % 2 == 1) return hi;
   const double lo = *std::max_element(v.begin(), v.begin() + mid);
   return 0.5 * (lo + hi);
+}
+
+double LowerMedianOf(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  const auto lower = v.begin() + static_cast<ptrdiff_t>((v.size() - 1) / 2);
+  std::nth_element(v.begin(), lower, v.end());
+  return *lower;
 }
 
 bool RobustWindow::Add(double v) {

@@ -15,6 +15,9 @@ namespace keel {
 
 // Median of v (mean of the two middle values for an even count); NaN when empty.
 double MedianOf(std::vector<double> v);
+// The lower median: the element at index (n - 1) / 2 of the sorted values (for an even count the
+// lower of the two middle ones, never their mean); NaN when empty.
+double LowerMedianOf(std::vector<double> v);
 
 class RobustWindow {
  public:
