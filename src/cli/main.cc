@@ -16,6 +16,7 @@ usage: keel <command> [options]
 
 commands:
   train          train a model (Megatron-LM flags or --config run.toml); no flags: the default job
+  launch         run a job (mpirun/srun ... keel train) and restart it when it fails or hangs
   sample         generate text from a checkpoint of `keel train --save DIR`
   data           prepare (tokenize text into .bin/.idx), inspect and verify datasets
   ckpt           list, inspect, verify, diff, edit, pin and export checkpoints
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   const int subc = argc - 1;
   try {
     if (cmd == "train") return keel::cli::TrainCommand(subc, sub);
+    if (cmd == "launch") return keel::cli::LaunchCommand(subc, sub);
     if (cmd == "sample") return keel::cli::SampleCommand(subc, sub);
     if (cmd == "data") return keel::cli::DataCommand(subc, sub);
     if (cmd == "bench") return keel::cli::BenchCommand(subc, sub);

@@ -4,8 +4,8 @@
 
 namespace keel {
 
-RunJournal::RunJournal(Env* env, std::string dir, Logger log)
-    : env_(env), dir_(std::move(dir)), log_(std::move(log)) {}
+RunJournal::RunJournal(Env* env, std::string dir, Logger log, std::string prefix)
+    : env_(env), dir_(std::move(dir)), log_(std::move(log)), prefix_(std::move(prefix)) {}
 
 void RunJournal::Write(const std::string& file, const std::string& text) {
   if (dir_.empty()) return;
@@ -21,7 +21,7 @@ void RunJournal::Write(const std::string& file, const std::string& text) {
 
 void RunJournal::Append(nlohmann::json event, const std::string& sentence) {
   event["at"] = UtcTimestamp();
-  if (log_) log_("guard: " + sentence);
+  if (log_) log_(prefix_ + sentence);
   Write(kEventsFile, event.dump() + "\n");
   Write(kChronicleFile, "- " + sentence + "\n");
   if (observer_) observer_(event, sentence);

@@ -23,8 +23,8 @@ constexpr const char* kChronicleFile = "CHRONICLE.md";
 class RunJournal {
  public:
   using Logger = std::function<void(const std::string&)>;
-  // `dir` empty: no files. `log` receives every sentence (prefixed "guard: ").
-  RunJournal(Env* env, std::string dir, Logger log);
+  // `dir` empty: no files. `log` receives every sentence, prefixed with `prefix` (who decided).
+  RunJournal(Env* env, std::string dir, Logger log, std::string prefix = "guard: ");
 
   // Appends `event` (with "at", the UTC wall time, added) and `sentence`. A failed append is
   // logged once as a warning and never stops training.
@@ -41,6 +41,7 @@ class RunJournal {
   Env* env_;
   std::string dir_;
   Logger log_;
+  std::string prefix_;
   bool warned_ = false;
   std::function<void(const nlohmann::json&, const std::string&)> observer_;
 };

@@ -1,0 +1,126 @@
+// Supervisor: `keel launch`, a job that restarts itself. It runs a command (keel train, or
+// mpirun/srun starting it) as a child, and when the child fails or hangs it runs the same command
+// again (keel train resumes from its newest valid checkpoint by itself), so a crash at 3 am
+// costs the iterations since the last checkpoint rather than the night (the 176B run's
+// "training crashes, but SLURM doesn't quit").
+//
+// What the child's end means (keel's exit codes):
+//
+//   exit 0            finished, or stopped on purpose (kill switch, SIGTERM)  -> launch exits 0
+//   exit 2            usage or configuration error: would fail the same way   -> no restart, 2
+//   exit 3            the guard stopped the run (unhealthy state)             -> no restart, 3
+//   exit 4            the watchdog ended a hung job                           -> restart
+//   any other code    a failure (1: runtime error; 137: a rank was killed)    -> restart
+//   killed by signal  SIGKILL (the OOM killer), SIGSEGV, ...                  -> restart
+//
+// Restarts wait a backoff that doubles with each consecutive failure (a failure after a new
+// checkpoint starts again at the base), within a budget of restarts and optionally hours; spent,
+// launch gives up with the last child's code (1 for a signal). Every decision goes to stdout
+// ("launch: "), each restart and stop to the run's journal (CHRONICLE.md, events.jsonl), and
+// the state to a one-line status file rewritten in place.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/env.h"
+#include "core/status.h"
+#include "journal/run_journal.h"
+#include "launch/child_process.h"
+
+namespace keel {
+
+constexpr const char* kLaunchStatusFile = "launch.status";
+
+struct LaunchOptions {
+  std::vector<std::string> command;  // argv of the child
+  std::string save_dir;              // the run directory (keel train --save)
+  std::string kill_switch_path;      // empty: none
+  std::string status_file;           // empty: SAVE/launch.status
+  int max_restarts = 3;
+  double max_hours = 0;  // total wall time after which no restart is begun (0: no limit)
+  double backoff_seconds = 30;
+  double max_backoff_seconds = 600;
+  double term_grace_seconds = 120;  // after SIGTERM to the child's group, until SIGKILL
+  double stall_minutes = 0;         // metrics.jsonl unchanged this long: kill, restart (0: off)
+  double status_interval_seconds = 10;
+  double poll_seconds = 0.1;  // how often the child is looked at
+};
+
+// The value of `--flag X` or `--flag=X` in a command line ("" when absent): launch reads the
+// child's --save and --kill-switch-path so they need not be given twice.
+std::string CommandFlagValue(const std::vector<std::string>& command, const std::string& flag);
+
+// What one end of the child means (the table above).
+enum class ChildVerdict { kFinished, kConfigError, kGuardStopped, kRestart };
+ChildVerdict JudgeExit(const ChildExit& exit);
+// "exit 4 (the watchdog ended a hung job)", "SIGKILL (Killed)".
+std::string DescribeExit(const ChildExit& exit);
+// keel launch's exit code for a child that ended so: its code, or 1 for a signal.
+int ExitCodeOf(const ChildExit& exit);
+
+enum class LaunchEnd {
+  kFinished,    // the child exited 0
+  kStopped,     // exit 2 or 3, the kill switch, or a signal to launch: not restarted
+  kGaveUp,      // the budget of restarts or hours was spent
+  kNotStarted,  // the command could not be executed
+};
+
+struct LaunchResult {
+  LaunchEnd end = LaunchEnd::kNotStarted;
+  int exit_code = 1;  // what `keel launch` exits with
+  int attempts = 0;
+  int restarts = 0;
+  int64_t lost_iterations = 0;
+};
+
+class Supervisor {
+ public:
+  // `pending_signal` returns the stop signal this process received (SIGTERM, SIGINT) or 0.
+  Supervisor(LaunchOptions options, Env* env, ChildProcess* child,
+             std::function<int()> pending_signal);
+
+  // Runs the command until it finishes, is stopped, or the budget is spent. An error only when
+  // the command cannot be executed at all (InvalidArgument).
+  Status Run(LaunchResult* result);
+
+ private:
+  struct Attempt;
+  // What a failed attempt cost, for its journal entry.
+  struct Failure {
+    std::string cause, sentence;
+    int64_t marker = -1, lost = 0;
+    double compute_s = 0, stuck_s = 0;
+    nlohmann::json event;
+  };
+  // Watches the running child until it ends; sets `stalled` or `stopped_by` when launch ended it.
+  ChildExit Watch(Attempt* a);
+  // Stops (true) when the child's end is not restarted: finished, exit 2 or 3, a signal to launch.
+  bool EndsWithoutRestart(const Attempt& a, const ChildExit& exit, LaunchResult* result);
+  // The cause, the iterations and time lost, the hang dump; adds to the lost iterations.
+  Failure AccountFailure(const Attempt& a, const ChildExit& exit);
+  // Sleeps `seconds` in steps, watching the kill switch and signals; false when told to stop.
+  bool Backoff(double seconds, const ChildExit& last, LaunchResult* result);
+  // Ends the run of launch: the result, a journal entry (`event`, `sentence`), the status file.
+  void Stop(LaunchEnd end, int code, nlohmann::json event, const std::string& sentence,
+            LaunchResult* result);
+  void WriteStatus(const std::string& state, bool force);
+  bool KillSwitchOn();
+  double Seconds() const;  // since Run began
+
+  LaunchOptions opt_;
+  Env* env_;
+  ChildProcess* child_;
+  std::function<int()> pending_signal_;
+  RunJournal journal_;
+  uint64_t start_us_ = 0;
+  uint64_t last_status_us_ = 0;
+  bool status_warned_ = false;
+  std::string state_;
+  int attempt_ = 0, restarts_ = 0, pid_ = 0;
+  int64_t lost_iterations_ = 0;
+};
+
+}  // namespace keel

@@ -1,0 +1,208 @@
+// `keel launch` as a user runs it: argument errors exit 2 with a message; a failing command is
+// restarted and a finished one ends launch with 0; exit 3 is not restarted; the kill switch
+// named in the command keeps it from starting; SIGTERM to launch reaches the child, which saves
+// and exits, and nothing restarts; and a real `keel train` killed inside a save is restarted
+// and resumes from its checkpoint, with the lost iterations counted from its metrics.jsonl.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "keel_process.h"
+#include "keel_test_paths.h"  // KEEL_BINARY
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using keel_test::ReadText;
+
+// Every run ends by itself: `timeout` ends a launch that would not.
+keel_test::KeelResult Launch(const std::string& args) {
+  return keel_test::RunShell(std::string("timeout 120 ") + KEEL_BINARY + " launch " + args);
+}
+
+std::vector<json> Events(const std::string& run, const std::string& kind) {
+  std::vector<json> out;
+  std::istringstream in(ReadText(run + "/events.jsonl"));
+  std::string line;
+  while (std::getline(in, line))
+    if (const json e = json::parse(line); e.value("event", "") == kind) out.push_back(e);
+  return out;
+}
+
+class LaunchCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = keel_test::FreshTempDir(std::string("launch_cli_") +
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    run_ = dir_ + "/run";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // A shell script whose attempts append to RUN/attempts.txt.
+  std::string Script(const std::string& body) {
+    const std::string path = dir_ + "/child.sh";
+    std::ofstream(path) << "RUN='" << run_ << "'\n"
+                        << "echo \"$KEEL_LAUNCH_ATTEMPT\" >> \"$RUN/attempts.txt\"\n"
+                        << body;
+    return path;
+  }
+  std::string dir_, run_;
+};
+
+TEST_F(LaunchCliTest, ArgumentErrorsExitTwoWithAMessage) {
+  struct Case {
+    std::string args, message;
+  };
+  const std::string save = " --save " + dir_ + "/r";
+  const std::vector<Case> cases = {
+      {"", "needs `--` before the command"},
+      {save + " /bin/true", "needs `--` before the command"},
+      {save + " --", "no command after `--`"},
+      {"-- /bin/true", "pass --save DIR"},
+      {"--max-restarts abc" + save + " -- /bin/true", "--max-restarts"},
+      {"--backoff-seconds -1" + save + " -- /bin/true", "--backoff-seconds"},
+      {"--stall-minutes x" + save + " -- /bin/true", "--stall-minutes"},
+      {"--no-such-flag" + save + " -- /bin/true", "--no-such-flag"},
+      {save + " -- " + dir_ + "/no-such-program", "no-such-program': No such file or directory"},
+  };
+  for (const Case& c : cases) {
+    const keel_test::KeelResult r = Launch(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << "\n" << r.out;
+  }
+}
+
+TEST_F(LaunchCliTest, HelpShowsTheOptionsAndTheExitCodeTable) {
+  const keel_test::KeelResult r = Launch("--help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* s : {"--max-restarts", "--max-hours", "--backoff-seconds",
+                        "--max-backoff-seconds", "--term-grace-seconds", "--stall-minutes",
+                        "--status-file", "--kill-switch-path", "the watchdog ended a hung job"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  EXPECT_NE(keel_test::RunShell(std::string(KEEL_BINARY) + " --help").out.find("  launch "),
+            std::string::npos);
+}
+
+TEST_F(LaunchCliTest, RestartsAFailedCommandUsingItsSaveAndExitsZeroWhenItFinishes) {
+  const std::string script = Script("[ \"$KEEL_LAUNCH_ATTEMPT\" -lt 3 ] && exit 1\nexit 0\n");
+  const keel_test::KeelResult r =
+      Launch("--backoff-seconds 0 -- /bin/sh " + script + " --save=" + run_);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(ReadText(run_ + "/attempts.txt"), "1\n2\n3\n");
+  EXPECT_NE(r.out.find("launch: restart 2 of 3: attempt 2 failed: exit 1 (a runtime failure)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(Events(run_, "restart").size(), 2u);
+  EXPECT_NE(ReadText(run_ + "/launch.status").find("finished | attempt 3 | restarts 2 of 3"),
+            std::string::npos);
+}
+
+TEST_F(LaunchCliTest, GuardStopIsNotRestartedAndItsCodeIsKept) {
+  const std::string script = Script("exit 3\n");
+  const keel_test::KeelResult r =
+      Launch("--backoff-seconds 0 --save " + run_ + " -- /bin/sh " + script);
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_EQ(ReadText(run_ + "/attempts.txt"), "1\n");
+}
+
+TEST_F(LaunchCliTest, GivesUpWithTheLastCodeWhenTheBudgetIsSpent) {
+  const std::string script = Script("exit 9\n");
+  const keel_test::KeelResult r =
+      Launch("--backoff-seconds 0 --max-restarts 1 -- /bin/sh " + script + " --save " + run_);
+  EXPECT_EQ(r.code, 9) << r.out;
+  EXPECT_EQ(ReadText(run_ + "/attempts.txt"), "1\n2\n");
+  EXPECT_NE(r.out.find("launch: gave up, its 1 restarts are spent"), std::string::npos) << r.out;
+}
+
+TEST_F(LaunchCliTest, TheCommandsKillSwitchKeepsItFromStarting) {
+  const std::string ks = dir_ + "/STOP";
+  std::ofstream(ks) << "\n";
+  const std::string script = Script("exit 0\n");
+  const keel_test::KeelResult r =
+      Launch("-- /bin/sh " + script + " --save " + run_ + " --kill-switch-path " + ks);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(run_ + "/attempts.txt"));
+  EXPECT_NE(r.out.find("the kill switch " + ks + " exists: not starting"), std::string::npos)
+      << r.out;
+}
+
+TEST_F(LaunchCliTest, SigtermToLaunchReachesTheChildAndNothingRestarts) {
+  const std::string script = Script(R"(
+trap 'echo saved > "$RUN/term"; exit 0' TERM
+touch "$RUN/ready"
+i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i + 1)); done
+exit 1
+)");
+  const std::string out_path = dir_ + "/out.txt";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(KEEL_BINARY, KEEL_BINARY, "launch", "--backoff-seconds", "0", "--save", run_.c_str(),
+          "--", "/bin/sh", script.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!fs::exists(run_ + "/ready") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(fs::exists(run_ + "/ready"));
+  kill(pid, SIGTERM);
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "keel launch did not exit after SIGTERM\n" << ReadText(out_path);
+  }
+  const std::string out = ReadText(out_path);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_EQ(ReadText(run_ + "/term"), "saved\n");
+  EXPECT_EQ(ReadText(run_ + "/attempts.txt"), "1\n");
+  EXPECT_NE(out.find("launch: received SIGTERM: sending SIGTERM to the job"), std::string::npos)
+      << out;
+  EXPECT_NE(ReadText(run_ + "/launch.status").find(" keel launch: stopped | attempt 1"),
+            std::string::npos);
+}
+
+TEST_F(LaunchCliTest, AKeelTrainKilledInsideASaveIsRestartedAndResumes) {
+  // Attempt 1 dies (SIGKILL) at the first write of the iteration-16 checkpoint.
+  const std::string wrapper = dir_ + "/train.sh";
+  std::ofstream(wrapper) << "[ \"$KEEL_LAUNCH_ATTEMPT\" = 1 ] && "
+                         << "export KEEL_FAULT_INJECTION=crash-at=1:.tmp.iter_0000016\n"
+                         << "exec " << KEEL_BINARY << " \"$@\"\n";
+  const keel_test::KeelResult r =
+      Launch("--backoff-seconds 0 -- /bin/sh " + wrapper +
+             " train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 32 "
+             "--micro-batch-size 2 --global-batch-size 8 --lr-warmup-iters 3 --log-interval 1 "
+             "--eval-interval 100 --eval-iters 0 --sample-tokens 0 --threads 1 --save-interval 4 "
+             "--train-iters 24 --save " +
+             run_);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<json> restarts = Events(run_, "restart");
+  ASSERT_EQ(restarts.size(), 1u) << r.out;
+  EXPECT_EQ(restarts[0]["cause"], "killed by SIGKILL (Killed)");
+  EXPECT_EQ(restarts[0]["checkpoint_iteration"], 12);
+  EXPECT_EQ(restarts[0]["iteration"], 16);
+  EXPECT_EQ(restarts[0]["lost_iterations"], 4);
+  EXPECT_GT(restarts[0]["lost_compute_seconds"].get<double>(), 0);
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  EXPECT_EQ(ReadText(run_ + "/latest_checkpointed_iteration.txt"), "24\n");  // it finished
+  EXPECT_NE(ReadText(run_ + "/launch.status").find("finished | attempt 2 | restarts 1 of 3"),
+            std::string::npos);
+}
+
+}  // namespace
