@@ -25,6 +25,8 @@ int LogsCommand(int argc, const char* const* argv);
 int ReportCommand(int argc, const char* const* argv);
 // `keel launch [options] -- COMMAND ARGS...` (launch_cmd.cc): run a job, restart it on failure.
 int LaunchCommand(int argc, const char* const* argv);
+// `keel hangs analyze DIR` (hangs_cmd.cc): the watchdog's per-rank dumps of one hang, grouped.
+int HangsCommand(int argc, const char* const* argv);
 // `keel plan` (plan_cmd.cc): the cost of a model and layout before launching it.
 int PlanCommand(int argc, const char* const* argv);
 // `keel ckpt export PATH --hf OUT` (ckpt_export_cmd.cc); argv[0] is "export".

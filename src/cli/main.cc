@@ -24,6 +24,7 @@ commands:
   report         one self-contained HTML page of a run: curves, events marked, its chronicle
   plan           parameters, memory per GPU, feasible batch ramp-up and days for a model and layout
   tb             rename tags in TensorBoard event files, truncate them after a step
+  hangs          analyze the watchdog's hang dumps: which ranks were where, the odd ones out
   bench          measure tokens/s, GFLOP/s and MFU against this machine's sgemm peak
   version        print the version
 
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     if (cmd == "report") return keel::cli::ReportCommand(subc, sub);
     if (cmd == "plan") return keel::cli::PlanCommand(subc, sub);
     if (cmd == "tb") return keel::cli::TbCommand(subc, sub);
+    if (cmd == "hangs") return keel::cli::HangsCommand(subc, sub);
     if (cmd == "version" || cmd == "--version") {
       std::printf("keel %s\n", KEEL_VERSION);
       return 0;

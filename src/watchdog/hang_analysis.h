@@ -1,0 +1,67 @@
+// The analysis of a hang directory (`keel hangs analyze SAVE/hangs/iter_N`): the ranks grouped by
+// where they were, the odd ones out named in a sentence each, the ranks that left no dump, and the
+// first collective the ranks disagree on. What the 176B team did by hand with py-spy dumps of 384
+// processes and a perl one-liner: find the 1 process in a different state.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/env.h"
+#include "core/status.h"
+#include "watchdog/hang_dump.h"
+
+namespace keel {
+
+// Where a rank was: what makes two ranks "the same" in a hang.
+struct HangState {
+  std::string phase;
+  int64_t iteration = 0;
+  uint64_t seq = 0;  // the collective it was in (in_flight), else the last it finished; 0: none
+  std::string kind;
+  bool in_flight = false;
+  // The main thread's innermost 3 keel frames, function names only (see MainThreadTopFrames).
+  std::vector<std::string> frames;
+  bool operator==(const HangState&) const = default;
+};
+
+struct HangGroup {
+  HangState state;
+  std::vector<int> ranks;          // ascending
+  std::vector<std::string> hosts;  // of `ranks`, distinct, in rank order
+};
+
+struct HangAnalysis {
+  int world_size = 0;  // from the dumps
+  int dumps = 0;
+  std::vector<int> fired;                 // ranks whose own watchdog fired
+  std::string fired_reason;               // the first of them's reason
+  std::vector<HangGroup> groups;          // largest first, ties by lowest rank
+  std::string summary;                    // one group: "all N ranks are in ..."; else empty
+  std::vector<std::string> odd_ones_out;  // a sentence per group but the largest
+  std::vector<int> missing;               // ranks without a dump
+  std::vector<std::string> missing_sentences;
+  std::string mismatch;  // the first disagreement of the flight recorders; empty: none
+};
+
+// The dumps of `dir` (every rank-RRR.txt), by rank. NotFound: no such path; InvalidArgument: not
+// a hang directory, or a dump that does not parse (the message names the file and its line).
+Status ReadHangDumps(Env* env, const std::string& dir, std::vector<HangDump>* dumps);
+
+// The main thread of a dump: the thread whose TID is the process ID (Linux gives the first
+// thread the process's ID, and keel's training loop runs on it), else the first with a frame
+// named main, else the first thread not dumping. Null when there is none.
+const ThreadStack* MainThread(const HangDump& d);
+// Its innermost `n` frames in namespace keel, as function names (offsets and modules dropped,
+// so the same code on different ranks compares equal); with no keel frame (no symbols), its
+// innermost `n` frames as they are.
+std::vector<std::string> MainThreadTopFrames(const HangDump& d, size_t n = 3);
+
+// `dumps` must have distinct ranks below their (equal) world size, as ReadHangDumps gives them.
+HangAnalysis AnalyzeHangs(const std::vector<HangDump>& dumps);
+std::string FormatHangAnalysis(const HangAnalysis& a);
+nlohmann::json HangAnalysisJson(const HangAnalysis& a);
+
+}  // namespace keel

@@ -1,0 +1,319 @@
+// The analysis of a hang directory on synthetic dumps: groups, the odd ones out in a sentence,
+// missing ranks, collectives the ranks disagree on; and the reading of a directory.
+#include "watchdog/hang_analysis.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using keel::DumpedCollective;
+using keel::HangAnalysis;
+using keel::HangDump;
+
+// Collectives 1..done finished, alternating reduce-scatter and all-gather (the last 64 kept, as
+// the flight recorder keeps them), then `in_flight` if given.
+std::vector<DumpedCollective> History(uint64_t done, const std::string& in_flight = "",
+                                      uint64_t bytes = 4096) {
+  std::vector<DumpedCollective> cs;
+  for (uint64_t s = done > 64 ? done - 63 : 1; s <= done; ++s)
+    cs.push_back({s, s % 2 ? "reduce-scatter" : "all-gather", 4096, 1000 + s, 10, false});
+  if (!in_flight.empty()) cs.push_back({done + 1, in_flight, bytes, 5, 0, true});
+  return cs;
+}
+
+HangDump Dump(int rank, int world, const std::string& phase, int64_t iteration,
+              std::vector<DumpedCollective> cs, std::vector<std::string> main_frames) {
+  HangDump d;
+  d.rank = rank;
+  d.world_size = world;
+  d.host = rank < 4 ? "h1" : "h2";
+  d.pid = 1000 + rank;
+  d.fired_here = rank == 0;
+  d.reason = d.fired_here ? "the main thread has been in reduce of iteration 20 for 601.0 s, "
+                            "over its limit of 600 s"
+                          : "rank 0's watchdog fired (iter_20); this rank dumped where it was";
+  d.phase = phase;
+  d.iteration = iteration;
+  d.phase_seconds = 601;
+  d.unix_time = 1714530000;
+  d.collectives = std::move(cs);
+  d.digest.count = d.collectives.empty() ? 0 : d.collectives.back().seq;
+  d.digest.hash = d.digest.count * 7919;
+  // A reducer thread first (lower TID than nothing: the rule must not pick it by order).
+  keel::ThreadStack reducer{static_cast<int>(d.pid) + 1,
+                            "keel-reduce",
+                            false,
+                            {"keel::GradientReducer::Worker()+0x10 (keel+0x100)"}};
+  keel::ThreadStack main_thread{static_cast<int>(d.pid), "keel", false, {}};
+  for (const std::string& f : main_frames) main_thread.frames.push_back(f + "+0x10 (keel+0x20)");
+  main_thread.frames.push_back("main+0x40 (keel+0x30)");
+  keel::ThreadStack watchdog{static_cast<int>(d.pid) + 2,
+                             "keel-watchdog",
+                             true,
+                             {"keel::Watchdog::Fire()+0x10 (keel+0x200)"}};
+  d.threads = {reducer, main_thread, watchdog};
+  return d;
+}
+
+const std::vector<std::string> kInReduce = {
+    "ompi_coll_base_alltoallv", "keel::MpiComm::Alltoallv()", "keel::GradientReducer::Finish()",
+    "keel::Trainer::AccumulateGradients()", "keel::Trainer::TrainStep()"};
+const std::vector<std::string> kInData = {"pthread_cond_wait", "keel::SamplePrefetcher::Get(long)",
+                                          "keel::Trainer::AccumulateGradients()",
+                                          "keel::Trainer::TrainStep()"};
+
+TEST(HangAnalysisTest, TheOddOneOutAmongThreeRanks) {
+  const std::vector<HangDump> dumps = {
+      Dump(0, 3, "reduce", 20, History(1234, "reduce-scatter"), kInReduce),
+      Dump(1, 3, "data wait", 20, History(1234), kInData),
+      Dump(2, 3, "reduce", 20, History(1234, "reduce-scatter"), kInReduce)};
+  const HangAnalysis a = keel::AnalyzeHangs(dumps);
+  ASSERT_EQ(a.groups.size(), 2u);
+  EXPECT_EQ(a.groups[0].ranks, (std::vector<int>{0, 2}));
+  EXPECT_EQ(a.groups[0].state.seq, 1235u);
+  EXPECT_TRUE(a.groups[0].state.in_flight);
+  EXPECT_EQ(
+      a.groups[0].state.frames,
+      (std::vector<std::string>{"keel::MpiComm::Alltoallv()", "keel::GradientReducer::Finish()",
+                                "keel::Trainer::AccumulateGradients()"}));
+  EXPECT_EQ(a.groups[1].ranks, std::vector<int>{1});
+  EXPECT_EQ(a.summary, "");
+  ASSERT_EQ(a.odd_ones_out.size(), 1u);
+  EXPECT_EQ(a.odd_ones_out[0],
+            "rank 1 (host h1) is in data wait of iteration 20 after collective #1234; the other 2 "
+            "ranks are in reduce-scatter #1235");
+  EXPECT_TRUE(a.missing.empty());
+  EXPECT_EQ(a.mismatch, "");
+  EXPECT_EQ(a.fired, std::vector<int>{0});
+}
+
+TEST(HangAnalysisTest, TheOddOneOutAmongEightRanks) {
+  std::vector<HangDump> dumps;
+  for (int r = 0; r < 8; ++r)
+    dumps.push_back(r == 5 ? Dump(r, 8, "data wait", 20, History(1234), kInData)
+                           : Dump(r, 8, "reduce", 20, History(1234, "reduce-scatter"), kInReduce));
+  const HangAnalysis a = keel::AnalyzeHangs(dumps);
+  ASSERT_EQ(a.odd_ones_out.size(), 1u);
+  EXPECT_EQ(a.odd_ones_out[0],
+            "rank 5 (host h2) is in data wait of iteration 20 after collective #1234; the other 7 "
+            "ranks are in reduce-scatter #1235");
+  const std::string text = keel::FormatHangAnalysis(a);
+  EXPECT_NE(text.find("  7 ranks 0-4,6,7: in reduce-scatter #1235 (reduce of iteration 20)\n"
+                      "      main thread: keel::MpiComm::Alltoallv() <- "
+                      "keel::GradientReducer::Finish() <- keel::Trainer::AccumulateGradients()\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  1 rank 5: in data wait of iteration 20 after collective #1234\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("collectives: the ranks' flight recorders agree"), std::string::npos);
+  const auto j = keel::HangAnalysisJson(a);
+  EXPECT_EQ(j["groups"][0]["ranks"].size(), 7u);
+  EXPECT_EQ(j["groups"][1]["collective"]["seq"], 1234);
+  EXPECT_EQ(j["groups"][1]["collective"]["in_flight"], false);
+  EXPECT_EQ(j["odd_ones_out"][0], a.odd_ones_out[0]);
+  EXPECT_TRUE(j["mismatch"].is_null());
+}
+
+TEST(HangAnalysisTest, ThreeGroupsSayHowManyOfTheOthersAreWhere) {
+  std::vector<HangDump> dumps;
+  for (int r = 0; r < 8; ++r) {
+    if (r == 6 || r == 7)
+      dumps.push_back(Dump(r, 8, "eval", 20, History(1234), {"keel::Evaluate()"}));
+    else if (r == 1)
+      dumps.push_back(Dump(r, 8, "data wait", 20, History(1234), kInData));
+    else
+      dumps.push_back(Dump(r, 8, "reduce", 20, History(1234, "reduce-scatter"), kInReduce));
+  }
+  const HangAnalysis a = keel::AnalyzeHangs(dumps);
+  ASSERT_EQ(a.odd_ones_out.size(), 2u);
+  EXPECT_EQ(a.odd_ones_out[0],
+            "ranks 6,7 (host h2) are in eval of iteration 20 after collective #1234; 5 of the "
+            "other 6 ranks are in reduce-scatter #1235");
+  EXPECT_EQ(a.odd_ones_out[1].rfind("rank 1 (host h1) is in data wait", 0), 0u);
+}
+
+TEST(HangAnalysisTest, GroupsThatDifferOnlyInFramesAreToldApartByTheirFrames) {
+  // The 176B eval deadlock: every rank in eval, one still loading a batch, the others in a
+  // broadcast of the previous one.
+  std::vector<HangDump> dumps;
+  for (int r = 0; r < 4; ++r)
+    dumps.push_back(Dump(r, 4, "eval", 45000, {},
+                         r == 2
+                             ? std::vector<std::string>{"keel::LoadEvalBatch()", "keel::Evaluate()"}
+                             : std::vector<std::string>{"keel::Broadcast()", "keel::Evaluate()"}));
+  const HangAnalysis a = keel::AnalyzeHangs(dumps);
+  ASSERT_EQ(a.odd_ones_out.size(), 1u);
+  EXPECT_EQ(a.odd_ones_out[0],
+            "rank 2 (host h1) is in eval of iteration 45000 before any collective at "
+            "keel::LoadEvalBatch(); the other 3 ranks are in eval of iteration 45000 before any "
+            "collective at keel::Broadcast()");
+  // Both waiting in the same place, for different reasons: the first frame that differs.
+  for (HangDump& d : dumps)
+    d.threads[1].frames.insert(d.threads[1].frames.begin(), "keel::Wait()+0x1 (keel+0x1)");
+  const HangAnalysis b = keel::AnalyzeHangs(dumps);
+  ASSERT_EQ(b.odd_ones_out.size(), 1u);
+  EXPECT_NE(b.odd_ones_out[0].find("before any collective at keel::LoadEvalBatch(); the other"),
+            std::string::npos)
+      << b.odd_ones_out[0];
+}
+
+TEST(HangAnalysisTest, AllRanksTheSame) {
+  std::vector<HangDump> dumps;
+  for (int r = 0; r < 4; ++r)
+    dumps.push_back(Dump(r, 4, "reduce", 20, History(1234, "reduce-scatter"), kInReduce));
+  const HangAnalysis a = keel::AnalyzeHangs(dumps);
+  ASSERT_EQ(a.groups.size(), 1u);
+  EXPECT_TRUE(a.odd_ones_out.empty());
+  EXPECT_EQ(a.summary,
+            "all 4 ranks are in reduce-scatter #1235 (reduce of iteration 20), main thread at "
+            "keel::MpiComm::Alltoallv()");
+  EXPECT_NE(keel::FormatHangAnalysis(a).find(a.summary), std::string::npos);
+}
+
+TEST(HangAnalysisTest, RanksWithoutADumpAreNamed) {
+  std::vector<HangDump> dumps;
+  for (int r : {0, 1, 2})
+    dumps.push_back(Dump(r, 4, "reduce", 20, History(1234, "reduce-scatter"), kInReduce));
+  const HangAnalysis a = keel::AnalyzeHangs(dumps);
+  EXPECT_EQ(a.world_size, 4);
+  EXPECT_EQ(a.missing, std::vector<int>{3});
+  ASSERT_EQ(a.missing_sentences.size(), 1u);
+  EXPECT_EQ(a.missing_sentences[0],
+            "rank 3: no dump — its process did not answer (stopped, or its host is gone)");
+  EXPECT_EQ(a.summary.rfind("the 3 ranks that dumped are in reduce-scatter #1235", 0), 0u)
+      << a.summary;
+  const std::string text = keel::FormatHangAnalysis(a);
+  EXPECT_NE(text.find("hang dumps of 3 of 4 ranks"), std::string::npos) << text;
+  EXPECT_NE(text.find("missing dumps:\n  rank 3: no dump"), std::string::npos) << text;
+}
+
+TEST(HangAnalysisTest, TheFirstCollectiveTheRanksDisagreeOnIsNamed) {
+  std::vector<HangDump> dumps = {
+      Dump(0, 3, "reduce", 20, History(1234, "all-reduce-sum", 16), kInReduce),
+      Dump(1, 3, "reduce", 20, History(1234, "all-gather", 4096), kInReduce),
+      Dump(2, 3, "reduce", 20, History(1234, "all-reduce-sum", 16), kInReduce)};
+  HangAnalysis a = keel::AnalyzeHangs(dumps);
+  EXPECT_EQ(a.mismatch,
+            "collective #1235 does not match: ranks 0,2 ran all-reduce-sum (16 B), rank 1 ran "
+            "all-gather (4096 B): a rank skipped or added a collective");
+  EXPECT_NE(keel::FormatHangAnalysis(a).find("collectives: " + a.mismatch), std::string::npos);
+  // An earlier difference inside the window is the one named.
+  dumps[2].collectives[10].bytes = 8;
+  a = keel::AnalyzeHangs(dumps);
+  EXPECT_EQ(a.mismatch.rfind(fmt::format("collective #{} does not match: ranks 0,1 ran ",
+                                         dumps[2].collectives[10].seq),
+                             0),
+            0u)
+      << a.mismatch;
+}
+
+TEST(HangAnalysisTest, DifferentCountsWhileNoRankIsInACollective) {
+  std::vector<HangDump> dumps = {Dump(0, 3, "data wait", 20, History(100), kInData),
+                                 Dump(1, 3, "data wait", 20, History(99), kInData),
+                                 Dump(2, 3, "data wait", 20, History(100), kInData)};
+  HangAnalysis a = keel::AnalyzeHangs(dumps);
+  EXPECT_EQ(a.mismatch,
+            "the ranks ran different numbers of collectives and none is in one (ranks 0,2 100, "
+            "rank 1 99): a rank skipped or added a collective");
+  // With a rank inside a collective, different counts are what a hang looks like: no mismatch.
+  dumps[1].collectives = History(99, "reduce-scatter");
+  dumps[1].digest.count = 100;
+  dumps[1].digest.hash = dumps[0].digest.hash;
+  dumps[1].collectives.back().kind = "all-gather";  // what #100 is on the others
+  a = keel::AnalyzeHangs(dumps);
+  EXPECT_EQ(a.mismatch, "");
+  // The same count with different digests: a difference before the window.
+  dumps[1].digest.hash += 1;
+  a = keel::AnalyzeHangs(dumps);
+  EXPECT_EQ(a.mismatch.rfind("the collective digests differ after the same 100 collectives", 0), 0u)
+      << a.mismatch;
+}
+
+TEST(HangAnalysisTest, TheMainThreadIsTheOneWhoseTidIsThePid) {
+  HangDump d = Dump(0, 1, "reduce", 1, {}, kInReduce);
+  EXPECT_EQ(keel::MainThread(d)->name, "keel");
+  d.pid = 1;  // no thread has the pid: the one with main in its frames
+  EXPECT_EQ(keel::MainThread(d)->name, "keel");
+  d.threads[1].frames.pop_back();  // nor main: the first thread not dumping
+  EXPECT_EQ(keel::MainThread(d)->name, "keel-reduce");
+  // Without keel frames (no symbols): the innermost frames as they are.
+  d = Dump(0, 1, "reduce", 1, {}, {});
+  d.threads[1].frames = {"/opt/keel+0x10", "/opt/keel+0x20", "/lib/libc.so.6+0x30", "x"};
+  EXPECT_EQ(keel::MainThreadTopFrames(d),
+            (std::vector<std::string>{"/opt/keel+0x10", "/opt/keel+0x20", "/lib/libc.so.6+0x30"}));
+}
+
+class HangAnalysisReadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/keel_hang_analysis_" + std::to_string(getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ + "/hangs/iter_20");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void Write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ + "/hangs/iter_20/" + name) << text;
+  }
+  keel::Status Read(const std::string& dir, std::vector<HangDump>* out) {
+    return keel::ReadHangDumps(keel::Env::Default(), dir, out);
+  }
+  std::string dir_;
+};
+
+TEST_F(HangAnalysisReadTest, ReadsEveryRankFileAndNothingElse) {
+  Write("rank-001.txt", keel::FormatHangDump(Dump(1, 2, "reduce", 20, {}, kInReduce)));
+  Write("rank-000.txt", keel::FormatHangDump(Dump(0, 2, "reduce", 20, {}, kInReduce)));
+  Write("rank-002.txt.tmp", "half a dump");  // an unfinished atomic write
+  Write("notes.md", "mine");
+  std::vector<HangDump> dumps;
+  ASSERT_TRUE(Read(dir_ + "/hangs/iter_20", &dumps).ok());
+  ASSERT_EQ(dumps.size(), 2u);
+  EXPECT_EQ(dumps[0].rank, 0);
+  EXPECT_EQ(dumps[1].rank, 1);
+}
+
+TEST_F(HangAnalysisReadTest, ErrorsNameThePathAndTheLine) {
+  std::vector<HangDump> dumps;
+  keel::Status st = Read(dir_ + "/nope", &dumps);
+  EXPECT_EQ(st.code(), keel::Status::Code::kNotFound);
+
+  st = Read(dir_ + "/hangs", &dumps);  // the parent of the iteration directories
+  EXPECT_EQ(st.code(), keel::Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("holds no rank-RRR.txt dumps but the hang directories iter_20"),
+            std::string::npos)
+      << st.message();
+
+  st = Read(dir_ + "/hangs/iter_20", &dumps);  // empty
+  EXPECT_NE(st.message().find("it is not a hang directory"), std::string::npos) << st.message();
+
+  Write("rank-000.txt", "keel hang dump 1\nrank: 0\n");
+  st = Read(dir_ + "/hangs/iter_20", &dumps);
+  EXPECT_EQ(st.code(), keel::Status::Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), dir_ +
+                              "/hangs/iter_20/rank-000.txt: line 3: the hang dump ends early "
+                              "(no 'end of hang dump' line): truncated");
+  Write("rank-000.txt", keel::FormatHangDump(Dump(3, 4, "reduce", 20, {}, kInReduce)));
+  st = Read(dir_ + "/hangs/iter_20", &dumps);
+  EXPECT_NE(st.message().find("rank-000.txt: the dump is rank 3's, not rank 0's"),
+            std::string::npos)
+      << st.message();
+  Write("rank-000.txt", keel::FormatHangDump(Dump(0, 4, "reduce", 20, {}, kInReduce)));
+  Write("rank-001.txt", keel::FormatHangDump(Dump(1, 2, "reduce", 20, {}, kInReduce)));
+  st = Read(dir_ + "/hangs/iter_20", &dumps);
+  EXPECT_NE(st.message().find("the dumps come from different jobs"), std::string::npos)
+      << st.message();
+  st = Read(dir_ + "/hangs/iter_20/rank-000.txt", &dumps);
+  EXPECT_EQ(st.code(), keel::Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("is a file, not a hang directory"), std::string::npos);
+}
+
+}  // namespace
