@@ -6,12 +6,12 @@ namespace keel {
 
 CollectiveRecorder::CollectiveRecorder(Env* env) : env_(env), ring_(kCapacity) {}
 
-uint64_t CollectiveRecorder::Begin(const std::string& kind, size_t bytes) {
+uint64_t CollectiveRecorder::Begin(const std::string& kind, size_t bytes, bool same_size) {
   const uint64_t now = env_->NowMicros();
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t seq = ++digest_.count;
   // The digest chains (previous hash, kind, size): order matters, timing does not.
-  const uint64_t size64 = bytes;
+  const uint64_t size64 = same_size ? bytes : 0;
   digest_.hash = XXH3_64bits_withSeed(kind.data(), kind.size(), digest_.hash);
   digest_.hash = XXH3_64bits_withSeed(&size64, sizeof(size64), digest_.hash);
   CollectiveRecord& r = ring_[seq % kCapacity];

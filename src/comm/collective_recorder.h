@@ -37,8 +37,9 @@ class CollectiveRecorder {
  public:
   static constexpr size_t kCapacity = 64;
   explicit CollectiveRecorder(Env* env);
-  // A collective begins: returns its sequence number.
-  uint64_t Begin(const std::string& kind, size_t bytes);
+  // A collective begins: returns its sequence number. `same_size`: every rank sends this many
+  // bytes (false for a gather of each rank's own list: only its kind enters the digest).
+  uint64_t Begin(const std::string& kind, size_t bytes, bool same_size = true);
   void End(uint64_t seq);
   // The newest records (at most kCapacity), oldest first.
   std::vector<CollectiveRecord> Recent() const;

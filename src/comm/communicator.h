@@ -35,10 +35,11 @@ class Communicator {
   // Host values (losses, norms, counters, file lists): every rank's `mine`, in rank order.
   virtual void AllGatherBytes(const std::string& mine, std::vector<std::string>* all) = 0;
   // In-place sum (in rank order) and maximum over ranks of n host doubles.
-  void AllReduceSumHost(double* data, size_t n);
-  void AllReduceMaxHost(double* data, size_t n);
+  // (Built on AllGatherBytes; virtual so a decorator can name them, comm/recording_communicator.h.)
+  virtual void AllReduceSumHost(double* data, size_t n);
+  virtual void AllReduceMaxHost(double* data, size_t n);
   // Whether every rank's `st` is OK; else the first failing rank's error, naming the rank.
-  Status AgreeOnStatus(const Status& st);
+  virtual Status AgreeOnStatus(const Status& st);
   virtual void Barrier() = 0;
   // Ends every rank of the job at once with `exit_code` (a failed rank must not leave the others
   // waiting in a collective). Does not return.

@@ -267,6 +267,36 @@ const std::vector<Setting>& Settings() {
                              &TC::overlap_grad_reduce));
     t->push_back(IntSetting("ddp-bucket-size", "gradient elements per data-parallel bucket",
                             &TC::ddp_bucket_size));
+    // no limbo
+    t->push_back(RealSetting(
+        "distributed-timeout-minutes",
+        "a loop phase (data wait, forward, backward, reduce, optimizer) lasting longer is a "
+        "hang: every rank dumps its stacks to SAVE/hangs/ and the job exits 4 (0: no watchdog)",
+        &TC::distributed_timeout_minutes));
+    t->push_back(RealSetting("first-iteration-timeout-minutes",
+                             "the watchdog's limit for startup and the first iteration",
+                             &TC::first_iteration_timeout_minutes));
+    t->push_back(RealSetting("save-timeout-minutes", "the watchdog's limit for a checkpoint save",
+                             &TC::save_timeout_minutes));
+    t->push_back(RealSetting("eval-timeout-minutes", "the watchdog's limit for an evaluation",
+                             &TC::eval_timeout_minutes));
+    t->push_back(BoolSetting(
+        "debug-collectives",
+        "data parallel: the ranks agree on each collective's kind and size before running it, "
+        "so a rank that skips or adds one is named at once (default: checked every iteration)",
+        &TC::debug_collectives));
+    t->push_back(IntSetting("check-replicas-interval",
+                            "data parallel: iterations between checks that every replica holds "
+                            "the same weights and state (also at every save; 0: only at saves)",
+                            &TC::check_replicas_interval));
+    t->push_back(IntSetting("straggler-window",
+                            "data parallel: iterations per window of the straggler detector "
+                            "(0: off)",
+                            &TC::straggler_window));
+    t->push_back(RealSetting("straggler-threshold",
+                             "a rank slower than the others by this fraction for 5 windows in a "
+                             "row is named a straggler",
+                             &TC::straggler_threshold));
     // run
     t->push_back(IntSetting("seed", "random seed", &TC::seed));
     t->push_back(IntSetting("eval-interval", "iterations between evaluations", &TC::eval_interval));

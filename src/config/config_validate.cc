@@ -421,6 +421,36 @@ Status ValidateOptimizerAndRun(TrainConfig* c) {
         "of fp32) suits most models",
         c->ddp_bucket_size));
   }
+  for (auto [flag, v] : {std::pair<const char*, double>{"distributed-timeout-minutes",
+                                                        c->distributed_timeout_minutes},
+                         {"first-iteration-timeout-minutes", c->first_iteration_timeout_minutes},
+                         {"save-timeout-minutes", c->save_timeout_minutes},
+                         {"eval-timeout-minutes", c->eval_timeout_minutes}}) {
+    if (!(v >= 0 && v <= 7 * 24 * 60))
+      return Invalid(fmt::format(
+          "--{} {} must be between 0 and 10080 (a week); e.g. --{} 10{}", flag, v, flag,
+          std::string(flag) == "distributed-timeout-minutes" ? " (0 turns the watchdog off)" : ""));
+  }
+  if (c->distributed_timeout_minutes > 0) {
+    for (auto [flag, v] : {std::pair<const char*, double>{"first-iteration-timeout-minutes",
+                                                          c->first_iteration_timeout_minutes},
+                           {"save-timeout-minutes", c->save_timeout_minutes},
+                           {"eval-timeout-minutes", c->eval_timeout_minutes}}) {
+      if (!(v > 0))
+        return Invalid(fmt::format(
+            "--{} must be positive while the watchdog is on (--distributed-timeout-minutes {}); "
+            "e.g. --{} 30",
+            flag, c->distributed_timeout_minutes, flag));
+    }
+  }
+  KEEL_RETURN_IF_ERROR(NonNegative("check-replicas-interval", c->check_replicas_interval,
+                                   "use 0 to check the replicas only at saves"));
+  KEEL_RETURN_IF_ERROR(NonNegative("straggler-window", c->straggler_window,
+                                   "use 0 to turn the straggler detector off, e.g. 10"));
+  if (!(c->straggler_threshold > 0 && c->straggler_threshold < 1))
+    return Invalid(fmt::format(
+        "--straggler-threshold {} must be a fraction between 0 and 1; e.g. 0.03 (3% slower)",
+        c->straggler_threshold));
   KEEL_RETURN_IF_ERROR(Positive("eval-interval", c->eval_interval));
   KEEL_RETURN_IF_ERROR(Positive("log-interval", c->log_interval));
   KEEL_RETURN_IF_ERROR(

@@ -72,6 +72,18 @@ struct TrainConfig {
   bool overlap_grad_reduce = true;        // reduce gradient buckets during backward
   int64_t ddp_bucket_size = 1 << 20;      // elements per gradient bucket
 
+  // ---- no limbo: watchdog, collective checks, stragglers, replicas (docs/distributed.md) ----
+  // A phase of the loop that lasts longer than its limit is a hang: every rank dumps its state
+  // to SAVE/hangs/iter_N/ and the job exits 4. 0 turns the watchdog off.
+  double distributed_timeout_minutes = 10;      // any phase (Megatron's flag)
+  double first_iteration_timeout_minutes = 30;  // startup and this process's first iteration
+  double save_timeout_minutes = 30;             // a checkpoint save
+  double eval_timeout_minutes = 30;             // an evaluation
+  bool debug_collectives = false;               // agree on kind and size before every collective
+  int64_t check_replicas_interval = 100;  // iterations between replica hashes (0: only at saves)
+  int64_t straggler_window = 10;          // iterations per straggler window (0: off)
+  double straggler_threshold = 0.03;      // slower than the reference by this fraction
+
   // ---- run ----
   uint64_t seed = 1234;
   int64_t eval_interval = 100;

@@ -276,4 +276,12 @@ Status RunMetrics::AppendText(int64_t iteration, const std::string& tag, const s
   return events_->Flush();
 }
 
+Status RunMetrics::AppendScalar(int64_t iteration, const std::string& tag, double value) {
+  if (dir_.empty()) return Status::OK();
+  if (!failed_.ok()) return failed_;
+  KEEL_RETURN_IF_ERROR(OpenLive());
+  KEEL_RETURN_IF_ERROR(WriteScalar(iteration, tag, value, WallTime()));
+  return events_->Flush();
+}
+
 }  // namespace keel

@@ -49,6 +49,8 @@ class RunMetrics {
   Status Append(const nlohmann::json& record);
   // A text event (the guard's journal) at `iteration`.
   Status AppendText(int64_t iteration, const std::string& tag, const std::string& text);
+  // A scalar outside the metrics stream (e.g. stragglers/max_slowdown) at `iteration`.
+  Status AppendScalar(int64_t iteration, const std::string& tag, double value);
 
   const std::string& run_dir() const { return dir_; }
 

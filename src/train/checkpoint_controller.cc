@@ -5,6 +5,7 @@
 
 #include "checkpoint/manifest.h"
 #include "core/stop_signal.h"
+#include "watchdog/phase_tracker.h"
 
 namespace keel {
 
@@ -100,6 +101,8 @@ const char* StopReasonText(StopReason r) {
       return "--exit-duration-in-mins was reached";
     case StopReason::kSaveFailures:
       return "checkpoint saves failed repeatedly";
+    case StopReason::kCheckFailed:
+      return "the check before a save failed";
   }
   return "?";
 }
@@ -120,6 +123,15 @@ CheckpointController::CheckpointController(const TrainConfig& cfg, Env* env, Che
 
 Status CheckpointController::SaveNow(const std::string& why) {
   if (store_ == nullptr) return Status::OK();
+  if (before_save_) {
+    PhaseScope check(trainer_->phase_tracker(), Phase::kCheck);
+    if (Status st = before_save_(); !st.ok()) {
+      failure_ = st;
+      stop_ = StopReason::kCheckFailed;
+      return st;
+    }
+  }
+  PhaseScope save(trainer_->phase_tracker(), Phase::kSave);
   const int64_t it = trainer_->state().counters.iteration;
   std::vector<CheckpointFile> files;
   const nlohmann::json guard = guard_state_ ? guard_state_() : nlohmann::json();
@@ -212,6 +224,7 @@ bool CheckpointController::AfterIteration() {
     consecutive_failures_ = 0;
     return true;
   }
+  if (stop_ == StopReason::kCheckFailed) return false;
   ++consecutive_failures_;
   log_(
       fmt::format("ERROR: {} ({} of {} consecutive failures allowed; training continues and the "
@@ -230,7 +243,7 @@ bool CheckpointController::AfterIteration() {
 }
 
 Status CheckpointController::Finish() {
-  if (stop_ == StopReason::kSaveFailures) return failure_;
+  if (stop_ == StopReason::kSaveFailures || stop_ == StopReason::kCheckFailed) return failure_;
   if (store_ == nullptr) return Status::OK();
   const int64_t it = trainer_->state().counters.iteration;
   if (it == last_saved_) return Status::OK();

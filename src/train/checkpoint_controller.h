@@ -29,7 +29,15 @@ TrainCheckpointSource CheckpointSourceOf(Trainer& trainer);
 // Puts checkpoint `saved` (verified, read) back into `trainer`: tensors, then its TrainState.
 Status RestoreTrainer(Env* env, const SavedTrainState& saved, Trainer* trainer);
 
-enum class StopReason { kNone, kKillSwitch, kSignal, kExitInterval, kExitDuration, kSaveFailures };
+enum class StopReason {
+  kNone,
+  kKillSwitch,
+  kSignal,
+  kExitInterval,
+  kExitDuration,
+  kSaveFailures,
+  kCheckFailed,  // the check before a save failed (replicas differ): nothing more is saved
+};
 const char* StopReasonText(StopReason r);
 
 class CheckpointController {
@@ -64,6 +72,9 @@ class CheckpointController {
   void set_guard_state_fn(std::function<nlohmann::json()> f) { guard_state_ = std::move(f); }
   // Called after every successful save with its iteration (the guard pins post-spike saves).
   void set_after_save(std::function<void(int64_t)> f) { after_save_ = std::move(f); }
+  // Called before every save; an error stops the run without saving (kCheckFailed) and is what
+  // Finish returns: a replica check, so a checkpoint never holds a damaged replica's state.
+  void set_before_save(std::function<Status()> f) { before_save_ = std::move(f); }
   // An event for the history recorded in later checkpoints (e.g. a guard rollback).
   void AddHistory(nlohmann::json event) { history_.push_back(std::move(event)); }
 
@@ -83,6 +94,7 @@ class CheckpointController {
   std::vector<float> staging_;
   std::function<nlohmann::json()> guard_state_;
   std::function<void(int64_t)> after_save_;
+  std::function<Status()> before_save_;
   uint64_t start_us_ = 0, last_save_us_ = 0;
   int64_t last_saved_ = -1;
   int consecutive_failures_ = 0;

@@ -1,7 +1,11 @@
 #include "train/test_hooks.h"
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <memory>
+#include <thread>
 
 #include "backend/backend.h"
 #include "config/config.h"
@@ -9,6 +13,84 @@
 #include "core/rng.h"
 
 namespace keel {
+namespace {
+
+Status BadFaults(const std::string& text, const std::string& why) {
+  return Status::InvalidArgument(
+      "KEEL_TRAIN_FAULTS=" + text + ": " + why +
+      "; expected comma-separated poison=A-B, nan-grad=A-B (iteration ranges), hang=N, kill=N, "
+      "bitflip=N, skip-collective=N (iterations), slow=F (a fraction), each optionally followed "
+      "by :rank=R, :attempt=A and (skip-collective) :kind=K");
+}
+
+bool ParseInt(const std::string& s, int64_t* v) {
+  char* end = nullptr;
+  *v = std::strtoll(s.c_str(), &end, 10);
+  return !s.empty() && end != nullptr && *end == '\0' && *v >= 0;
+}
+
+// One item of KEEL_TRAIN_FAULTS: KEY=VALUE[:rank=R][:attempt=A][:kind=K].
+Status ParseFaultItem(const std::string& text, const std::string& item, const std::string& attempt,
+                      TestHooks* out) {
+  std::vector<std::string> parts;
+  for (size_t p = 0; p <= item.size();) {
+    const size_t colon = std::min(item.find(':', p), item.size());
+    parts.push_back(item.substr(p, colon - p));
+    p = colon + 1;
+  }
+  const size_t eq = parts[0].find('=');
+  if (eq == std::string::npos) return BadFaults(text, "'" + item + "' has no =");
+  const std::string key = parts[0].substr(0, eq), value = parts[0].substr(eq + 1);
+  if (key == "poison" || key == "nan-grad") {
+    std::vector<std::pair<int64_t, int64_t>> r;
+    if (parts.size() != 1 || !ParseIterationRanges({value}, &r).ok())
+      return BadFaults(text, "'" + item + "' is not an iteration range");
+    (key == "poison" ? out->poison : out->nan_grad).push_back({r[0].first, r[0].second});
+    return Status::OK();
+  }
+  RankFault f;
+  int64_t n = 0;
+  if (key == "slow") {
+    f.kind = RankFault::Kind::kSlow;
+    char* end = nullptr;
+    f.fraction = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !(f.fraction > 0 && f.fraction < 100))
+      return BadFaults(text, "'" + item + "' needs a positive fraction");
+  } else {
+    if (key == "hang")
+      f.kind = RankFault::Kind::kHang;
+    else if (key == "kill")
+      f.kind = RankFault::Kind::kKill;
+    else if (key == "bitflip")
+      f.kind = RankFault::Kind::kBitFlip;
+    else if (key == "skip-collective")
+      f.kind = RankFault::Kind::kSkipCollective;
+    else
+      return BadFaults(text, "unknown fault '" + key + "'");
+    if (!ParseInt(value, &n) || n < 1)
+      return BadFaults(text, "'" + item + "' needs an iteration of at least 1");
+    f.iteration = n;
+  }
+  bool armed = true;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const size_t e = parts[i].find('=');
+    const std::string k = parts[i].substr(0, e),
+                      v = e == std::string::npos ? "" : parts[i].substr(e + 1);
+    if (k == "rank" && ParseInt(v, &n)) {
+      f.rank = static_cast<int>(n);
+    } else if (k == "attempt" && ParseInt(v, &n)) {
+      armed = attempt == v;
+    } else if (k == "kind" && f.kind == RankFault::Kind::kSkipCollective && !v.empty()) {
+      f.collective = v;
+    } else {
+      return BadFaults(text, "'" + parts[i] + "' in '" + item + "'");
+    }
+  }
+  if (armed) out->rank_faults.push_back(f);
+  return Status::OK();
+}
+
+}  // namespace
 
 Status TestHooks::FromEnvironment(Env* base, TestHooks* out) {
   *out = TestHooks{};
@@ -18,19 +100,12 @@ Status TestHooks::FromEnvironment(Env* base, TestHooks* out) {
   }
   if (const char* spec = std::getenv("KEEL_TRAIN_FAULTS"); spec != nullptr && *spec) {
     const std::string text = spec;
+    const char* attempt_env = std::getenv("KEEL_LAUNCH_ATTEMPT");
+    const std::string attempt = attempt_env ? attempt_env : "";
     size_t pos = 0;
     while (pos <= text.size()) {
       const size_t comma = std::min(text.find(',', pos), text.size());
-      const std::string item = text.substr(pos, comma - pos);
-      const size_t eq = item.find('=');
-      std::vector<std::pair<int64_t, int64_t>> r;
-      const std::string key = item.substr(0, eq);
-      if (eq == std::string::npos || (key != "poison" && key != "nan-grad") ||
-          !ParseIterationRanges({item.substr(eq + 1)}, &r).ok())
-        return Status::InvalidArgument(
-            "KEEL_TRAIN_FAULTS=" + text +
-            ": expected comma-separated poison=A-B and nan-grad=A-B (iteration ranges)");
-      (key == "poison" ? out->poison : out->nan_grad).push_back({r[0].first, r[0].second});
+      KEEL_RETURN_IF_ERROR(ParseFaultItem(text, text.substr(pos, comma - pos), attempt, out));
       pos = comma + 1;
     }
     Warn("training faults injected (KEEL_TRAIN_FAULTS={}): for testing only", text);
@@ -61,6 +136,55 @@ std::function<void(int64_t, float*, size_t)> TestHooks::GradientFault(Backend* b
       }
     }
   };
+}
+
+}  // namespace keel
+
+namespace keel {
+
+std::function<void(int64_t, double)> TestHooks::ComputeFault(int rank) const {
+  std::vector<RankFault> mine;
+  for (const RankFault& f : rank_faults)
+    if (f.rank == rank && (f.kind == RankFault::Kind::kHang || f.kind == RankFault::Kind::kKill ||
+                           f.kind == RankFault::Kind::kSlow))
+      mine.push_back(f);
+  if (mine.empty()) return nullptr;
+  return [mine, rank](int64_t it, double compute_seconds) {
+    for (const RankFault& f : mine) {
+      if (f.kind == RankFault::Kind::kSlow) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(f.fraction * compute_seconds));
+      } else if (f.iteration == it && f.kind == RankFault::Kind::kKill) {
+        LogError(fmt::format("fault: rank {} kills itself (SIGKILL) at iteration {}", rank, it));
+        std::raise(SIGKILL);
+      } else if (f.iteration == it) {
+        LogError(fmt::format("fault: rank {} stops at iteration {} (hangs, no more collectives)",
+                             rank, it));
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+    }
+  };
+}
+
+bool TestHooks::BitFlipAt(int rank, int64_t iteration) const {
+  for (const RankFault& f : rank_faults)
+    if (f.kind == RankFault::Kind::kBitFlip && f.rank == rank && f.iteration == iteration)
+      return true;
+  return false;
+}
+
+std::function<bool(const std::string&)> TestHooks::SkipCollectiveFault(
+    int rank, std::function<int64_t()> iteration) const {
+  for (const RankFault& f : rank_faults) {
+    if (f.kind != RankFault::Kind::kSkipCollective || f.rank != rank) continue;
+    auto done = std::make_shared<bool>(false);
+    return [f, iteration, done](const std::string& kind) {
+      if (*done || kind != f.collective || iteration() != f.iteration) return false;
+      *done = true;
+      LogError(fmt::format("fault: rank {} skips {} in iteration {}", f.rank, kind, f.iteration));
+      return true;
+    };
+  }
+  return nullptr;
 }
 
 }  // namespace keel

@@ -6,6 +6,15 @@
 //   KEEL_TRAIN_FAULTS=poison=A-B,nan-grad=C-D
 //       iterations A..B read uniformly random tokens instead of their data; the all-reduced
 //       gradients of iterations C..D get a NaN (the guard's end-to-end tests and demos)
+//   KEEL_TRAIN_FAULTS=hang=N:rank=R,kill=N:rank=R,slow=F:rank=R,bitflip=N:rank=R,
+//                     skip-collective=N:rank=R[:kind=K]
+//       per-rank faults of data-parallel runs (rank 0 when no rank= is given): after the
+//       backward of iteration N the rank stops (sleeps for ever, no collective) or kills itself
+//       with SIGKILL; `slow` makes it sleep fraction F of its compute time every iteration;
+//       `bitflip` flips one bit of one weight after iteration N's update; `skip-collective`
+//       skips the first collective of kind K (default all-reduce-sum) of iteration N. Any item
+//       may end with :attempt=A: armed only when KEEL_LAUNCH_ATTEMPT is A (keel launch sets it),
+//       so a restarted job does not fail the same way again.
 //
 // keel warns on stderr whenever one is set. A run receives the parsed hooks (TrainingRun's
 // options), never the environment variables.
@@ -25,10 +34,20 @@ namespace keel {
 
 class Backend;
 
+struct RankFault {
+  enum class Kind { kHang, kKill, kSlow, kBitFlip, kSkipCollective };
+  Kind kind = Kind::kHang;
+  int rank = 0;
+  int64_t iteration = 0;                      // hang, kill, bitflip, skip-collective
+  double fraction = 0;                        // slow
+  std::string collective = "all-reduce-sum";  // skip-collective
+};
+
 struct TestHooks {
   std::unique_ptr<FaultInjectionEnv> fault_env;  // KEEL_FAULT_INJECTION, wrapping the base Env
   std::vector<IterationRange> poison;            // KEEL_TRAIN_FAULTS poison=A-B
   std::vector<IterationRange> nan_grad;          // KEEL_TRAIN_FAULTS nan-grad=A-B
+  std::vector<RankFault> rank_faults;            // KEEL_TRAIN_FAULTS hang=, kill=, slow=, ...
 
   // Reads KEEL_FAULT_INJECTION and KEEL_TRAIN_FAULTS; InvalidArgument for a malformed value.
   static Status FromEnvironment(Env* base, TestHooks* out);
@@ -43,6 +62,14 @@ struct TestHooks {
   // The trainer's gradient-fault seam: a NaN in the gradients of the nan-grad iterations; empty
   // when none are armed.
   std::function<void(int64_t, float*, size_t)> GradientFault(Backend* backend) const;
+  // The trainer's compute-fault seam for rank `rank`: hang, kill and slow; empty when none.
+  std::function<void(int64_t, double)> ComputeFault(int rank) const;
+  // Whether rank `rank` flips a weight bit after iteration `iteration`.
+  bool BitFlipAt(int rank, int64_t iteration) const;
+  // The communicator's skip seam for rank `rank` (`iteration` says which iteration is under
+  // way); empty when none.
+  std::function<bool(const std::string&)> SkipCollectiveFault(
+      int rank, std::function<int64_t()> iteration) const;
 };
 
 }  // namespace keel

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "core/json_number.h"
@@ -98,6 +99,7 @@ StepResult Trainer::TrainStep() {
   // The update of this iteration uses the LR at the position after its batch (see lr_schedule.h).
   r.lr = state_.lr_scale * schedule_.LrAt(c.consumed_samples + r.global_batch);
   const int64_t iteration = c.iteration + 1;
+  if (phases_) phases_->BeginIteration(iteration);
   if (IsSkipped(iteration)) {
     // A skipped data window: its samples are read past (the cursor and the schedule move on as
     // if trained, Megatron's --skip-train-iteration-range), nothing is computed.
@@ -113,8 +115,24 @@ StepResult Trainer::TrainStep() {
   c.consumed_tokens += r.global_batch * cfg_.seq_length;
   r.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  // The iteration line's timings are the slowest rank's.
-  if (comm_->world_size() > 1) comm_->AllReduceMaxHost(&r.step_ms, 1);
+  const double compute_ms = phases_ ? 1e3 * phases_->ComputeSeconds() : r.step_ms;
+  r.rank_compute_ms.assign(1, compute_ms);
+  if (comm_->world_size() > 1) {
+    // One gather: the iteration line's time is the slowest rank's; every rank's compute time
+    // goes to the straggler detector.
+    EnterPhase(Phase::kReduce);
+    const double mine[2] = {r.step_ms, compute_ms};
+    std::vector<std::string> all;
+    comm_->AllGatherBytes(std::string(reinterpret_cast<const char*>(mine), sizeof(mine)), &all);
+    r.rank_compute_ms.resize(all.size());
+    for (size_t k = 0; k < all.size(); ++k) {
+      double v[2] = {NAN, NAN};
+      if (all[k].size() == sizeof(v)) std::memcpy(v, all[k].data(), sizeof(v));
+      r.step_ms = std::max(r.step_ms, v[0]);
+      r.rank_compute_ms[k] = v[1];
+    }
+  }
+  if (phases_) phases_->EndIteration();
   return r;
 }
 
@@ -133,6 +151,7 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
     // Sample order: micro-batch m of rank r reads global samples (m * dp + r) * mbs + b.
     const int64_t first =
         state_.counters.consumed_samples + (m * dp + comm_->rank()) * static_cast<int64_t>(mbs);
+    EnterPhase(Phase::kData);
     for (int b = 0; b < mbs; ++b) {
       int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
       dataset_of_[b] = data_.train(first + b, s);
@@ -141,6 +160,7 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
       std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
       std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
     }
+    EnterPhase(Phase::kForward);
     acc.loss += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
     if (nd > 1) {
       for (int b = 0; b < mbs; ++b) {
@@ -159,9 +179,15 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
       if (cfg_.overlap_grad_reduce)
         model_->set_grad_ready([this](size_t from) { reducer_->Ready(from); });
     }
+    EnterPhase(Phase::kBackward);
     model_->Backward();
   }
   model_->set_grad_ready(nullptr);
+  if (compute_fault_) {
+    const int64_t it = state_.counters.iteration + 1;
+    compute_fault_(it, phases_ ? phases_->ComputeSeconds() : 0.0);
+  }
+  EnterPhase(Phase::kReduce);
   reducer_->Finish();
   // Each rank now holds the sums of its shard. ZeRO-1 updates only that shard; without it every
   // rank needs every sum.
@@ -199,8 +225,10 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
   // Statistics of the global gradient: each rank measures the shard it owns (the summed values),
   // the ranks add their parts, so every rank sees the same norm and makes the same decisions.
   const ShardRange own = dp > 1 ? shard_ : ShardRange{0, n};
+  EnterPhase(Phase::kOptimizer);
   GradStats gs = ComputeGradStats(backend_, grads + own.begin, own.size());
   if (dp > 1) {
+    EnterPhase(Phase::kReduce);
     double v[3] = {gs.sum_sq, static_cast<double>(gs.num_zeros), gs.finite ? 0.0 : 1.0};
     comm_->AllReduceSumHost(v, 3);
     gs.sum_sq = v[0];
@@ -240,6 +268,7 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
   }
   // The part of the gradients this rank's optimizer reads: its shard (ZeRO-1) or all of them.
   const ShardRange upd = zero_ ? shard_ : ShardRange{0, n};
+  EnterPhase(Phase::kOptimizer);
   ClipGradients(backend_, grads + upd.begin, upd.size(), gs.norm, cfg_.clip_grad);
   // Measured inside the update's own pass over memory: the guard's signals, and the weights'
   // squared norm, non-finite exactly when a weight is (or its square overflows).
@@ -247,6 +276,7 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
   optimizer_->Step(model_->param_data(), grads, model_->params(), r->lr, &st);
   if (zero_) {
     // Every rank updated its shard: the statistics are summed, the weights all-gathered.
+    EnterPhase(Phase::kReduce);
     double sums[2] = {st.update_sq, st.param_sq}, max_v = st.max_v;
     comm_->AllReduceSumHost(sums, 2);
     comm_->AllReduceMaxHost(&max_v, 1);
@@ -308,6 +338,7 @@ Status Trainer::Run(const RunHooks& hooks) {
   const TrainCounters& c = state_.counters;
   while (c.iteration < total_iters_) {
     const StepResult r = TrainStep();
+    if (hooks.step) hooks.step(r);
     if (r.weights_nonfinite) {
       // Never trained on, evaluated or saved: the caller names the checkpoint to go back to.
       const NonFiniteParams nf = FindNonFiniteParams(*model_);
@@ -340,8 +371,10 @@ Status Trainer::Run(const RunHooks& hooks) {
     }
     AccountIteration(r, hooks);
     const bool last = c.iteration == total_iters_;
-    if (cfg_.eval_iters > 0 && (c.iteration % cfg_.eval_interval == 0 || last))
+    if (cfg_.eval_iters > 0 && (c.iteration % cfg_.eval_interval == 0 || last)) {
+      PhaseScope eval(phases_, Phase::kEval);
       RunEvaluation(hooks);
+    }
     in_skip = r.data_skipped;
     if (hooks.after_iteration && !hooks.after_iteration()) break;
   }

@@ -23,6 +23,7 @@
 #include "optim/adamw.h"
 #include "optim/batch_rampup.h"
 #include "optim/lr_schedule.h"
+#include "watchdog/phase_tracker.h"
 
 namespace keel {
 
@@ -51,7 +52,10 @@ struct StepResult {
   // The update left NaN/Inf weights (or weights whose squares overflow): the run must stop.
   bool weights_nonfinite = false;
   GuardSignals signals;
-  double step_ms = 0;
+  double step_ms = 0;  // the slowest rank's time for the iteration
+  // Every rank's own compute time this iteration (data, forward, backward, optimizer; the waits
+  // on other ranks excluded), in rank order: what the straggler detector compares.
+  std::vector<double> rank_compute_ms;
 };
 
 // Decides, from an iteration's signals, whether its update is applied (the guard).
@@ -66,6 +70,8 @@ struct RunHooks {
   // One record per iteration (every field of the iteration line, per-dataset loss) and per
   // evaluation: the metrics stream. May be empty.
   std::function<void(const nlohmann::json&)> metrics;
+  // After every iteration's update, with its result (every rank's compute time). May be empty.
+  std::function<void(const StepResult&)> step;
 };
 
 // What a trainer reads: its training samples, and what it evaluates.
@@ -148,9 +154,21 @@ class Trainer {
   void set_gradient_fault(std::function<void(int64_t iteration, float* grads, size_t n)> f) {
     grad_fault_ = std::move(f);
   }
+  // Called on this rank after the backward of an iteration's last micro-batch, with the compute
+  // seconds so far: the seam of the test-only per-rank faults (a hang, a slow rank, a crash).
+  void set_compute_fault(std::function<void(int64_t iteration, double compute_seconds)> f) {
+    compute_fault_ = std::move(f);
+  }
+  // Where the loop reports its phases (the watchdog and the straggler detector read it); null:
+  // not reported.
+  void set_phase_tracker(PhaseTracker* t) { phases_ = t; }
+  PhaseTracker* phase_tracker() { return phases_; }
 
  private:
   bool IsSkipped(int64_t iteration) const;
+  void EnterPhase(Phase p) {
+    if (phases_) phases_->Enter(p);
+  }
   // Forward and backward of every micro-batch of a global batch of `global_batch` samples, the
   // gradients summed in the model's buffer and all-reduced.
   GradientAccumulation AccumulateGradients(int64_t global_batch);
@@ -179,6 +197,8 @@ class Trainer {
   std::vector<IterationRange> config_skip_ranges_;  // --skip-train-iteration/samples-range
   UpdateGate gate_;
   std::function<void(int64_t, float*, size_t)> grad_fault_;
+  std::function<void(int64_t, double)> compute_fault_;
+  PhaseTracker* phases_ = nullptr;
   double last_update_ratio_ = NAN;  // ||w_new - w_old|| / ||w_new|| of the last update
   double last_max_v_ = NAN;         // max of Adam's second moment after the last update
 };

@@ -44,9 +44,19 @@ const char* OutcomeName(TrainingRun::Outcome outcome) {
 }
 
 TrainingRun::TrainingRun(const TrainConfig& config, const RunOptions& options)
-    : cfg_(config), env_(options.env), comm_(options.comm), test_hooks_(options.test_hooks) {}
+    : cfg_(config),
+      env_(options.env),
+      health_(std::make_unique<RunHealth>(options.env, options.comm, options.test_hooks)),
+      comm_(health_->comm()),
+      test_hooks_(options.test_hooks) {}
 
-TrainingRun::~TrainingRun() = default;
+TrainingRun::~TrainingRun() {
+  // The log's copy to SAVE/logs/rank-NNN.log writes to rank_log_, which goes with this run; the
+  // caller may still log (the error that ended the run).
+  if (rank_log_)
+    SetLogCopy(nullptr, /*mute_stdout=*/comm_->rank() != 0,
+               fmt::format("[rank {}] ", comm_->rank()));
+}
 
 namespace {
 
@@ -96,6 +106,7 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   *doing = "opening the data";
   KEEL_RETURN_IF_ERROR(r.OpenData(&notes));
   KEEL_RETURN_IF_ERROR(Validate(&r.cfg_, &notes));
+  KEEL_RETURN_IF_ERROR(r.health_->Start(r.cfg_));
   const Status fits = r.CheckMemory(&notes);
   for (const std::string& n : notes) Log("note: {}", n);
   KEEL_RETURN_IF_ERROR(fits);
@@ -509,6 +520,8 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
                                              store_ ? ckpt_.get() : nullptr, journal_.get(), LogTo);
   KEEL_RETURN_IF_ERROR(guard_->Start(saved));
   ckpt_->set_guard_state_fn([this] { return guard_->StateForCheckpoint(); });
+  health_->Attach(trainer_.get(), journal_.get(), metrics_.get());
+  ckpt_->set_before_save([this] { return health_->CheckReplicas("before a save"); });
   std::vector<std::pair<int64_t, int64_t>> ranges;
   (void)ParseIterationRanges(cfg_.skip_train_iteration_range, &ranges);  // validated
   for (auto [a, b] : ranges) {
@@ -558,7 +571,12 @@ Status TrainingRun::Train(Outcome* outcome) {
     const auto t0 = std::chrono::steady_clock::now();
     RunHooks hooks;
     hooks.log = LogTo;
-    hooks.after_iteration = [this] { return guard_->AfterIteration() && ckpt_->AfterIteration(); };
+    hooks.after_iteration = [this] {
+      if (!guard_->AfterIteration()) return false;
+      fatal_ = health_->AfterIteration();
+      return fatal_.ok() && ckpt_->AfterIteration();
+    };
+    hooks.step = [this](const StepResult& r) { health_->OnStep(r); };
     bool metrics_failed = false;
     hooks.metrics = [&](const nlohmann::json& m) {
       Status ms = metrics_->Append(m);
@@ -585,6 +603,7 @@ Status TrainingRun::Train(Outcome* outcome) {
                       store_ ? "Resume from it (or from an older one with --load " +
                                    JoinPath(cfg_.save, "iter_N") + ")"
                              : std::string("Train again")));
+    if (!fatal_.ok()) return fatal_;  // the replicas differ: nothing of this state is saved
     if (guard_->stopped()) {
       // The state is not healthy: no final checkpoint of it; the pinned ones remain.
       LogError("error: " + guard_->stop_message());
@@ -614,6 +633,7 @@ Status TrainingRun::Train(Outcome* outcome) {
         ps.served, ps.waited, ps.wait_ms, ps.restarts);
   }
   Log("state fingerprint: {:016x}", trainer_->StateFingerprint());
+  health_->Stop();  // the loop is over: the sample below is rank 0's alone
   if (store_)
     Log("checkpoints are in {} (sample with `keel sample --load {}`)", cfg_.save, cfg_.save);
   try {

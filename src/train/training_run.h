@@ -28,6 +28,7 @@
 #include "metrics/run_metrics.h"
 #include "train/checkpoint_controller.h"
 #include "train/guard_controller.h"
+#include "train/run_health.h"
 #include "train/test_hooks.h"
 #include "train/trainer.h"
 
@@ -102,7 +103,10 @@ class TrainingRun {
 
   TrainConfig cfg_;
   Env* env_;
+  // The watchdog, collective and replica checks, stragglers; comm_ is its recording communicator.
+  std::unique_ptr<RunHealth> health_;
   Communicator* comm_;
+  Status fatal_;  // a failed check that stopped the loop (replicas differ): returned unsaved
   const TestHooks* test_hooks_;
   bool not_started_ = false;     // the kill switch was there at start
   int64_t start_iteration_ = 0;  // the iteration Train started from

@@ -123,7 +123,8 @@ std::string Mismatch(const std::vector<HangDump>& dumps) {
   std::map<uint64_t, std::map<std::pair<std::string, uint64_t>, std::vector<int>>> by_seq;
   for (const HangDump& d : dumps)
     for (const DumpedCollective& c : d.collectives)
-      by_seq[c.seq][{c.kind, c.bytes}].push_back(d.rank);
+      // A plain gather (file lists, host names) sends each rank's own size: only its kind counts.
+      by_seq[c.seq][{c.kind, c.kind == "all-gather-bytes" ? 0 : c.bytes}].push_back(d.rank);
   for (const auto& [seq, variants] : by_seq) {
     if (variants.size() < 2) continue;
     std::vector<std::pair<std::pair<std::string, uint64_t>, std::vector<int>>> v(variants.begin(),

@@ -36,6 +36,9 @@ struct WatchdogOptions {
                                // rank waits for the other ranks' dumps before it exits
   int exit_code = 4;
   std::function<void(int)> exit;  // default: flush stdout/stderr and _exit(code) (never returns)
+  // Called from the watchdog's thread with the line it logged and the dump's directory, before
+  // it waits for the other ranks (the run journals the hang). May be empty.
+  std::function<void(const std::string& line, const std::string& dir)> on_dump;
 };
 
 // The trigger file of `job_id` in `hangs_dir`: its presence makes every rank of the job dump.

@@ -32,22 +32,7 @@ const std::string kModel =
     "--micro-batch-size 2 --global-batch-size 12 --lr-warmup-iters 2 --log-interval 1 "
     "--eval-interval 1000 --eval-iters 0 --sample-tokens 0 --threads 1 --guard off";
 
-// mpirun as CI runs it: as root, more ranks than cores, no single-copy shared memory (not
-// allowed in many containers), and a time limit.
-std::string Mpirun(int np, const std::string& prefix = "") {
-#if defined(__SANITIZE_ADDRESS__)
-  // LeakSanitizer reports Open MPI's own allocations at exit (about 120 kB per rank that the
-  // library never frees, measured with a 10-line MPI program): the ranks run without leak
-  // checking; addressing and UB checks stay on.
-  const std::string asan = "ASAN_OPTIONS=detect_leaks=0 ";
-#else
-  const std::string asan;
-#endif
-  return asan +
-         "timeout 120 mpirun --allow-run-as-root --oversubscribe --mca "
-         "btl_vader_single_copy_mechanism none -np " +
-         std::to_string(np) + " " + prefix;
-}
+using keel_test::Mpirun;
 
 KeelResult Train(int np, const std::string& args) {
   const std::string keel = std::string(KEEL_BINARY) + " " + kModel + " " + args;

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 
 namespace keel_test {
@@ -53,6 +54,23 @@ inline std::string WithoutTimings(const std::string& line) {
     f = bar + 1;
   }
   return kept;
+}
+
+// mpirun as CI runs it: as root, more ranks than cores, no single-copy shared memory (not
+// allowed in many containers), and a time limit, so a hang fails the test instead of CI.
+inline std::string Mpirun(int np, const std::string& prefix = "", int timeout_s = 120) {
+#if defined(__SANITIZE_ADDRESS__)
+  // LeakSanitizer reports Open MPI's own allocations at exit (about 120 kB per rank that the
+  // library never frees, measured with a 10-line MPI program): the ranks run without leak
+  // checking; addressing and UB checks stay on.
+  const std::string asan = "env ASAN_OPTIONS=detect_leaks=0 ";  // env: also as an argv
+#else
+  const std::string asan;
+#endif
+  return asan + "timeout " + std::to_string(timeout_s) +
+         " mpirun --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none "
+         "-np " +
+         std::to_string(np) + " " + prefix;
 }
 
 inline std::string ReadText(const std::string& path) {

@@ -216,6 +216,17 @@ TEST(HangAnalysisTest, TheFirstCollectiveTheRanksDisagreeOnIsNamed) {
       << a.mismatch;
 }
 
+// A plain gather sends each rank's own list (checkpoint file names, host names): sizes that
+// differ there are not a mismatch.
+TEST(HangAnalysisTest, PlainGathersOfDifferentSizesMatch) {
+  std::vector<HangDump> dumps = {
+      Dump(0, 2, "reduce", 20, History(1234, "all-gather-bytes", 230), kInReduce),
+      Dump(1, 2, "reduce", 20, History(1234, "all-gather-bytes", 65), kInReduce)};
+  EXPECT_EQ(keel::AnalyzeHangs(dumps).mismatch, "");
+  dumps[1].collectives.back().kind = "all-reduce-sum";
+  EXPECT_NE(keel::AnalyzeHangs(dumps).mismatch, "");
+}
+
 TEST(HangAnalysisTest, DifferentCountsWhileNoRankIsInACollective) {
   std::vector<HangDump> dumps = {Dump(0, 3, "data wait", 20, History(100), kInData),
                                  Dump(1, 3, "data wait", 20, History(99), kInData),

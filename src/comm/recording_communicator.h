@@ -1,0 +1,73 @@
+// RecordingCommunicator: the communicator the training loop talks to. It forwards every
+// collective to the real one (MPI, or the single process) and
+//   - records it in the flight recorder (comm/collective_recorder.h) that hang dumps print;
+//   - checks that the ranks are in step: every host collective (several per iteration) carries a
+//     24-byte header — its sequence number, kind, size and the digest of every collective before
+//     it — so a rank that skipped, added or resized any collective (the seeds' eval deadlock) is
+//     named at the next host collective instead of hanging; with `check_every` (--debug-
+//     collectives) the ranks also agree on the header before each gradient collective.
+// Ranks out of step cannot continue: every rank logs the same report and the job ends with
+// kOutOfStepExitCode, the watchdog's hang exit code.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm/collective_recorder.h"
+#include "comm/communicator.h"
+#include "core/env.h"
+
+namespace keel {
+
+constexpr int kOutOfStepExitCode = 4;
+
+class RecordingCommunicator : public Communicator {
+ public:
+  RecordingCommunicator(Communicator* inner, Env* env);
+
+  const CollectiveRecorder& recorder() const { return recorder_; }
+  // --debug-collectives: agree on every collective's kind and size before it runs.
+  void set_check_every(bool on) { check_every_ = on; }
+  // Called (on every rank) with the report before the job ends for collectives out of step:
+  // the run journals it.
+  void set_on_out_of_step(std::function<void(const std::string&)> f) {
+    on_out_of_step_ = std::move(f);
+  }
+  // TEST-ONLY seam (train/test_hooks.h): true skips the collective about to run, as a buggy rank
+  // would (it is neither run nor recorded).
+  void set_skip_fault(std::function<bool(const std::string& kind)> f) { skip_ = std::move(f); }
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string Describe() const override { return inner_->Describe(); }
+  void ReduceScatterSum(float* data, size_t n, size_t begin, size_t end) override;
+  void AllGather(float* data, size_t n) override;
+  void AllGatherBytes(const std::string& mine, std::vector<std::string>* all) override;
+  void AllReduceSumHost(double* data, size_t n) override;
+  void AllReduceMaxHost(double* data, size_t n) override;
+  Status AgreeOnStatus(const Status& st) override;
+  void Barrier() override;
+  [[noreturn]] void Abort(int exit_code) override;
+
+ private:
+  struct Header;
+  // Records `kind`; false when the test hook skips it.
+  bool Skip(const std::string& kind);
+  // The header of the collective about to be recorded.
+  std::string MakeHeader(const std::string& kind, size_t bytes) const;
+  // Compares the ranks' headers; on a difference, ends the job naming who differs.
+  void CheckHeaders(const std::vector<std::string>& headers);
+  // Agrees on the header of a gradient collective (--debug-collectives).
+  void AgreeBeforeData(const std::string& kind, size_t bytes);
+  [[noreturn]] void OutOfStep(const std::string& report);
+
+  Communicator* inner_;
+  CollectiveRecorder recorder_;
+  bool check_every_ = false;
+  const char* host_kind_ = nullptr;  // set while a named host collective runs on AllGatherBytes
+  std::function<void(const std::string&)> on_out_of_step_;
+  std::function<bool(const std::string&)> skip_;
+};
+
+}  // namespace keel

@@ -1,0 +1,228 @@
+#include "train/run_health.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+
+#include "core/log.h"
+#include "core/timestamp.h"
+#include "train/replica_check.h"
+
+namespace keel {
+namespace {
+
+uint64_t MinutesToMicros(double minutes) {
+  return static_cast<uint64_t>(minutes * 60e6);
+}
+
+std::string Hostname() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+}  // namespace
+
+RunHealth::RunHealth(Env* env, Communicator* base, const TestHooks* hooks)
+    : env_(env), hooks_(hooks), phases_(env), comm_(base, env) {}
+
+RunHealth::~RunHealth() {
+  Stop();
+}
+
+std::string RunHealth::RankText(int rank) const {
+  return fmt::format("rank {} (host {})", rank,
+                     rank < static_cast<int>(hosts_.size()) ? hosts_[rank] : "?");
+}
+
+Status RunHealth::Start(const TrainConfig& cfg) {
+  cfg_ = cfg;
+  const int rank = comm_.rank(), world = comm_.world_size();
+  comm_.set_check_every(cfg.debug_collectives);
+  // Rank 0's pid and clock name the job: a trigger file of an earlier job is never mistaken for
+  // this one's.
+  std::vector<std::string> all;
+  comm_.AllGatherBytes(fmt::format("{}-{}", getpid(), env_->NowUnixMicros()), &all);
+  job_id_ = all[0];
+  comm_.AllGatherBytes(Hostname(), &hosts_);
+  if (cfg.distributed_timeout_minutes > 0) {
+    WatchdogOptions o;
+    o.hangs_dir = cfg.save.empty() ? std::string() : JoinPath(cfg.save, "hangs");
+    o.job_id = job_id_;
+    o.rank = rank;
+    o.world_size = world;
+    o.host = hosts_[rank];
+    o.timeout_us = MinutesToMicros(cfg.distributed_timeout_minutes);
+    o.first_iteration_timeout_us = MinutesToMicros(cfg.first_iteration_timeout_minutes);
+    o.save_timeout_us = MinutesToMicros(cfg.save_timeout_minutes);
+    o.eval_timeout_us = MinutesToMicros(cfg.eval_timeout_minutes);
+    // Rank 0 journals the hang (from the watchdog's thread: the main thread is the one stuck).
+    if (rank == 0)
+      o.on_dump = [this](const std::string& line, const std::string& dir) {
+        if (RunJournal* j = journal_.load())
+          j->Append({{"event", "hang"},
+                     {"iteration", phases_.Snapshot().iteration},
+                     {"dir", dir},
+                     {"exit_code", 4}},
+                    line);
+      };
+    watchdog_ = std::make_unique<Watchdog>(env_, &phases_, &comm_.recorder(), o);
+    watchdog_->Start();
+    Log("watchdog: a phase longer than {:g} min ({:g} min for startup and the first iteration, "
+        "{:g} for a save, {:g} for an evaluation) is a hang: every rank dumps its stacks to {} "
+        "and the job exits 4",
+        cfg.distributed_timeout_minutes, cfg.first_iteration_timeout_minutes,
+        cfg.save_timeout_minutes, cfg.eval_timeout_minutes,
+        o.hangs_dir.empty() ? std::string("stderr (no --save)") : o.hangs_dir + "/iter_N/");
+  } else {
+    Log("watchdog: off (--distributed-timeout-minutes 0): a hang would wait for ever");
+  }
+  if (world > 1) {
+    if (cfg.straggler_window > 0) {
+      StragglerOptions so;
+      so.window = static_cast<int>(cfg.straggler_window);
+      so.threshold = cfg.straggler_threshold;
+      stragglers_ = std::make_unique<StragglerDetector>(world, so);
+    }
+    drops_ = std::make_unique<ThroughputDropDetector>(world, ThroughputDropOptions{});
+    Log("checks: collectives in step {}; replicas {}; stragglers {}",
+        cfg.debug_collectives ? "before every collective (--debug-collectives)"
+                              : "at every host collective",
+        cfg.check_replicas_interval > 0
+            ? fmt::format("every {} iterations and at every save", cfg.check_replicas_interval)
+            : std::string("at every save"),
+        stragglers_ ? fmt::format("{:g}% slower for {} iterations", 100 * cfg.straggler_threshold,
+                                  5 * cfg.straggler_window)
+                    : std::string("off"));
+  }
+  return Status::OK();
+}
+
+void RunHealth::Attach(Trainer* trainer, RunJournal* journal, RunMetrics* metrics) {
+  trainer_ = trainer;
+  journal_.store(journal);
+  metrics_ = metrics;
+  trainer_->set_phase_tracker(&phases_);
+  if (hooks_ == nullptr) return;
+  trainer_->set_compute_fault(hooks_->ComputeFault(comm_.rank()));
+  comm_.set_skip_fault(
+      hooks_->SkipCollectiveFault(comm_.rank(), [this] { return phases_.Snapshot().iteration; }));
+}
+
+void RunHealth::Journal(nlohmann::json event, const std::string& sentence) {
+  if (RunJournal* j = journal_.load())
+    j->Append(std::move(event), sentence);
+  else
+    Log("{}", sentence);
+}
+
+void RunHealth::OnStep(const StepResult& r) {
+  const int64_t it = trainer_->state().counters.iteration;
+  // The first iteration of a process warms caches and threads: not a rank's pace.
+  if (++steps_seen_ == 1 || r.data_skipped) return;
+  if (stragglers_) {
+    std::vector<double> secs(r.rank_compute_ms.size());
+    for (size_t k = 0; k < secs.size(); ++k) secs[k] = r.rank_compute_ms[k] * 1e-3;
+    for (const StragglerEvent& e : stragglers_->Add(it, secs)) {
+      nlohmann::json ev = {{"event", e.named ? "straggler" : "straggler_recovered"},
+                           {"iteration", it},
+                           {"rank", e.rank},
+                           {"host", hosts_[e.rank]},
+                           {"slowdown", e.slowdown},
+                           {"since_iteration", e.since_iteration}};
+      Journal(ev, e.named ? fmt::format("iteration {}: {} is a straggler: its compute time per "
+                                        "iteration has been {:.1f}% above the other ranks' since "
+                                        "iteration {}; the whole job runs at its pace",
+                                        it, RankText(e.rank), 100 * e.slowdown, e.since_iteration)
+                          : fmt::format("iteration {}: {} is no longer a straggler ({:+.1f}%)", it,
+                                        RankText(e.rank), 100 * e.slowdown));
+    }
+    const std::vector<double>& s = stragglers_->last_slowdowns();
+    if (metrics_ && !s.empty() && it % cfg_.straggler_window == 0) {
+      size_t worst = 0;
+      for (size_t k = 1; k < s.size(); ++k)
+        if (s[k] > s[worst]) worst = k;
+      (void)metrics_->AppendScalar(it, "stragglers/max_slowdown", s[worst]);
+      (void)metrics_->AppendScalar(it, "stragglers/slowest_rank", static_cast<double>(worst));
+    }
+  }
+  if (drops_) {
+    // A batch ramp-up stage changes an iteration's work: not a drop.
+    if (r.global_batch != last_global_batch_) drops_->Rebaseline();
+    last_global_batch_ = r.global_batch;
+    std::vector<double> secs(r.rank_compute_ms.size());
+    for (size_t k = 0; k < secs.size(); ++k) secs[k] = r.rank_compute_ms[k] * 1e-3;
+    if (auto d = drops_->Add(it, r.step_ms * 1e-3, secs)) {
+      const std::string follows =
+          d->follows_rank >= 0
+              ? fmt::format("it follows {}, whose own compute time rose {:.1f}%",
+                            RankText(d->follows_rank), 100 * d->rank_rise)
+              : std::string(
+                    "no single rank explains it: every rank slowed (the filesystem, the "
+                    "network or the machines)");
+      nlohmann::json ev = {{"event", d->dropped ? "throughput_drop" : "throughput_recovered"},
+                           {"iteration", it},
+                           {"since_iteration", d->since_iteration},
+                           {"drop", d->drop},
+                           {"follows_rank", d->follows_rank}};
+      if (d->follows_rank >= 0) ev["host"] = hosts_[d->follows_rank];
+      Journal(ev, d->dropped ? fmt::format(
+                                   "iteration {}: the job slowed by {:.1f}% since iteration {}; {}",
+                                   it, 100 * d->drop, d->since_iteration, follows)
+                             : fmt::format("iteration {}: throughput recovered since iteration {}",
+                                           it, d->since_iteration));
+    }
+  }
+}
+
+Status RunHealth::AfterIteration() {
+  const int64_t it = trainer_->state().counters.iteration;
+  const int rank = comm_.rank();
+  if (hooks_ && hooks_->BitFlipAt(rank, it)) {
+    GptModel& model = trainer_->model();
+    const ParamInfo& p = model.params()[model.params().size() / 2];
+    const size_t at = p.offset + p.numel / 2;
+    float v = 0;
+    model.backend()->CopyToHost(&v, model.param_data() + at, 1);
+    uint32_t bits = 0;
+    std::memcpy(&bits, &v, 4);
+    bits ^= 1u;  // the lowest mantissa bit: a silent change, training goes on
+    std::memcpy(&v, &bits, 4);
+    model.backend()->CopyToDevice(model.param_data() + at, &v, 1);
+    LogError(fmt::format("fault: rank {} flipped one bit of {} (element {}) after iteration {}",
+                         rank, p.name, p.numel / 2, it));
+  }
+  if (comm_.world_size() > 1 && cfg_.check_replicas_interval > 0 &&
+      it % cfg_.check_replicas_interval == 0)
+    return CheckReplicas(fmt::format("--check-replicas-interval {}", cfg_.check_replicas_interval));
+  return Status::OK();
+}
+
+Status RunHealth::CheckReplicas(const std::string& why) {
+  if (comm_.world_size() == 1) return Status::OK();
+  PhaseScope check(&phases_, Phase::kCheck);
+  const uint64_t t0 = env_->NowMicros();
+  size_t checked = 0;
+  Status st = keel::CheckReplicas(*trainer_, &comm_, hosts_, &checked);
+  const int64_t it = trainer_->state().counters.iteration;
+  if (!st.ok()) {
+    Journal({{"event", "replica_mismatch"}, {"iteration", it}, {"message", st.message()}},
+            st.message());
+    return Status::Corruption(
+        st.message() +
+        ". The run stops without saving this state; the newest checkpoint was checked when it "
+        "was written: resume from it (the same command; keel launch does it by itself)");
+  }
+  if (first_replica_check_)
+    Log("replica check at iteration {} ({}): {} tensors identical on {} ranks ({:.1f} ms)", it, why,
+        checked, comm_.world_size(), static_cast<double>(env_->NowMicros() - t0) / 1e3);
+  first_replica_check_ = false;
+  return Status::OK();
+}
+
+void RunHealth::Stop() {
+  watchdog_.reset();
+}
+
+}  // namespace keel

@@ -1,0 +1,79 @@
+// RunHealth: what keeps a many-rank run out of limbo, in one place the loop calls.
+//   - the communicator the loop uses: every collective in the flight recorder and checked for
+//     ranks out of step (comm/recording_communicator.h);
+//   - the phase tracker the trainer reports to, and the watchdog thread that turns a phase
+//     lasting past its limit into stack dumps of every rank and exit 4 (watchdog/watchdog.h);
+//   - stragglers and throughput drops, from every rank's compute time per iteration
+//     (health/straggler_detector.h, health/throughput_drop_detector.h): logged, journaled and
+//     written to TensorBoard;
+//   - replica checks every --check-replicas-interval iterations and before every save
+//     (train/replica_check.h).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/recording_communicator.h"
+#include "config/config.h"
+#include "core/env.h"
+#include "health/straggler_detector.h"
+#include "health/throughput_drop_detector.h"
+#include "journal/run_journal.h"
+#include "metrics/run_metrics.h"
+#include "train/test_hooks.h"
+#include "train/trainer.h"
+#include "watchdog/phase_tracker.h"
+#include "watchdog/watchdog.h"
+
+namespace keel {
+
+class RunHealth {
+ public:
+  // `base`: the process's communicator; `hooks` may be null.
+  RunHealth(Env* env, Communicator* base, const TestHooks* hooks);
+  ~RunHealth();
+
+  Communicator* comm() { return &comm_; }
+  PhaseTracker* phases() { return &phases_; }
+  const std::vector<std::string>& hosts() const { return hosts_; }
+
+  // Once the config is final: the ranks agree on a job id and learn each other's hosts (two
+  // collectives), and the watchdog starts (phase: startup).
+  Status Start(const TrainConfig& cfg);
+  // Once the trainer, the journal and the metrics exist: the phase tracker and the test-only
+  // per-rank faults go to the trainer; stragglers and drops are journaled from now on.
+  void Attach(Trainer* trainer, RunJournal* journal, RunMetrics* metrics);
+  // After every iteration's update, with its result: the straggler and throughput detectors.
+  void OnStep(const StepResult& r);
+  // After every iteration: a replica check when one is due. An error stops the run unsaved.
+  Status AfterIteration();
+  // Every rank, at the same point (before a save): Corruption when the replicas differ.
+  Status CheckReplicas(const std::string& why);
+  // The run's loop is over: the watchdog stops.
+  void Stop();
+
+ private:
+  void Journal(nlohmann::json event, const std::string& sentence);
+  std::string RankText(int rank) const;
+
+  Env* env_;
+  const TestHooks* hooks_;
+  TrainConfig cfg_;
+  PhaseTracker phases_;
+  RecordingCommunicator comm_;
+  std::vector<std::string> hosts_;
+  std::string job_id_;
+  std::unique_ptr<Watchdog> watchdog_;
+  std::unique_ptr<StragglerDetector> stragglers_;
+  std::unique_ptr<ThroughputDropDetector> drops_;
+  Trainer* trainer_ = nullptr;
+  std::atomic<RunJournal*> journal_{nullptr};  // also read by the watchdog's thread
+  RunMetrics* metrics_ = nullptr;
+  int64_t steps_seen_ = 0;
+  int64_t last_global_batch_ = -1;
+  bool first_replica_check_ = true;
+};
+
+}  // namespace keel
