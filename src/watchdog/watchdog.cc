@@ -232,10 +232,9 @@ bool Watchdog::Fire(const PhaseSnapshot& s, Firing f) {
   const std::string stacks = st.ok() ? fmt::format("stacks in {}", dump_path) : "stacks above";
   const std::string analyze =
       st.ok() ? fmt::format(" (`keel hangs analyze {}` groups the ranks)", iter_dir) : "";
-  const std::string line =
-      fmt::format("watchdog: rank {} (host {}) {} {} ({}{}); {}; ending the job with exit {}{}",
-                  o_.rank, o_.host, lead, where, limit, CollectivePhrase(d.collectives), stacks,
-                  o_.exit_code, analyze);
+  const std::string line = fmt::format(
+      "watchdog: rank {} (host {}) {} {} ({}{}); {}; ending the job with exit {}{}", o_.rank,
+      o_.host, lead, where, limit, CollectivePhrase(d.collectives), stacks, o_.exit_code, analyze);
   LogError("error: " + line);
   if (o_.on_dump) o_.on_dump(line, st.ok() ? iter_dir : std::string());
 

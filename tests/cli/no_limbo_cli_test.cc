@@ -222,10 +222,10 @@ TEST(NoLimboCliTest, SupervisedRunSurvivesAKillAndAHang) {
   const KeelResult clean = Train(2, "", args + " --save " + ref);
   ASSERT_EQ(clean.code, 0) << clean.out;
   const std::string save = FreshTempDir("supervised");
-  const KeelResult r = RunShell(
-      "KEEL_TRAIN_FAULTS=kill=30:rank=1:attempt=1,hang=60:rank=0:attempt=2 timeout 400 " +
-      std::string(KEEL_BINARY) + " launch --backoff-seconds 0 --max-restarts 3 -- " + Mpirun(2) +
-      KEEL_BINARY + " " + kModel + " " + args + " --save " + save);
+  const KeelResult r =
+      RunShell("KEEL_TRAIN_FAULTS=kill=30:rank=1:attempt=1,hang=60:rank=0:attempt=2 timeout 400 " +
+               std::string(KEEL_BINARY) + " launch --backoff-seconds 0 --max-restarts 3 -- " +
+               Mpirun(2) + KEEL_BINARY + " " + kModel + " " + args + " --save " + save);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(LastFingerprint(r.out), LastFingerprint(clean.out)) << r.out;
   const std::string events = ReadText(save + "/events.jsonl");
