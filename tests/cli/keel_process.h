@@ -56,6 +56,13 @@ inline std::string WithoutTimings(const std::string& line) {
   return kept;
 }
 
+// A tiny `keel train` for data-parallel tests: 12 sequences per iteration, whole micro-batches of
+// 2 on 1, 2 and 3 ranks, one thread per rank.
+inline const std::string kDataParallelModel =
+    "train --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+    "--micro-batch-size 2 --global-batch-size 12 --lr-warmup-iters 2 --log-interval 1 "
+    "--eval-interval 1000 --eval-iters 0 --sample-tokens 0 --threads 1 --guard off";
+
 // mpirun as CI runs it: as root, more ranks than cores, no single-copy shared memory (not
 // allowed in many containers), and a time limit, so a hang fails the test instead of CI.
 inline std::string Mpirun(int np, const std::string& prefix = "", int timeout_s = 120) {

@@ -21,11 +21,7 @@ using keel_test::ReadText;
 using keel_test::RunShell;
 namespace fs = std::filesystem;
 
-// 12 sequences per iteration: whole micro-batches of 2 on 1, 2 and 3 ranks.
-const std::string kModel =
-    "train --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
-    "--micro-batch-size 2 --global-batch-size 12 --lr-warmup-iters 2 --log-interval 1 "
-    "--eval-interval 1000 --eval-iters 0 --sample-tokens 0 --threads 1 --guard off";
+const std::string kModel = keel_test::kDataParallelModel;
 
 KeelResult Train(int np, const std::string& faults, const std::string& args,
                  const std::string& mpirun_options = "") {
