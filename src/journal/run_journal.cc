@@ -20,8 +20,13 @@ void RunJournal::Write(const std::string& file, const std::string& text) {
 }
 
 void RunJournal::Append(nlohmann::json event, const std::string& sentence) {
+  Append(std::move(event), sentence, prefix_);
+}
+
+void RunJournal::Append(nlohmann::json event, const std::string& sentence,
+                        const std::string& log_prefix) {
   event["at"] = UtcTimestamp();
-  if (log_) log_(prefix_ + sentence);
+  if (log_) log_(log_prefix + sentence);
   Write(kEventsFile, event.dump() + "\n");
   Write(kChronicleFile, "- " + sentence + "\n");
   if (observer_) observer_(event, sentence);

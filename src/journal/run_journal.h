@@ -29,6 +29,8 @@ class RunJournal {
   // Appends `event` (with "at", the UTC wall time, added) and `sentence`. A failed append is
   // logged once as a warning and never stops training.
   void Append(nlohmann::json event, const std::string& sentence);
+  // The same, logged with `log_prefix` instead of the journal's own (e.g. "health: ").
+  void Append(nlohmann::json event, const std::string& sentence, const std::string& log_prefix);
   // A heading line in CHRONICLE.md (e.g. at the start of each process).
   void Heading(const std::string& text);
   // Also called with every appended event and its sentence (e.g. to put it in TensorBoard).

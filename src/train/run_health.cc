@@ -65,7 +65,7 @@ Status RunHealth::Start(const TrainConfig& cfg) {
                      {"iteration", phases_.Snapshot().iteration},
                      {"dir", dir},
                      {"exit_code", 4}},
-                    line);
+                    line, "");
       };
     watchdog_ = std::make_unique<Watchdog>(env_, &phases_, &comm_.recorder(), o);
     watchdog_->Start();
@@ -104,6 +104,12 @@ void RunHealth::Attach(Trainer* trainer, RunJournal* journal, RunMetrics* metric
   journal_.store(journal);
   metrics_ = metrics;
   trainer_->set_phase_tracker(&phases_);
+  comm_.set_on_out_of_step([this](const std::string& report) {
+    Journal({{"event", "collectives_out_of_step"},
+             {"iteration", phases_.Snapshot().iteration},
+             {"exit_code", kOutOfStepExitCode}},
+            report);
+  });
   if (hooks_ == nullptr) return;
   trainer_->set_compute_fault(hooks_->ComputeFault(comm_.rank()));
   comm_.set_skip_fault(
@@ -112,7 +118,7 @@ void RunHealth::Attach(Trainer* trainer, RunJournal* journal, RunMetrics* metric
 
 void RunHealth::Journal(nlohmann::json event, const std::string& sentence) {
   if (RunJournal* j = journal_.load())
-    j->Append(std::move(event), sentence);
+    j->Append(std::move(event), sentence, "health: ");
   else
     Log("{}", sentence);
 }

@@ -92,14 +92,16 @@ TEST(NoLimboCliTest, SingleProcessHangEndsWithExit4AndADump) {
 // Rank 1 skips the first all-reduce of iteration 10: named at the next host collective, the job
 // ends with exit 4 at once instead of hanging.
 TEST(NoLimboCliTest, RankThatSkipsACollectiveIsNamed) {
+  const std::string save = FreshTempDir("skip");
   const auto t0 = std::chrono::steady_clock::now();
-  const KeelResult r = Train(3, "skip-collective=10:rank=1", "--train-iters 20");
+  const KeelResult r = Train(3, "skip-collective=10:rank=1", "--train-iters 20 --save " + save);
   EXPECT_EQ(r.code, 4) << r.out;
   EXPECT_NE(r.out.find("fault: rank 1 skips all-reduce-sum in iteration 10"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("collectives out of step: ranks 0,2 are at"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rank 1 is at"), std::string::npos) << r.out;
   EXPECT_LT(Seconds(t0), 60);
+  EXPECT_NE(ReadText(save + "/events.jsonl").find("collectives_out_of_step"), std::string::npos);
 }
 
 // --debug-collectives: the ranks agree before each gradient collective too; a clean run is
