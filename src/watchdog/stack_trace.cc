@@ -232,6 +232,10 @@ std::vector<ThreadStack> CaptureAllThreadStacks(int max_frames) {
     const int s = slot_of[i];
     if (t.is_caller) {
       t.frames = SymbolizeAll(own + 1, std::max(own_depth - 1, 0), 0);
+      // Sanitizer builds interpose backtrace(), which can leave this function's own frame on
+      // top: the caller's stack begins at its caller.
+      while (t.frames.size() > 1 && t.frames[0].find("CaptureAllThreadStacks") != std::string::npos)
+        t.frames.erase(t.frames.begin());
     } else if (s >= 0) {
       int expected = kPending;
       if (g_slots[s].state.compare_exchange_strong(expected, kIdle)) {

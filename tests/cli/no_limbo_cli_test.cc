@@ -163,6 +163,15 @@ TEST(NoLimboCliTest, HealthyReplicasPassTheCheck) {
 // machine migrate and share cores, and their compute times differ by 2-10% for 50 iterations
 // at a time (measured); bound, by about 1%.
 const std::string kBound = "--bind-to core ";
+
+// Sanitizers slow the ranks unevenly (rank 0, which writes the run's files, ran 15-20% slower for
+// 50 iterations at a time under ASan, measured): straggler timings mean nothing there.
+#if defined(__SANITIZE_ADDRESS__)
+#define SKIP_TIMING_UNDER_SANITIZERS() \
+  GTEST_SKIP() << "timing test: sanitizers slow the ranks unevenly"
+#else
+#define SKIP_TIMING_UNDER_SANITIZERS() (void)0
+#endif
 const std::string kStragglerModel =
     "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 "
     "--micro-batch-size 2 --global-batch-size 8";
@@ -170,6 +179,7 @@ const std::string kStragglerModel =
 // Rank 1 sleeps 5% of its compute time every iteration: named within 100 iterations, once,
 // in the log, events.jsonl and CHRONICLE.md.
 TEST(NoLimboCliTest, SlowRankIsNamedAStraggler) {
+  SKIP_TIMING_UNDER_SANITIZERS();
   const std::string save = FreshTempDir("slow");
   const KeelResult r = Train(2, "slow=0.05:rank=1",
                              kStragglerModel + " --train-iters 120 --save " + save +
@@ -189,6 +199,7 @@ TEST(NoLimboCliTest, SlowRankIsNamedAStraggler) {
 
 // No false alarm: 500 healthy iterations name no straggler.
 TEST(NoLimboCliTest, HealthyRunNamesNoStraggler) {
+  SKIP_TIMING_UNDER_SANITIZERS();
   const std::string save = FreshTempDir("healthy");
   const KeelResult r = Train(2, "",
                              kStragglerModel + " --train-iters 500 --save " + save +
