@@ -20,13 +20,18 @@ void RunJournal::Write(const std::string& file, const std::string& text) {
 }
 
 void RunJournal::Append(nlohmann::json event, const std::string& sentence) {
-  Append(std::move(event), sentence, prefix_);
+  if (log_) log_(prefix_ + sentence);
+  Record(std::move(event), sentence);
 }
 
 void RunJournal::Append(nlohmann::json event, const std::string& sentence,
                         const std::string& log_prefix) {
+  if (log_ && !log_prefix.empty()) log_(log_prefix + sentence);
+  Record(std::move(event), sentence);
+}
+
+void RunJournal::Record(nlohmann::json event, const std::string& sentence) {
   event["at"] = UtcTimestamp();
-  if (log_) log_(log_prefix + sentence);
   Write(kEventsFile, event.dump() + "\n");
   Write(kChronicleFile, "- " + sentence + "\n");
   if (observer_) observer_(event, sentence);

@@ -29,7 +29,8 @@ class RunJournal {
   // Appends `event` (with "at", the UTC wall time, added) and `sentence`. A failed append is
   // logged once as a warning and never stops training.
   void Append(nlohmann::json event, const std::string& sentence);
-  // The same, logged with `log_prefix` instead of the journal's own (e.g. "health: ").
+  // The same, logged with `log_prefix` instead of the journal's own (e.g. "health: "); an empty
+  // `log_prefix`: not logged (the caller logged it already).
   void Append(nlohmann::json event, const std::string& sentence, const std::string& log_prefix);
   // A heading line in CHRONICLE.md (e.g. at the start of each process).
   void Heading(const std::string& text);
@@ -39,6 +40,8 @@ class RunJournal {
   }
 
  private:
+  // Writes the event and the sentence to the files and tells the observer; logs nothing.
+  void Record(nlohmann::json event, const std::string& sentence);
   void Write(const std::string& file, const std::string& text);
   Env* env_;
   std::string dir_;
