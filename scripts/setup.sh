@@ -30,6 +30,7 @@ done
 TRAIN_PACKAGES=(
   build-essential cmake pkg-config git  # toolchain
   libopenblas-dev libopenblas0-openmp   # CPU GEMM (OpenMP build, loaded at run time)
+  libdnnl-dev                           # bf16 GEMM of --bf16 (oneDNN)
   libtomlplusplus-dev                   # --config run.toml
   nlohmann-json3-dev                    # metadata, safetensors headers, tokenizer vocabulary
   libcli11-dev                          # command-line flags

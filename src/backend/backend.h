@@ -16,6 +16,8 @@
 #include <memory>
 #include <string>
 
+#include "core/precision.h"
+
 namespace keel {
 
 class Backend {
@@ -44,6 +46,26 @@ class Backend {
   virtual void Zero(float* x, size_t n) = 0;
   virtual void Copy(float* dst, const float* src, size_t n) = 0;  // device to device
 
+  // ---- mixed precision ----------------------------------------------------------------------
+  // The precision of the matrix products (MatmulForward/Backward and attention's two products):
+  //   kFp32  everything fp32 (the default);
+  //   kBf16  operands rounded to bf16, products accumulated and written in fp32;
+  //   kFp16  operands rounded to fp16, accumulated in fp32, every output the op writes (activation
+  //          or activation gradient) rounded to fp16, so values past 65504 become inf as in fp16
+  //          storage; each weight-gradient contribution is rounded to fp16 before it is added to
+  //          the fp32 gradient. The CPU has no fp16 arithmetic: this emulates its range and
+  //          rounding faithfully, at fp32 speed.
+  // LayerNorm, softmax, cross-entropy, GELU and the optimizer compute in fp32 in every mode.
+  virtual void SetPrecision(Precision p) = 0;
+  virtual Precision precision() const = 0;
+  virtual uint16_t* AllocHalves(size_t n) = 0;  // zero-initialised 16-bit storage
+  // dst = src converted to the current precision's 16-bit format (kBf16 or kFp16 bits): the
+  // compute copy of the weights that the products read (pass it as a matmul's weight_lowp).
+  virtual void ToLowPrecision(uint16_t* dst, const float* src, size_t n) = 0;
+  // kFp16: x = fp16(x) in place (an activation stored in fp16). A no-op in kFp32 and kBf16, whose
+  // activations outside the products stay fp32 (the residual stream and LayerNorm statistics).
+  virtual void RoundToStorage(float* x, size_t n) = 0;
+
   // ---- embeddings -------------------------------------------------------------------------
   // out[b,t,:] = wte[tokens[b,t],:] + (wpe ? wpe[pos(b,t),:] : 0)   out (N,C), tokens (N)
   // pos(b,t) = positions[b,t] if positions (N) is given (ids restarted per document), else t.
@@ -71,11 +93,14 @@ class Backend {
 
   // ---- linear layer -----------------------------------------------------------------------
   // out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias(OC); bias may be null. Overwrites out.
+  // weight_lowp, nullable: `weight` already converted by ToLowPrecision (used in kBf16/kFp16 so
+  // the weights are converted once per update, not at every product).
   virtual void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                             int N, int IC, int OC) = 0;
+                             int N, int IC, int OC, const uint16_t* weight_lowp = nullptr) = 0;
   // dinp += dout @ weight; dweight += dout^T @ inp; dbias += sum_rows dout. dinp/dbias may be null.
   virtual void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                              const float* inp, const float* weight, int N, int IC, int OC) = 0;
+                              const float* inp, const float* weight, int N, int IC, int OC,
+                              const uint16_t* weight_lowp = nullptr) = 0;
 
   // ---- causal self-attention ------------------------------------------------------------------
   // qkv (B,T,3C) holds [q | k | v], head h at columns h*hs .. (h+1)*hs of each, hs = C/NH.

@@ -146,6 +146,7 @@ GptModel::GptModel(Backend* backend, const GptSpec& spec)
 
 GptModel::~GptModel() {
   FreeActivations();
+  if (lowp_params_) backend_->Free(lowp_params_);
   backend_->Free(params_mem_);
   backend_->Free(grads_mem_);
   if (alibi_slopes_) backend_->Free(alibi_slopes_);
@@ -179,6 +180,7 @@ int64_t GptModel::FormulaParamCount(const GptSpec& s) {
 }
 
 void GptModel::Initialize(uint64_t seed, float std) {
+  lowp_stale_ = true;
   const float proj_std = std / std::sqrt(2.0f * static_cast<float>(spec_.num_layers));
   std::vector<float> host;
   for (size_t pi = 0; pi < params_.size(); ++pi) {
@@ -281,6 +283,21 @@ uint64_t GptModel::ParamCount(const GptSpec& spec) {
   return outside + (count(1) - outside) * static_cast<uint64_t>(spec.num_layers);
 }
 
+void GptModel::PrepareLowPrecisionWeights() {
+  const Precision p = backend_->precision();
+  if (p == Precision::kFp32) {
+    if (lowp_params_) backend_->Free(lowp_params_);
+    lowp_params_ = nullptr;
+    return;
+  }
+  if (lowp_params_ == nullptr) lowp_params_ = backend_->AllocHalves(num_params_);
+  if (lowp_stale_ || lowp_precision_ != p) {
+    backend_->ToLowPrecision(lowp_params_, params_mem_, num_params_);
+    lowp_precision_ = p;
+    lowp_stale_ = false;
+  }
+}
+
 void GptModel::AllocateActivations(int B, int T) {
   if (acts_ && B == cur_B_ && T == cur_T_) return;
   FreeActivations();
@@ -320,10 +337,12 @@ void GptModel::FreeActivations() {
 
 double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss) {
   AllocateActivations(B, T);
+  PrepareLowPrecisionWeights();
   Activations& a = *acts_;
   Backend* be = backend_;
   const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads;
   const int N = B * T, V = spec_.vocab, Vp = spec_.padded_vocab;
+  const size_t NC = static_cast<size_t>(N) * C;
   float* P = params_mem_;
   size_t pi = 0;  // walks params_ in registration order
   auto next = [&]() { return P + params_[pi++].offset; };
@@ -353,12 +372,15 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   const float* wpe = spec_.alibi ? nullptr : next();
   if (spec_.embed_layernorm) {
     be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
+    be->RoundToStorage(a.emb, NC);
     const float* w = next();
     const float* b = next();
     be->LayerNormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, N, C, spec_.layernorm_eps);
   } else {
     be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
   }
+  // fp16 (a no-op otherwise): every activation below is stored in fp16, as on an fp16 GPU run.
+  be->RoundToStorage(a.res[0], NC);
   for (int l = 0; l < spec_.num_layers; ++l) {
     Activations::Layer& y = a.layers[l];
     const float *ln1w = next(), *ln1b = next(), *qkvw = next(), *qkvb = next();
@@ -368,27 +390,36 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
     const float *fcw = next(), *fcb = next(), *fcpw = next(), *fcpb = next();
     float* x = a.res[l];
     be->LayerNormForward(y.ln1, y.ln1_mean, y.ln1_rstd, x, ln1w, ln1b, N, C, spec_.layernorm_eps);
+    be->RoundToStorage(y.ln1, NC);
     if (spec_.qk_layernorm) {
-      be->MatmulForward(y.qkv_raw, y.ln1, qkvw, qkvb, N, C, 3 * C);
+      be->MatmulForward(y.qkv_raw, y.ln1, qkvw, qkvb, N, C, 3 * C, Lowp(qkvw));
       be->QkLayerNormForward(y.qkv, y.qk_mean, y.qk_rstd, y.qkv_raw, qlnw, qlnb, klnw, klnb, N, C,
                              NH, spec_.layernorm_eps);
+      be->RoundToStorage(y.qkv, 3 * NC);
     } else {
-      be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, 3 * C);
+      be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, 3 * C, Lowp(qkvw));
     }
     be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit, doc_start_);
-    be->MatmulForward(y.res2, y.atty, projw, projb, N, C, C);  // res2 = attn proj ...
-    be->Add(y.res2, y.res2, x, static_cast<size_t>(N) * C);    // ... + x
+    be->MatmulForward(y.res2, y.atty, projw, projb, N, C, C, Lowp(projw));  // res2 = attn proj ...
+    be->Add(y.res2, y.res2, x, NC);                                         // ... + x
+    be->RoundToStorage(y.res2, NC);
     be->LayerNormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, ln2w, ln2b, N, C,
                          spec_.layernorm_eps);
-    be->MatmulForward(y.fch, y.ln2, fcw, fcb, N, C, F);
+    be->RoundToStorage(y.ln2, NC);
+    be->MatmulForward(y.fch, y.ln2, fcw, fcb, N, C, F, Lowp(fcw));
     be->GeluForward(y.fch_gelu, y.fch, static_cast<size_t>(N) * F);
-    be->MatmulForward(a.res[l + 1], y.fch_gelu, fcpw, fcpb, N, F, C);
-    be->Add(a.res[l + 1], a.res[l + 1], y.res2, static_cast<size_t>(N) * C);
+    be->RoundToStorage(y.fch_gelu, static_cast<size_t>(N) * F);
+    be->MatmulForward(a.res[l + 1], y.fch_gelu, fcpw, fcpb, N, F, C, Lowp(fcpw));
+    be->Add(a.res[l + 1], a.res[l + 1], y.res2, NC);
+    be->RoundToStorage(a.res[l + 1], NC);
   }
   const float *lnfw = next(), *lnfb = next();
   be->LayerNormForward(a.lnf, a.lnf_mean, a.lnf_rstd, a.res[spec_.num_layers], lnfw, lnfb, N, C,
                        spec_.layernorm_eps);
-  be->MatmulForward(a.logits, a.lnf, wte, nullptr, N, C, Vp);  // tied output embedding
+  be->RoundToStorage(a.lnf, NC);
+  // Tied output embedding. The logits are the products' output (fp16 in fp16); the cross-entropy
+  // reads them in fp32.
+  be->MatmulForward(a.logits, a.lnf, wte, nullptr, N, C, Vp, Lowp(wte));
   has_targets_ = targets != nullptr;
   if (!has_targets_) return 0.0;
   be->CopyIntsToDevice(a.targets, targets, N);
@@ -427,10 +458,13 @@ void GptModel::Backward() {
   float* dres = a.dres_a;     // gradient w.r.t. the current residual stream
   float* dres_in = a.dres_b;  // gradient w.r.t. the previous one
   be->Zero(a.dln, NC);
-  be->MatmulBackward(a.dln, dwte, nullptr, a.logits, a.lnf, wte, N, C, Vp);
+  be->MatmulBackward(a.dln, dwte, nullptr, a.logits, a.lnf, wte, N, C, Vp, Lowp(wte));
   be->Zero(dres, NC);
   be->LayerNormBackward(dres, dlnfw, dlnfb, a.dln, a.res[spec_.num_layers], lnfw, a.lnf_mean,
                         a.lnf_rstd, N, C);
+  // fp16 (a no-op otherwise): activation gradients are stored in fp16 too; the matmuls and
+  // attention round their own outputs.
+  be->RoundToStorage(dres, NC);
 
   for (int l = spec_.num_layers - 1; l >= 0; --l) {
     Activations::Layer& y = a.layers[l];
@@ -460,16 +494,18 @@ void GptModel::Backward() {
     // res[l+1] = res2 + fcproj(gelu(fc(ln2(res2))))
     be->Copy(a.dres2, dres, NC);  // skip connection
     be->Zero(a.dgelu, NF);
-    be->MatmulBackward(a.dgelu, dfcpw, dfcpb, dres, y.fch_gelu, fcpw, N, F, C);
+    be->MatmulBackward(a.dgelu, dfcpw, dfcpb, dres, y.fch_gelu, fcpw, N, F, C, Lowp(fcpw));
     be->Zero(a.dfch, NF);
     be->GeluBackward(a.dfch, y.fch, a.dgelu, NF);
+    be->RoundToStorage(a.dfch, NF);
     be->Zero(a.dln, NC);
-    be->MatmulBackward(a.dln, dfcw, dfcb, a.dfch, y.ln2, fcw, N, C, F);
+    be->MatmulBackward(a.dln, dfcw, dfcb, a.dfch, y.ln2, fcw, N, C, F, Lowp(fcw));
     be->LayerNormBackward(a.dres2, dln2w, dln2b, a.dln, y.res2, ln2w, y.ln2_mean, y.ln2_rstd, N, C);
+    be->RoundToStorage(a.dres2, NC);
     // res2 = x + proj(attn(qkv(ln1(x))))
     be->Copy(dres_in, a.dres2, NC);  // skip connection
     be->Zero(a.datty, NC);
-    be->MatmulBackward(a.datty, dprojw, dprojb, a.dres2, y.atty, projw, N, C, C);
+    be->MatmulBackward(a.datty, dprojw, dprojb, a.dres2, y.atty, projw, N, C, C, Lowp(projw));
     be->Zero(a.dqkv, NC * 3);
     be->AttentionBackward(a.dqkv, a.datty, y.qkv, y.att, B, T, C, NH);
     float* dqkv_mm = a.dqkv;  // gradient w.r.t. the matmul's output
@@ -477,12 +513,14 @@ void GptModel::Backward() {
       be->Zero(a.dqkv_raw, NC * 3);
       be->QkLayerNormBackward(a.dqkv_raw, dqlnw, dqlnb, dklnw, dklnb, a.dqkv, y.qkv_raw, qlnw, klnw,
                               y.qk_mean, y.qk_rstd, N, C, NH);
+      be->RoundToStorage(a.dqkv_raw, NC * 3);
       dqkv_mm = a.dqkv_raw;
     }
     be->Zero(a.dln, NC);
-    be->MatmulBackward(a.dln, dqkvw, dqkvb, dqkv_mm, y.ln1, qkvw, N, C, 3 * C);
+    be->MatmulBackward(a.dln, dqkvw, dqkvb, dqkv_mm, y.ln1, qkvw, N, C, 3 * C, Lowp(qkvw));
     be->LayerNormBackward(dres_in, dln1w, dln1b, a.dln, a.res[l], ln1w, y.ln1_mean, y.ln1_rstd, N,
                           C);
+    be->RoundToStorage(dres_in, NC);
     std::swap(dres, dres_in);
     // Layer l and everything after it in the buffer (later layers, the final LayerNorm) are final.
     if (grad_ready_) grad_ready_(params_[pi].offset);
@@ -496,6 +534,7 @@ void GptModel::Backward() {
     const float* elnw = prev(&delnw);
     be->Zero(a.demb, NC);
     be->LayerNormBackward(a.demb, delnw, delnb, dres, a.emb, elnw, a.emb_mean, a.emb_rstd, N, C);
+    be->RoundToStorage(a.demb, NC);
     demb = a.demb;
   }
   if (!spec_.alibi) prev(&dwpe);

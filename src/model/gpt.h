@@ -63,7 +63,13 @@ class GptModel {
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo* FindParam(const std::string& name) const;
   size_t num_params() const { return num_params_; }
-  float* param_data() { return params_mem_; }
+  // The fp32 master weights. Whoever asks for them may write them (the optimizer, a checkpoint
+  // load, a rollback), so asking marks the low-precision compute copy stale: the next Forward
+  // converts the weights again (bf16/fp16 backends only).
+  float* param_data() {
+    lowp_stale_ = true;
+    return params_mem_;
+  }
   float* grad_data() { return grads_mem_; }
   Backend* backend() { return backend_; }
 
@@ -125,6 +131,15 @@ class GptModel {
   float* params_mem_ = nullptr;
   float* grads_mem_ = nullptr;
   float* alibi_slopes_ = nullptr;  // (NH) on the backend, if ALiBi
+  // The weights in the backend's 16-bit format (bf16/fp16 precision), converted from params_mem_
+  // by the first Forward after param_data() was handed out; nullptr in fp32.
+  void PrepareLowPrecisionWeights();
+  const uint16_t* Lowp(const float* w) const {
+    return lowp_params_ != nullptr ? lowp_params_ + (w - params_mem_) : nullptr;
+  }
+  uint16_t* lowp_params_ = nullptr;
+  Precision lowp_precision_ = Precision::kFp32;
+  bool lowp_stale_ = true;
   Activations* acts_ = nullptr;
   int cur_B_ = 0, cur_T_ = 0;
   const int32_t* positions_ = nullptr;  // of the last Forward, when position ids are reset

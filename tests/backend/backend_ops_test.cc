@@ -157,6 +157,8 @@ class BackendOpsTest : public ::testing::TestWithParam<TestBackend> {
   Backend* be() { return be_.get(); }
   // A tolerance written for the fp32 CPU backend, scaled for this backend.
   double Tol(double fp32_tol) const { return fp32_tol * GetParam().tol.scale; }
+  // Mixed precision: the relative tolerance of products against exact references (0 in fp32).
+  double Products() const { return GetParam().tol.products; }
   // Values fp32 computes exactly (sums and copies of floats): the same bits unless the backend's
   // tolerances allow a relative error for them.
   void ExpectPointwise(const std::vector<float>& got, const std::vector<float>& want,
@@ -356,19 +358,37 @@ TEST_P(BackendOpsTest, Matmul) {
         want[n * OC + o] = s;
       }
     }
-    ExpectAllNear(out.vec(), want, Tol(1e-5), "out");
+    ExpectAllNear(out.vec(), want, Products() > 0 ? Products() : Tol(1e-5), "out");
 
     const std::vector<float> r = RandomVec(N * OC, -1, 1, 13);
     Floats dout(be(), r), dinp(be(), N * IC), dw(be(), OC * IC), db(be(), OC);
     be_->MatmulBackward(dinp.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(),
                         inp.data(), w.data(), N, IC, OC);
-    auto loss = [&] {
-      be_->MatmulForward(out.data(), inp.data(), w.data(), bias_p, N, IC, OC);
-      return Weighted(out, r);
-    };
-    ExpectGradMatchesFiniteDiff("dinp", inp, dinp.vec(), loss, 1e-2f, Tol(2e-3));
-    ExpectGradMatchesFiniteDiff("dweight", w, dw.vec(), loss, 1e-2f, Tol(2e-3));
-    if (with_bias) ExpectGradMatchesFiniteDiff("dbias", bias, db.vec(), loss, 1e-2f, Tol(2e-3));
+    if (Products() > 0) {
+      // Rounded operands make the forward a staircase: compare with the exact gradients instead.
+      std::vector<double> want_dinp(N * IC, 0.0), want_dw(OC * IC, 0.0), want_db(OC, 0.0);
+      for (int n = 0; n < N; n++) {
+        for (int o = 0; o < OC; o++) {
+          const double d = r[n * OC + o];
+          want_db[o] += d;
+          for (int i = 0; i < IC; i++) {
+            want_dinp[n * IC + i] += d * hw[o * IC + i];
+            want_dw[o * IC + i] += d * hinp[n * IC + i];
+          }
+        }
+      }
+      ExpectAllNear(dinp.vec(), want_dinp, Products(), "dinp");
+      ExpectAllNear(dw.vec(), want_dw, Products(), "dweight");
+      if (with_bias) ExpectAllNear(db.vec(), want_db, Tol(1e-5), "dbias");  // fp32 sums
+    } else {
+      auto loss = [&] {
+        be_->MatmulForward(out.data(), inp.data(), w.data(), bias_p, N, IC, OC);
+        return Weighted(out, r);
+      };
+      ExpectGradMatchesFiniteDiff("dinp", inp, dinp.vec(), loss, 1e-2f, Tol(2e-3));
+      ExpectGradMatchesFiniteDiff("dweight", w, dw.vec(), loss, 1e-2f, Tol(2e-3));
+      if (with_bias) ExpectGradMatchesFiniteDiff("dbias", bias, db.vec(), loss, 1e-2f, Tol(2e-3));
+    }
 
     const std::vector<float> dinp1 = dinp.vec(), dw1 = dw.vec(), db1 = db.vec();
     be_->MatmulBackward(dinp.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(),
@@ -385,6 +405,54 @@ TEST_P(BackendOpsTest, Matmul) {
   be_->MatmulBackward(dinp.data(), dw_ref.data(), nullptr, dout.data(), inp.data(), w.data(), N, IC,
                       OC);
   EXPECT_TRUE(SameBits(dw.vec(), dw_ref.vec()));
+}
+
+// The products read operands rounded to the backend's precision, accumulate in fp32, and (fp16)
+// store fp16 outputs: 1 + 2^-12 is 1 in bf16 and fp16 but not in fp32; 300 * 300 = 90000 is past
+// fp16's largest finite value 65504. A weight converted once (ToLowPrecision) gives the same bits.
+TEST_P(BackendOpsTest, ProductsComputeInTheBackendsPrecision) {
+  const Precision p = be_->precision();
+  const int N = 3, IC = 8, OC = 2;
+  const float x = 1.0f + std::ldexp(1.0f, -12);
+  Floats inp(be(), std::vector<float>(N * IC, x)), w(be(), std::vector<float>(OC * IC, x));
+  Floats out(be(), N * OC);
+  be_->MatmulForward(out.data(), inp.data(), w.data(), nullptr, N, IC, OC);
+  const float want = p == Precision::kFp32 ? static_cast<float>(IC * double(x) * x) : float(IC);
+  for (float v : out.vec()) EXPECT_FLOAT_EQ(v, want);
+  if (p == Precision::kFp32) {
+    EXPECT_NE(want, float(IC));
+  } else {
+    uint16_t* bits = be_->AllocHalves(OC * IC);
+    be_->ToLowPrecision(bits, w.data(), OC * IC);
+    Floats out2(be(), N * OC);
+    be_->MatmulForward(out2.data(), inp.data(), w.data(), nullptr, N, IC, OC, bits);
+    EXPECT_TRUE(SameBits(out.vec(), out2.vec()));
+    Floats dout(be(), std::vector<float>(N * OC, 0.5f)), d1(be(), N * IC), d2(be(), N * IC),
+        dw1(be(), OC * IC), dw2(be(), OC * IC);
+    be_->MatmulBackward(d1.data(), dw1.data(), nullptr, dout.data(), inp.data(), w.data(), N, IC,
+                        OC);
+    be_->MatmulBackward(d2.data(), dw2.data(), nullptr, dout.data(), inp.data(), w.data(), N, IC,
+                        OC, bits);
+    EXPECT_TRUE(SameBits(d1.vec(), d2.vec()));
+    EXPECT_TRUE(SameBits(dw1.vec(), dw2.vec()));
+    for (float v : d1.vec()) EXPECT_FLOAT_EQ(v, OC * 0.5f);  // 0.5 * rounded x, summed
+    be_->Free(bits);
+  }
+  // Range: an fp16 output overflows to inf, as on a GPU; bf16 and fp32 outputs are fp32.
+  Floats big_a(be(), std::vector<float>(1, 300.0f)), big_w(be(), std::vector<float>(1, 300.0f));
+  Floats big(be(), 1);
+  be_->MatmulForward(big.data(), big_a.data(), big_w.data(), nullptr, 1, 1, 1);
+  if (p == Precision::kFp16) {
+    EXPECT_TRUE(std::isinf(big.vec()[0]));
+  } else {
+    EXPECT_EQ(big.vec()[0], 90000.0f);
+  }
+  // RoundToStorage rounds only in fp16.
+  Floats act(be(), std::vector<float>{x, 1e5f});
+  be_->RoundToStorage(act.data(), 2);
+  const std::vector<float> a = act.vec();
+  EXPECT_EQ(a[0], p == Precision::kFp16 ? 1.0f : x);
+  EXPECT_EQ(std::isinf(a[1]), p == Precision::kFp16);
 }
 
 // ---- causal self-attention ------------------------------------------------------------------
@@ -424,8 +492,10 @@ std::vector<double> ReferenceAttention(const std::vector<float>& qkv, const floa
   return out;
 }
 
-// `slopes` (NH, host) empty: no ALiBi. `scale` multiplies the fp32 tolerances.
-void CheckAttention(Backend* be, double scale, int B, int T, int C, int NH,
+// `slopes` (NH, host) empty: no ALiBi. `scale` multiplies the fp32 tolerances; `products` > 0
+// (mixed precision) replaces them for outputs and gradients, which are then checked against the
+// double reference's own finite differences.
+void CheckAttention(Backend* be, double scale, double products, int B, int T, int C, int NH,
                     const std::vector<float>& slopes, bool all_grads) {
   const float* host_slopes = slopes.empty() ? nullptr : slopes.data();
   Floats dev_slopes(be, slopes);
@@ -451,15 +521,17 @@ void CheckAttention(Backend* be, double scale, int B, int T, int C, int NH,
           if (host_slopes != nullptr) d -= host_slopes[h] * (i - j);
           want_max = std::max(want_max, d);
         }
-      EXPECT_NEAR(hmx[size_t(b) * NH + h], want_max, scale * 1e-4 * (1 + std::fabs(want_max)))
+      EXPECT_NEAR(hmx[size_t(b) * NH + h], want_max,
+                  (products > 0 ? products : scale * 1e-4) * (1 + std::fabs(want_max)))
           << "max logit of sequence " << b << " head " << h;
     }
 
   std::vector<double> want_att;
   const std::vector<double> want = ReferenceAttention(hqkv, host_slopes, B, T, C, NH, &want_att);
   const std::vector<float> hout = out.vec(), hatt = att.vec();
-  ExpectAllNear(hout, want, scale * 2e-5, "out");
-  ExpectAllNear(hatt, want_att, scale * 2e-5, "att");  // includes exact zeros above the diagonal
+  const double out_tol = products > 0 ? products : scale * 2e-5;
+  ExpectAllNear(hout, want, out_tol, "out");
+  ExpectAllNear(hatt, want_att, out_tol, "att");  // includes exact zeros above the diagonal
   for (size_t bhi = 0; bhi < size_t(B) * NH * T; bhi++) {
     const int i = bhi % T;
     for (int j = i + 1; j < T; j++) ASSERT_EQ(hatt[bhi * T + j], 0.0f);
@@ -509,9 +581,10 @@ void CheckAttention(Backend* be, double scale, int B, int T, int C, int NH,
   if (!all_grads) {
     for (size_t i = 0; i < qkv.size(); i += 53) idx.push_back(i);
   }
+  const bool own_forward = all_grads && products == 0;
   ExpectGradMatchesFiniteDiff("dqkv", qkv, dqkv.vec(),
-                              all_grads ? std::function<double()>(loss) : reference_loss, 1e-2f,
-                              scale * 2e-3, idx);
+                              own_forward ? std::function<double()>(loss) : reference_loss, 1e-2f,
+                              products > 0 ? products : scale * 2e-3, idx);
 
   const std::vector<float> d1 = dqkv.vec();
   be->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
@@ -519,17 +592,17 @@ void CheckAttention(Backend* be, double scale, int B, int T, int C, int NH,
 }
 
 TEST_P(BackendOpsTest, Attention) {
-  CheckAttention(be(), Tol(1), 2, 5, 8, 2, {}, true);
+  CheckAttention(be(), Tol(1), Products(), 2, 5, 8, 2, {}, true);
 }
 
 TEST_P(BackendOpsTest, AttentionAlibi) {
-  CheckAttention(be(), Tol(1), 2, 5, 8, 2, {0.5f, 0.125f}, true);
+  CheckAttention(be(), Tol(1), Products(), 2, 5, 8, 2, {0.5f, 0.125f}, true);
 }
 
 // T spans several 64-row blocks, the last one partial.
 TEST_P(BackendOpsTest, AttentionLongSequence) {
-  CheckAttention(be(), Tol(1), 1, 150, 16, 2, {}, false);
-  CheckAttention(be(), Tol(1), 2, 130, 16, 2, {0.25f, 0.0625f}, false);
+  CheckAttention(be(), Tol(1), Products(), 1, 150, 16, 2, {}, false);
+  CheckAttention(be(), Tol(1), Products(), 2, 130, 16, 2, {0.25f, 0.0625f}, false);
 }
 
 // ---- pointwise ------------------------------------------------------------------------------

@@ -21,6 +21,15 @@ struct Tolerances {
   // Relative error allowed where fp32 arithmetic is exact (Add, Scale by 1/2, embedding sums,
   // copies): 0 demands the same bits.
   double pointwise = 0.0;
+  // A mixed-precision backend (products with bf16/fp16 operands, backend.h "mixed precision"):
+  // the relative error allowed in matmul and attention results, forward outputs and gradients
+  // alike, against double-precision references of the exact math (a few roundings of the
+  // format's unit). 0: an fp32 backend, whose op tests use the tolerances they state and finite
+  // differences of the backend's own forward.
+  double products = 0.0;
+  // Multiplies the whole-model reference test's tolerances (the products' errors compound
+  // through the layers).
+  double model = 1.0;
 };
 
 struct TestBackend {
@@ -32,9 +41,22 @@ struct TestBackend {
   Tolerances tol;
 };
 
+inline std::unique_ptr<Backend> WithPrecision(std::unique_ptr<Backend> b, Precision p) {
+  b->SetPrecision(p);
+  return b;
+}
+
 inline const std::vector<TestBackend>& TestBackends() {
   static const std::vector<TestBackend> backends = {
       {"cpu", [](int threads) { return MakeCpuBackend(threads); }, Tolerances{}},
+      // The same backend with bf16 and fp16 products (--bf16, --fp16): every op test runs on
+      // them; LayerNorm, GELU, softmax, cross-entropy and AdamW must still match fp32 exactly.
+      {"cpu_bf16",
+       [](int threads) { return WithPrecision(MakeCpuBackend(threads), Precision::kBf16); },
+       Tolerances{1.0, 0.0, 1.5e-2, 500.0}},
+      {"cpu_fp16",
+       [](int threads) { return WithPrecision(MakeCpuBackend(threads), Precision::kFp16); },
+       Tolerances{1.0, 0.0, 3e-3, 40.0}},
       // A new backend: {"cuda", [](int) { return MakeCudaBackend(); }, Tolerances{...}},
   };
   return backends;

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "backend/cpu/blas.h"
+#include "backend/cpu/dnnl_gemm.h"
+#include "backend/cpu/low_precision.h"
 #include "core/status.h"
 
 namespace keel {
@@ -154,8 +156,21 @@ std::string CpuBackend::Describe() const {
     vec = "x86-64-v3 (AVX2)";
   }
 #endif
-  return "cpu fp32, " + std::to_string(threads_) + " threads, vector loops " + vec + "; " +
-         blas::Description();
+  std::string out = "cpu " + std::string(PrecisionName(precision_)) + ", " +
+                    std::to_string(threads_) + " threads, vector loops " + vec + "; " +
+                    blas::Description();
+  if (precision_ == Precision::kBf16) {
+    out += NativeBf16() ? "; bf16 products: " + dnnl_gemm::Description()
+                        : "; bf16 products emulated: fp32 sgemm of bf16-rounded operands (" +
+                              dnnl_gemm::Description() + ")";
+  } else if (precision_ == Precision::kFp16) {
+    out += "; fp16 emulated: fp32 sgemm of fp16-rounded operands, outputs rounded to fp16";
+  }
+  return out;
+}
+
+bool CpuBackend::NativeBf16() const {
+  return dnnl_gemm::Available();
 }
 
 void CpuBackend::UseThreads() const {
@@ -194,6 +209,63 @@ void CpuBackend::Zero(float* x, size_t n) {
 }
 void CpuBackend::Copy(float* dst, const float* src, size_t n) {
   std::memcpy(dst, src, n * sizeof(float));
+}
+
+// ---- mixed precision ------------------------------------------------------------------------
+
+uint16_t* CpuBackend::AllocHalves(size_t n) {
+  return static_cast<uint16_t*>(AllocZeroed(n * sizeof(uint16_t)));
+}
+
+void CpuBackend::ToLowPrecision(uint16_t* dst, const float* src, size_t n) {
+  KEEL_CHECK(precision_ != Precision::kFp32, "ToLowPrecision needs a bf16 or fp16 precision");
+  lowp::ToBits(dst, src, n, precision_, threads_);
+}
+
+void CpuBackend::RoundToStorage(float* x, size_t n) {
+  if (precision_ == Precision::kFp16) lowp::Round(x, n, precision_, threads_);
+}
+
+namespace {
+
+template <typename T>
+T* Grow(std::vector<T>* v, size_t n) {
+  if (v->size() < n) v->resize(n);
+  return v->data();
+}
+
+}  // namespace
+
+void CpuBackend::LowPrecisionGemm(bool trans_a, bool trans_b, int M, int N, int K, Operand a,
+                                  Operand b, float* C, bool accumulate) {
+  if (precision_ == Precision::kBf16 && NativeBf16()) {
+    auto bits = [&](const Operand& x, std::vector<uint16_t>* buf) -> const uint16_t* {
+      if (x.bits != nullptr) return x.bits;
+      uint16_t* out = Grow(buf, x.n);
+      lowp::ToBits(out, x.f32, x.n, precision_, threads_);
+      return out;
+    };
+    const uint16_t* ab = bits(a, &bits_a_);
+    const uint16_t* bb = bits(b, &bits_b_);
+    dnnl_gemm::GemmBf16(trans_a, trans_b, M, N, K, ab, bb, C, accumulate);
+    return;
+  }
+  // fp32 sgemm of the rounded values: the same products as a 16-bit GEMM with fp32 accumulation
+  // (every bf16/fp16 product is exact in fp32), only the summation order may differ.
+  auto values = [&](const Operand& x, std::vector<float>* buf) {
+    float* v = Grow(buf, x.n);
+    if (x.bits != nullptr) {
+      lowp::FromBits(v, x.bits, x.n, precision_, threads_);
+    } else {
+      std::memcpy(v, x.f32, x.n * sizeof(float));
+      lowp::Round(v, x.n, precision_, threads_);
+    }
+    return v;
+  };
+  const float* av = values(a, &vals_a_);
+  const float* bv = values(b, &vals_b_);
+  blas::Sgemm(trans_a, trans_b, M, N, K, 1.0f, av, trans_a ? M : K, bv, trans_b ? K : N,
+              accumulate ? 1.0f : 0.0f, C, N);
 }
 
 // ---- embeddings -----------------------------------------------------------------------------
@@ -421,7 +493,7 @@ void CpuBackend::QkLayerNormBackward(float* dqkv, float* dq_weight, float* dq_bi
 
 // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias (OC)
 void CpuBackend::MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                               int N, int IC, int OC) {
+                               int N, int IC, int OC, const uint16_t* weight_lowp) {
   UseThreads();
   // Start from the bias rows and let the GEMM add to them (beta = 1): one pass over out.
   float beta = 0.0f;
@@ -430,18 +502,49 @@ void CpuBackend::MatmulForward(float* out, const float* inp, const float* weight
     for (int n = 0; n < N; n++) std::memcpy(out + size_t(n) * OC, bias, OC * sizeof(float));
     beta = 1.0f;
   }
-  blas::Sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+  if (precision_ == Precision::kFp32) {
+    blas::Sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+    return;
+  }
+  const size_t n_inp = size_t(N) * IC, n_w = size_t(OC) * IC;
+  LowPrecisionGemm(false, true, N, OC, IC, {inp, nullptr, n_inp}, {weight, weight_lowp, n_w}, out,
+                   beta != 0.0f);
+  RoundToStorage(out, size_t(N) * OC);
 }
 
 // dinp (N,IC) += dout (N,OC) @ weight (OC,IC);  dweight (OC,IC) += dout^T @ inp (N,IC);
 // dbias (OC) += sum_n dout[n,:]
 void CpuBackend::MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                const float* inp, const float* weight, int N, int IC, int OC) {
+                                const float* inp, const float* weight, int N, int IC, int OC,
+                                const uint16_t* weight_lowp) {
   UseThreads();
-  if (dinp != nullptr)
-    blas::Sgemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
-  if (dweight != nullptr) {
-    blas::Sgemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  if (precision_ == Precision::kFp32) {
+    if (dinp != nullptr)
+      blas::Sgemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
+    if (dweight != nullptr)
+      blas::Sgemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  } else {
+    // dout is rounded once for both products.
+    const size_t n_out = size_t(N) * OC, n_inp = size_t(N) * IC, n_w = size_t(OC) * IC;
+    uint16_t* dout_bits = Grow(&bits_d_, n_out);
+    lowp::ToBits(dout_bits, dout, n_out, precision_, threads_);
+    const Operand d{nullptr, dout_bits, n_out};
+    if (dinp != nullptr) {
+      LowPrecisionGemm(false, false, N, IC, OC, d, {weight, weight_lowp, n_w}, dinp, true);
+      RoundToStorage(dinp, n_inp);
+    }
+    if (dweight != nullptr) {
+      if (precision_ == Precision::kFp16) {
+        // fp16: this micro-batch's gradient is an fp16 tensor (overflow -> inf), accumulated in
+        // fp32 (Megatron's main_grad).
+        float* contribution = Grow(&product_, n_w);
+        LowPrecisionGemm(true, false, OC, IC, N, d, {inp, nullptr, n_inp}, contribution, false);
+        RoundToStorage(contribution, n_w);
+        Accumulate(dweight, contribution, n_w);
+      } else {
+        LowPrecisionGemm(true, false, OC, IC, N, d, {inp, nullptr, n_inp}, dweight, true);
+      }
+    }
   }
   if (dbias != nullptr) {
     // Summed in double, per channel block in row order: independent of the thread count.
@@ -482,7 +585,7 @@ int BlockRows(int i0, int T) {
 // Per-thread scratch that persists across calls (OpenMP keeps its threads), so the attention loops
 // neither allocate nor page-fault fresh memory on every call (T x T floats is 4 MiB at T = 1024).
 float* Scratch(int slot, size_t n) {
-  thread_local std::vector<float> buffers[3];
+  thread_local std::vector<float> buffers[5];
   std::vector<float>& b = buffers[slot];
   if (b.size() < n) b.resize(n);
   return b.data();
@@ -500,6 +603,7 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
   UseThreads();  // with one thread the region is inactive and OpenBLAS would use its own count
   const int hs = C / NH, C3 = 3 * C;
   const float a = HeadScale(hs);
+  const bool lowp = precision_ != Precision::kFp32;
 #pragma omp parallel num_threads(ThreadsFor(size_t(B) * T * T * C))
   {
     float* qs = Scratch(0, size_t(T) * hs);
@@ -514,6 +618,16 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
       float* o = out + size_t(b) * T * C + h * hs;
       ScaleHead(qs, q, T, hs, C3, a);
       ScaleHead(ks, k, T, hs, C3, a);
+      // Low precision: the products read rounded copies of q, k, v (and P, below).
+      const float* vv = v;
+      int ldv = C3;
+      if (lowp) {
+        float* vs = Scratch(3, size_t(T) * hs);
+        ScaleHead(vs, v, T, hs, C3, 1.0f);
+        for (float* x : {qs, ks, vs}) lowp::Round(x, size_t(T) * hs, precision_, 1);
+        vv = vs;
+        ldv = hs;
+      }
       // S (T,T) = qs @ ks^T, lower block triangle only
       for (int i0 = 0; i0 < T; i0 += kAttBlock) {
         const int rows = BlockRows(i0, T);
@@ -527,6 +641,7 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
       for (int i = 0; i < T; i++) {
         float* row = p + size_t(i) * T;
         const int s0 = doc_start != nullptr ? doc_start[size_t(b) * T + i] : 0;
+        if (precision_ == Precision::kFp16) lowp::Round(row, i + 1, precision_, 1);  // S in fp16
         if (slope != 0.0f) {
           for (int j = s0; j <= i; j++) row[j] -= slope * static_cast<float>(i - j);
         }
@@ -537,16 +652,18 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
         for (int j = 0; j < s0; j++) row[j] = 0.0f;
         for (int j = s0; j <= i; j++) row[j] *= inv;
         for (int j = i + 1; j < T; j++) row[j] = 0.0f;
+        if (lowp) lowp::Round(row + s0, i + 1 - s0, precision_, 1);  // P as the product reads it
       }
       if (max_logit != nullptr) max_logit[bh] = head_max;
-      // out_h (T,hs) = P @ v, v read in place with row stride 3C
+      // out_h (T,hs) = P @ v, v read in place with row stride 3C (or its rounded copy)
       for (int i0 = 0; i0 < T; i0 += kAttBlock) {
         const int rows = BlockRows(i0, T);
-        blas::Sgemm(false, false, rows, hs, i0 + rows, 1.0f, p + size_t(i0) * T, T, v, C3, 0.0f,
+        blas::Sgemm(false, false, rows, hs, i0 + rows, 1.0f, p + size_t(i0) * T, T, vv, ldv, 0.0f,
                     o + size_t(i0) * C, C);
       }
     }
   }
+  RoundToStorage(out, size_t(B) * T * C);
 }
 
 // dP = dout_h v^T;  dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik);
@@ -556,6 +673,7 @@ void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* 
   UseThreads();  // with one thread the region is inactive and OpenBLAS would use its own count
   const int hs = C / NH, C3 = 3 * C;
   const float a = HeadScale(hs);
+  const bool lowp = precision_ != Precision::kFp32;
 #pragma omp parallel num_threads(ThreadsFor(size_t(B) * T * T * C))
   {
     float* qs = Scratch(0, size_t(T) * hs);
@@ -574,11 +692,24 @@ void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* 
       const float* dy = dout + size_t(b) * T * C + h * hs;
       ScaleHead(qs, q, T, hs, C3, a);
       ScaleHead(ks, k, T, hs, C3, a);
+      // Low precision: the products read rounded copies of q, k, v, dout_h and dS.
+      const float *vv = v, *dyy = dy;
+      int ldv = C3, lddy = C;
+      if (lowp) {
+        float* vs = Scratch(3, size_t(T) * hs);
+        float* dys = Scratch(4, size_t(T) * hs);
+        ScaleHead(vs, v, T, hs, C3, 1.0f);
+        ScaleHead(dys, dy, T, hs, C, 1.0f);
+        for (float* x : {qs, ks, vs, dys}) lowp::Round(x, size_t(T) * hs, precision_, 1);
+        vv = vs;
+        dyy = dys;
+        ldv = lddy = hs;
+      }
       // dP (T,T) = dout_h @ v^T, lower block triangle only
       for (int i0 = 0; i0 < T; i0 += kAttBlock) {
         const int rows = BlockRows(i0, T);
-        blas::Sgemm(false, true, rows, i0 + rows, hs, 1.0f, dy + size_t(i0) * C, C, v, C3, 0.0f,
-                    ds + size_t(i0) * T, T);
+        blas::Sgemm(false, true, rows, i0 + rows, hs, 1.0f, dyy + size_t(i0) * lddy, lddy, vv, ldv,
+                    0.0f, ds + size_t(i0) * T, T);
       }
       // dS in place of dP; entries j > i inside a computed block are zeroed for the GEMMs below
       for (int i = 0; i < T; i++) {
@@ -588,6 +719,7 @@ void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* 
         for (int j = 0; j <= i; j++) row[j] = prow[j] * (row[j] - dot);
         const int block_end = std::min(T, (i / kAttBlock + 1) * kAttBlock);
         for (int j = i + 1; j < block_end; j++) row[j] = 0.0f;
+        if (lowp) lowp::Round(row, i + 1, precision_, 1);
       }
       for (int i0 = 0; i0 < T; i0 += kAttBlock) {
         const int rows = BlockRows(i0, T);
@@ -600,10 +732,11 @@ void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* 
                     qs + size_t(i0) * hs, hs, 1.0f, dk + size_t(i0) * C3, C3);
         // dv[j0 block] += P[j0:, j0 block]^T @ dout_h[j0:]
         blas::Sgemm(true, false, rows, hs, T - i0, 1.0f, p + size_t(i0) * T + i0, T,
-                    dy + size_t(i0) * C, C, 1.0f, dv + size_t(i0) * C3, C3);
+                    dyy + size_t(i0) * lddy, lddy, 1.0f, dv + size_t(i0) * C3, C3);
       }
     }
   }
+  RoundToStorage(dqkv, size_t(B) * T * C3);
 }
 
 // ---- pointwise ------------------------------------------------------------------------------

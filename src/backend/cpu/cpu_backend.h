@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -30,6 +31,12 @@ class CpuBackend : public Backend {
   void Zero(float* x, size_t n) override;
   void Copy(float* dst, const float* src, size_t n) override;
 
+  void SetPrecision(Precision p) override { precision_ = p; }
+  Precision precision() const override { return precision_; }
+  uint16_t* AllocHalves(size_t n) override;
+  void ToLowPrecision(uint16_t* dst, const float* src, size_t n) override;
+  void RoundToStorage(float* x, size_t n) override;
+
   void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                         int B, int T, int C, int V, const int32_t* positions) override;
   void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
@@ -42,9 +49,10 @@ class CpuBackend : public Backend {
                          const float* rstd, int N, int C) override;
 
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                     int IC, int OC) override;
+                     int IC, int OC, const uint16_t* weight_lowp) override;
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                      const float* inp, const float* weight, int N, int IC, int OC) override;
+                      const float* inp, const float* weight, int N, int IC, int OC,
+                      const uint16_t* weight_lowp) override;
 
   void AttentionForward(float* out, float* att, const float* qkv, const float* alibi_slopes, int B,
                         int T, int C, int NH, float* max_logit, const int32_t* doc_start) override;
@@ -84,7 +92,23 @@ class CpuBackend : public Backend {
   // costs more than the loop (and stalls badly when the cores are shared with other processes).
   int ThreadsFor(size_t work) const;
 
+  // The products of the low-precision modes (see backend.h, "mixed precision"):
+  // C (M,N) = [C +] op(A) @ op(B) with A, B rounded to precision_ (or given as its bits).
+  struct Operand {
+    const float* f32 = nullptr;      // fp32 values, rounded here
+    const uint16_t* bits = nullptr;  // or already converted (takes precedence)
+    size_t n = 0;
+  };
+  void LowPrecisionGemm(bool trans_a, bool trans_b, int M, int N, int K, Operand a, Operand b,
+                        float* C, bool accumulate);
+  // Whether kBf16 products run on oneDNN's bf16 matmul (else fp32 sgemm of bf16-rounded values).
+  bool NativeBf16() const;
+
   int threads_;
+  Precision precision_ = Precision::kFp32;
+  // Scratch of the low-precision products, grown as needed and reused (the ops run one at a time).
+  std::vector<uint16_t> bits_a_, bits_b_, bits_d_;
+  std::vector<float> vals_a_, vals_b_, product_;
 };
 
 }  // namespace keel

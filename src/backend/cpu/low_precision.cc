@@ -1,0 +1,112 @@
+#include "backend/cpu/low_precision.h"
+
+#include <algorithm>
+#include <bit>
+
+namespace keel::lowp {
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KEEL_LOWP_CLONES \
+  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define KEEL_LOWP_CLONES
+#endif
+
+// Round to nearest even on the 16 bits dropped; a NaN keeps a set mantissa bit (stays NaN).
+inline uint16_t Bf16Bits(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline float Bf16Value(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
+// GCC and clang implement _Float16 conversions as IEEE round to nearest even (F16C instructions
+// where the clone has them, a software routine otherwise).
+inline uint16_t Fp16Bits(float x) {
+  return std::bit_cast<uint16_t>(static_cast<_Float16>(x));
+}
+inline float Fp16Value(uint16_t h) {
+  return static_cast<float>(std::bit_cast<_Float16>(h));
+}
+
+KEEL_LOWP_CLONES void ToBf16Kernel(uint16_t* dst, const float* src, size_t n) {
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) dst[i] = Bf16Bits(src[i]);
+}
+KEEL_LOWP_CLONES void ToFp16Kernel(uint16_t* dst, const float* src, size_t n) {
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) dst[i] = Fp16Bits(src[i]);
+}
+KEEL_LOWP_CLONES void FromBf16Kernel(float* dst, const uint16_t* src, size_t n) {
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) dst[i] = Bf16Value(src[i]);
+}
+KEEL_LOWP_CLONES void FromFp16Kernel(float* dst, const uint16_t* src, size_t n) {
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) dst[i] = Fp16Value(src[i]);
+}
+KEEL_LOWP_CLONES void RoundBf16Kernel(float* x, size_t n) {
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) x[i] = Bf16Value(Bf16Bits(x[i]));
+}
+KEEL_LOWP_CLONES void RoundFp16Kernel(float* x, size_t n) {
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) x[i] = static_cast<float>(static_cast<_Float16>(x[i]));
+}
+
+// Long arrays in chunks over the team; short ones on the calling thread.
+constexpr size_t kChunk = size_t{1} << 14;
+
+template <typename F>
+void Chunked(size_t n, int threads, F f) {
+  const size_t nchunks = (n + kChunk - 1) / kChunk;
+  const int team = n >= 2 * kChunk ? std::max(threads, 1) : 1;
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+  for (size_t ch = 0; ch < nchunks; ch++) {
+    const size_t i0 = ch * kChunk;
+    f(i0, std::min(kChunk, n - i0));
+  }
+}
+
+}  // namespace
+
+void ToBits(uint16_t* dst, const float* src, size_t n, Precision p, int threads) {
+  if (p == Precision::kBf16) {
+    Chunked(n, threads, [&](size_t i0, size_t len) { ToBf16Kernel(dst + i0, src + i0, len); });
+  } else {
+    Chunked(n, threads, [&](size_t i0, size_t len) { ToFp16Kernel(dst + i0, src + i0, len); });
+  }
+}
+
+void FromBits(float* dst, const uint16_t* src, size_t n, Precision p, int threads) {
+  if (p == Precision::kBf16) {
+    Chunked(n, threads, [&](size_t i0, size_t len) { FromBf16Kernel(dst + i0, src + i0, len); });
+  } else {
+    Chunked(n, threads, [&](size_t i0, size_t len) { FromFp16Kernel(dst + i0, src + i0, len); });
+  }
+}
+
+void Round(float* x, size_t n, Precision p, int threads) {
+  if (p == Precision::kBf16) {
+    Chunked(n, threads, [&](size_t i0, size_t len) { RoundBf16Kernel(x + i0, len); });
+  } else if (p == Precision::kFp16) {
+    Chunked(n, threads, [&](size_t i0, size_t len) { RoundFp16Kernel(x + i0, len); });
+  }
+}
+
+uint16_t ToBf16(float x) {
+  return Bf16Bits(x);
+}
+float FromBf16(uint16_t b) {
+  return Bf16Value(b);
+}
+uint16_t ToFp16(float x) {
+  return Fp16Bits(x);
+}
+float FromFp16(uint16_t h) {
+  return Fp16Value(h);
+}
+
+}  // namespace keel::lowp
