@@ -178,6 +178,11 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
                     {"lr_scale", ts.lr_scale},
                     {"consumed_samples", c.consumed_samples},
                     {"next_lr", src.next_lr}};
+  s["precision"] = {{"recipe", PrecisionName(cfg.precision)},
+                    {"master_weights", "fp32"},
+                    {"loss_scale", ts.loss_scaler.scale},
+                    {"loss_scale_growth_tracker", ts.loss_scaler.growth_tracker},
+                    {"loss_scale_hysteresis_tracker", ts.loss_scaler.hysteresis_tracker}};
   s["batch"] = {{"global_batch_size", cfg.global_batch_size},
                 {"micro_batch_size", cfg.micro_batch_size},
                 {"rampup_batch_size", cfg.rampup_batch_size},
@@ -281,6 +286,16 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
   r.guard = guard.raw();
   t.optimizer_step = root["optimizer"]["step"].Get<int64_t>();
   t.lr_scale = root["scheduler"]["lr_scale"].Get<double>();
+  // Absent before keel had mixed precision: an fp32 checkpoint, whose scale is 1.
+  const JsonValue prec = root.Optional("precision");
+  if (prec.present()) {
+    t.loss_scaler.scale = prec["loss_scale"].Number();
+    t.loss_scaler.growth_tracker = prec["loss_scale_growth_tracker"].Get<int64_t>();
+    t.loss_scaler.hysteresis_tracker = prec["loss_scale_hysteresis_tracker"].Get<int64_t>();
+    if (reader.ok() && !(t.loss_scaler.scale > 0 && std::isfinite(t.loss_scaler.scale)))
+      reader.Fail(prec["loss_scale"].path(),
+                  "must be a positive number, but is " + prec["loss_scale"].raw().dump());
+  }
   const JsonValue history = root.Optional("history");
   history.Items();  // an array when present
   r.history = history.present() ? history.raw() : json::array();

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "optim/loss_scaler.h"
+
 namespace keel {
 
 // Counters that advance with the run.
@@ -48,6 +50,8 @@ struct TrainState {
   std::vector<IterationRange> skip_ranges;  // data windows the guard skipped
   uint64_t data_salt = 0;  // generation of the data order, raised by the guard's re-seeding
   LogIntervalState interval;
+  // fp16's loss scaler (scale 1 and zero trackers in fp32 and bf16, which do not scale).
+  LossScalerState loss_scaler;
 };
 
 }  // namespace keel

@@ -1,10 +1,12 @@
-// `keel bench`: training throughput of the CPU backend for a few model sizes, as tokens/s,
-// achieved GFLOP/s (Megatron's FLOP count) and MFU against this machine's measured sgemm peak.
+// `keel bench`: training throughput of the CPU backend for a few model sizes in fp32 and bf16 side
+// by side, as tokens/s, achieved GFLOP/s (Megatron's FLOP count) and MFU against this machine's
+// measured GEMM rate in the same precision.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include "cli/commands.h"
 #include "cli/exit_code.h"
@@ -28,33 +30,48 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-// The peer: sgemm GFLOP/s of one n^3 product through the backend's own matmul, the best the
-// machine does on dense fp32 math. Measured right before each training step it is compared with,
-// so the two share the machine's state (these machines are shared and noisy).
-class SgemmPeer {
+// The peer: GFLOP/s of one n^3 product through the backend's own matmul in the precision
+// compared (fp32 sgemm, or the bf16 GEMM with its weight converted once, as the model's are), the
+// best the machine does on dense math in that precision. Measured right before each training
+// step it is compared with, so the two share the machine's state (these machines are noisy).
+class GemmPeer {
  public:
-  SgemmPeer(Backend* be, int n) : be_(be), n_(n) {
+  GemmPeer(Backend* be, int n, Precision p) : be_(be), n_(n), precision_(p) {
     const size_t sz = static_cast<size_t>(n) * n;
     a_ = be->AllocFloats(sz);
     w_ = be->AllocFloats(sz);
     c_ = be->AllocFloats(sz);
+    if (p != Precision::kFp32) {
+      w_lowp_ = be->AllocHalves(sz);
+      const Precision prev = be->precision();
+      be->SetPrecision(p);
+      be->ToLowPrecision(w_lowp_, w_, sz);
+      be->SetPrecision(prev);
+    }
   }
-  ~SgemmPeer() {
+  ~GemmPeer() {
     be_->Free(a_);
     be_->Free(w_);
     be_->Free(c_);
+    if (w_lowp_) be_->Free(w_lowp_);
   }
+  int n() const { return n_; }
   double Measure() {
+    const Precision prev = be_->precision();
+    be_->SetPrecision(precision_);
     const auto t0 = std::chrono::steady_clock::now();
-    be_->MatmulForward(c_, a_, w_, nullptr, n_, n_, n_);
+    be_->MatmulForward(c_, a_, w_, nullptr, n_, n_, n_, w_lowp_);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    be_->SetPrecision(prev);
     return 2.0 * n_ * n_ * static_cast<double>(n_) / s / 1e9;
   }
 
  private:
   Backend* be_;
   int n_;
+  Precision precision_;
   float *a_, *w_, *c_;
+  uint16_t* w_lowp_ = nullptr;
 };
 
 }  // namespace
@@ -70,6 +87,10 @@ int BenchCommand(int argc, const char* const* argv) {
       ->check(CLI::Range(1, 1000));
   app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::Range(0, 100));
   app.add_option("--models", only, "subset of: tiny, small, gpt2-124m");
+  std::vector<std::string> precision_names = {"fp32", "bf16"};
+  app.add_option("--precisions", precision_names,
+                 "precisions to time side by side, each model in each (default: fp32 bf16; fp16 "
+                 "is emulated on CPUs, so slower than fp32)");
   bool checkpoint = false;
   std::string ckpt_dir;
   app.add_flag("--checkpoint", checkpoint,
@@ -107,57 +128,86 @@ int BenchCommand(int argc, const char* const* argv) {
       {"small", 6, 512, 8, 256, 8, 8192},
       {"gpt2-124m", 12, 768, 12, 64, 4, 50257},
   };
+  std::vector<Precision> precisions;
+  for (const std::string& name : precision_names) {
+    if (name == "fp32") {
+      precisions.push_back(Precision::kFp32);
+    } else if (name == "bf16") {
+      precisions.push_back(Precision::kBf16);
+    } else if (name == "fp16") {
+      precisions.push_back(Precision::kFp16);
+    } else {
+      LogError(
+          fmt::format("error: --precisions: unknown precision '{}' (use fp32, bf16, fp16)", name));
+      return 2;
+    }
+  }
   auto backend = MakeCpuBackend(threads);
   Log("backend: {}", backend->Describe());
-  SgemmPeer peer(backend.get(), 1536);
-  for (int i = 0; i < 3; ++i) peer.Measure();  // warm-up
-  Log("each timed step is paired with a 1536^3 sgemm measured just before it; MFU is the median");
-  Log("over pairs of (model GFLOP/s) / (sgemm GFLOP/s); FLOPs counted as Megatron does");
-  Log("{:<10} {:>12} {:>5} {:>4} {:>9} {:>10} {:>9} {:>9} {:>7}", "model", "params", "seq", "mbs",
-      "step ms", "tokens/s", "GFLOP/s", "sgemm", "MFU");
+  // bf16's peer is larger: its operand conversion (O(n^2)) stays small beside the product.
+  std::vector<std::unique_ptr<GemmPeer>> peers;
+  for (Precision p : precisions) {
+    peers.push_back(
+        std::make_unique<GemmPeer>(backend.get(), p == Precision::kBf16 ? 3072 : 1536, p));
+    for (int i = 0; i < 3; ++i) peers.back()->Measure();  // warm-up
+  }
+  Log("each timed step is paired with an n^3 product in its own precision (fp32, fp16: sgemm,");
+  Log("n = 1536; bf16: the bf16 GEMM, n = 3072) measured just before it; MFU is the median over");
+  Log("pairs of (model GFLOP/s) / (peer GFLOP/s); FLOPs counted as Megatron does");
+  Log("{:<10} {:>5} {:>12} {:>5} {:>4} {:>9} {:>10} {:>9} {:>9} {:>7}", "model", "prec", "params",
+      "seq", "mbs", "step ms", "tokens/s", "GFLOP/s", "peer", "MFU");
   auto comm = MakeSingleProcessCommunicator();
   for (const BenchModel& m : models) {
     if (!only.empty() && std::find(only.begin(), only.end(), m.name) == only.end()) continue;
-    TrainConfig cfg;
-    cfg.num_layers = m.layers;
-    cfg.hidden_size = m.hidden;
-    cfg.num_attention_heads = m.heads;
-    cfg.seq_length = m.seq;
-    cfg.micro_batch_size = m.micro_batch;
-    cfg.global_batch_size = m.micro_batch;
-    cfg.vocab_size = m.vocab;
-    cfg.train_iters = warmup + iters;
-    cfg.lr_warmup_iters = 1;
-    std::vector<std::string> notes;
-    Status st = Validate(&cfg, &notes);
-    if (!st.ok()) {
-      LogError("error: bench config: " + st.message());
-      return 1;
+    std::vector<double> tokens_per_s;
+    for (size_t pi = 0; pi < precisions.size(); ++pi) {
+      TrainConfig cfg;
+      cfg.num_layers = m.layers;
+      cfg.hidden_size = m.hidden;
+      cfg.num_attention_heads = m.heads;
+      cfg.seq_length = m.seq;
+      cfg.micro_batch_size = m.micro_batch;
+      cfg.global_batch_size = m.micro_batch;
+      cfg.vocab_size = m.vocab;
+      cfg.train_iters = warmup + iters;
+      cfg.lr_warmup_iters = 1;
+      cfg.precision = precisions[pi];
+      std::vector<std::string> notes;
+      Status st = Validate(&cfg, &notes);
+      if (!st.ok()) {
+        LogError("error: bench config: " + st.message());
+        return 1;
+      }
+      // Random tokens: throughput does not depend on the data.
+      SampleFn fn = [&](int64_t index, int32_t* tokens) {
+        const RngKey key{cfg.seed, RngPurpose::kTest, static_cast<uint64_t>(index)};
+        for (int t = 0; t <= cfg.seq_length; ++t)
+          tokens[t] = static_cast<int32_t>(U64At(key, t) % static_cast<uint64_t>(m.vocab));
+        return 0;
+      };
+      Trainer trainer(cfg, backend.get(), comm.get(), {fn, SampleFn()});
+      trainer.InitializeWeights();
+      std::vector<double> ms, peer_gflops, ratio;
+      const double flops = trainer.FlopsPerIteration(cfg.global_batch_size);
+      for (int i = 0; i < warmup + iters; ++i) {
+        const double peak = peers[pi]->Measure();
+        const StepResult r = trainer.TrainStep();
+        if (i < warmup) continue;
+        ms.push_back(r.step_ms);
+        peer_gflops.push_back(peak);
+        ratio.push_back(flops / (r.step_ms / 1e3) / 1e9 / peak);
+      }
+      const double step_ms = Median(ms);
+      const double tokens = static_cast<double>(cfg.global_batch_size) * cfg.seq_length;
+      tokens_per_s.push_back(tokens / (step_ms / 1e3));
+      Log("{:<10} {:>5} {:>12} {:>5} {:>4} {:>9.1f} {:>10.0f} {:>9.1f} {:>9.1f} {:>6.1f}%", m.name,
+          PrecisionName(precisions[pi]), trainer.model().num_params(), m.seq, m.micro_batch,
+          step_ms, tokens_per_s.back(), flops / (step_ms / 1e3) / 1e9, Median(peer_gflops),
+          100.0 * Median(ratio));
     }
-    // Random tokens: throughput does not depend on the data.
-    SampleFn fn = [&](int64_t index, int32_t* tokens) {
-      const RngKey key{cfg.seed, RngPurpose::kTest, static_cast<uint64_t>(index)};
-      for (int t = 0; t <= cfg.seq_length; ++t)
-        tokens[t] = static_cast<int32_t>(U64At(key, t) % static_cast<uint64_t>(m.vocab));
-      return 0;
-    };
-    Trainer trainer(cfg, backend.get(), comm.get(), {fn, SampleFn()});
-    trainer.InitializeWeights();
-    std::vector<double> ms, peer_gflops, ratio;
-    const double flops = trainer.FlopsPerIteration(cfg.global_batch_size);
-    for (int i = 0; i < warmup + iters; ++i) {
-      const double peak = peer.Measure();
-      const StepResult r = trainer.TrainStep();
-      if (i < warmup) continue;
-      ms.push_back(r.step_ms);
-      peer_gflops.push_back(peak);
-      ratio.push_back(flops / (r.step_ms / 1e3) / 1e9 / peak);
-    }
-    const double step_ms = Median(ms);
-    const double tokens = static_cast<double>(cfg.global_batch_size) * cfg.seq_length;
-    Log("{:<10} {:>12} {:>5} {:>4} {:>9.1f} {:>10.0f} {:>9.1f} {:>9.1f} {:>6.1f}%", m.name,
-        trainer.model().num_params(), m.seq, m.micro_batch, step_ms, tokens / (step_ms / 1e3),
-        flops / (step_ms / 1e3) / 1e9, Median(peer_gflops), 100.0 * Median(ratio));
+    for (size_t pi = 1; pi < precisions.size(); ++pi)
+      Log("{:<10} {} tokens/s are {:.2f}x {}'s (same run)", m.name, PrecisionName(precisions[pi]),
+          tokens_per_s[pi] / tokens_per_s[0], PrecisionName(precisions[0]));
   }
   return 0;
 }

@@ -256,6 +256,27 @@ const std::vector<Setting>& Settings() {
     t->push_back(RealSetting("adam-eps", "Adam epsilon", &TC::adam_eps));
     t->push_back(RealSetting("weight-decay", "decoupled weight decay", &TC::weight_decay));
     t->push_back(RealSetting("clip-grad", "global gradient-norm clip (0: off)", &TC::clip_grad));
+    // mixed precision
+    t->push_back(BoolSetting("bf16",
+                             "bf16 products with fp32 accumulation, fp32 master weights and "
+                             "moments (docs/mixed-precision.md)",
+                             &TC::bf16));
+    t->push_back(BoolSetting("fp16",
+                             "fp16 activations and gradients (emulated on CPUs) with dynamic loss "
+                             "scaling, fp32 master weights and moments",
+                             &TC::fp16));
+    t->push_back(RealSetting("initial-loss-scale", "fp16: the dynamic loss scale to start from",
+                             &TC::initial_loss_scale));
+    t->push_back(RealSetting("min-loss-scale", "fp16: the dynamic loss scale never goes below",
+                             &TC::min_loss_scale));
+    t->push_back(IntSetting("loss-scale-window",
+                            "fp16: clean iterations in a row before the loss scale doubles",
+                            &TC::loss_scale_window));
+    t->push_back(IntSetting("hysteresis",
+                            "fp16: overflows tolerated before the loss scale is first halved",
+                            &TC::hysteresis));
+    t->push_back(
+        RealSetting("loss-scale", "fp16: a static loss scale (0: dynamic)", &TC::loss_scale));
     // data parallel
     t->push_back(
         BoolSetting("use-distributed-optimizer",

@@ -393,6 +393,68 @@ Status ValidateSchedule(TrainConfig* c, std::vector<std::string>* notes) {
   return Status::OK();
 }
 
+// --bf16 / --fp16 and fp16's loss scaler.
+Status ValidatePrecision(TrainConfig* c, std::vector<std::string>* notes) {
+  if (c->bf16 && c->fp16) {
+    return Invalid(
+        "--bf16 and --fp16 are both set: a run computes in one of them; keep --bf16 (fp32's "
+        "range, no loss scaling) or --fp16 (with loss scaling), not both");
+  }
+  if (c->bf16) {
+    c->precision = Precision::kBf16;
+  } else if (c->fp16) {
+    c->precision = Precision::kFp16;
+  } else {
+    c->bf16 = c->precision == Precision::kBf16;
+    c->fp16 = c->precision == Precision::kFp16;
+  }
+  if (!(c->initial_loss_scale > 0)) {
+    return Invalid(fmt::format(
+        "--initial-loss-scale {} must be positive; Megatron's default is 4294967296 (2^32)",
+        c->initial_loss_scale));
+  }
+  if (!(c->min_loss_scale > 0)) {
+    return Invalid(fmt::format("--min-loss-scale {} must be positive; try --min-loss-scale 1",
+                               c->min_loss_scale));
+  }
+  if (c->min_loss_scale > c->initial_loss_scale) {
+    return Invalid(fmt::format(
+        "--min-loss-scale {} is above --initial-loss-scale {}: the scale starts below its own "
+        "floor; lower --min-loss-scale (1 is usual) or raise --initial-loss-scale",
+        c->min_loss_scale, c->initial_loss_scale));
+  }
+  if (c->loss_scale_window < 1) {
+    return Invalid(fmt::format(
+        "--loss-scale-window {} must be at least 1 (clean iterations before the scale doubles); "
+        "Megatron's default is 1000",
+        c->loss_scale_window));
+  }
+  if (c->hysteresis < 1) {
+    return Invalid(fmt::format(
+        "--hysteresis {} must be at least 1 (1: every overflow halves the scale); Megatron's "
+        "default is 2",
+        c->hysteresis));
+  }
+  if (!(c->loss_scale >= 0)) {
+    return Invalid(fmt::format(
+        "--loss-scale {} must not be negative; use 0 for the dynamic scaler or a positive "
+        "static scale",
+        c->loss_scale));
+  }
+  const TrainConfig d;
+  const bool scaler_flags = c->initial_loss_scale != d.initial_loss_scale ||
+                            c->min_loss_scale != d.min_loss_scale ||
+                            c->loss_scale_window != d.loss_scale_window ||
+                            c->hysteresis != d.hysteresis || c->loss_scale != d.loss_scale;
+  if (scaler_flags && c->precision != Precision::kFp16) {
+    notes->push_back(fmt::format(
+        "the loss-scale settings are ignored: loss scaling applies only to --fp16, and this run "
+        "computes in {}",
+        PrecisionName(c->precision)));
+  }
+  return Status::OK();
+}
+
 Status ValidateOptimizerAndRun(TrainConfig* c) {
   for (auto [flag, v] : {std::pair{"adam-beta1", c->adam_beta1}, {"adam-beta2", c->adam_beta2}}) {
     if (!(v >= 0 && v < 1)) {
@@ -592,6 +654,7 @@ Status Validate(TrainConfig* cfg, std::vector<std::string>* notes) {
   KEEL_RETURN_IF_ERROR(ValidateBatch(cfg, notes));
   KEEL_RETURN_IF_ERROR(ValidateSchedule(cfg, notes));
   KEEL_RETURN_IF_ERROR(ValidateOptimizerAndRun(cfg));
+  KEEL_RETURN_IF_ERROR(ValidatePrecision(cfg, notes));
   if (cfg->vocab_size < 0) {
     return Status::InvalidArgument(
         fmt::format("vocabulary size {} is negative: the dataset metadata is wrong; rebuild it",

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/precision.h"
+
 namespace keel {
 
 enum class PositionEmbedding { kLearnedAbsolute, kAlibi };
@@ -66,6 +68,19 @@ struct TrainConfig {
   double adam_eps = 1e-8;
   double weight_decay = 0.1;
   double clip_grad = 1.0;  // 0 disables clipping
+
+  // ---- mixed precision (docs/mixed-precision.md) ----
+  // The recipe: set by Validate from the flags below (or, when neither is set, it sets them from
+  // this field, so code that fills a TrainConfig may name the precision directly).
+  Precision precision = Precision::kFp32;
+  bool bf16 = false;  // --bf16 (Megatron's flag)
+  bool fp16 = false;  // --fp16
+  // fp16's loss scaler (Megatron's flags and defaults); ignored, with a note, in fp32 and bf16.
+  double initial_loss_scale = 4294967296.0;  // 2^32
+  double min_loss_scale = 1.0;
+  int64_t loss_scale_window = 1000;  // clean iterations before the scale doubles
+  int64_t hysteresis = 2;            // overflows absorbed before the scale halves
+  double loss_scale = 0;             // > 0: a static scale instead of the dynamic one
 
   // ---- data parallel (docs/distributed.md) ----
   bool use_distributed_optimizer = true;  // ZeRO-1: Adam moments sharded over the ranks

@@ -18,6 +18,7 @@ std::string Signals(const GuardSignals& s) {
   if (std::isfinite(s.max_attn_logit))
     out += fmt::format(", max attention logit {:.2f}", s.max_attn_logit);
   if (std::isfinite(s.log_z)) out += fmt::format(", log Z {:.2f}", s.log_z);
+  if (std::isfinite(s.loss_scale)) out += fmt::format(", loss scale {:g}", s.loss_scale);
   return out;
 }
 
@@ -28,6 +29,7 @@ json SignalsJson(const GuardSignals& s) {
           {"max_exp_avg_sq", JsonNumber(s.max_exp_avg_sq)},
           {"max_attn_logit", JsonNumber(s.max_attn_logit)},
           {"log_z", JsonNumber(s.log_z)},
+          {"loss_scale", JsonNumber(s.loss_scale)},
           {"nonfinite", s.nonfinite}};
 }
 

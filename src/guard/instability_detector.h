@@ -34,6 +34,7 @@ struct GuardSignals {
   double max_exp_avg_sq = NAN;   // max of Adam's second moment (after the previous update)
   double max_attn_logit = NAN;   // max pre-softmax attention score over layers and heads
   double log_z = NAN;            // mean log-partition of the output softmax
+  double loss_scale = NAN;       // --fp16: the dynamic loss scale after this iteration
   bool nonfinite = false;        // NaN/Inf in the loss or any gradient
 };
 

@@ -18,7 +18,8 @@ namespace {
 Status BadFaults(const std::string& text, const std::string& why) {
   return Status::InvalidArgument(
       "KEEL_TRAIN_FAULTS=" + text + ": " + why +
-      "; expected comma-separated poison=A-B, nan-grad=A-B (iteration ranges), hang=N, kill=N, "
+      "; expected comma-separated poison=A-B, nan-grad=A-B, overflow=A-B (iteration ranges), "
+      "hang=N, kill=N, "
       "bitflip=N, skip-collective=N (iterations), slow=F (a fraction), each optionally followed "
       "by :rank=R, :attempt=A and (skip-collective) :kind=K");
 }
@@ -41,11 +42,12 @@ Status ParseFaultItem(const std::string& text, const std::string& item, const st
   const size_t eq = parts[0].find('=');
   if (eq == std::string::npos) return BadFaults(text, "'" + item + "' has no =");
   const std::string key = parts[0].substr(0, eq), value = parts[0].substr(eq + 1);
-  if (key == "poison" || key == "nan-grad") {
+  if (key == "poison" || key == "nan-grad" || key == "overflow") {
     std::vector<std::pair<int64_t, int64_t>> r;
     if (parts.size() != 1 || !ParseIterationRanges({value}, &r).ok())
       return BadFaults(text, "'" + item + "' is not an iteration range");
-    (key == "poison" ? out->poison : out->nan_grad).push_back({r[0].first, r[0].second});
+    auto& list = key == "poison" ? out->poison : key == "nan-grad" ? out->nan_grad : out->overflow;
+    list.push_back({r[0].first, r[0].second});
     return Status::OK();
   }
   RankFault f;
@@ -127,12 +129,14 @@ void TestHooks::PoisonSample(uint64_t seed, int64_t index, int seq_length, int v
 }
 
 std::function<void(int64_t, float*, size_t)> TestHooks::GradientFault(Backend* backend) const {
-  if (nan_grad.empty()) return nullptr;
-  return [ranges = nan_grad, backend](int64_t it, float* g, size_t) {
-    for (const IterationRange& r : ranges) {
-      if (r.Contains(it)) {
-        const float nan = NAN;
-        backend->CopyToDevice(g, &nan, 1);
+  if (nan_grad.empty() && overflow.empty()) return nullptr;
+  return [nan_ranges = nan_grad, inf_ranges = overflow, backend](int64_t it, float* g, size_t) {
+    for (const auto* ranges : {&nan_ranges, &inf_ranges}) {
+      for (const IterationRange& r : *ranges) {
+        if (r.Contains(it)) {
+          const float bad = ranges == &nan_ranges ? NAN : INFINITY;
+          backend->CopyToDevice(g, &bad, 1);
+        }
       }
     }
   };

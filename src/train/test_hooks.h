@@ -3,9 +3,10 @@
 //
 //   KEEL_FAULT_INJECTION=crash-at=N[:PATH] | enospc-at=... | fail-sync-at=... | fail-rename-at=...
 //       one fault in the filesystem seam (core/fault_injection_env.h)
-//   KEEL_TRAIN_FAULTS=poison=A-B,nan-grad=C-D
+//   KEEL_TRAIN_FAULTS=poison=A-B,nan-grad=C-D,overflow=E-F
 //       iterations A..B read uniformly random tokens instead of their data; the all-reduced
-//       gradients of iterations C..D get a NaN (the guard's end-to-end tests and demos)
+//       gradients of iterations C..D get a NaN (the guard's end-to-end tests and demos), those
+//       of iterations E..F an inf (an fp16 overflow: the loss scaler's tests)
 //   KEEL_TRAIN_FAULTS=hang=N:rank=R,kill=N:rank=R,slow=F:rank=R,bitflip=N:rank=R,
 //                     skip-collective=N:rank=R[:kind=K]
 //       per-rank faults of data-parallel runs (rank 0 when no rank= is given): after the
@@ -47,6 +48,7 @@ struct TestHooks {
   std::unique_ptr<FaultInjectionEnv> fault_env;  // KEEL_FAULT_INJECTION, wrapping the base Env
   std::vector<IterationRange> poison;            // KEEL_TRAIN_FAULTS poison=A-B
   std::vector<IterationRange> nan_grad;          // KEEL_TRAIN_FAULTS nan-grad=A-B
+  std::vector<IterationRange> overflow;          // KEEL_TRAIN_FAULTS overflow=A-B
   std::vector<RankFault> rank_faults;            // KEEL_TRAIN_FAULTS hang=, kill=, slow=, ...
 
   // Reads KEEL_FAULT_INJECTION and KEEL_TRAIN_FAULTS; InvalidArgument for a malformed value.
@@ -59,8 +61,8 @@ struct TestHooks {
   // Uniformly random tokens below `vocab` for sample `index` (seq_length + 1 of them).
   static void PoisonSample(uint64_t seed, int64_t index, int seq_length, int vocab,
                            int32_t* tokens);
-  // The trainer's gradient-fault seam: a NaN in the gradients of the nan-grad iterations; empty
-  // when none are armed.
+  // The trainer's gradient-fault seam: a NaN in the gradients of the nan-grad iterations, an inf
+  // in those of the overflow iterations; empty when none are armed.
   std::function<void(int64_t, float*, size_t)> GradientFault(Backend* backend) const;
   // The trainer's compute-fault seam for rank `rank`: hang, kill and slow; empty when none.
   std::function<void(int64_t, double)> ComputeFault(int rank) const;

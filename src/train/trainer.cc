@@ -22,7 +22,10 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, T
       rampup_(BatchRampup::FromConfig(cfg)),
       schedule_(LrSchedule::FromConfig(cfg)) {
   KEEL_CHECK(!data_.dataset_names.empty(), "a run has at least one dataset");
+  // The products' precision is the backend's; the model follows it (and keeps 16-bit weights).
+  backend_->SetPrecision(cfg_.precision);
   model_ = std::make_unique<GptModel>(backend_, SpecFromConfig(cfg_));
+  ResetLossScaler();
   AdamWConfig oc;
   oc.beta1 = cfg_.adam_beta1;
   oc.beta2 = cfg_.adam_beta2;
@@ -67,6 +70,16 @@ IterationRange Trainer::IterationsReading(int64_t first_sample, int64_t last_sam
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::ResetLossScaler() {
+  if (cfg_.precision == Precision::kFp16) {
+    scaler_ = std::make_unique<LossScaler>(LossScalerOptions::FromConfig(cfg_));
+    state_.loss_scaler = scaler_->state();
+  } else {
+    scaler_.reset();
+    state_.loss_scaler = LossScalerState{};  // scale 1: fp32 and bf16 do not scale the loss
+  }
+}
 
 bool Trainer::IsSkipped(int64_t iteration) const {
   for (const auto* list : {&state_.skip_ranges, &config_skip_ranges_})
@@ -139,8 +152,11 @@ StepResult Trainer::TrainStep() {
 GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
   const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = comm_->world_size();
   const int64_t num_micro = global_batch / (static_cast<int64_t>(mbs) * dp);
-  // Every token of the global batch weighs the same in the loss: mean over gbs * T tokens.
-  const float dloss = 1.0f / static_cast<float>(global_batch * T);
+  // Every token of the global batch weighs the same in the loss: mean over gbs * T tokens. fp16
+  // multiplies the loss (so every gradient) by the loss scale, keeping small gradients above
+  // fp16's underflow; ApplyUpdate divides it out again.
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  const float dloss = static_cast<float>(scale / static_cast<double>(global_batch * T));
   const size_t nd = data_.dataset_names.size();
   GradientAccumulation acc;
   std::vector<double> dataset_loss_sum(nd, 0.0), dataset_sequences(nd, 0.0);
@@ -236,6 +252,27 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
     gs.num_zeros = static_cast<size_t>(v[1]);
     gs.finite = v[2] == 0.0 && std::isfinite(v[0]);
   }
+  TrainCounters& c = state_.counters;
+  if (scaler_) {
+    // fp16 (Megatron's rule): the scaler hears every iteration; an overflow skips the update.
+    const double scale = scaler_->scale();
+    r->loss_scale_change = scaler_->Update(!gs.finite);
+    state_.loss_scaler = scaler_->state();
+    r->loss_scale = scaler_->scale();
+    if (!gs.finite) {
+      r->overflow = r->skipped = true;
+      r->grad_norm = NAN;
+      ++c.skipped_iterations;
+      if (!std::isfinite(r->loss)) ++c.nan_iterations;
+      return;
+    }
+    // Unscale: the norm and, for the update, the gradients themselves.
+    gs.norm /= scale;
+    gs.sum_sq /= scale * scale;
+    const ShardRange upd = zero_ ? shard_ : ShardRange{0, n};
+    EnterPhase(Phase::kOptimizer);
+    backend_->Scale(grads + upd.begin, upd.size(), static_cast<float>(1.0 / scale));
+  }
   r->grad_norm = gs.norm;
   r->num_zeros = gs.num_zeros;
   const bool finite = gs.finite && std::isfinite(r->loss);
@@ -251,9 +288,9 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
     g.update_ratio = last_update_ratio_;
     g.max_exp_avg_sq = last_max_v_;
     g.max_attn_logit = acc.max_attn_logit;  // this rank's; the guard reads it for the journal
+    g.loss_scale = scaler_ ? r->loss_scale : NAN;
     apply = gate_(g) && finite;
   }
-  TrainCounters& c = state_.counters;
   if (!finite) {
     // Never let a NaN/Inf reach the weights: skip the update, count it, keep going.
     r->skipped = true;
@@ -293,6 +330,7 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
 
 void Trainer::Restore(const TrainState& state) {
   state_ = state;
+  if (scaler_) scaler_->Restore(state.loss_scaler);
   optimizer_->set_step(state.optimizer_step);
 }
 
@@ -363,7 +401,7 @@ Status Trainer::Run(const RunHooks& hooks) {
           "(samples {}..{})",
           c.iteration, last, SamplesBefore(last + 1) - first_sample, first_sample,
           SamplesBefore(last + 1) - 1));
-    } else if (!r.data_skipped && r.skipped &&
+    } else if (!r.data_skipped && r.skipped && !(r.overflow && std::isfinite(r.loss)) &&
                !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))) {
       hooks.log(fmt::format(
           "WARNING: iteration {}: non-finite {} (loss {}, grad norm {}): update skipped",
@@ -386,8 +424,9 @@ void Trainer::AccountIteration(const StepResult& r, const RunHooks& hooks) {
   const TrainCounters& c = state_.counters;
   const size_t nd = data_.dataset_names.size();
   // A skipped data window computes nothing: no loss, no throughput (a gap, not a NaN).
-  const bool nonfinite =
-      !r.data_skipped && r.skipped && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm));
+  // An fp16 overflow with a finite loss is the loss scaler's business, not a NaN iteration.
+  const bool nonfinite = !r.data_skipped && r.skipped &&
+                         !(std::isfinite(r.loss) && (r.overflow || std::isfinite(r.grad_norm)));
   const double flops = r.data_skipped ? 0.0 : FlopsPerIteration(r.global_batch);
   ++iv.iters;
   iv.ms += r.step_ms;
@@ -423,7 +462,7 @@ void Trainer::AccountIteration(const StepResult& r, const RunHooks& hooks) {
         {"learning_rate", r.lr},
         {"global_batch_size", r.global_batch},
         {"lm_loss", JsonNumber(r.loss)},
-        {"loss_scale", 1.0},
+        {"loss_scale", r.loss_scale},
         {"grad_norm", JsonNumber(r.grad_norm)},
         {"num_zeros", r.num_zeros},
         {"skipped", r.skipped},
@@ -452,6 +491,7 @@ void Trainer::AccountIteration(const StepResult& r, const RunHooks& hooks) {
   s.global_batch_size = r.global_batch;
   s.lm_loss = iv.ok > 0 ? iv.loss_sum / static_cast<double>(iv.ok) : NAN;
   s.grad_norm = r.grad_norm;
+  s.loss_scale = r.loss_scale;
   s.num_zeros = static_cast<double>(r.num_zeros);
   s.skipped_iterations = iv.skipped;
   s.nan_iterations = iv.nan;
@@ -534,6 +574,12 @@ uint64_t Trainer::StateFingerprint() {
   XXH3_64bits_update(st, &s.optimizer_step, sizeof(s.optimizer_step));
   XXH3_64bits_update(st, &s.counters, sizeof(s.counters));
   XXH3_64bits_update(st, &s.lr_scale, sizeof(s.lr_scale));
+  if (scaler_) {  // fp16 only: fingerprints of fp32 and bf16 runs are as before mixed precision
+    XXH3_64bits_update(st, &s.loss_scaler.scale, sizeof(s.loss_scaler.scale));
+    XXH3_64bits_update(st, &s.loss_scaler.growth_tracker, sizeof(s.loss_scaler.growth_tracker));
+    XXH3_64bits_update(st, &s.loss_scaler.hysteresis_tracker,
+                       sizeof(s.loss_scaler.hysteresis_tracker));
+  }
   XXH3_64bits_update(st, &s.data_salt, sizeof(s.data_salt));
   for (const IterationRange& r : s.skip_ranges) XXH3_64bits_update(st, &r, sizeof(r));
   // The log interval in progress. An empty one (at every log boundary, so at the end of every

@@ -22,6 +22,7 @@
 #include "model/gpt.h"
 #include "optim/adamw.h"
 #include "optim/batch_rampup.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "watchdog/phase_tracker.h"
 
@@ -47,7 +48,12 @@ struct StepResult {
   int64_t global_batch = 0;
   std::vector<double> dataset_loss;        // per dataset: mean loss of its sequences (NaN: none)
   std::vector<int64_t> dataset_sequences;  // per dataset: sequences in this batch
-  bool skipped = false;       // no update applied (non-finite, or the guard skipped it)
+  bool skipped = false;  // no update applied (non-finite, or the guard skipped it)
+  // fp16: the scaled gradients overflowed (inf/NaN), so the update was skipped and the loss
+  // scaler told (Megatron's found_inf); loss_scale is the scale after its update, as logged.
+  bool overflow = false;
+  double loss_scale = 1.0;
+  LossScaleChange loss_scale_change = LossScaleChange::kNone;
   bool data_skipped = false;  // in a skipped data window: nothing was computed
   // The update left NaN/Inf weights (or weights whose squares overflow): the run must stop.
   bool weights_nonfinite = false;
@@ -133,6 +139,11 @@ class Trainer {
   const TrainConfig& config() const { return cfg_; }
   GptModel& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
+  // --fp16: the dynamic (or static) loss scaler; nullptr in fp32 and bf16, which do not scale.
+  const LossScaler* loss_scaler() const { return scaler_.get(); }
+  // --fp16 after a checkpoint saved in another precision: the scaler starts afresh from the
+  // config (the state restored with the checkpoint belongs to no fp16 run).
+  void ResetLossScaler();
   // The iterations whose batches read any of samples [first_sample, last_sample] (0-based
   // positions in the run's sample stream); first = -1 when the run never reaches them.
   IterationRange IterationsReading(int64_t first_sample, int64_t last_sample) const;
@@ -185,6 +196,7 @@ class Trainer {
   TrainerData data_;
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<LossScaler> scaler_;  // --fp16 only
   bool zero_ = false;  // ZeRO-1: the optimizer holds this rank's shard of the moments
   ShardRange shard_;   // this rank's shard of the parameter buffer (ShardOf)
   std::unique_ptr<GradientReducer> reducer_;

@@ -463,6 +463,14 @@ Status TrainingRun::StartFromResumePoint() {
       KEEL_RETURN_IF_ERROR(ckpt_->Restore(saved, resume_.in_save_dir()));
     }
     const double ls = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
+    if (saved.config.precision != cfg_.precision) {
+      // Master weights and moments are fp32 in every precision; only fp16's loss scaler is new
+      // (or dropped).
+      trainer_->ResetLossScaler();
+      if (cfg_.precision == Precision::kFp16)
+        Log("the checkpoint was trained in {}: the fp16 loss scaler starts at {:g}",
+            PrecisionName(saved.config.precision), trainer_->loss_scaler()->scale());
+    }
     const TrainState& s = trainer_->state();
     Log("resumed from {}: iteration {}, consumed samples {}, optimizer step {}, next LR {:.6E}, "
         "LR scale {} (loaded in {:.2f} s)",
@@ -576,7 +584,23 @@ Status TrainingRun::Train(Outcome* outcome) {
       fatal_ = health_->AfterIteration();
       return fatal_.ok() && ckpt_->AfterIteration();
     };
-    hooks.step = [this](const StepResult& r) { health_->OnStep(r); };
+    hooks.step = [this](const StepResult& r) {
+      health_->OnStep(r);
+      // A loss scale driven down to its floor is how an fp16 run's trouble shows (tr8-104B).
+      if (r.loss_scale_change == LossScaleChange::kBackedOff &&
+          r.loss_scale <= cfg_.min_loss_scale) {
+        const int64_t it = trainer_->state().counters.iteration;
+        journal_->Append({{"event", "loss_scale_collapse"},
+                          {"iteration", it},
+                          {"at", UtcTimestamp()},
+                          {"loss_scale", r.loss_scale}},
+                         fmt::format("iteration {}: WARNING: the fp16 loss scale fell to its "
+                                     "minimum {:g} (--min-loss-scale): gradients overflow even "
+                                     "unscaled; the run is likely diverging",
+                                     it, r.loss_scale),
+                         "guard: ");
+      }
+    };
     bool metrics_failed = false;
     hooks.metrics = [&](const nlohmann::json& m) {
       Status ms = metrics_->Append(m);

@@ -244,5 +244,25 @@ TEST(ResumeTest, ConfigChangesNeedTheirFlagAndAreReportedWhenAccepted) {
   fs::remove_all(c.save);
 }
 
+// Master weights and moments are fp32 in every recipe: switching precision on resume is a free
+// change, accepted without a flag and reported.
+TEST(ResumeTest, PrecisionMayChangeOnResumeAndIsReported) {
+  TrainConfig c = Tiny();
+  c.save = FreshDir("precision");
+  SaveCheckpoints(c, c.save, {10});
+  ResumePoint p;
+  TrainConfig now = c;
+  now.precision = Precision::kBf16;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(Validate(&now, &notes).ok());
+  ASSERT_TRUE(ResolveResumePoint(Env::Default(), now, Logger, &p).ok());
+  EXPECT_TRUE(p.accepted.empty());
+  ASSERT_EQ(p.notes.size(), 1u);
+  EXPECT_NE(p.notes[0].find("bf16: false -> true"), std::string::npos) << p.notes[0];
+  ASSERT_TRUE(p.saved);
+  EXPECT_EQ(p.saved->config.precision, Precision::kFp32);
+  fs::remove_all(c.save);
+}
+
 }  // namespace
 }  // namespace keel

@@ -142,6 +142,53 @@ TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
   fs::remove_all(root);
 }
 
+// fp16: the loss scaler's scale and trackers travel with the checkpoint (a resumed run that
+// restarted the scale at 2^32 would skip updates the uninterrupted run applied).
+TEST(TrainCheckpointTest, Fp16ResumeCarriesTheLossScalerBitForBit) {
+  TrainConfig c = Tiny(false);
+  c.precision = Precision::kFp16;
+  c.initial_loss_scale = 1024;
+  c.loss_scale_window = 3;  // the scale climbs, overflows, backs off within 14 iterations
+  std::vector<std::string> notes;
+  ASSERT_TRUE(Validate(&c, &notes).ok());
+  RunHooks quiet;
+  quiet.log = [](const std::string&) {};
+  Harness a(c);
+  a.tr.InitializeWeights();
+  ASSERT_TRUE(a.tr.Run(quiet).ok());
+  const uint64_t want = a.tr.StateFingerprint();
+
+  const std::string root = ::testing::TempDir() + "/keel_fp16_ckpt_" + std::to_string(getpid());
+  fs::remove_all(root);
+  LossScalerState at_save;
+  {
+    Harness b(c);
+    b.tr.InitializeWeights();
+    CheckpointStore store(Env::Default(), root, nullptr);
+    CheckpointController ctl(c, Env::Default(), &store, &b.tr, NoTokenizer(),
+                             nlohmann::json::array(), nullptr);
+    RunHooks hb = quiet;
+    hb.after_iteration = [&] { return b.tr.state().counters.iteration < 7; };
+    ASSERT_TRUE(b.tr.Run(hb).ok());
+    at_save = b.tr.state().loss_scaler;
+    ASSERT_NE(at_save.scale, 1024);  // the scale moved: the test can tell a reset
+    ASSERT_TRUE(ctl.SaveNow("test").ok());
+  }
+  Harness r(c);
+  CheckpointStore store(Env::Default(), root, nullptr);
+  CheckpointInfo info;
+  ASSERT_TRUE(store.FindNewestValid(true, &info).ok());
+  SavedTrainState saved;
+  ASSERT_TRUE(ReadSavedTrainState(Env::Default(), info.path, &saved).ok());
+  EXPECT_EQ(saved.train.loss_scaler, at_save);
+  EXPECT_EQ(saved.config.precision, Precision::kFp16);
+  ASSERT_TRUE(RestoreTrainer(Env::Default(), saved, &r.tr).ok());
+  EXPECT_EQ(r.tr.loss_scaler()->state(), at_save);
+  ASSERT_TRUE(r.tr.Run(quiet).ok());
+  EXPECT_EQ(r.tr.StateFingerprint(), want);
+  fs::remove_all(root);
+}
+
 TEST(TrainCheckpointTest, CheckpointOfAnotherShapeIsRefused) {
   TrainConfig c = Tiny();
   const std::string root =

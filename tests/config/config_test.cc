@@ -858,3 +858,74 @@ TEST(ConfigTest, GuardSettingsParseAndValidate) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel {
+namespace {
+
+// ---- mixed precision ----
+
+TEST(ConfigPrecisionTest, MegatronFlagsPickTheRecipe) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({}, &p).ok());
+  EXPECT_EQ(p.config.precision, Precision::kFp32);
+  ASSERT_TRUE(Parse({"--bf16"}, &p).ok());
+  EXPECT_EQ(p.config.precision, Precision::kBf16);
+  ASSERT_TRUE(Parse({"--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "500",
+                     "--hysteresis", "3", "--min-loss-scale", "2"},
+                    &p)
+                  .ok());
+  EXPECT_EQ(p.config.precision, Precision::kFp16);
+  EXPECT_EQ(p.config.initial_loss_scale, 65536);
+  EXPECT_EQ(p.config.loss_scale_window, 500);
+  EXPECT_EQ(p.config.hysteresis, 3);
+  EXPECT_EQ(p.config.min_loss_scale, 2);
+  EXPECT_FALSE(HasNote(p, "loss-scale settings are ignored"));
+  // A programmatic config may name the precision; Validate sets the flags to match.
+  TrainConfig c;
+  c.precision = Precision::kFp16;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(Validate(&c, &notes).ok());
+  EXPECT_TRUE(c.fp16);
+  EXPECT_FALSE(c.bf16);
+}
+
+TEST(ConfigPrecisionTest, BothRecipesOrBadScalesAreRefusedWithTheFix) {
+  ParsedConfig p;
+  Status st = Parse({"--bf16", "--fp16"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "--bf16 and --fp16 are both set");
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--fp16", "--initial-loss-scale", "0"},
+        {"--fp16", "--min-loss-scale", "-1"},
+        {"--fp16", "--min-loss-scale", "1024", "--initial-loss-scale", "512"},
+        {"--fp16", "--loss-scale-window", "0"},
+        {"--fp16", "--hysteresis", "0"},
+        {"--fp16", "--loss-scale", "-8"}}) {
+    st = Parse(bad, &p);
+    EXPECT_FALSE(st.ok()) << bad[1];
+    EXPECT_CONTAINS(st.message(), bad[1]);
+  }
+}
+
+// Megatron scripts pass loss-scale flags with --bf16 too: accepted, and the log says they do
+// nothing.
+TEST(ConfigPrecisionTest, LossScaleFlagsWithoutFp16AreNotedAsIgnored) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--bf16", "--loss-scale-window", "500"}, &p).ok());
+  EXPECT_TRUE(HasNote(p, "loss-scale settings are ignored: loss scaling applies only to --fp16"));
+}
+
+TEST(ConfigPrecisionTest, TomlRoundTripsThePrecision) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--fp16", "--loss-scale", "128"}, &p).ok());
+  const std::string toml = FormatConfig(p.config);
+  EXPECT_CONTAINS(toml, "fp16 = true");
+  const std::string path = WriteTemp("fp16.toml", toml);
+  ParsedConfig q;
+  ASSERT_TRUE(Parse({"--config", path}, &q).ok());
+  EXPECT_EQ(q.config.precision, Precision::kFp16);
+  EXPECT_EQ(q.config.loss_scale, 128);
+}
+
+}  // namespace
+}  // namespace keel
