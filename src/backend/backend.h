@@ -165,7 +165,8 @@ class Backend {
   virtual size_t CountZeros(const float* x, size_t n) = 0;
   // Number of elements that are NaN or +-Inf.
   virtual size_t CountNonFinite(const float* x, size_t n) = 0;
-  // AdamW (Loshchilov & Hutter) with bias correction; step is 1-based:
+  // AdamW (Loshchilov & Hutter) with bias correction; step is 1-based; g = grad * grad_scale
+  // (gradient clipping and fp16's unscaling ride in the update's pass instead of one of their own):
   //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
   //   p -= lr * ( (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps) + wd * p )
   // With `stats`, the same pass also ADDS sum (p_new - p_old)^2 and sum p_new^2 (in double, fixed
@@ -177,7 +178,7 @@ class Backend {
   };
   virtual void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                            float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                           AdamWStats* stats = nullptr) = 0;
+                           AdamWStats* stats = nullptr, float grad_scale = 1.0f) = 0;
 };
 
 // The CPU backend: fp32, OpenMP and OpenBLAS. `threads` <= 0 means all available cores.

@@ -182,7 +182,8 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
                     {"master_weights", "fp32"},
                     {"loss_scale", ts.loss_scaler.scale},
                     {"loss_scale_growth_tracker", ts.loss_scaler.growth_tracker},
-                    {"loss_scale_hysteresis_tracker", ts.loss_scaler.hysteresis_tracker}};
+                    {"loss_scale_hysteresis_tracker", ts.loss_scaler.hysteresis_tracker},
+                    {"overflow_skipped_samples", ts.loss_scaler.skipped_samples}};
   s["batch"] = {{"global_batch_size", cfg.global_batch_size},
                 {"micro_batch_size", cfg.micro_batch_size},
                 {"rampup_batch_size", cfg.rampup_batch_size},
@@ -292,6 +293,7 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
     t.loss_scaler.scale = prec["loss_scale"].Number();
     t.loss_scaler.growth_tracker = prec["loss_scale_growth_tracker"].Get<int64_t>();
     t.loss_scaler.hysteresis_tracker = prec["loss_scale_hysteresis_tracker"].Get<int64_t>();
+    t.loss_scaler.skipped_samples = prec["overflow_skipped_samples"].Get<int64_t>();
     if (reader.ok() && !(t.loss_scaler.scale > 0 && std::isfinite(t.loss_scaler.scale)))
       reader.Fail(prec["loss_scale"].path(),
                   "must be a positive number, but is " + prec["loss_scale"].raw().dump());

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 
+#include "backend/profiling_backend.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
 #include "comm/communicator.h"
@@ -74,6 +75,27 @@ class GemmPeer {
   uint16_t* w_lowp_ = nullptr;
 };
 
+// Per op: ms per step, share of the step, calls per step; then what no op accounts for.
+void LogProfile(const ProfilingBackend& profiler, const std::vector<double>& step_ms) {
+  double total_ms = 0;
+  for (double v : step_ms) total_ms += v;
+  const double steps = static_cast<double>(step_ms.size());
+  std::vector<std::pair<std::string, ProfilingBackend::OpTime>> ops(profiler.times().begin(),
+                                                                    profiler.times().end());
+  std::sort(ops.begin(), ops.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  double in_ops_ms = 0;
+  Log("  {:<28} {:>9} {:>7} {:>8}", "op", "ms/step", "share", "calls");
+  for (const auto& [name, t] : ops) {
+    in_ops_ms += 1e3 * t.seconds;
+    if (1e3 * t.seconds / total_ms < 0.001) continue;
+    Log("  {:<28} {:>9.1f} {:>6.1f}% {:>8.0f}", name, 1e3 * t.seconds / steps,
+        100.0 * 1e3 * t.seconds / total_ms, static_cast<double>(t.calls) / steps);
+  }
+  Log("  {:<28} {:>9.1f} {:>6.1f}%", "(outside backend ops)", (total_ms - in_ops_ms) / steps,
+      100.0 * (total_ms - in_ops_ms) / total_ms);
+}
+
 }  // namespace
 
 int BenchCommand(int argc, const char* const* argv) {
@@ -87,6 +109,14 @@ int BenchCommand(int argc, const char* const* argv) {
       ->check(CLI::Range(1, 1000));
   app.add_option("--warmup", warmup, "untimed iterations first")->check(CLI::Range(0, 100));
   app.add_option("--models", only, "subset of: tiny, small, gpt2-124m");
+  int global_batch = 0;
+  app.add_option("--global-batch-size", global_batch,
+                 "sequences per optimizer step (default: one micro-batch, no accumulation)")
+      ->check(CLI::Range(0, 1 << 20));
+  bool profile = false;
+  app.add_flag("--profile", profile,
+               "also print where each model's step time goes: every backend op's share, and the "
+               "time outside them");
   std::vector<std::string> precision_names = {"fp32", "bf16"};
   app.add_option("--precisions", precision_names,
                  "precisions to time side by side, each model in each (default: fp32 bf16; fp16 "
@@ -156,6 +186,10 @@ int BenchCommand(int argc, const char* const* argv) {
   Log("pairs of (model GFLOP/s) / (peer GFLOP/s); FLOPs counted as Megatron does");
   Log("{:<10} {:>5} {:>12} {:>5} {:>4} {:>9} {:>10} {:>9} {:>9} {:>7}", "model", "prec", "params",
       "seq", "mbs", "step ms", "tokens/s", "GFLOP/s", "peer", "MFU");
+  if (global_batch > 0)
+    Log("every model: a global batch of {} sequences per optimizer step (gradients accumulated "
+        "over micro-batches)",
+        global_batch);
   auto comm = MakeSingleProcessCommunicator();
   for (const BenchModel& m : models) {
     if (!only.empty() && std::find(only.begin(), only.end(), m.name) == only.end()) continue;
@@ -167,7 +201,7 @@ int BenchCommand(int argc, const char* const* argv) {
       cfg.num_attention_heads = m.heads;
       cfg.seq_length = m.seq;
       cfg.micro_batch_size = m.micro_batch;
-      cfg.global_batch_size = m.micro_batch;
+      cfg.global_batch_size = global_batch > 0 ? global_batch : m.micro_batch;
       cfg.vocab_size = m.vocab;
       cfg.train_iters = warmup + iters;
       cfg.lr_warmup_iters = 1;
@@ -185,12 +219,14 @@ int BenchCommand(int argc, const char* const* argv) {
           tokens[t] = static_cast<int32_t>(U64At(key, t) % static_cast<uint64_t>(m.vocab));
         return 0;
       };
-      Trainer trainer(cfg, backend.get(), comm.get(), {fn, SampleFn()});
+      ProfilingBackend profiler(backend.get());
+      Trainer trainer(cfg, profile ? &profiler : backend.get(), comm.get(), {fn, SampleFn()});
       trainer.InitializeWeights();
       std::vector<double> ms, peer_gflops, ratio;
       const double flops = trainer.FlopsPerIteration(cfg.global_batch_size);
       for (int i = 0; i < warmup + iters; ++i) {
         const double peak = peers[pi]->Measure();
+        if (i == warmup) profiler.Reset();
         const StepResult r = trainer.TrainStep();
         if (i < warmup) continue;
         ms.push_back(r.step_ms);
@@ -204,6 +240,7 @@ int BenchCommand(int argc, const char* const* argv) {
           PrecisionName(precisions[pi]), trainer.model().num_params(), m.seq, m.micro_batch,
           step_ms, tokens_per_s.back(), flops / (step_ms / 1e3) / 1e9, Median(peer_gflops),
           100.0 * Median(ratio));
+      if (profile) LogProfile(profiler, ms);
     }
     for (size_t pi = 1; pi < precisions.size(); ++pi)
       Log("{:<10} {} tokens/s are {:.2f}x {}'s (same run)", m.name, PrecisionName(precisions[pi]),

@@ -410,7 +410,8 @@ Status ValidatePrecision(TrainConfig* c, std::vector<std::string>* notes) {
   }
   if (!(c->initial_loss_scale > 0)) {
     return Invalid(fmt::format(
-        "--initial-loss-scale {} must be positive; Megatron's default is 4294967296 (2^32)",
+        "--initial-loss-scale {} must be positive; keel's default is 65536 (2^16), Megatron's "
+        "4294967296 (2^32)",
         c->initial_loss_scale));
   }
   if (!(c->min_loss_scale > 0)) {
@@ -442,6 +443,12 @@ Status ValidatePrecision(TrainConfig* c, std::vector<std::string>* notes) {
         c->loss_scale));
   }
   const TrainConfig d;
+  if (c->precision == Precision::kFp16 && c->loss_scale == 0 &&
+      c->initial_loss_scale == d.initial_loss_scale) {
+    notes->push_back(
+        "fp16: the loss scale starts at 65536 (2^16, DeepSpeed's default; Megatron starts at 2^32 "
+        "and skips the first ~16 updates halving it: --initial-loss-scale 4294967296 for that)");
+  }
   const bool scaler_flags = c->initial_loss_scale != d.initial_loss_scale ||
                             c->min_loss_scale != d.min_loss_scale ||
                             c->loss_scale_window != d.loss_scale_window ||

@@ -76,7 +76,10 @@ struct TrainConfig {
   bool bf16 = false;  // --bf16 (Megatron's flag)
   bool fp16 = false;  // --fp16
   // fp16's loss scaler (Megatron's flags and defaults); ignored, with a note, in fp32 and bf16.
-  double initial_loss_scale = 4294967296.0;  // 2^32
+  // 2^16, DeepSpeed's default (initial_scale_power 16). Megatron starts at 2^32 and spends the
+  // run's first ~16 iterations halving it (each overflow skips an update); pass
+  // --initial-loss-scale 4294967296 for Megatron's start.
+  double initial_loss_scale = 65536.0;
   double min_loss_scale = 1.0;
   int64_t loss_scale_window = 1000;  // clean iterations before the scale doubles
   int64_t hysteresis = 2;            // overflows absorbed before the scale halves

@@ -24,7 +24,7 @@ AdamW::~AdamW() {
 }
 
 void AdamW::Step(float* param, const float* grad, const std::vector<ParamInfo>& params, double lr,
-                 Backend::AdamWStats* stats) {
+                 Backend::AdamWStats* stats, float grad_scale) {
   ++step_;
   for (const ParamInfo& p : params) {
     const size_t lo = std::max(p.offset, shard_.begin);
@@ -34,26 +34,26 @@ void AdamW::Step(float* param, const float* grad, const std::vector<ParamInfo>& 
     const size_t s = lo - shard_.begin;
     backend_->AdamWUpdate(param + lo, grad + lo, m_ + s, v_ + s, hi - lo, static_cast<float>(lr),
                           static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-                          static_cast<float>(cfg_.eps), wd, step_, stats);
+                          static_cast<float>(cfg_.eps), wd, step_, stats, grad_scale);
   }
 }
 
 GradStats ComputeGradStats(Backend* backend, const float* grad, size_t n) {
   GradStats s;
   const double sq = backend->SumSquares(grad, n);
-  s.finite = std::isfinite(sq) && backend->CountNonFinite(grad, n) == 0;
+  // A NaN or inf element makes the sum of squares NaN or inf: a finite sum needs no second pass
+  // over the gradients (an infinite one from overflowing squares is judged non-finite too).
+  s.finite = std::isfinite(sq);
   s.sum_sq = sq;
   s.norm = std::sqrt(sq);
   s.num_zeros = backend->CountZeros(grad, n);
   return s;
 }
 
-double ClipGradients(Backend* backend, float* grad, size_t n, double norm, double max_norm) {
+double ClipCoefficient(double norm, double max_norm) {
   if (max_norm <= 0.0) return 1.0;
   const double coeff = max_norm / (norm + 1e-6);
-  if (coeff >= 1.0) return 1.0;
-  backend->Scale(grad, n, static_cast<float>(coeff));
-  return coeff;
+  return coeff >= 1.0 ? 1.0 : coeff;
 }
 
 }  // namespace keel

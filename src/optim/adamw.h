@@ -33,8 +33,9 @@ class AdamW {
 
   // One update of the shard's part of every tensor in `params` (slices of `param`/`grad`, the
   // whole buffers) at learning rate lr. With `stats`, also measures it (Backend::AdamWUpdate).
+  // grad_scale multiplies every gradient as it is read (clipping, fp16's unscaling).
   void Step(float* param, const float* grad, const std::vector<ParamInfo>& params, double lr,
-            Backend::AdamWStats* stats = nullptr);
+            Backend::AdamWStats* stats = nullptr, float grad_scale = 1.0f);
 
   int64_t step() const { return step_; }  // number of updates applied so far
   void set_step(int64_t s) { step_ = s; }
@@ -64,8 +65,8 @@ struct GradStats {
   bool finite = true;
 };
 GradStats ComputeGradStats(Backend* backend, const float* grad, size_t n);
-// Scales the gradients by max_norm / (norm + 1e-6) when that is below 1 (Megatron's rule).
-// Returns the factor applied (1 if none).
-double ClipGradients(Backend* backend, float* grad, size_t n, double norm, double max_norm);
+// Megatron's clipping factor: max_norm / (norm + 1e-6) when that is below 1, else 1 (also 1 when
+// clipping is off, max_norm <= 0). The update multiplies the gradients by it (AdamW::Step).
+double ClipCoefficient(double norm, double max_norm);
 
 }  // namespace keel

@@ -20,12 +20,15 @@ struct LossScalerState {
   double scale = 1.0;
   int64_t growth_tracker = 0;
   int64_t hysteresis_tracker = 0;
+  // Samples of the iterations whose update an overflow skipped. Megatron steps its LR scheduler
+  // only after a successful update, so the schedule's position is consumed samples minus these.
+  int64_t skipped_samples = 0;
   bool operator==(const LossScalerState&) const = default;
 };
 
 struct LossScalerOptions {
   bool dynamic = true;
-  double initial_scale = 4294967296.0;  // 2^32, Megatron's --initial-loss-scale default
+  double initial_scale = 65536.0;  // 2^16 (TrainConfig::initial_loss_scale says why)
   double min_scale = 1.0;
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
@@ -53,6 +56,7 @@ class LossScaler {
   LossScaleChange Update(bool found_inf);
   const LossScalerState& state() const { return state_; }
   void Restore(const LossScalerState& s) { state_ = s; }
+  void AddSkippedSamples(int64_t n) { state_.skipped_samples += n; }
   const LossScalerOptions& options() const { return opt_; }
 
  private:

@@ -19,7 +19,8 @@ MemoryEstimate EstimateRunMemory(const TrainConfig& cfg) {
   const GptSpec spec = SpecFromConfig(cfg);
   MemoryEstimate e;
   e.params = GptModel::ParamCount(spec);
-  e.weights = e.params * sizeof(float);
+  // fp32 master weights, plus the 16-bit compute copy that bf16 and fp16 products read.
+  e.weights = e.params * (sizeof(float) + (cfg.precision != Precision::kFp32 ? 2 : 0));
   e.gradients = e.params * sizeof(float);
   // AdamW's m and v; with ZeRO-1 each data-parallel rank holds its shard of them.
   const uint64_t dp = static_cast<uint64_t>(std::max(1, cfg.data_parallel_size));
@@ -51,9 +52,10 @@ std::string FormatBytes(uint64_t bytes) {
 
 std::string DescribeMemoryEstimate(const TrainConfig& cfg, const MemoryEstimate& e) {
   return fmt::format(
-      "weights {}, gradients {} and AdamW moments {} ({} parameters x 4 + 4 + 8 bytes{}), "
+      "weights {}, gradients {} and AdamW moments {} ({} parameters x {} + 4 + 8 bytes{}), "
       "activations {} (one micro-batch of {} x {} tokens), data buffers {}",
       FormatBytes(e.weights), FormatBytes(e.gradients), FormatBytes(e.moments), e.params,
+      cfg.precision != Precision::kFp32 ? "(4 + 2)" : "4",
       cfg.data_parallel_size > 1
           ? fmt::format(", per rank of {}{}", cfg.data_parallel_size,
                         cfg.use_distributed_optimizer ? ", moments sharded by ZeRO-1" : "")

@@ -16,7 +16,7 @@ namespace keel {
 
 struct MemoryEstimate {
   uint64_t params = 0;       // parameters
-  uint64_t weights = 0;      // fp32 weights
+  uint64_t weights = 0;      // fp32 weights (+ their 16-bit compute copy in bf16 and fp16)
   uint64_t gradients = 0;    // fp32 gradients
   uint64_t moments = 0;      // AdamW's two fp32 moments
   uint64_t activations = 0;  // one micro-batch's activations and gradient scratch

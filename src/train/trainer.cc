@@ -72,12 +72,16 @@ IterationRange Trainer::IterationsReading(int64_t first_sample, int64_t last_sam
 Trainer::~Trainer() = default;
 
 void Trainer::ResetLossScaler() {
+  // The LR schedule's lag behind the consumed samples stays: it is history, not scaler state.
+  const int64_t lag = state_.loss_scaler.skipped_samples;
   if (cfg_.precision == Precision::kFp16) {
     scaler_ = std::make_unique<LossScaler>(LossScalerOptions::FromConfig(cfg_));
+    scaler_->AddSkippedSamples(lag);
     state_.loss_scaler = scaler_->state();
   } else {
     scaler_.reset();
     state_.loss_scaler = LossScalerState{};  // scale 1: fp32 and bf16 do not scale the loss
+    state_.loss_scaler.skipped_samples = lag;
   }
 }
 
@@ -110,7 +114,7 @@ StepResult Trainer::TrainStep() {
   StepResult r;
   r.global_batch = rampup_.GlobalBatchAt(c.consumed_samples);
   // The update of this iteration uses the LR at the position after its batch (see lr_schedule.h).
-  r.lr = state_.lr_scale * schedule_.LrAt(c.consumed_samples + r.global_batch);
+  r.lr = state_.lr_scale * schedule_.LrAt(ScheduleSamples() + r.global_batch);
   const int64_t iteration = c.iteration + 1;
   if (phases_) phases_->BeginIteration(iteration);
   if (IsSkipped(iteration)) {
@@ -253,25 +257,26 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
     gs.finite = v[2] == 0.0 && std::isfinite(v[0]);
   }
   TrainCounters& c = state_.counters;
+  double unscale = 1.0;  // fp16: 1 / the loss scale
   if (scaler_) {
     // fp16 (Megatron's rule): the scaler hears every iteration; an overflow skips the update.
     const double scale = scaler_->scale();
     r->loss_scale_change = scaler_->Update(!gs.finite);
-    state_.loss_scaler = scaler_->state();
     r->loss_scale = scaler_->scale();
     if (!gs.finite) {
       r->overflow = r->skipped = true;
+      scaler_->AddSkippedSamples(r->global_batch);
       r->grad_norm = NAN;
+      state_.loss_scaler = scaler_->state();
       ++c.skipped_iterations;
       if (!std::isfinite(r->loss)) ++c.nan_iterations;
       return;
     }
-    // Unscale: the norm and, for the update, the gradients themselves.
+    state_.loss_scaler = scaler_->state();
+    // Unscale the norm here; the gradients themselves are unscaled as the update reads them.
     gs.norm /= scale;
     gs.sum_sq /= scale * scale;
-    const ShardRange upd = zero_ ? shard_ : ShardRange{0, n};
-    EnterPhase(Phase::kOptimizer);
-    backend_->Scale(grads + upd.begin, upd.size(), static_cast<float>(1.0 / scale));
+    unscale = 1.0 / scale;
   }
   r->grad_norm = gs.norm;
   r->num_zeros = gs.num_zeros;
@@ -303,14 +308,15 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
     ++c.skipped_iterations;
     return;
   }
-  // The part of the gradients this rank's optimizer reads: its shard (ZeRO-1) or all of them.
-  const ShardRange upd = zero_ ? shard_ : ShardRange{0, n};
   EnterPhase(Phase::kOptimizer);
-  ClipGradients(backend_, grads + upd.begin, upd.size(), gs.norm, cfg_.clip_grad);
+  // The optimizer reads its shard (ZeRO-1) or all of the gradients. Clipping (and fp16's unscaling)
+  // multiply the gradients inside the update's own pass.
+  const double grad_scale = unscale * ClipCoefficient(gs.norm, cfg_.clip_grad);
   // Measured inside the update's own pass over memory: the guard's signals, and the weights'
   // squared norm, non-finite exactly when a weight is (or its square overflows).
   Backend::AdamWStats st;
-  optimizer_->Step(model_->param_data(), grads, model_->params(), r->lr, &st);
+  optimizer_->Step(model_->param_data(), grads, model_->params(), r->lr, &st,
+                   static_cast<float>(grad_scale));
   if (zero_) {
     // Every rank updated its shard: the statistics are summed, the weights all-gathered.
     EnterPhase(Phase::kReduce);
@@ -339,7 +345,7 @@ int64_t Trainer::NextGlobalBatch() const {
 }
 
 double Trainer::NextLr() const {
-  return state_.lr_scale * schedule_.LrAt(state_.counters.consumed_samples + NextGlobalBatch());
+  return state_.lr_scale * schedule_.LrAt(ScheduleSamples() + NextGlobalBatch());
 }
 
 double Trainer::Evaluate(int64_t iters) {
@@ -579,6 +585,7 @@ uint64_t Trainer::StateFingerprint() {
     XXH3_64bits_update(st, &s.loss_scaler.growth_tracker, sizeof(s.loss_scaler.growth_tracker));
     XXH3_64bits_update(st, &s.loss_scaler.hysteresis_tracker,
                        sizeof(s.loss_scaler.hysteresis_tracker));
+    XXH3_64bits_update(st, &s.loss_scaler.skipped_samples, sizeof(s.loss_scaler.skipped_samples));
   }
   XXH3_64bits_update(st, &s.data_salt, sizeof(s.data_salt));
   for (const IterationRange& r : s.skip_ranges) XXH3_64bits_update(st, &r, sizeof(r));

@@ -177,6 +177,10 @@ class Trainer {
 
  private:
   bool IsSkipped(int64_t iteration) const;
+  // Where the LR schedule stands: consumed samples, less those of fp16's overflowed iterations.
+  int64_t ScheduleSamples() const {
+    return state_.counters.consumed_samples - state_.loss_scaler.skipped_samples;
+  }
   void EnterPhase(Phase p) {
     if (phases_) phases_->Enter(p);
   }

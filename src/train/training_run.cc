@@ -136,6 +136,7 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   Log("resolved config:\n{}", FormatConfig(r.cfg_));
   *doing = "building the model and the optimizer";
   r.backend_ = MakeCpuBackend(r.cfg_.threads);
+  r.backend_->SetPrecision(r.cfg_.precision);  // the trainer sets it too; the log says it now
   Log("backend: {}", r.backend_->Describe());
   r.trainer_ = std::make_unique<Trainer>(r.cfg_, r.backend_.get(), r.comm_, r.MakeTrainerData());
   r.LogSkippedSampleRanges();

@@ -118,6 +118,7 @@ TEST(MixedPrecisionTest, Fp16LossScalerFollowsMegatronOnInjectedOverflows) {
                                                     LossScaleChange::kGrew,
                                                     LossScaleChange::kOverflowCounted};
   std::vector<float> before(tr.model().num_params()), after(before.size());
+  double prev_lr = 0;
   for (int it = 1; it <= 11; ++it) {
     SCOPED_TRACE(it);
     be->CopyToHost(before.data(), tr.model().param_data(), before.size());
@@ -130,6 +131,14 @@ TEST(MixedPrecisionTest, Fp16LossScalerFollowsMegatronOnInjectedOverflows) {
     EXPECT_EQ(r.loss_scale, want_scale[it - 1]);
     EXPECT_EQ(r.loss_scale_change, want_change[it - 1]);
     EXPECT_TRUE(std::isfinite(r.loss));
+    // Megatron steps the LR scheduler only after a successful update: the iteration after an
+    // overflow runs at the LR the overflowed one had (warm-up: the LR rises every update).
+    if (it > 1 && std::find(overflow_at.begin(), overflow_at.end(), it - 1) != overflow_at.end()) {
+      EXPECT_EQ(r.lr, prev_lr);
+    } else if (it > 1 && it <= 5) {
+      EXPECT_GT(r.lr, prev_lr);
+    }
+    prev_lr = r.lr;
     be->CopyToHost(after.data(), tr.model().param_data(), after.size());
     if (overflow) {
       EXPECT_EQ(before, after) << "an overflowed iteration changed the weights";
@@ -143,6 +152,7 @@ TEST(MixedPrecisionTest, Fp16LossScalerFollowsMegatronOnInjectedOverflows) {
   EXPECT_EQ(tr.state().counters.nan_iterations, 0);  // overflows are not NaN iterations
   EXPECT_EQ(tr.state().loss_scaler.scale, 512);
   EXPECT_EQ(tr.state().loss_scaler.hysteresis_tracker, 1);
+  EXPECT_EQ(tr.state().loss_scaler.skipped_samples, 4 * 4);  // 4 overflows x 4 sequences
 }
 
 // The gradient the update sees is unscaled: fp16's grad norm is fp32's to within rounding, not

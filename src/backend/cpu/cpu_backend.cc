@@ -135,6 +135,83 @@ KEEL_VECTOR_CLONES void GeluBackwardKernel(float* dinp, const float* inp, const 
   }
 }
 
+// sum of x^2 in double (the vector lanes' partial sums added in a fixed order per clone).
+KEEL_VECTOR_CLONES double SumSquaresKernel(const float* x, size_t n) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (size_t i = 0; i < n; i++) s += double(x[i]) * x[i];
+  return s;
+}
+
+KEEL_VECTOR_CLONES size_t CountZerosKernel(const float* x, size_t n) {
+  size_t count = 0;
+#pragma omp simd reduction(+ : count)
+  for (size_t i = 0; i < n; i++) count += (x[i] == 0.0f);
+  return count;
+}
+
+// NaN or +-Inf: all exponent bits set. Tested on the bits so -ffast-math cannot fold it away.
+KEEL_VECTOR_CLONES size_t CountNonFiniteKernel(const float* x, size_t n) {
+  size_t count = 0;
+#pragma omp simd reduction(+ : count)
+  for (size_t i = 0; i < n; i++)
+    count += ((std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u);
+  return count;
+}
+
+KEEL_VECTOR_CLONES void ScaleKernel(float* x, size_t n, float s) {
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+struct AdamWConstants {
+  float lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale;
+};
+
+// One chunk of AdamW (backend.h): compiled per ISA, so AVX-512 machines run its divisions and
+// square roots 16 wide (baseline x86-64 code made the update a quarter of a GPT-2 124M step).
+KEEL_VECTOR_CLONES void AdamWKernel(float* param, const float* grad, float* m, float* v, size_t n,
+                                    AdamWConstants k) {
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) {
+    const float g = grad[i] * k.grad_scale;
+    const float mi = k.beta1 * m[i] + (1.0f - k.beta1) * g;
+    const float vi = k.beta2 * v[i] + (1.0f - k.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi / k.bc1, vhat = vi / k.bc2;
+    param[i] -= k.lr * (mhat / (std::sqrt(vhat) + k.eps) + k.weight_decay * param[i]);
+  }
+}
+
+// The same update, also returning sum (p_new - p_old)^2, sum p_new^2 (float sums within a chunk:
+// a signal needs no more) and max v.
+struct AdamWChunkStats {
+  float update_sq, param_sq, max_v;
+};
+KEEL_VECTOR_CLONES AdamWChunkStats AdamWStatsKernel(float* param, const float* grad, float* m,
+                                                    float* v, size_t n, AdamWConstants k,
+                                                    float max_v) {
+  float su = 0.0f, sp = 0.0f, cmax = max_v;
+#pragma omp simd reduction(+ : su, sp) reduction(max : cmax)
+  for (size_t i = 0; i < n; i++) {
+    const float g = grad[i] * k.grad_scale;
+    const float mi = k.beta1 * m[i] + (1.0f - k.beta1) * g;
+    const float vi = k.beta2 * v[i] + (1.0f - k.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi / k.bc1, vhat = vi / k.bc2;
+    const float old = param[i];
+    const float p = old - k.lr * (mhat / (std::sqrt(vhat) + k.eps) + k.weight_decay * old);
+    param[i] = p;
+    const float d = p - old;
+    su += d * d;
+    sp += p * p;
+    cmax = std::max(cmax, vi);
+  }
+  return {su, sp, cmax};
+}
+
 // Pointwise ops on long arrays hand each thread whole chunks of this many elements.
 constexpr size_t kPointwiseChunk = 4096;
 
@@ -624,7 +701,7 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
       if (lowp) {
         float* vs = Scratch(3, size_t(T) * hs);
         ScaleHead(vs, v, T, hs, C3, 1.0f);
-        for (float* x : {qs, ks, vs}) lowp::Round(x, size_t(T) * hs, precision_, 1);
+        for (float* x : {qs, ks, vs}) lowp::RoundSerial(x, size_t(T) * hs, precision_);
         vv = vs;
         ldv = hs;
       }
@@ -641,7 +718,7 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
       for (int i = 0; i < T; i++) {
         float* row = p + size_t(i) * T;
         const int s0 = doc_start != nullptr ? doc_start[size_t(b) * T + i] : 0;
-        if (precision_ == Precision::kFp16) lowp::Round(row, i + 1, precision_, 1);  // S in fp16
+        if (precision_ == Precision::kFp16) lowp::RoundSerial(row, i + 1, precision_);  // S in fp16
         if (slope != 0.0f) {
           for (int j = s0; j <= i; j++) row[j] -= slope * static_cast<float>(i - j);
         }
@@ -652,7 +729,7 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
         for (int j = 0; j < s0; j++) row[j] = 0.0f;
         for (int j = s0; j <= i; j++) row[j] *= inv;
         for (int j = i + 1; j < T; j++) row[j] = 0.0f;
-        if (lowp) lowp::Round(row + s0, i + 1 - s0, precision_, 1);  // P as the product reads it
+        if (lowp) lowp::RoundSerial(row + s0, i + 1 - s0, precision_);  // P as the product reads it
       }
       if (max_logit != nullptr) max_logit[bh] = head_max;
       // out_h (T,hs) = P @ v, v read in place with row stride 3C (or its rounded copy)
@@ -700,7 +777,7 @@ void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* 
         float* dys = Scratch(4, size_t(T) * hs);
         ScaleHead(vs, v, T, hs, C3, 1.0f);
         ScaleHead(dys, dy, T, hs, C, 1.0f);
-        for (float* x : {qs, ks, vs, dys}) lowp::Round(x, size_t(T) * hs, precision_, 1);
+        for (float* x : {qs, ks, vs, dys}) lowp::RoundSerial(x, size_t(T) * hs, precision_);
         vv = vs;
         dyy = dys;
         ldv = lddy = hs;
@@ -719,7 +796,7 @@ void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* 
         for (int j = 0; j <= i; j++) row[j] = prow[j] * (row[j] - dot);
         const int block_end = std::min(T, (i / kAttBlock + 1) * kAttBlock);
         for (int j = i + 1; j < block_end; j++) row[j] = 0.0f;
-        if (lowp) lowp::Round(row, i + 1, precision_, 1);
+        if (lowp) lowp::RoundSerial(row, i + 1, precision_);
       }
       for (int i0 = 0; i0 < T; i0 += kAttBlock) {
         const int rows = BlockRows(i0, T);
@@ -771,8 +848,12 @@ void CpuBackend::Accumulate(float* dst, const float* src, size_t n) {
 }
 
 void CpuBackend::Scale(float* x, size_t n, float s) {
-#pragma omp parallel for simd schedule(static) num_threads(ThreadsFor(n))
-  for (size_t i = 0; i < n; i++) x[i] *= s;
+  const size_t nchunks = (n + kPointwiseChunk - 1) / kPointwiseChunk;
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(n))
+  for (size_t ch = 0; ch < nchunks; ch++) {
+    const size_t i0 = ch * kPointwiseChunk;
+    ScaleKernel(x + i0, std::min(kPointwiseChunk, n - i0), s);
+  }
 }
 
 // ---- loss -----------------------------------------------------------------------------------
@@ -830,30 +911,32 @@ double CpuBackend::SumSquares(const float* x, size_t n) {
 #pragma omp parallel for schedule(static) num_threads(ThreadsFor(n))
   for (size_t ch = 0; ch < nchunks; ch++) {
     const size_t i0 = ch * kReduceChunk, i1 = std::min(n, i0 + kReduceChunk);
-    double s = 0.0;
-#pragma omp simd reduction(+ : s)
-    for (size_t i = i0; i < i1; i++) s += double(x[i]) * x[i];
-    partial[ch] = s;
+    partial[ch] = SumSquaresKernel(x + i0, i1 - i0);
   }
   double total = 0.0;
   for (double s : partial) total += s;
   return total;
 }
 
-// Integer counts are exact, so an OpenMP reduction is deterministic.
+// Integer counts are exact, so any summation order is deterministic.
 size_t CpuBackend::CountZeros(const float* x, size_t n) {
+  const size_t nchunks = (n + kReduceChunk - 1) / kReduceChunk;
   size_t count = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : count) num_threads(ThreadsFor(n))
-  for (size_t i = 0; i < n; i++) count += (x[i] == 0.0f);
+#pragma omp parallel for schedule(static) reduction(+ : count) num_threads(ThreadsFor(n))
+  for (size_t ch = 0; ch < nchunks; ch++) {
+    const size_t i0 = ch * kReduceChunk;
+    count += CountZerosKernel(x + i0, std::min(kReduceChunk, n - i0));
+  }
   return count;
 }
 
-// NaN or +-Inf: all exponent bits set. Tested on the bits so -ffast-math cannot fold it away.
 size_t CpuBackend::CountNonFinite(const float* x, size_t n) {
+  const size_t nchunks = (n + kReduceChunk - 1) / kReduceChunk;
   size_t count = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : count) num_threads(ThreadsFor(n))
-  for (size_t i = 0; i < n; i++) {
-    count += ((std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u);
+#pragma omp parallel for schedule(static) reduction(+ : count) num_threads(ThreadsFor(n))
+  for (size_t ch = 0; ch < nchunks; ch++) {
+    const size_t i0 = ch * kReduceChunk;
+    count += CountNonFiniteKernel(x + i0, std::min(kReduceChunk, n - i0));
   }
   return count;
 }
@@ -862,52 +945,35 @@ size_t CpuBackend::CountNonFinite(const float* x, size_t n) {
 // p -= lr (mhat / (sqrt(vhat) + eps) + wd p),  mhat = m / (1-b1^t), vhat = v / (1-b2^t)
 void CpuBackend::AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n,
                              float lr, float beta1, float beta2, float eps, float weight_decay,
-                             int64_t step, AdamWStats* stats) {
-  const float bc1 = static_cast<float>(1.0 - std::pow(double(beta1), double(step)));
-  const float bc2 = static_cast<float>(1.0 - std::pow(double(beta2), double(step)));
+                             int64_t step, AdamWStats* stats, float grad_scale) {
+  const AdamWConstants k{lr,
+                         beta1,
+                         beta2,
+                         eps,
+                         weight_decay,
+                         static_cast<float>(1.0 - std::pow(double(beta1), double(step))),
+                         static_cast<float>(1.0 - std::pow(double(beta2), double(step))),
+                         grad_scale};
+  const size_t nchunks = (n + kReduceChunk - 1) / kReduceChunk;
   if (stats == nullptr) {
-#pragma omp parallel for simd schedule(static) num_threads(ThreadsFor(n))
-    for (size_t i = 0; i < n; i++) {
-      const float g = grad[i];
-      const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-      const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-      m[i] = mi;
-      v[i] = vi;
-      const float mhat = mi / bc1, vhat = vi / bc2;
-      param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(n))
+    for (size_t ch = 0; ch < nchunks; ch++) {
+      const size_t i0 = ch * kReduceChunk, len = std::min(kReduceChunk, n - i0);
+      AdamWKernel(param + i0, grad + i0, m + i0, v + i0, len, k);
     }
     return;
   }
-  // The same update, with per-chunk sums combined in chunk order (deterministic for any thread
-  // count) and a max (order-free).
-  const size_t nchunks = (n + kReduceChunk - 1) / kReduceChunk;
+  // Per-chunk sums combined in chunk order (deterministic for any thread count), and a max.
   std::vector<double> upd(nchunks), par(nchunks);
   float vmax = stats->max_v;
 #pragma omp parallel for schedule(static) reduction(max : vmax) num_threads(ThreadsFor(n))
   for (size_t ch = 0; ch < nchunks; ch++) {
-    const size_t i0 = ch * kReduceChunk, i1 = std::min(n, i0 + kReduceChunk);
-    // float sums within a chunk (vector-wide, cheap; a signal needs no more), double across.
-    float su = 0.0f, sp = 0.0f;
-    float cmax = vmax;
-#pragma omp simd reduction(+ : su, sp) reduction(max : cmax)
-    for (size_t i = i0; i < i1; i++) {
-      const float g = grad[i];
-      const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-      const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-      m[i] = mi;
-      v[i] = vi;
-      const float mhat = mi / bc1, vhat = vi / bc2;
-      const float old = param[i];
-      const float p = old - lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * old);
-      param[i] = p;
-      const float d = p - old;
-      su += d * d;
-      sp += p * p;
-      cmax = std::max(cmax, vi);
-    }
-    vmax = std::max(vmax, cmax);
-    upd[ch] = su;
-    par[ch] = sp;
+    const size_t i0 = ch * kReduceChunk, len = std::min(kReduceChunk, n - i0);
+    const AdamWChunkStats cs =
+        AdamWStatsKernel(param + i0, grad + i0, m + i0, v + i0, len, k, vmax);
+    vmax = std::max(vmax, cs.max_v);
+    upd[ch] = cs.update_sq;
+    par[ch] = cs.param_sq;
   }
   for (size_t ch = 0; ch < nchunks; ch++) {
     stats->update_sq += upd[ch];

@@ -82,7 +82,7 @@ class CpuBackend : public Backend {
   size_t CountNonFinite(const float* x, size_t n) override;
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                    float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                   AdamWStats* stats) override;
+                   AdamWStats* stats, float grad_scale) override;
 
  private:
   // OpenBLAS's OpenMP build takes its thread count from omp_get_max_threads() of the calling

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "core/status.h"
 
@@ -44,6 +45,9 @@ class Library {
     dnnl::memory::desc b({k.K, k.N}, Dt::bf16, k.trans_b ? Tag::ba : Tag::ab);
     dnnl::memory::desc c({k.M, k.N}, Dt::f32, Tag::ab);
     dnnl::primitive_attr attr;
+    // Our scratchpad, kept between calls: oneDNN's own is allocated and freed at every product
+    // (mmap, munmap and fresh page faults: ~9% of a bf16 GPT-2 step measured).
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (k.accumulate) {
       dnnl::post_ops po;
       po.append_sum(1.0f);
@@ -66,7 +70,13 @@ class Library {
     dnnl::memory am(g.pd.src_desc(), engine_, const_cast<uint16_t*>(A));
     dnnl::memory bm(g.pd.weights_desc(), engine_, const_cast<uint16_t*>(B));
     dnnl::memory cm(g.pd.dst_desc(), engine_, C);
-    g.prim.execute(stream_, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    const dnnl::memory::desc sd = g.pd.scratchpad_desc();
+    if (scratch_.size() < sd.get_size()) scratch_.resize(sd.get_size());
+    dnnl::memory sm(sd, engine_, scratch_.data());
+    g.prim.execute(stream_, {{DNNL_ARG_SRC, am},
+                             {DNNL_ARG_WEIGHTS, bm},
+                             {DNNL_ARG_DST, cm},
+                             {DNNL_ARG_SCRATCHPAD, sm}});
     stream_.wait();
   }
 
@@ -75,6 +85,7 @@ class Library {
   dnnl::stream stream_;
   std::mutex mu_;
   std::map<Key, Gemm> cache_;
+  std::vector<uint8_t> scratch_;  // grown to the largest scratchpad asked for, reused
 };
 
 Library& Lib() {

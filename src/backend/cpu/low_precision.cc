@@ -96,6 +96,14 @@ void Round(float* x, size_t n, Precision p, int threads) {
   }
 }
 
+void RoundSerial(float* x, size_t n, Precision p) {
+  if (p == Precision::kBf16) {
+    RoundBf16Kernel(x, n);
+  } else if (p == Precision::kFp16) {
+    RoundFp16Kernel(x, n);
+  }
+}
+
 uint16_t ToBf16(float x) {
   return Bf16Bits(x);
 }

@@ -18,6 +18,9 @@ void ToBits(uint16_t* dst, const float* src, size_t n, Precision p, int threads)
 void FromBits(float* dst, const uint16_t* src, size_t n, Precision p, int threads);
 // x[i] = float(round_p(x[i])) in place: a value that went through 16-bit storage. kFp32: no-op.
 void Round(float* x, size_t n, Precision p, int threads);
+// The same on the calling thread alone, for short spans inside a parallel region (attention's
+// rows): no OpenMP region is opened.
+void RoundSerial(float* x, size_t n, Precision p);
 
 // One value, for tests and scalar code.
 uint16_t ToBf16(float x);
