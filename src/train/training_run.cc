@@ -130,6 +130,9 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
       event["accepted_changes"].push_back(
           {{"key", c.key}, {"old", c.old_value}, {"new", c.new_value}});
     }
+    // Free changes (a precision, the log interval, ...) need no flag but go into the chronicle.
+    for (const std::string& n : r.resume_.notes)
+      if (n.rfind("changed on resume: ", 0) == 0) event["free_changes"].push_back(n.substr(19));
     r.history_.push_back(event);
   }
 
@@ -493,10 +496,15 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
   journal_->Heading(fmt::format("{} at iteration {} ({}, keel {})",
                                 saved ? (rollback ? "rolled back" : "resumed") : "started",
                                 start_iteration, UtcTimestamp(), KEEL_VERSION));
-  if (saved)
-    journal_->Append(history_.back(), fmt::format("{} from {} at iteration {}",
-                                                  rollback ? "rolled back by hand" : "resumed",
-                                                  saved->dir, saved->train.counters.iteration));
+  if (saved) {
+    std::string changes;
+    for (const auto& c : history_.back().value("free_changes", nlohmann::json::array()))
+      changes += (changes.empty() ? "; changed: " : ", ") + c.get<std::string>();
+    journal_->Append(
+        history_.back(),
+        fmt::format("{} from {} at iteration {}{}", rollback ? "rolled back by hand" : "resumed",
+                    saved->dir, saved->train.counters.iteration, changes));
+  }
   // Metrics: metrics.jsonl and TensorBoard files, rewound to where this run continues.
   std::string archived;
   const TrainCounters& c = trainer_->state().counters;
