@@ -4,11 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/low_precision.h"
 
 namespace keel {
 namespace {
@@ -41,6 +45,53 @@ TEST(CpuBackendTest, MemoryIsHostReadable) {
   float* f = be->AllocFloats(4);
   EXPECT_EQ(be->HostReadable(f), f);
   be->Free(f);
+}
+
+}  // namespace
+}  // namespace keel
+
+namespace keel {
+namespace {
+
+// The vector kernels (GCC's _Float16, F16C on this CPU) and the portable bit-level conversion
+// (what clang builds use) agree on every fp16 value and on a sweep of fp32 values, edges included:
+// 65504 is the largest finite, 65520 rounds to inf, subnormals round to nearest even, NaN stays
+// NaN.
+TEST(LowPrecisionTest, Fp16KernelsMatchThePortableConversionBitForBit) {
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> values(all.size());
+  lowp::FromBits(values.data(), all.data(), all.size(), Precision::kFp16, 2);
+  for (size_t i = 0; i < all.size(); ++i) {
+    const float want = lowp::FromFp16(static_cast<uint16_t>(i));
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(values[i])) << i;
+    } else {
+      ASSERT_EQ(std::bit_cast<uint32_t>(values[i]), std::bit_cast<uint32_t>(want)) << i;
+    }
+  }
+  std::vector<float> sweep = {0.0f,      -0.0f,     65504.0f, 65519.99f, 65520.0f,
+                              -65520.0f, 1e-8f,     3e-8f,    6.1e-5f,   1.0f + 1.0f / 2048,
+                              INFINITY,  -INFINITY, NAN};
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 8191)
+    sweep.push_back(std::bit_cast<float>(uint32_t(u)));
+  std::vector<uint16_t> bits(sweep.size());
+  lowp::ToBits(bits.data(), sweep.data(), sweep.size(), Precision::kFp16, 2);
+  for (size_t i = 0; i < sweep.size(); ++i) {
+    const uint16_t want = lowp::ToFp16(sweep[i]);
+    if (std::isnan(sweep[i])) {
+      ASSERT_EQ(bits[i] & 0x7c00, 0x7c00) << i;
+      ASSERT_NE(bits[i] & 0x3ff, 0) << i;
+    } else {
+      ASSERT_EQ(bits[i], want) << sweep[i];
+    }
+  }
+  EXPECT_EQ(lowp::ToFp16(65504.0f), 0x7bff);
+  EXPECT_EQ(lowp::ToFp16(65520.0f), 0x7c00);
+  EXPECT_EQ(lowp::ToFp16(5.9604645e-8f), 0x0001);      // the smallest subnormal
+  EXPECT_EQ(lowp::ToFp16(2.9802322e-8f), 0x0000);      // half of it: ties to even, 0
+  EXPECT_EQ(lowp::ToBf16(1.0f + 1.0f / 256), 0x3f80);  // ties to even: 1
+  EXPECT_EQ(lowp::ToBf16(1.0f + 3.0f / 256), 0x3f82);  // ties to even: up
 }
 
 }  // namespace

@@ -22,14 +22,50 @@ inline uint16_t Bf16Bits(float x) {
 inline float Bf16Value(uint16_t b) {
   return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
 }
-// GCC and clang implement _Float16 conversions as IEEE round to nearest even (F16C instructions
-// where the clone has them, a software routine otherwise).
+// IEEE half by bit manipulation, round to nearest even (F. Giesen's method): portable to compilers
+// without _Float16 on x86 (clang 14, the fuzz build). GCC's _Float16 (F16C where the clone has
+// it) is used for the bulk kernels; the tests check that both give the same bits.
+inline uint16_t Fp16BitsSoft(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: inf
+  if (ax < 0x38800000u) {
+    // Below 2^-14: a subnormal half. Adding 0.5 puts its units (2^-24) in the low mantissa bits,
+    // rounded to nearest even by the fp32 addition itself.
+    const float r = std::bit_cast<float>(ax) + 0.5f;
+    return static_cast<uint16_t>(sign | (std::bit_cast<uint32_t>(r) - 0x3f000000u));
+  }
+  const uint32_t odd = (ax >> 13) & 1u;
+  ax += 0xc8000fffu + odd;  // exponent 127 -> 15 bias, plus the rounding bias
+  return static_cast<uint16_t>(sign | (ax >> 13));
+}
+inline float Fp16ValueSoft(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7fffu;
+  if (em >= 0x7c00u) return std::bit_cast<float>(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
+  if (em < 0x400u) {  // zero or subnormal: em * 2^-24, exact in fp32
+    const float v = static_cast<float>(em) * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | ((em << 13) + 0x38000000u));
+}
+#if defined(__GNUC__) && !defined(__clang__)
 inline uint16_t Fp16Bits(float x) {
   return std::bit_cast<uint16_t>(static_cast<_Float16>(x));
 }
 inline float Fp16Value(uint16_t h) {
   return static_cast<float>(std::bit_cast<_Float16>(h));
 }
+#else
+inline uint16_t Fp16Bits(float x) {
+  return Fp16BitsSoft(x);
+}
+inline float Fp16Value(uint16_t h) {
+  return Fp16ValueSoft(h);
+}
+#endif
 
 KEEL_LOWP_CLONES void ToBf16Kernel(uint16_t* dst, const float* src, size_t n) {
 #pragma omp simd
@@ -53,7 +89,7 @@ KEEL_LOWP_CLONES void RoundBf16Kernel(float* x, size_t n) {
 }
 KEEL_LOWP_CLONES void RoundFp16Kernel(float* x, size_t n) {
 #pragma omp simd
-  for (size_t i = 0; i < n; i++) x[i] = static_cast<float>(static_cast<_Float16>(x[i]));
+  for (size_t i = 0; i < n; i++) x[i] = Fp16Value(Fp16Bits(x[i]));
 }
 
 // Long arrays in chunks over the team; short ones on the calling thread.
@@ -111,10 +147,10 @@ float FromBf16(uint16_t b) {
   return Bf16Value(b);
 }
 uint16_t ToFp16(float x) {
-  return Fp16Bits(x);
+  return Fp16BitsSoft(x);
 }
 float FromFp16(uint16_t h) {
-  return Fp16Value(h);
+  return Fp16ValueSoft(h);
 }
 
 }  // namespace keel::lowp

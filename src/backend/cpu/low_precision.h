@@ -22,7 +22,8 @@ void Round(float* x, size_t n, Precision p, int threads);
 // rows): no OpenMP region is opened.
 void RoundSerial(float* x, size_t n, Precision p);
 
-// One value, for tests and scalar code.
+// One value, for tests and scalar code (fp16: a portable bit-level conversion, the reference the
+// vector kernels are tested against).
 uint16_t ToBf16(float x);
 float FromBf16(uint16_t b);
 uint16_t ToFp16(float x);
