@@ -4,7 +4,6 @@
 // a run resumed in another precision is told so.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -13,6 +12,7 @@
 namespace {
 
 using keel_test::FreshTempDir;
+using keel_test::ReadText;
 using keel_test::RunKeelShell;
 using json = nlohmann::json;
 
@@ -21,13 +21,6 @@ const std::string kModel =
     "--micro-batch-size 2 --global-batch-size 8 --lr-warmup-iters 3 --log-interval 10 "
     "--eval-interval 1000 --eval-iters 1 --sample-tokens 0 --threads 1 --save-interval 20 "
     "--train-iters 20";
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // hysteresis 2, window 5: overflows at 3 and 4 halve 1024 once (at 4); iterations 5..9 clean
 // double it back at 9; the overflow at 12 is absorbed by the restored hysteresis.
@@ -44,7 +37,7 @@ TEST(MixedPrecisionCliTest, Fp16OverflowsAreSkippedCountedAndTheScaleFollowsMega
       << r.out;
   std::vector<double> scale;
   std::vector<bool> skipped;
-  std::istringstream in(ReadFile(dir + "/run/metrics.jsonl"));
+  std::istringstream in(ReadText(dir + "/run/metrics.jsonl"));
   for (std::string line; std::getline(in, line);) {
     const json m = json::parse(line);
     if (m["kind"] != "train") continue;
@@ -59,7 +52,7 @@ TEST(MixedPrecisionCliTest, Fp16OverflowsAreSkippedCountedAndTheScaleFollowsMega
   EXPECT_EQ(scale, expect);
   for (size_t i = 0; i < skipped.size(); ++i)
     EXPECT_EQ(skipped[i], i == 2 || i == 3 || i == 11) << "iteration " << i + 1;
-  const json state = json::parse(ReadFile(dir + "/run/iter_0000020/state.json"));
+  const json state = json::parse(ReadText(dir + "/run/iter_0000020/state.json"));
   EXPECT_EQ(state["precision"]["recipe"], "fp16");
   EXPECT_EQ(state["precision"]["loss_scale"], 2048.0);
   EXPECT_EQ(state["precision"]["overflow_skipped_samples"], 3 * 8);
@@ -79,7 +72,7 @@ TEST(MixedPrecisionCliTest, ResumingInAnotherPrecisionIsAFreeChangeAndSaysSo) {
   EXPECT_NE(r.out.find("the checkpoint was trained in bf16: the fp16 loss scaler starts at 65536"),
             std::string::npos)
       << r.out;
-  const std::string journal = ReadFile(dir + "/run/CHRONICLE.md");
+  const std::string journal = ReadText(dir + "/run/CHRONICLE.md");
   EXPECT_NE(journal.find("at iteration 20; changed: train-iters: 20 -> 30, bf16: true -> false, "
                          "fp16: false -> true"),
             std::string::npos)

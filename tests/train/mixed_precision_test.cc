@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "pattern_data.h"
 #include "train/trainer.h"
 
 namespace keel {
@@ -37,17 +38,7 @@ TrainConfig TinyConfig(Precision p) {
   return c;
 }
 
-// A learnable stream: token t+1 = (token t * 7 + 3) mod 50, from a random start per sample.
-SampleFn PatternData(uint64_t seed) {
-  return [seed](int64_t index, int32_t* tokens) {
-    int32_t v = static_cast<int32_t>(U64At({seed, RngPurpose::kTest, 0}, index) % 50);
-    for (int t = 0; t <= 16; ++t) {
-      tokens[t] = v;
-      v = (v * 7 + 3) % 50;
-    }
-    return 0;
-  };
-}
+using test_data::PatternData;
 
 std::vector<double> Losses(Precision p, int iters) {
   auto be = MakeCpuBackend(2);

@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "core/rng.h"
+#include "pattern_data.h"
 #include "train/iteration_log.h"
 
 namespace keel {
@@ -35,17 +36,7 @@ TrainConfig TinyConfig() {
   return c;
 }
 
-// A learnable stream: token t+1 = (token t * 7 + 3) mod 50, from a random start per sample.
-SampleFn PatternData(uint64_t seed) {
-  return [seed](int64_t index, int32_t* tokens) {
-    int32_t v = static_cast<int32_t>(U64At({seed, RngPurpose::kTest, 0}, index) % 50);
-    for (int t = 0; t <= 16; ++t) {
-      tokens[t] = v;
-      v = (v * 7 + 3) % 50;
-    }
-    return 0;
-  };
-}
+using test_data::PatternData;
 
 TEST(TrainerTest, LossFallsOnLearnableData) {
   TrainConfig c = TinyConfig();
