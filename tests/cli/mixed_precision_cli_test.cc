@@ -56,6 +56,12 @@ TEST(MixedPrecisionCliTest, Fp16OverflowsAreSkippedCountedAndTheScaleFollowsMega
   EXPECT_EQ(state["precision"]["recipe"], "fp16");
   EXPECT_EQ(state["precision"]["loss_scale"], 2048.0);
   EXPECT_EQ(state["precision"]["overflow_skipped_samples"], 3 * 8);
+  // keel report charts the scale (it is not 1 throughout).
+  const auto rep = RunKeelShell("", "report " + dir + "/run");
+  ASSERT_EQ(rep.code, 0) << rep.out;
+  EXPECT_NE(
+      ReadText(dir + "/run/report.html").find("\"loss_scale\":[1024.0,1024.0,1024.0,512.0,512.0"),
+      std::string::npos);
 }
 
 TEST(MixedPrecisionCliTest, ResumingInAnotherPrecisionIsAFreeChangeAndSaysSo) {
