@@ -112,6 +112,37 @@ void BM_AttentionForward(benchmark::State& state) {
 BENCHMARK(BM_AttentionForward)->ATTENTION_SHAPES;
 BENCHMARK(BM_AttentionForwardBackward)->ATTENTION_SHAPES;
 
+// The optimizer's pass over GPT-2 124M's parameters: AdamW reads weight, gradient and moments
+// and writes weight and moments (28 bytes a parameter). bf16_copy 1: the same pass also writes
+// the weights' bf16 compute copy (30 bytes); 2, its peer: a separate ToLowPrecision pass after
+// the update (34 bytes). GB/s counts the bytes of the fused form. stats: the guard's update
+// statistics measured in the same pass (as training does).
+void BM_AdamW(benchmark::State& state) {
+  const size_t n = 123738624;
+  const int copy = static_cast<int>(state.range(0));
+  const bool with_stats = state.range(1) != 0;
+  std::unique_ptr<Backend> be = MakeCpuBackend(0);
+  if (copy) be->SetPrecision(Precision::kBf16);
+  Buffer p(be.get(), n, 0.02f), g(be.get(), n, 0.001f), m(be.get(), n, 0.0f), v(be.get(), n, 0.0f);
+  uint16_t* lowp = copy ? be->AllocHalves(n) : nullptr;
+  int64_t step = 0;
+  Backend::AdamWStats stats;
+  for (auto _ : state) {
+    be->AdamWUpdate(p.p, g.p, m.p, v.p, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++step,
+                    with_stats ? &stats : nullptr, 1.0f, copy == 1 ? lowp : nullptr);
+    if (copy == 2) be->ToLowPrecision(lowp, p.p, n);
+    benchmark::ClobberMemory();
+  }
+  if (lowp != nullptr) be->Free(lowp);
+  state.counters["GB/s"] = benchmark::Counter((copy != 0 ? 30.0 : 28.0) * n * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AdamW)
+    ->ArgNames({"bf16_copy", "stats"})
+    ->ArgsProduct({{0, 1, 2}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 }  // namespace
 }  // namespace keel
 

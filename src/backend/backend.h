@@ -94,13 +94,18 @@ class Backend {
   // ---- linear layer -----------------------------------------------------------------------
   // out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias(OC); bias may be null. Overwrites out.
   // weight_lowp, nullable: `weight` already converted by ToLowPrecision (used in kBf16/kFp16 so
-  // the weights are converted once per update, not at every product).
+  // the weights are converted once per update, not at every product). inp_lowp, nullable: the
+  // same for `inp` (a model keeps a matmul input's 16-bit copy from forward to backward).
   virtual void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                             int N, int IC, int OC, const uint16_t* weight_lowp = nullptr) = 0;
+                             int N, int IC, int OC, const uint16_t* weight_lowp = nullptr,
+                             const uint16_t* inp_lowp = nullptr) = 0;
   // dinp += dout @ weight; dweight += dout^T @ inp; dbias += sum_rows dout. dinp/dbias may be null.
+  // add_to_dweight false: dweight = and dbias = instead (the first micro-batch of a step writes
+  // the gradients, so they need no zeroing pass and the product no read of the old values).
   virtual void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                               const float* inp, const float* weight, int N, int IC, int OC,
-                              const uint16_t* weight_lowp = nullptr) = 0;
+                              const uint16_t* weight_lowp = nullptr, bool add_to_dweight = true,
+                              const uint16_t* inp_lowp = nullptr) = 0;
 
   // ---- causal self-attention ------------------------------------------------------------------
   // qkv (B,T,3C) holds [q | k | v], head h at columns h*hs .. (h+1)*hs of each, hs = C/NH.
@@ -161,8 +166,13 @@ class Backend {
   // ---- reductions and the optimizer -------------------------------------------------------
   // sum of x^2 in double, in a fixed order independent of the thread count.
   virtual double SumSquares(const float* x, size_t n) = 0;
-  // Number of elements exactly equal to 0 (Megatron's "num zeros" for gradients).
-  virtual size_t CountZeros(const float* x, size_t n) = 0;
+  // SumSquares and, in the same pass over memory, the number of elements exactly equal to 0
+  // (Megatron's "num zeros" for gradients).
+  struct SquaresAndZeros {
+    double sum_sq = 0;
+    size_t zeros = 0;
+  };
+  virtual SquaresAndZeros SumSquaresAndZeros(const float* x, size_t n) = 0;
   // Number of elements that are NaN or +-Inf.
   virtual size_t CountNonFinite(const float* x, size_t n) = 0;
   // AdamW (Loshchilov & Hutter) with bias correction; step is 1-based; g = grad * grad_scale
@@ -171,14 +181,16 @@ class Backend {
   //   p -= lr * ( (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps) + wd * p )
   // With `stats`, the same pass also ADDS sum (p_new - p_old)^2 and sum p_new^2 (in double, fixed
   // order) and raises max_v to max(v): the guard's update ratio and second-moment signals at no
-  // extra memory traffic.
+  // extra memory traffic. With `param_lowp` (kBf16/kFp16 only), the pass also writes the new
+  // weights' 16-bit compute copy (ToLowPrecision's bits) while they are in cache.
   struct AdamWStats {
     double update_sq = 0, param_sq = 0;
     float max_v = 0;
   };
   virtual void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                            float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                           AdamWStats* stats = nullptr, float grad_scale = 1.0f) = 0;
+                           AdamWStats* stats = nullptr, float grad_scale = 1.0f,
+                           uint16_t* param_lowp = nullptr) = 0;
 };
 
 // The CPU backend: fp32, OpenMP and OpenBLAS. `threads` <= 0 means all available cores.

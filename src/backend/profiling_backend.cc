@@ -86,15 +86,17 @@ void ProfilingBackend::LayerNormBackward(float* dinp, float* dweight, float* dbi
 }
 void ProfilingBackend::MatmulForward(float* out, const float* inp, const float* weight,
                                      const float* bias, int N, int IC, int OC,
-                                     const uint16_t* weight_lowp) {
+                                     const uint16_t* weight_lowp, const uint16_t* inp_lowp) {
   Timed("MatmulForward",
-        [&] { inner_->MatmulForward(out, inp, weight, bias, N, IC, OC, weight_lowp); });
+        [&] { inner_->MatmulForward(out, inp, weight, bias, N, IC, OC, weight_lowp, inp_lowp); });
 }
 void ProfilingBackend::MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                       const float* inp, const float* weight, int N, int IC, int OC,
-                                      const uint16_t* weight_lowp) {
+                                      const uint16_t* weight_lowp, bool add_to_dweight,
+                                      const uint16_t* inp_lowp) {
   Timed("MatmulBackward", [&] {
-    inner_->MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, weight_lowp);
+    inner_->MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, weight_lowp,
+                           add_to_dweight, inp_lowp);
   });
 }
 void ProfilingBackend::AttentionForward(float* out, float* att, const float* qkv,
@@ -155,8 +157,8 @@ void ProfilingBackend::Softmax(float* probs, const float* logits, int V, float t
 double ProfilingBackend::SumSquares(const float* x, size_t n) {
   return Timed("SumSquares", [&] { return inner_->SumSquares(x, n); });
 }
-size_t ProfilingBackend::CountZeros(const float* x, size_t n) {
-  return Timed("CountZeros", [&] { return inner_->CountZeros(x, n); });
+Backend::SquaresAndZeros ProfilingBackend::SumSquaresAndZeros(const float* x, size_t n) {
+  return Timed("SumSquaresAndZeros", [&] { return inner_->SumSquaresAndZeros(x, n); });
 }
 size_t ProfilingBackend::CountNonFinite(const float* x, size_t n) {
   return Timed("CountNonFinite", [&] { return inner_->CountNonFinite(x, n); });
@@ -164,10 +166,10 @@ size_t ProfilingBackend::CountNonFinite(const float* x, size_t n) {
 void ProfilingBackend::AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n,
                                    float lr, float beta1, float beta2, float eps,
                                    float weight_decay, int64_t step, AdamWStats* stats,
-                                   float grad_scale) {
+                                   float grad_scale, uint16_t* param_lowp) {
   Timed("AdamWUpdate", [&] {
     inner_->AdamWUpdate(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, stats,
-                        grad_scale);
+                        grad_scale, param_lowp);
   });
 }
 

@@ -24,7 +24,7 @@ AdamW::~AdamW() {
 }
 
 void AdamW::Step(float* param, const float* grad, const std::vector<ParamInfo>& params, double lr,
-                 Backend::AdamWStats* stats, float grad_scale) {
+                 Backend::AdamWStats* stats, float grad_scale, uint16_t* param_lowp) {
   ++step_;
   for (const ParamInfo& p : params) {
     const size_t lo = std::max(p.offset, shard_.begin);
@@ -34,19 +34,21 @@ void AdamW::Step(float* param, const float* grad, const std::vector<ParamInfo>& 
     const size_t s = lo - shard_.begin;
     backend_->AdamWUpdate(param + lo, grad + lo, m_ + s, v_ + s, hi - lo, static_cast<float>(lr),
                           static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-                          static_cast<float>(cfg_.eps), wd, step_, stats, grad_scale);
+                          static_cast<float>(cfg_.eps), wd, step_, stats, grad_scale,
+                          param_lowp != nullptr ? param_lowp + lo : nullptr);
   }
 }
 
 GradStats ComputeGradStats(Backend* backend, const float* grad, size_t n) {
   GradStats s;
-  const double sq = backend->SumSquares(grad, n);
+  const Backend::SquaresAndZeros sz = backend->SumSquaresAndZeros(grad, n);
+  const double sq = sz.sum_sq;
   // A NaN or inf element makes the sum of squares NaN or inf: a finite sum needs no second pass
   // over the gradients (an infinite one from overflowing squares is judged non-finite too).
   s.finite = std::isfinite(sq);
   s.sum_sq = sq;
   s.norm = std::sqrt(sq);
-  s.num_zeros = backend->CountZeros(grad, n);
+  s.num_zeros = sz.zeros;
   return s;
 }
 

@@ -33,9 +33,11 @@ class AdamW {
 
   // One update of the shard's part of every tensor in `params` (slices of `param`/`grad`, the
   // whole buffers) at learning rate lr. With `stats`, also measures it (Backend::AdamWUpdate).
-  // grad_scale multiplies every gradient as it is read (clipping, fp16's unscaling).
+  // grad_scale multiplies every gradient as it is read (clipping, fp16's unscaling). param_lowp
+  // (bf16/fp16, nullable): the weights' 16-bit compute copy, rewritten for every updated weight.
   void Step(float* param, const float* grad, const std::vector<ParamInfo>& params, double lr,
-            Backend::AdamWStats* stats = nullptr, float grad_scale = 1.0f);
+            Backend::AdamWStats* stats = nullptr, float grad_scale = 1.0f,
+            uint16_t* param_lowp = nullptr);
 
   int64_t step() const { return step_; }  // number of updates applied so far
   void set_step(int64_t s) { step_ = s; }

@@ -407,6 +407,26 @@ TEST_P(BackendOpsTest, Matmul) {
   EXPECT_TRUE(SameBits(dw.vec(), dw_ref.vec()));
 }
 
+// The step's first micro-batch writes the weight and bias gradients (add_to_dweight false): the
+// same values as adding to zeros, whatever the buffers held before; dinp still accumulates.
+TEST_P(BackendOpsTest, MatmulBackwardCanOverwriteTheWeightGradient) {
+  const int N = 64, IC = 48, OC = 40;
+  Floats inp(be(), RandomVec(N * IC, -1, 1, 30)), w(be(), RandomVec(OC * IC, -1, 1, 31));
+  Floats dout(be(), RandomVec(N * OC, -1, 1, 32));
+  const std::vector<float> old_dinp = RandomVec(N * IC, -1, 1, 33);
+  Floats dinp_add(be(), old_dinp), dw_add(be(), OC * IC), db_add(be(), OC);
+  Floats dinp_set(be(), old_dinp), dw_set(be(), std::vector<float>(OC * IC, 7.0f)),
+      db_set(be(), std::vector<float>(OC, -3.0f));
+  be_->MatmulBackward(dinp_add.data(), dw_add.data(), db_add.data(), dout.data(), inp.data(),
+                      w.data(), N, IC, OC);
+  be_->MatmulBackward(dinp_set.data(), dw_set.data(), db_set.data(), dout.data(), inp.data(),
+                      w.data(), N, IC, OC, nullptr, /*add_to_dweight=*/false);
+  EXPECT_EQ(dw_set.vec(), dw_add.vec());
+  EXPECT_EQ(db_set.vec(), db_add.vec());
+  EXPECT_EQ(dinp_set.vec(), dinp_add.vec());  // accumulated onto old_dinp in both
+  EXPECT_NE(dinp_set.vec(), old_dinp);
+}
+
 // The products read operands rounded to the backend's precision, accumulate in fp32, and (fp16)
 // store fp16 outputs: 1 + 2^-12 is 1 in bf16 and fp16 but not in fp32; 300 * 300 = 90000 is past
 // fp16's largest finite value 65504. A weight converted once (ToLowPrecision) gives the same bits.
@@ -766,7 +786,9 @@ TEST_P(BackendOpsTest, Reductions) {
   }
   Floats dx(be(), x);
   EXPECT_EQ(be_->SumSquares(dx.data(), n), want);
-  EXPECT_EQ(be_->CountZeros(dx.data(), n), zeros);
+  Backend::SquaresAndZeros sz = be_->SumSquaresAndZeros(dx.data(), n);
+  EXPECT_EQ(sz.sum_sq, want);
+  EXPECT_EQ(sz.zeros, zeros);
   EXPECT_EQ(be_->CountNonFinite(dx.data(), n), 0u);
   x[5] = std::numeric_limits<float>::quiet_NaN();
   x[70000] = std::numeric_limits<float>::infinity();
@@ -778,9 +800,13 @@ TEST_P(BackendOpsTest, Reductions) {
   EXPECT_EQ(be_->CountNonFinite(dx.data(), n), 3u);
   size_t zeros2 = 0;
   for (size_t i = 0; i < n; i++) zeros2 += x[i] == 0.0f;
-  EXPECT_EQ(be_->CountZeros(dx.data(), n), zeros2);
+  sz = be_->SumSquaresAndZeros(dx.data(), n);
+  EXPECT_EQ(sz.zeros, zeros2);
+  EXPECT_TRUE(std::isnan(sz.sum_sq));
   EXPECT_EQ(be_->SumSquares(dx.data(), 0), 0.0);
-  EXPECT_EQ(be_->CountZeros(dx.data(), 0), 0u);
+  sz = be_->SumSquaresAndZeros(dx.data(), 0);
+  EXPECT_EQ(sz.sum_sq, 0.0);
+  EXPECT_EQ(sz.zeros, 0u);
 }
 
 TEST_P(BackendOpsTest, AdamW) {
@@ -803,6 +829,35 @@ TEST_P(BackendOpsTest, AdamW) {
     ExpectAllNear(p.vec(), rp, Tol(1e-5), "param");
     ExpectAllNear(m.vec(), rm, Tol(1e-5), "m");
     ExpectAllNear(v.vec(), rv, Tol(1e-5), "v");
+  }
+}
+
+// bf16/fp16: the update can also write the new weights' 16-bit compute copy, bit for bit what
+// ToLowPrecision makes of them, with or without the guard's statistics; the update is unchanged.
+TEST_P(BackendOpsTest, AdamWWritesTheWeightsLowPrecisionCopy) {
+  if (be_->precision() == Precision::kFp32) GTEST_SKIP() << "no 16-bit copy in fp32";
+  const size_t n = 70000;  // several chunks
+  const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  const std::vector<float> p0 = RandomVec(n, -1, 1, 23), g0 = RandomVec(n, -1, 1, 24),
+                           m0 = RandomVec(n, -0.1f, 0.1f, 25), v0 = RandomVec(n, 0, 0.01f, 26);
+  for (bool with_stats : {false, true}) {
+    SCOPED_TRACE(with_stats ? "with stats" : "without stats");
+    Floats p(be(), p0), g(be(), g0), m(be(), m0), v(be(), v0), p2(be(), p0), m2(be(), m0),
+        v2(be(), v0);
+    uint16_t* copy = be_->AllocHalves(n);
+    uint16_t* want = be_->AllocHalves(n);
+    Backend::AdamWStats st;
+    be_->AdamWUpdate(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, 3,
+                     with_stats ? &st : nullptr, 0.5f, copy);
+    be_->AdamWUpdate(p2.data(), g.data(), m2.data(), v2.data(), n, lr, b1, b2, eps, wd, 3, nullptr,
+                     0.5f);
+    EXPECT_TRUE(SameBits(p.vec(), p2.vec()));
+    EXPECT_TRUE(SameBits(m.vec(), m2.vec()));
+    be_->ToLowPrecision(want, p.data(), n);
+    // The backends under test keep 16-bit storage in host memory.
+    EXPECT_EQ(std::vector<uint16_t>(copy, copy + n), std::vector<uint16_t>(want, want + n));
+    be_->Free(copy);
+    be_->Free(want);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -92,6 +93,44 @@ TEST(LowPrecisionTest, Fp16KernelsMatchThePortableConversionBitForBit) {
   EXPECT_EQ(lowp::ToFp16(2.9802322e-8f), 0x0000);      // half of it: ties to even, 0
   EXPECT_EQ(lowp::ToBf16(1.0f + 1.0f / 256), 0x3f80);  // ties to even: 1
   EXPECT_EQ(lowp::ToBf16(1.0f + 3.0f / 256), 0x3f82);  // ties to even: up
+}
+
+// bf16 conversion: the vector path (AVX512-BF16's instruction where the CPU has it) gives the
+// scalar reference's bits for every input: ties to even, overflow to inf, NaN payloads made
+// quiet, and subnormals (which the instruction alone would flush to zero) in runs of any length.
+TEST(LowPrecisionTest, Bf16KernelsMatchTheScalarConversionBitForBit) {
+  std::vector<float> sweep = {0.0f,
+                              -0.0f,
+                              1.0f + 1.0f / 256,
+                              1.0f + 3.0f / 256,
+                              FLT_MAX,
+                              INFINITY,
+                              -INFINITY,
+                              NAN,
+                              std::bit_cast<float>(0x7f800001u),
+                              std::bit_cast<float>(0xffc00123u),
+                              std::bit_cast<float>(0x00000001u),
+                              std::bit_cast<float>(0x807fffffu),
+                              std::bit_cast<float>(0x00008000u)};
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 4099)
+    sweep.push_back(std::bit_cast<float>(uint32_t(u)));
+  for (uint32_t u = 0; u < 40; ++u) sweep.push_back(std::bit_cast<float>(0x00400000u + u));
+  std::vector<uint16_t> bits(sweep.size()), serial(sweep.size());
+  lowp::ToBits(bits.data(), sweep.data(), sweep.size(), Precision::kBf16, 2);
+  lowp::ToBitsSerial(serial.data(), sweep.data(), sweep.size(), Precision::kBf16);
+  size_t subnormals = 0;
+  for (size_t i = 0; i < sweep.size(); ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(sweep[i]);
+    subnormals += (u & 0x7f800000u) == 0 && (u & 0x007fffffu) != 0;
+    ASSERT_EQ(bits[i], lowp::ToBf16(sweep[i])) << std::hex << u;
+    ASSERT_EQ(serial[i], bits[i]) << std::hex << u;
+  }
+  EXPECT_GT(subnormals, 100u);
+  EXPECT_EQ(lowp::ToBf16(FLT_MAX), 0x7f80);  // past bf16's largest finite: inf
+  EXPECT_EQ(lowp::ToBf16(std::bit_cast<float>(0x00000001u)), 0x0000);
+  EXPECT_EQ(lowp::ToBf16(std::bit_cast<float>(0x00008000u)), 0x0000);  // a tie: to even
+  EXPECT_EQ(lowp::ToBf16(std::bit_cast<float>(0x00018000u)), 0x0002);  // a tie: to even, up
+  EXPECT_EQ(lowp::ToBf16(std::bit_cast<float>(0x807fffffu)), 0x8080);  // rounds up to normal
 }
 
 }  // namespace

@@ -570,7 +570,8 @@ void CpuBackend::QkLayerNormBackward(float* dqkv, float* dq_weight, float* dq_bi
 
 // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias (OC)
 void CpuBackend::MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                               int N, int IC, int OC, const uint16_t* weight_lowp) {
+                               int N, int IC, int OC, const uint16_t* weight_lowp,
+                               const uint16_t* inp_lowp) {
   UseThreads();
   // Start from the bias rows and let the GEMM add to them (beta = 1): one pass over out.
   float beta = 0.0f;
@@ -584,7 +585,7 @@ void CpuBackend::MatmulForward(float* out, const float* inp, const float* weight
     return;
   }
   const size_t n_inp = size_t(N) * IC, n_w = size_t(OC) * IC;
-  LowPrecisionGemm(false, true, N, OC, IC, {inp, nullptr, n_inp}, {weight, weight_lowp, n_w}, out,
+  LowPrecisionGemm(false, true, N, OC, IC, {inp, inp_lowp, n_inp}, {weight, weight_lowp, n_w}, out,
                    beta != 0.0f);
   RoundToStorage(out, size_t(N) * OC);
 }
@@ -593,13 +594,18 @@ void CpuBackend::MatmulForward(float* out, const float* inp, const float* weight
 // dbias (OC) += sum_n dout[n,:]
 void CpuBackend::MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                 const float* inp, const float* weight, int N, int IC, int OC,
-                                const uint16_t* weight_lowp) {
+                                const uint16_t* weight_lowp, bool add_to_dweight,
+                                const uint16_t* inp_lowp) {
   UseThreads();
   if (precision_ == Precision::kFp32) {
     if (dinp != nullptr)
       blas::Sgemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
-    if (dweight != nullptr)
+    if (dweight != nullptr) {
+      // OpenBLAS's beta = 0 clears C in a slower pass of its own (GPT-2's output layer: 50 ms
+      // against 43 with beta = 1, measured): our parallel zeroing, then accumulate.
+      if (!add_to_dweight) Zero(dweight, size_t(OC) * IC);
       blas::Sgemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+    }
   } else {
     // dout is rounded once for both products.
     const size_t n_out = size_t(N) * OC, n_inp = size_t(N) * IC, n_w = size_t(OC) * IC;
@@ -614,12 +620,13 @@ void CpuBackend::MatmulBackward(float* dinp, float* dweight, float* dbias, const
       if (precision_ == Precision::kFp16) {
         // fp16: this micro-batch's gradient is an fp16 tensor (overflow -> inf), accumulated in
         // fp32 (Megatron's main_grad).
-        float* contribution = Grow(&product_, n_w);
-        LowPrecisionGemm(true, false, OC, IC, N, d, {inp, nullptr, n_inp}, contribution, false);
+        float* contribution = add_to_dweight ? Grow(&product_, n_w) : dweight;
+        LowPrecisionGemm(true, false, OC, IC, N, d, {inp, inp_lowp, n_inp}, contribution, false);
         RoundToStorage(contribution, n_w);
-        Accumulate(dweight, contribution, n_w);
+        if (add_to_dweight) Accumulate(dweight, contribution, n_w);
       } else {
-        LowPrecisionGemm(true, false, OC, IC, N, d, {inp, nullptr, n_inp}, dweight, true);
+        LowPrecisionGemm(true, false, OC, IC, N, d, {inp, inp_lowp, n_inp}, dweight,
+                         add_to_dweight);
       }
     }
   }
@@ -634,7 +641,9 @@ void CpuBackend::MatmulBackward(float* dinp, float* dweight, float* dbias, const
         const float* d = dout + size_t(n) * OC;
         for (int o = o0; o < o1; o++) acc[o - o0] += d[o];
       }
-      for (int o = o0; o < o1; o++) dbias[o] += static_cast<float>(acc[o - o0]);
+      for (int o = o0; o < o1; o++) {
+        dbias[o] = (add_to_dweight ? dbias[o] : 0.0f) + static_cast<float>(acc[o - o0]);
+      }
     }
   }
 }
@@ -918,16 +927,22 @@ double CpuBackend::SumSquares(const float* x, size_t n) {
   return total;
 }
 
-// Integer counts are exact, so any summation order is deterministic.
-size_t CpuBackend::CountZeros(const float* x, size_t n) {
+// SumSquares' chunks, each also counted for zeros while it is in cache (integer counts are exact,
+// so any summation order is deterministic).
+Backend::SquaresAndZeros CpuBackend::SumSquaresAndZeros(const float* x, size_t n) {
   const size_t nchunks = (n + kReduceChunk - 1) / kReduceChunk;
+  std::vector<double> partial(nchunks);
   size_t count = 0;
 #pragma omp parallel for schedule(static) reduction(+ : count) num_threads(ThreadsFor(n))
   for (size_t ch = 0; ch < nchunks; ch++) {
-    const size_t i0 = ch * kReduceChunk;
-    count += CountZerosKernel(x + i0, std::min(kReduceChunk, n - i0));
+    const size_t i0 = ch * kReduceChunk, len = std::min(kReduceChunk, n - i0);
+    partial[ch] = SumSquaresKernel(x + i0, len);
+    count += CountZerosKernel(x + i0, len);
   }
-  return count;
+  SquaresAndZeros r;
+  for (double s : partial) r.sum_sq += s;
+  r.zeros = count;
+  return r;
 }
 
 size_t CpuBackend::CountNonFinite(const float* x, size_t n) {
@@ -945,7 +960,10 @@ size_t CpuBackend::CountNonFinite(const float* x, size_t n) {
 // p -= lr (mhat / (sqrt(vhat) + eps) + wd p),  mhat = m / (1-b1^t), vhat = v / (1-b2^t)
 void CpuBackend::AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n,
                              float lr, float beta1, float beta2, float eps, float weight_decay,
-                             int64_t step, AdamWStats* stats, float grad_scale) {
+                             int64_t step, AdamWStats* stats, float grad_scale,
+                             uint16_t* param_lowp) {
+  KEEL_CHECK(param_lowp == nullptr || precision_ != Precision::kFp32,
+             "AdamWUpdate: a 16-bit weight copy needs a bf16 or fp16 precision");
   const AdamWConstants k{lr,
                          beta1,
                          beta2,
@@ -960,6 +978,7 @@ void CpuBackend::AdamWUpdate(float* param, const float* grad, float* m, float* v
     for (size_t ch = 0; ch < nchunks; ch++) {
       const size_t i0 = ch * kReduceChunk, len = std::min(kReduceChunk, n - i0);
       AdamWKernel(param + i0, grad + i0, m + i0, v + i0, len, k);
+      if (param_lowp != nullptr) lowp::ToBitsSerial(param_lowp + i0, param + i0, len, precision_);
     }
     return;
   }
@@ -971,6 +990,7 @@ void CpuBackend::AdamWUpdate(float* param, const float* grad, float* m, float* v
     const size_t i0 = ch * kReduceChunk, len = std::min(kReduceChunk, n - i0);
     const AdamWChunkStats cs =
         AdamWStatsKernel(param + i0, grad + i0, m + i0, v + i0, len, k, vmax);
+    if (param_lowp != nullptr) lowp::ToBitsSerial(param_lowp + i0, param + i0, len, precision_);
     vmax = std::max(vmax, cs.max_v);
     upd[ch] = cs.update_sq;
     par[ch] = cs.param_sq;

@@ -49,10 +49,12 @@ class CpuBackend : public Backend {
                          const float* rstd, int N, int C) override;
 
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                     int IC, int OC, const uint16_t* weight_lowp) override;
+                     int IC, int OC, const uint16_t* weight_lowp,
+                     const uint16_t* inp_lowp) override;
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                       const float* inp, const float* weight, int N, int IC, int OC,
-                      const uint16_t* weight_lowp) override;
+                      const uint16_t* weight_lowp, bool add_to_dweight,
+                      const uint16_t* inp_lowp) override;
 
   void AttentionForward(float* out, float* att, const float* qkv, const float* alibi_slopes, int B,
                         int T, int C, int NH, float* max_logit, const int32_t* doc_start) override;
@@ -78,11 +80,11 @@ class CpuBackend : public Backend {
   void Softmax(float* probs, const float* logits, int V, float temperature) override;
 
   double SumSquares(const float* x, size_t n) override;
-  size_t CountZeros(const float* x, size_t n) override;
+  SquaresAndZeros SumSquaresAndZeros(const float* x, size_t n) override;
   size_t CountNonFinite(const float* x, size_t n) override;
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                    float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                   AdamWStats* stats, float grad_scale) override;
+                   AdamWStats* stats, float grad_scale, uint16_t* param_lowp) override;
 
  private:
   // OpenBLAS's OpenMP build takes its thread count from omp_get_max_threads() of the calling

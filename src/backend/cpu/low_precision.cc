@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <bit>
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#endif
+
 namespace keel::lowp {
 namespace {
 
@@ -67,10 +71,49 @@ inline float Fp16Value(uint16_t h) {
 }
 #endif
 
-KEEL_LOWP_CLONES void ToBf16Kernel(uint16_t* dst, const float* src, size_t n) {
+KEEL_LOWP_CLONES void ToBf16Generic(uint16_t* dst, const float* src, size_t n) {
 #pragma omp simd
   for (size_t i = 0; i < n; i++) dst[i] = Bf16Bits(src[i]);
 }
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// AVX512-BF16's VCVTNEPS2BF16 converts 16 values in one instruction with Bf16Bits's rounding and
+// NaN rule, but flushes subnormal inputs to zero: a vector holding one converts the generic way,
+// so the bits never depend on which path ran. About 5x the generic loop's rate (the weights'
+// copy of a GPT-2 124M update: ~9 ms of integer work otherwise).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void ToBf16Native(uint16_t* dst,
+                                                                                  const float* src,
+                                                                                  size_t n) {
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000), mantissa = _mm512_set1_epi32(0x007fffff);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(src + i);
+    const __m512i u = _mm512_castps_si512(x);
+    const __mmask16 subnormal =
+        _mm512_testn_epi32_mask(u, exponent) & _mm512_test_epi32_mask(u, mantissa);
+    if (subnormal != 0) {
+      for (size_t j = i; j < i + 16; j++) dst[j] = Bf16Bits(src[j]);
+      continue;
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+  }
+  for (; i < n; i++) dst[i] = Bf16Bits(src[i]);
+}
+
+void ToBf16Kernel(uint16_t* dst, const float* src, size_t n) {
+  static const bool native = __builtin_cpu_supports("avx512bf16");
+  if (native) {
+    ToBf16Native(dst, src, n);
+  } else {
+    ToBf16Generic(dst, src, n);
+  }
+}
+#else
+void ToBf16Kernel(uint16_t* dst, const float* src, size_t n) {
+  ToBf16Generic(dst, src, n);
+}
+#endif
 KEEL_LOWP_CLONES void ToFp16Kernel(uint16_t* dst, const float* src, size_t n) {
 #pragma omp simd
   for (size_t i = 0; i < n; i++) dst[i] = Fp16Bits(src[i]);
@@ -113,6 +156,14 @@ void ToBits(uint16_t* dst, const float* src, size_t n, Precision p, int threads)
     Chunked(n, threads, [&](size_t i0, size_t len) { ToBf16Kernel(dst + i0, src + i0, len); });
   } else {
     Chunked(n, threads, [&](size_t i0, size_t len) { ToFp16Kernel(dst + i0, src + i0, len); });
+  }
+}
+
+void ToBitsSerial(uint16_t* dst, const float* src, size_t n, Precision p) {
+  if (p == Precision::kBf16) {
+    ToBf16Kernel(dst, src, n);
+  } else {
+    ToFp16Kernel(dst, src, n);
   }
 }
 

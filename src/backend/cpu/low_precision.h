@@ -14,6 +14,8 @@ namespace keel::lowp {
 
 // dst[i] = 16-bit pattern of src[i] in `p` (kBf16 or kFp16).
 void ToBits(uint16_t* dst, const float* src, size_t n, Precision p, int threads);
+// The same on the calling thread alone (no OpenMP region), for chunks of a parallel loop.
+void ToBitsSerial(uint16_t* dst, const float* src, size_t n, Precision p);
 // dst[i] = the fp32 value of bits src[i] in `p` (exact: every bf16 and fp16 value is an fp32).
 void FromBits(float* dst, const uint16_t* src, size_t n, Precision p, int threads);
 // x[i] = float(round_p(x[i])) in place: a value that went through 16-bit storage. kFp32: no-op.
