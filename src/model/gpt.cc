@@ -259,7 +259,16 @@ void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, 
   src->Host(&a.host_losses, N);
 }
 
-uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T) {
+uint64_t GptModel::LowpInputElements(const GptSpec& spec, int B, int T) {
+  const uint64_t N = static_cast<uint64_t>(B) * static_cast<uint64_t>(T);
+  const uint64_t NC = N * static_cast<uint64_t>(spec.hidden);
+  const uint64_t NF = N * static_cast<uint64_t>(spec.ffn_hidden);
+  return static_cast<uint64_t>(spec.num_layers) * (3 * NC + NF) + NC;
+}
+
+uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T, Precision precision) {
+  const uint64_t lowp =
+      precision == Precision::kFp32 ? 0 : LowpInputElements(spec, B, T) * sizeof(uint16_t);
   // Every layer's buffers are alike: the layout of no layer and of one layer give the rest.
   auto bytes = [&](int layers) {
     Activations a;
@@ -268,7 +277,7 @@ uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T) {
     return count.bytes;
   };
   const uint64_t outside = bytes(0);
-  return outside + (bytes(1) - outside) * static_cast<uint64_t>(spec.num_layers);
+  return outside + (bytes(1) - outside) * static_cast<uint64_t>(spec.num_layers) + lowp;
 }
 
 uint64_t GptModel::ParamCount(const GptSpec& spec) {
@@ -281,6 +290,14 @@ uint64_t GptModel::ParamCount(const GptSpec& spec) {
   };
   const uint64_t outside = count(0);
   return outside + (count(1) - outside) * static_cast<uint64_t>(spec.num_layers);
+}
+
+GptModel::UpdatableWeights GptModel::weights_for_update() {
+  const bool current = lowp_params_ != nullptr && !lowp_stale_ &&
+                       lowp_precision_ == backend_->precision() &&
+                       backend_->precision() != Precision::kFp32;
+  if (!current) return {param_data(), nullptr};
+  return {params_mem_, lowp_params_};
 }
 
 void GptModel::PrepareLowPrecisionWeights() {
@@ -296,6 +313,17 @@ void GptModel::PrepareLowPrecisionWeights() {
     lowp_precision_ = p;
     lowp_stale_ = false;
   }
+}
+
+uint16_t* GptModel::LowpInputOf(int layer, LowpInput which) const {
+  if (lowp_acts_ == nullptr) return nullptr;
+  const size_t NC = static_cast<size_t>(cur_B_) * cur_T_ * spec_.hidden;
+  const size_t NF = static_cast<size_t>(cur_B_) * cur_T_ * spec_.ffn_hidden;
+  return lowp_acts_ + layer * (3 * NC + NF) + static_cast<size_t>(which) * NC;
+}
+
+uint16_t* GptModel::LowpLnfInput() const {
+  return lowp_acts_ == nullptr ? nullptr : LowpInputOf(spec_.num_layers, kLn1);
 }
 
 void GptModel::AllocateActivations(int B, int T) {
@@ -333,6 +361,8 @@ void GptModel::FreeActivations() {
   be->Free(a.doc_start);
   delete acts_;
   acts_ = nullptr;
+  if (lowp_acts_ != nullptr) be->Free(lowp_acts_);
+  lowp_acts_ = nullptr;
 }
 
 double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss) {
@@ -342,7 +372,18 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   Backend* be = backend_;
   const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads;
   const int N = B * T, V = spec_.vocab, Vp = spec_.padded_vocab;
-  const size_t NC = static_cast<size_t>(N) * C;
+  const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
+  if (lowp_params_ == nullptr) {
+    if (lowp_acts_ != nullptr) be->Free(lowp_acts_);
+    lowp_acts_ = nullptr;
+  } else if (lowp_acts_ == nullptr) {
+    lowp_acts_ = be->AllocHalves(LowpInputElements(spec_, B, T));
+  }
+  // A matmul input in the products' 16-bit format, kept for the backward (nullptr in fp32).
+  auto lowp_input = [&](uint16_t* dst, const float* x, size_t n) -> const uint16_t* {
+    if (dst != nullptr) be->ToLowPrecision(dst, x, n);
+    return dst;
+  };
   float* P = params_mem_;
   size_t pi = 0;  // walks params_ in registration order
   auto next = [&]() { return P + params_[pi++].offset; };
@@ -391,25 +432,30 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
     float* x = a.res[l];
     be->LayerNormForward(y.ln1, y.ln1_mean, y.ln1_rstd, x, ln1w, ln1b, N, C, spec_.layernorm_eps);
     be->RoundToStorage(y.ln1, NC);
+    const uint16_t* ln1_lowp = lowp_input(LowpInputOf(l, kLn1), y.ln1, NC);
     if (spec_.qk_layernorm) {
-      be->MatmulForward(y.qkv_raw, y.ln1, qkvw, qkvb, N, C, 3 * C, Lowp(qkvw));
+      be->MatmulForward(y.qkv_raw, y.ln1, qkvw, qkvb, N, C, 3 * C, Lowp(qkvw), ln1_lowp);
       be->QkLayerNormForward(y.qkv, y.qk_mean, y.qk_rstd, y.qkv_raw, qlnw, qlnb, klnw, klnb, N, C,
                              NH, spec_.layernorm_eps);
       be->RoundToStorage(y.qkv, 3 * NC);
     } else {
-      be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, 3 * C, Lowp(qkvw));
+      be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, 3 * C, Lowp(qkvw), ln1_lowp);
     }
     be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit, doc_start_);
-    be->MatmulForward(y.res2, y.atty, projw, projb, N, C, C, Lowp(projw));  // res2 = attn proj ...
-    be->Add(y.res2, y.res2, x, NC);                                         // ... + x
+    const uint16_t* atty_lowp = lowp_input(LowpInputOf(l, kAtty), y.atty, NC);
+    // res2 = attn proj + x
+    be->MatmulForward(y.res2, y.atty, projw, projb, N, C, C, Lowp(projw), atty_lowp);
+    be->Add(y.res2, y.res2, x, NC);
     be->RoundToStorage(y.res2, NC);
     be->LayerNormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, ln2w, ln2b, N, C,
                          spec_.layernorm_eps);
     be->RoundToStorage(y.ln2, NC);
-    be->MatmulForward(y.fch, y.ln2, fcw, fcb, N, C, F, Lowp(fcw));
-    be->GeluForward(y.fch_gelu, y.fch, static_cast<size_t>(N) * F);
-    be->RoundToStorage(y.fch_gelu, static_cast<size_t>(N) * F);
-    be->MatmulForward(a.res[l + 1], y.fch_gelu, fcpw, fcpb, N, F, C, Lowp(fcpw));
+    be->MatmulForward(y.fch, y.ln2, fcw, fcb, N, C, F, Lowp(fcw),
+                      lowp_input(LowpInputOf(l, kLn2), y.ln2, NC));
+    be->GeluForward(y.fch_gelu, y.fch, NF);
+    be->RoundToStorage(y.fch_gelu, NF);
+    be->MatmulForward(a.res[l + 1], y.fch_gelu, fcpw, fcpb, N, F, C, Lowp(fcpw),
+                      lowp_input(LowpInputOf(l, kFchGelu), y.fch_gelu, NF));
     be->Add(a.res[l + 1], a.res[l + 1], y.res2, NC);
     be->RoundToStorage(a.res[l + 1], NC);
   }
@@ -419,7 +465,8 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   be->RoundToStorage(a.lnf, NC);
   // Tied output embedding. The logits are the products' output (fp16 in fp16); the cross-entropy
   // reads them in fp32.
-  be->MatmulForward(a.logits, a.lnf, wte, nullptr, N, C, Vp, Lowp(wte));
+  be->MatmulForward(a.logits, a.lnf, wte, nullptr, N, C, Vp, Lowp(wte),
+                    lowp_input(LowpLnfInput(), a.lnf, NC));
   has_targets_ = targets != nullptr;
   if (!has_targets_) return 0.0;
   be->CopyIntsToDevice(a.targets, targets, N);
@@ -440,13 +487,20 @@ void GptModel::Backward() {
   const int N = B * T, Vp = spec_.padded_vocab;
   const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
   float *P = params_mem_, *G = grads_mem_;
+  // The step's first Backward writes the gradients: the matmuls overwrite theirs (weights and
+  // biases); every other gradient is zeroed as the walk reaches it, before anything adds to it.
+  const bool overwrite = overwrite_grads_;
+  overwrite_grads_ = false;
+  const bool add = !overwrite;
   // Walk the parameters backwards through the same registration order as Forward.
   size_t pi = params_.size();
-  auto prev = [&](float** grad) {
+  auto prev = [&](float** grad, bool written_by_matmul = false) {
     --pi;
     *grad = G + params_[pi].offset;
+    if (overwrite && !written_by_matmul) be->Zero(*grad, params_[pi].numel);
     return P + params_[pi].offset;
   };
+  constexpr bool kMatmul = true;
 
   float *dlnfb, *dlnfw;
   prev(&dlnfb);
@@ -458,7 +512,10 @@ void GptModel::Backward() {
   float* dres = a.dres_a;     // gradient w.r.t. the current residual stream
   float* dres_in = a.dres_b;  // gradient w.r.t. the previous one
   be->Zero(a.dln, NC);
-  be->MatmulBackward(a.dln, dwte, nullptr, a.logits, a.lnf, wte, N, C, Vp, Lowp(wte));
+  // The tied embedding's gradient: the output layer's product writes it first, the embedding
+  // backward (last) adds to it.
+  be->MatmulBackward(a.dln, dwte, nullptr, a.logits, a.lnf, wte, N, C, Vp, Lowp(wte), add,
+                     LowpLnfInput());
   be->Zero(dres, NC);
   be->LayerNormBackward(dres, dlnfw, dlnfb, a.dln, a.res[spec_.num_layers], lnfw, a.lnf_mean,
                         a.lnf_rstd, N, C);
@@ -470,14 +527,14 @@ void GptModel::Backward() {
     Activations::Layer& y = a.layers[l];
     float *dfcpb, *dfcpw, *dfcb, *dfcw, *dln2b, *dln2w, *dprojb, *dprojw, *dqkvb, *dqkvw, *dln1b,
         *dln1w;
-    prev(&dfcpb);
-    const float* fcpw = prev(&dfcpw);
-    prev(&dfcb);
-    const float* fcw = prev(&dfcw);
+    prev(&dfcpb, kMatmul);
+    const float* fcpw = prev(&dfcpw, kMatmul);
+    prev(&dfcb, kMatmul);
+    const float* fcw = prev(&dfcw, kMatmul);
     prev(&dln2b);
     const float* ln2w = prev(&dln2w);
-    prev(&dprojb);
-    const float* projw = prev(&dprojw);
+    prev(&dprojb, kMatmul);
+    const float* projw = prev(&dprojw, kMatmul);
     float *dklnb = nullptr, *dklnw = nullptr, *dqlnb = nullptr, *dqlnw = nullptr;
     const float *klnw = nullptr, *qlnw = nullptr;
     if (spec_.qk_layernorm) {
@@ -486,26 +543,29 @@ void GptModel::Backward() {
       prev(&dqlnb);
       qlnw = prev(&dqlnw);
     }
-    prev(&dqkvb);
-    const float* qkvw = prev(&dqkvw);
+    prev(&dqkvb, kMatmul);
+    const float* qkvw = prev(&dqkvw, kMatmul);
     prev(&dln1b);
     const float* ln1w = prev(&dln1w);
 
     // res[l+1] = res2 + fcproj(gelu(fc(ln2(res2))))
     be->Copy(a.dres2, dres, NC);  // skip connection
     be->Zero(a.dgelu, NF);
-    be->MatmulBackward(a.dgelu, dfcpw, dfcpb, dres, y.fch_gelu, fcpw, N, F, C, Lowp(fcpw));
+    be->MatmulBackward(a.dgelu, dfcpw, dfcpb, dres, y.fch_gelu, fcpw, N, F, C, Lowp(fcpw), add,
+                       LowpInputOf(l, kFchGelu));
     be->Zero(a.dfch, NF);
     be->GeluBackward(a.dfch, y.fch, a.dgelu, NF);
     be->RoundToStorage(a.dfch, NF);
     be->Zero(a.dln, NC);
-    be->MatmulBackward(a.dln, dfcw, dfcb, a.dfch, y.ln2, fcw, N, C, F, Lowp(fcw));
+    be->MatmulBackward(a.dln, dfcw, dfcb, a.dfch, y.ln2, fcw, N, C, F, Lowp(fcw), add,
+                       LowpInputOf(l, kLn2));
     be->LayerNormBackward(a.dres2, dln2w, dln2b, a.dln, y.res2, ln2w, y.ln2_mean, y.ln2_rstd, N, C);
     be->RoundToStorage(a.dres2, NC);
     // res2 = x + proj(attn(qkv(ln1(x))))
     be->Copy(dres_in, a.dres2, NC);  // skip connection
     be->Zero(a.datty, NC);
-    be->MatmulBackward(a.datty, dprojw, dprojb, a.dres2, y.atty, projw, N, C, C, Lowp(projw));
+    be->MatmulBackward(a.datty, dprojw, dprojb, a.dres2, y.atty, projw, N, C, C, Lowp(projw), add,
+                       LowpInputOf(l, kAtty));
     be->Zero(a.dqkv, NC * 3);
     be->AttentionBackward(a.dqkv, a.datty, y.qkv, y.att, B, T, C, NH);
     float* dqkv_mm = a.dqkv;  // gradient w.r.t. the matmul's output
@@ -517,7 +577,8 @@ void GptModel::Backward() {
       dqkv_mm = a.dqkv_raw;
     }
     be->Zero(a.dln, NC);
-    be->MatmulBackward(a.dln, dqkvw, dqkvb, dqkv_mm, y.ln1, qkvw, N, C, 3 * C, Lowp(qkvw));
+    be->MatmulBackward(a.dln, dqkvw, dqkvb, dqkv_mm, y.ln1, qkvw, N, C, 3 * C, Lowp(qkvw), add,
+                       LowpInputOf(l, kLn1));
     be->LayerNormBackward(dres_in, dln1w, dln1b, a.dln, a.res[l], ln1w, y.ln1_mean, y.ln1_rstd, N,
                           C);
     be->RoundToStorage(dres_in, NC);

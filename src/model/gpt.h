@@ -71,6 +71,14 @@ class GptModel {
     return params_mem_;
   }
   float* grad_data() { return grads_mem_; }
+  // For an optimizer that rewrites every weight: the fp32 weights and the 16-bit compute copy
+  // (nullptr in fp32, or when the copy is not current), which the optimizer must then rewrite
+  // for every weight it changes (AdamW::Step's param_lowp) — the next Forward does not convert.
+  struct UpdatableWeights {
+    float* fp32;
+    uint16_t* lowp;
+  };
+  UpdatableWeights weights_for_update();
   Backend* backend() { return backend_; }
 
   // The seeds' formula n*(12h^2+13h) + v*h + s*h + 2h (exact for FFN = 4h, learned positions,
@@ -89,9 +97,14 @@ class GptModel {
   // total loss) ready for Backward, and returns the mean loss of this micro-batch. Without targets
   // it only leaves the logits (see LastLogits) and returns 0.
   double Forward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss);
-  // Backpropagates the last Forward (which must have had targets); ACCUMULATES into grad_data().
+  // Backpropagates the last Forward (which must have had targets); ACCUMULATES into grad_data(),
+  // except the first Backward after StartGradAccumulation(), which writes it.
   void Backward();
   void ZeroGrad();
+  // A step's accumulation begins: the next Backward writes every gradient (the same values as
+  // ZeroGrad() then Backward(), without a zeroing pass over the buffer or the products reading
+  // it back). grad_data() holds stale values until then.
+  void StartGradAccumulation() { overwrite_grads_ = true; }
   // Called by Backward after each layer with the offset from which on every gradient is final
   // (the data-parallel reduction starts on those while backward goes on); empty: not called.
   void set_grad_ready(std::function<void(size_t from)> f) { grad_ready_ = std::move(f); }
@@ -109,8 +122,10 @@ class GptModel {
   // Forward (a guard signal: attention-logit growth precedes a class of divergences).
   double LastMaxAttentionLogit();
   // Bytes of the activations and gradient scratch a micro-batch of shape (B,T) needs: what
-  // Forward allocates, counted by the same code without allocating (memory estimates).
-  static uint64_t ActivationBytes(const GptSpec& spec, int B, int T);
+  // Forward allocates, counted by the same code without allocating (memory estimates). bf16 and
+  // fp16 add the 16-bit copies of the matmul inputs.
+  static uint64_t ActivationBytes(const GptSpec& spec, int B, int T,
+                                  Precision precision = Precision::kFp32);
   // ParamLayout's total, without listing every layer's tensors (so a config of a billion layers
   // is counted, not allocated).
   static uint64_t ParamCount(const GptSpec& spec);
@@ -138,8 +153,16 @@ class GptModel {
     return lowp_params_ != nullptr ? lowp_params_ + (w - params_mem_) : nullptr;
   }
   uint16_t* lowp_params_ = nullptr;
+  // bf16/fp16: the 16-bit copies of the matmul inputs (per layer ln1, atty, ln2, fch_gelu, then
+  // lnf), converted once by Forward and read again by Backward's products; nullptr in fp32.
+  enum LowpInput { kLn1, kAtty, kLn2, kFchGelu };
+  uint16_t* LowpInputOf(int layer, LowpInput which) const;
+  static uint64_t LowpInputElements(const GptSpec& spec, int B, int T);
+  uint16_t* LowpLnfInput() const;
+  uint16_t* lowp_acts_ = nullptr;
   Precision lowp_precision_ = Precision::kFp32;
   bool lowp_stale_ = true;
+  bool overwrite_grads_ = false;  // see StartGradAccumulation
   Activations* acts_ = nullptr;
   int cur_B_ = 0, cur_T_ = 0;
   const int32_t* positions_ = nullptr;  // of the last Forward, when position ids are reset

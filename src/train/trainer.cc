@@ -164,7 +164,7 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
   const size_t nd = data_.dataset_names.size();
   GradientAccumulation acc;
   std::vector<double> dataset_loss_sum(nd, 0.0), dataset_sequences(nd, 0.0);
-  model_->ZeroGrad();
+  model_->StartGradAccumulation();  // the first micro-batch's backward writes the gradients
   float* grads = model_->grad_data();
   const size_t n = model_->num_params();
   for (int64_t m = 0; m < num_micro; ++m) {
@@ -315,8 +315,13 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
   // Measured inside the update's own pass over memory: the guard's signals, and the weights'
   // squared norm, non-finite exactly when a weight is (or its square overflows).
   Backend::AdamWStats st;
-  optimizer_->Step(model_->param_data(), grads, model_->params(), r->lr, &st,
-                   static_cast<float>(grad_scale));
+  // bf16/fp16: the update's pass also rewrites the weights' 16-bit compute copy. ZeRO-1 changes
+  // only this rank's shard (the rest arrives by all-gather), so the next Forward converts them.
+  const GptModel::UpdatableWeights w =
+      zero_ ? GptModel::UpdatableWeights{model_->param_data(), nullptr}
+            : model_->weights_for_update();
+  optimizer_->Step(w.fp32, grads, model_->params(), r->lr, &st, static_cast<float>(grad_scale),
+                   w.lowp);
   if (zero_) {
     // Every rank updated its shard: the statistics are summed, the weights all-gathered.
     EnterPhase(Phase::kReduce);

@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "core/rng.h"
 #include "model/gpt.h"
+#include "optim/adamw.h"
 
 namespace keel {
 namespace {
@@ -324,6 +325,94 @@ TEST_P(GptModelBackendTest, InitialisationFollowsMegatron) {
   m2.Initialize(43, 0.02f);
   be->CopyToHost(h2.data(), m2.param_data(), h2.size());
   EXPECT_NE(h, h2);
+}
+
+// A model with every kind of gradient: learned positions (or ALiBi), embedding and QK
+// LayerNorms, biases, the tied embedding; and two micro-batches of tokens.
+struct TwoMicroBatches {
+  GptSpec spec;
+  std::vector<int32_t> tok[2], tgt[2];
+  static constexpr int B = 2, T = 5;
+  explicit TwoMicroBatches(bool alibi) {
+    spec = GptSpec{2, 16, 40, 2, 8, 13, 16, alibi, true, 1e-5f};
+    spec.qk_layernorm = true;
+    for (int m = 0; m < 2; ++m) {
+      for (int i = 0; i < B * T; ++i) {
+        tok[m].push_back(static_cast<int32_t>(U64At({5, RngPurpose::kTest, 2}, 100 * m + i) % 13));
+        tgt[m].push_back(static_cast<int32_t>(U64At({5, RngPurpose::kTest, 3}, 100 * m + i) % 13));
+      }
+    }
+  }
+  void Run(GptModel& model) {
+    for (int m = 0; m < 2; ++m) {
+      model.Forward(tok[m].data(), tgt[m].data(), B, T, 0.05f);
+      model.Backward();
+    }
+  }
+};
+
+// The step's first Backward after StartGradAccumulation writes every gradient: what ZeroGrad
+// then the same Backwards give, whatever the buffer held before (here: 7s), for every tensor.
+TEST_P(GptModelBackendTest, StartGradAccumulationWritesWhatZeroGradWould) {
+  std::unique_ptr<Backend> be = GetParam().make(2);
+  for (bool alibi : {false, true}) {
+    SCOPED_TRACE(alibi ? "alibi" : "learned positions");
+    TwoMicroBatches run(alibi);
+    GptModel model(be.get(), run.spec);
+    model.Initialize(3, 0.3f);
+    const size_t n = model.num_params();
+    model.ZeroGrad();
+    run.Run(model);
+    std::vector<float> want(n), got(n);
+    be->CopyToHost(want.data(), model.grad_data(), n);
+    const std::vector<float> stale(n, 7.0f);
+    be->CopyToDevice(model.grad_data(), stale.data(), n);
+    model.StartGradAccumulation();
+    run.Run(model);
+    be->CopyToHost(got.data(), model.grad_data(), n);
+    for (const ParamInfo& p : model.params()) {
+      for (size_t k = 0; k < p.numel; ++k) {
+        ASSERT_EQ(got[p.offset + k], want[p.offset + k]) << p.name << "[" << k << "]";
+      }
+    }
+    // Later Backwards add again: a third micro-batch changes the sums.
+    model.Forward(run.tok[0].data(), run.tgt[0].data(), run.B, run.T, 0.05f);
+    model.Backward();
+    be->CopyToHost(got.data(), model.grad_data(), n);
+    EXPECT_NE(got, want);
+  }
+}
+
+// bf16/fp16: an optimizer that rewrites the weights' 16-bit copy as it updates them leaves the
+// model exactly where a fresh conversion of the new weights would: same loss and logits bits.
+TEST_P(GptModelBackendTest, UpdatingTheLowPrecisionCopyInPlaceMatchesConverting) {
+  std::unique_ptr<Backend> be = GetParam().make(2);
+  TwoMicroBatches run(false);
+  GptModel fused(be.get(), run.spec), converted(be.get(), run.spec);
+  AdamW opt_fused(be.get(), fused.num_params(), AdamWConfig{}),
+      opt_converted(be.get(), converted.num_params(), AdamWConfig{});
+  double loss[2] = {0, 0};
+  for (int model = 0; model < 2; ++model) {
+    GptModel& m = model == 0 ? fused : converted;
+    AdamW& opt = model == 0 ? opt_fused : opt_converted;
+    m.Initialize(3, 0.3f);
+    for (int step = 0; step < 3; ++step) {
+      m.StartGradAccumulation();
+      run.Run(m);
+      const GptModel::UpdatableWeights w =
+          model == 0 ? m.weights_for_update() : GptModel::UpdatableWeights{m.param_data(), nullptr};
+      if (model == 0) {
+        EXPECT_EQ(w.lowp != nullptr, be->precision() != Precision::kFp32);
+      }
+      opt.Step(w.fp32, m.grad_data(), m.params(), 1e-2, nullptr, 1.0f, w.lowp);
+    }
+    loss[model] = m.Forward(run.tok[1].data(), run.tgt[1].data(), run.B, run.T, 0.05f);
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  EXPECT_EQ(fused.LastZLoss(), converted.LastZLoss());
+  // Whoever takes param_data() may write the weights: the copy is no longer offered as current.
+  fused.param_data();
+  EXPECT_EQ(fused.weights_for_update().lowp, nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GptModelBackendTest, ::testing::ValuesIn(TestBackends()),
