@@ -38,6 +38,18 @@ TEST(CpuBackendTest, AllocIsAligned) {
     be->Free(f);
     be->Free(k);
   }
+  // 2 MiB and more: aligned to a 2 MiB huge page (the streaming passes over weights, gradients
+  // and moments ask for transparent huge pages), zeroed like every allocation.
+  for (size_t n : {size_t{1} << 19, (size_t{3} << 19) + 5}) {
+    float* f = be->AllocFloats(n);
+    uint16_t* h = be->AllocHalves(2 * n);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(f) % (size_t{2} << 20), 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(h) % (size_t{2} << 20), 0u);
+    EXPECT_EQ(f[n - 1], 0.0f);
+    EXPECT_EQ(h[2 * n - 1], 0u);
+    be->Free(f);
+    be->Free(h);
+  }
 }
 
 // Host-side readers (checkpoint saves) skip the staging copy on the CPU.

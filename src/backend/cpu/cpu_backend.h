@@ -101,8 +101,9 @@ class CpuBackend : public Backend {
     const uint16_t* bits = nullptr;  // or already converted (takes precedence)
     size_t n = 0;
   };
+  // C = [C +] op(a) op(b) [+ bias on every row] (bias, nullable, only without accumulate).
   void LowPrecisionGemm(bool trans_a, bool trans_b, int M, int N, int K, Operand a, Operand b,
-                        float* C, bool accumulate);
+                        float* C, bool accumulate, const float* bias = nullptr);
   // Whether kBf16 products run on oneDNN's bf16 matmul (else fp32 sgemm of bf16-rounded values).
   bool NativeBf16() const;
 

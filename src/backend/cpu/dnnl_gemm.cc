@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
@@ -17,11 +18,11 @@ using Tag = dnnl::memory::format_tag;
 using Dt = dnnl::memory::data_type;
 
 struct Key {
-  bool trans_a, trans_b, accumulate;
+  bool trans_a, trans_b, accumulate, bias;
   int M, N, K;
   bool operator<(const Key& o) const {
-    return std::tie(trans_a, trans_b, accumulate, M, N, K) <
-           std::tie(o.trans_a, o.trans_b, o.accumulate, o.M, o.N, o.K);
+    return std::tie(trans_a, trans_b, accumulate, bias, M, N, K) <
+           std::tie(o.trans_a, o.trans_b, o.accumulate, o.bias, o.M, o.N, o.K);
   }
 };
 
@@ -55,7 +56,12 @@ class Library {
     }
     try {
       Gemm g;
-      g.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine_);
+      if (k.bias) {
+        const dnnl::memory::desc bias({1, k.N}, Dt::f32, Tag::ab);
+        g.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c), attr, engine_);
+      } else {
+        g.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine_);
+      }
       g.prim = dnnl::matmul(g.pd);
       return cache_.emplace(k, std::move(g)).first->second;
     } catch (const dnnl::error& e) {
@@ -66,17 +72,19 @@ class Library {
     }
   }
 
-  void Run(const Gemm& g, const uint16_t* A, const uint16_t* B, float* C) {
+  void Run(const Gemm& g, const uint16_t* A, const uint16_t* B, float* C, const float* bias) {
     dnnl::memory am(g.pd.src_desc(), engine_, const_cast<uint16_t*>(A));
     dnnl::memory bm(g.pd.weights_desc(), engine_, const_cast<uint16_t*>(B));
     dnnl::memory cm(g.pd.dst_desc(), engine_, C);
     const dnnl::memory::desc sd = g.pd.scratchpad_desc();
     if (scratch_.size() < sd.get_size()) scratch_.resize(sd.get_size());
     dnnl::memory sm(sd, engine_, scratch_.data());
-    g.prim.execute(stream_, {{DNNL_ARG_SRC, am},
-                             {DNNL_ARG_WEIGHTS, bm},
-                             {DNNL_ARG_DST, cm},
-                             {DNNL_ARG_SCRATCHPAD, sm}});
+    std::unordered_map<int, dnnl::memory> args = {
+        {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}};
+    if (bias != nullptr) {
+      args[DNNL_ARG_BIAS] = dnnl::memory(g.pd.bias_desc(), engine_, const_cast<float*>(bias));
+    }
+    g.prim.execute(stream_, args);
     stream_.wait();
   }
 
@@ -105,7 +113,7 @@ const Probe& GetProbe() {
     const dnnl_version_t* v = dnnl_version();
     const std::string version = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
     try {
-      const Gemm& g = Lib().Get(Key{false, true, false, 64, 64, 64});
+      const Gemm& g = Lib().Get(Key{false, true, false, false, 64, 64, 64});
       const std::string impl = g.pd.impl_info_str();
       p.available = impl.find("bf16") != std::string::npos;
       p.description = version + " matmul " + impl;
@@ -120,10 +128,10 @@ const Probe& GetProbe() {
 }  // namespace
 
 void GemmBf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, const uint16_t* B,
-              float* C, bool accumulate) {
+              float* C, bool accumulate, const float* bias) {
   if (M == 0 || N == 0) return;
   Library& lib = Lib();
-  lib.Run(lib.Get(Key{trans_a, trans_b, accumulate, M, N, K}), A, B, C);
+  lib.Run(lib.Get(Key{trans_a, trans_b, accumulate, bias != nullptr, M, N, K}), A, B, C, bias);
 }
 
 bool Available() {

@@ -10,11 +10,12 @@
 namespace keel::dnnl_gemm {
 
 // Row-major, contiguous (leading dimension = columns as stored):
-//   C (M,N) = [C +] op(A) (M,K) @ op(B) (K,N),  op(X) = X or X^T,  A, B bf16 bits, C fp32.
+//   C (M,N) = [C +] op(A) (M,K) @ op(B) (K,N) [+ bias (N) on every row],  op(X) = X or X^T,
+//   A, B bf16 bits, C and bias fp32 (bias nullable; added inside the product's own pass).
 // Runs on omp_get_max_threads() threads (oneDNN shares keel's OpenMP pool). Throws KeelError if
 // oneDNN has no bf16 matmul for this CPU (see Available).
 void GemmBf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, const uint16_t* B,
-              float* C, bool accumulate);
+              float* C, bool accumulate, const float* bias = nullptr);
 
 // Whether oneDNN has a native bf16 matmul here (its implementation uses a bf16 ISA), and a line
 // naming the library version and the implementation chosen, for the start-up log.
