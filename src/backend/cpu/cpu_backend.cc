@@ -326,6 +326,12 @@ T* Grow(std::vector<T>* v, size_t n) {
 
 }  // namespace
 
+// Every row of C (M,N) = row (N).
+void CpuBackend::FillRows(float* C, const float* row, int M, int N) const {
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(M) * N))
+  for (int m = 0; m < M; m++) std::memcpy(C + size_t(m) * N, row, N * sizeof(float));
+}
+
 void CpuBackend::LowPrecisionGemm(bool trans_a, bool trans_b, int M, int N, int K, Operand a,
                                   Operand b, float* C, bool accumulate, const float* bias) {
   KEEL_CHECK(bias == nullptr || !accumulate, "LowPrecisionGemm: a bias with accumulate");
@@ -342,9 +348,7 @@ void CpuBackend::LowPrecisionGemm(bool trans_a, bool trans_b, int M, int N, int 
     return;
   }
   if (bias != nullptr) {
-    // Start from the bias rows and let the GEMM add to them (beta = 1).
-#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(M) * N))
-    for (int m = 0; m < M; m++) std::memcpy(C + size_t(m) * N, bias, N * sizeof(float));
+    FillRows(C, bias, M, N);  // the GEMM adds to the bias rows
     accumulate = true;
   }
   // fp32 sgemm of the rounded values: the same products as a 16-bit GEMM with fp32 accumulation
@@ -597,8 +601,7 @@ void CpuBackend::MatmulForward(float* out, const float* inp, const float* weight
     // Start from the bias rows and let the GEMM add to them (beta = 1): one pass over out.
     float beta = 0.0f;
     if (bias != nullptr) {
-#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * OC))
-      for (int n = 0; n < N; n++) std::memcpy(out + size_t(n) * OC, bias, OC * sizeof(float));
+      FillRows(out, bias, N, OC);
       beta = 1.0f;
     }
     blas::Sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);

@@ -101,6 +101,7 @@ class CpuBackend : public Backend {
     const uint16_t* bits = nullptr;  // or already converted (takes precedence)
     size_t n = 0;
   };
+  void FillRows(float* C, const float* row, int M, int N) const;
   // C = [C +] op(a) op(b) [+ bias on every row] (bias, nullable, only without accumulate).
   void LowPrecisionGemm(bool trans_a, bool trans_b, int M, int N, int K, Operand a, Operand b,
                         float* C, bool accumulate, const float* bias = nullptr);
