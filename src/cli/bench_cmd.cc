@@ -193,9 +193,28 @@ int BenchCommand(int argc, const char* const* argv) {
   auto comm = MakeSingleProcessCommunicator();
   for (const BenchModel& m : models) {
     if (!only.empty() && std::find(only.begin(), only.end(), m.name) == only.end()) continue;
-    std::vector<double> tokens_per_s;
-    for (size_t pi = 0; pi < precisions.size(); ++pi) {
+    // One trainer (and backend) per precision, their steps interleaved: the machine's drift
+    // (memory bandwidth here varies with its neighbours) touches every precision alike, so the
+    // ratio between them is a same-run comparison step by step.
+    struct PrecisionRun {
       TrainConfig cfg;
+      std::unique_ptr<Backend> backend;
+      std::unique_ptr<ProfilingBackend> profiler;
+      std::unique_ptr<Trainer> trainer;
+      std::vector<double> ms, peer_gflops, ratio;
+      double flops = 0;
+    };
+    std::vector<PrecisionRun> runs(precisions.size());
+    // Random tokens: throughput does not depend on the data.
+    SampleFn fn = [&](int64_t index, int32_t* tokens) {
+      const RngKey key{runs[0].cfg.seed, RngPurpose::kTest, static_cast<uint64_t>(index)};
+      for (int t = 0; t <= m.seq; ++t)
+        tokens[t] = static_cast<int32_t>(U64At(key, t) % static_cast<uint64_t>(m.vocab));
+      return 0;
+    };
+    for (size_t pi = 0; pi < precisions.size(); ++pi) {
+      PrecisionRun& run = runs[pi];
+      TrainConfig& cfg = run.cfg;
       cfg.num_layers = m.layers;
       cfg.hidden_size = m.hidden;
       cfg.num_attention_heads = m.heads;
@@ -212,35 +231,36 @@ int BenchCommand(int argc, const char* const* argv) {
         LogError("error: bench config: " + st.message());
         return 1;
       }
-      // Random tokens: throughput does not depend on the data.
-      SampleFn fn = [&](int64_t index, int32_t* tokens) {
-        const RngKey key{cfg.seed, RngPurpose::kTest, static_cast<uint64_t>(index)};
-        for (int t = 0; t <= cfg.seq_length; ++t)
-          tokens[t] = static_cast<int32_t>(U64At(key, t) % static_cast<uint64_t>(m.vocab));
-        return 0;
-      };
-      ProfilingBackend profiler(backend.get());
-      Trainer trainer(cfg, profile ? &profiler : backend.get(), comm.get(), {fn, SampleFn()});
-      trainer.InitializeWeights();
-      std::vector<double> ms, peer_gflops, ratio;
-      const double flops = trainer.FlopsPerIteration(cfg.global_batch_size);
-      for (int i = 0; i < warmup + iters; ++i) {
+      run.backend = MakeCpuBackend(threads);
+      run.profiler = std::make_unique<ProfilingBackend>(run.backend.get());
+      run.trainer = std::make_unique<Trainer>(cfg, profile ? run.profiler.get() : run.backend.get(),
+                                              comm.get(), TrainerData(fn, SampleFn()));
+      run.trainer->InitializeWeights();
+      run.flops = run.trainer->FlopsPerIteration(cfg.global_batch_size);
+    }
+    for (int i = 0; i < warmup + iters; ++i) {
+      for (size_t pi = 0; pi < runs.size(); ++pi) {
+        PrecisionRun& run = runs[pi];
         const double peak = peers[pi]->Measure();
-        if (i == warmup) profiler.Reset();
-        const StepResult r = trainer.TrainStep();
+        if (i == warmup) run.profiler->Reset();
+        const StepResult r = run.trainer->TrainStep();
         if (i < warmup) continue;
-        ms.push_back(r.step_ms);
-        peer_gflops.push_back(peak);
-        ratio.push_back(flops / (r.step_ms / 1e3) / 1e9 / peak);
+        run.ms.push_back(r.step_ms);
+        run.peer_gflops.push_back(peak);
+        run.ratio.push_back(run.flops / (r.step_ms / 1e3) / 1e9 / peak);
       }
-      const double step_ms = Median(ms);
-      const double tokens = static_cast<double>(cfg.global_batch_size) * cfg.seq_length;
+    }
+    std::vector<double> tokens_per_s;
+    for (size_t pi = 0; pi < runs.size(); ++pi) {
+      const PrecisionRun& run = runs[pi];
+      const double step_ms = Median(run.ms);
+      const double tokens = static_cast<double>(run.cfg.global_batch_size) * m.seq;
       tokens_per_s.push_back(tokens / (step_ms / 1e3));
       Log("{:<10} {:>5} {:>12} {:>5} {:>4} {:>9.1f} {:>10.0f} {:>9.1f} {:>9.1f} {:>6.1f}%", m.name,
-          PrecisionName(precisions[pi]), trainer.model().num_params(), m.seq, m.micro_batch,
-          step_ms, tokens_per_s.back(), flops / (step_ms / 1e3) / 1e9, Median(peer_gflops),
-          100.0 * Median(ratio));
-      if (profile) LogProfile(profiler, ms);
+          PrecisionName(precisions[pi]), run.trainer->model().num_params(), m.seq, m.micro_batch,
+          step_ms, tokens_per_s.back(), run.flops / (step_ms / 1e3) / 1e9, Median(run.peer_gflops),
+          100.0 * Median(run.ratio));
+      if (profile) LogProfile(*run.profiler, run.ms);
     }
     for (size_t pi = 1; pi < precisions.size(); ++pi)
       Log("{:<10} {} tokens/s are {:.2f}x {}'s (same run)", m.name, PrecisionName(precisions[pi]),

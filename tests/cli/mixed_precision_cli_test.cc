@@ -4,6 +4,7 @@
 // a run resumed in another precision is told so.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -89,6 +90,37 @@ TEST(MixedPrecisionCliTest, BothRecipesAreRefusedWithTheFix) {
   const auto r = RunKeelShell("", kModel + " --bf16 --fp16");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--bf16 and --fp16 are both set"), std::string::npos) << r.out;
+}
+
+// keel bench puts the recipes side by side in one run: a row per precision (step time, tokens/s,
+// its own GEMM peer), then a ratio line per precision against the first; an unknown precision is
+// refused with the list of known ones.
+TEST(MixedPrecisionCliTest, BenchReportsEachPrecisionSideBySide) {
+  const auto r = RunKeelShell("",
+                              "bench --models tiny --iters 2 --warmup 1 --threads 1 "
+                              "--precisions fp32 bf16 fp16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::map<std::string, double> peer;  // per precision
+  std::istringstream lines(r.out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream f(line);
+    std::string model, prec;
+    double params, seq, mbs, ms, tps, gflops, peer_gflops;
+    if (f >> model >> prec >> params >> seq >> mbs >> ms >> tps >> gflops >> peer_gflops &&
+        model == "tiny") {
+      EXPECT_GT(ms, 0) << line;
+      EXPECT_GT(tps, 0) << line;
+      peer[prec] = peer_gflops;
+    }
+  }
+  ASSERT_EQ(peer.size(), 3u) << r.out;
+  EXPECT_NE(r.out.find("tiny       bf16 tokens/s are"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tiny       fp16 tokens/s are"), std::string::npos) << r.out;
+  const auto bad = RunKeelShell("", "bench --models tiny --precisions fp8");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("unknown precision 'fp8' (use fp32, bf16, fp16)"), std::string::npos)
+      << bad.out;
 }
 
 }  // namespace
