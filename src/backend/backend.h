@@ -164,10 +164,9 @@ class Backend {
   virtual void Softmax(float* probs, const float* logits, int V, float temperature) = 0;
 
   // ---- reductions and the optimizer -------------------------------------------------------
-  // sum of x^2 in double, in a fixed order independent of the thread count.
-  virtual double SumSquares(const float* x, size_t n) = 0;
-  // SumSquares and, in the same pass over memory, the number of elements exactly equal to 0
-  // (Megatron's "num zeros" for gradients).
+  // sum of x^2 in double, in a fixed order independent of the thread count, and, in the same
+  // pass over memory, the number of elements exactly equal to 0 (Megatron's "num zeros" for
+  // gradients).
   struct SquaresAndZeros {
     double sum_sq = 0;
     size_t zeros = 0;

@@ -154,9 +154,6 @@ void ProfilingBackend::CrossEntropyForwardBackward(float* losses, float* logz, f
 void ProfilingBackend::Softmax(float* probs, const float* logits, int V, float temperature) {
   Timed("Softmax", [&] { inner_->Softmax(probs, logits, V, temperature); });
 }
-double ProfilingBackend::SumSquares(const float* x, size_t n) {
-  return Timed("SumSquares", [&] { return inner_->SumSquares(x, n); });
-}
 Backend::SquaresAndZeros ProfilingBackend::SumSquaresAndZeros(const float* x, size_t n) {
   return Timed("SumSquaresAndZeros", [&] { return inner_->SumSquaresAndZeros(x, n); });
 }

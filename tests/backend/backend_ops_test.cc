@@ -785,7 +785,7 @@ TEST_P(BackendOpsTest, Reductions) {
     zeros += x[i] == 0.0f;
   }
   Floats dx(be(), x);
-  EXPECT_EQ(be_->SumSquares(dx.data(), n), want);
+  EXPECT_EQ(be_->SumSquaresAndZeros(dx.data(), n).sum_sq, want);
   Backend::SquaresAndZeros sz = be_->SumSquaresAndZeros(dx.data(), n);
   EXPECT_EQ(sz.sum_sq, want);
   EXPECT_EQ(sz.zeros, zeros);
@@ -803,7 +803,7 @@ TEST_P(BackendOpsTest, Reductions) {
   sz = be_->SumSquaresAndZeros(dx.data(), n);
   EXPECT_EQ(sz.zeros, zeros2);
   EXPECT_TRUE(std::isnan(sz.sum_sq));
-  EXPECT_EQ(be_->SumSquares(dx.data(), 0), 0.0);
+  EXPECT_EQ(be_->SumSquaresAndZeros(dx.data(), 0).sum_sq, 0.0);
   sz = be_->SumSquaresAndZeros(dx.data(), 0);
   EXPECT_EQ(sz.sum_sq, 0.0);
   EXPECT_EQ(sz.zeros, 0u);
@@ -960,10 +960,10 @@ TEST_P(BackendOpsTest, Deterministic) {
   // Reductions designed to be independent of the thread count.
   const std::vector<float> hbig = RandomVec(300000, -3, 3, 40);
   Floats big2(be(), hbig), big1(one.get(), hbig);
-  const double s2 = be_->SumSquares(big2.data(), big2.size());
-  const double s1 = one->SumSquares(big1.data(), big1.size());
+  const double s2 = be_->SumSquaresAndZeros(big2.data(), big2.size()).sum_sq;
+  const double s1 = one->SumSquaresAndZeros(big1.data(), big1.size()).sum_sq;
   EXPECT_EQ(std::memcmp(&s1, &s2, sizeof(double)), 0);
-  EXPECT_EQ(be_->SumSquares(big2.data(), big2.size()), s2);
+  EXPECT_EQ(be_->SumSquaresAndZeros(big2.data(), big2.size()).sum_sq, s2);
   {
     auto grads = [&](Backend* k) {
       Ints tokens(k, tok);

@@ -939,21 +939,8 @@ void CpuBackend::Softmax(float* probs, const float* logits, int V, float tempera
 
 // ---- reductions and the optimizer -----------------------------------------------------------
 
-// Sum of x^2: fixed chunks summed in double, chunk sums added in order (thread-count independent).
-double CpuBackend::SumSquares(const float* x, size_t n) {
-  const size_t nchunks = (n + kReduceChunk - 1) / kReduceChunk;
-  std::vector<double> partial(nchunks);
-#pragma omp parallel for schedule(static) num_threads(ThreadsFor(n))
-  for (size_t ch = 0; ch < nchunks; ch++) {
-    const size_t i0 = ch * kReduceChunk, i1 = std::min(n, i0 + kReduceChunk);
-    partial[ch] = SumSquaresKernel(x + i0, i1 - i0);
-  }
-  double total = 0.0;
-  for (double s : partial) total += s;
-  return total;
-}
-
-// SumSquares' chunks, each also counted for zeros while it is in cache (integer counts are exact,
+// Sum of x^2: fixed chunks summed in double, chunk sums added in order (thread-count
+// independent); each chunk also counted for zeros while it is in cache (integer counts are exact,
 // so any summation order is deterministic).
 Backend::SquaresAndZeros CpuBackend::SumSquaresAndZeros(const float* x, size_t n) {
   const size_t nchunks = (n + kReduceChunk - 1) / kReduceChunk;

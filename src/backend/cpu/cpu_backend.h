@@ -79,7 +79,6 @@ class CpuBackend : public Backend {
                                    float z_loss) override;
   void Softmax(float* probs, const float* logits, int V, float temperature) override;
 
-  double SumSquares(const float* x, size_t n) override;
   SquaresAndZeros SumSquaresAndZeros(const float* x, size_t n) override;
   size_t CountNonFinite(const float* x, size_t n) override;
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,
