@@ -3,6 +3,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <exception>
 #include <string_view>
 #include <unordered_map>
 
@@ -54,15 +55,40 @@ class SentencePieceTokenizer : public Tokenizer {
   Status Init(const std::string& model_path) {
     std::string serialized;
     KEEL_RETURN_IF_ERROR(Env::Default()->ReadFileToString(model_path, &serialized));
-    auto st = sp_.LoadFromSerializedProto(serialized);
+    // The library throws from its trie builder on some malformed models (an empty or NUL piece):
+    // a hostile file must be an error, never a terminate().
+    sentencepiece::util::Status st;
+    try {
+      st = sp_.LoadFromSerializedProto(serialized);
+    } catch (const std::exception& e) {
+      st = sentencepiece::util::Status(sentencepiece::util::StatusCode::kDataLoss, e.what());
+    }
     if (!st.ok()) {
-      return Status::Corruption("cannot load SentencePiece model '" + model_path +
-                                "': " + st.ToString());
+      return Status::Corruption(
+          "cannot load SentencePiece model '" + model_path + "': " + st.ToString() +
+          " (re-create it with `keel data prepare --tokenizer sentencepiece`)");
     }
     eod_id_ = sp_.PieceToId(kEodPiece);
     if (eod_id_ == sp_.unk_id() || !sp_.IsControl(eod_id_)) {
       return Status::Corruption("SentencePiece model '" + model_path + "' has no control piece " +
                                 kEodPiece + "; it was not trained by keel");
+    }
+    // Encode and Decode cannot return an error, so a model they would fail on is refused here:
+    // a probe with every byte value (byte fallback covers what the pieces do not).
+    std::string probe = "Call me Ishmael.\n";
+    for (int b = 1; b < 256; ++b) probe.push_back(static_cast<char>(b));
+    std::vector<int> ids;
+    std::string text;
+    sentencepiece::util::Status pst;
+    try {
+      pst = sp_.Encode(probe, &ids);
+      if (pst.ok()) pst = sp_.Decode(ids, &text);
+    } catch (const std::exception& e) {
+      pst = sentencepiece::util::Status(sentencepiece::util::StatusCode::kDataLoss, e.what());
+    }
+    if (!pst.ok()) {
+      return Status::Corruption("SentencePiece model '" + model_path +
+                                "' loads but cannot encode text: " + pst.ToString());
     }
     return Status::OK();
   }

@@ -4,6 +4,7 @@
 
 #include "data/tokenizer.h"
 #include "data_test_util.h"
+#include "keel_test_paths.h"  // KEEL_SOURCE_DIR
 
 namespace keel {
 namespace {
@@ -95,6 +96,32 @@ TEST(SentencePieceErrors, TooSmallVocabularyAndMissingModel) {
   st = LoadSentencePieceTokenizer(dir.Join("junk.model"), &tok);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find(dir.Join("junk.model")), std::string::npos);
+}
+
+// Found by fuzz/sentencepiece_fuzz (fuzz/regressions/sentencepiece_fuzz): a model whose piece is
+// "\0" made the library's trie builder throw, and keel died in terminate().
+TEST(SentencePieceErrors, MalformedModelsAreErrorsNotCrashes) {
+  TempDir dir;
+  // ModelProto with pieces <unk> (UNKNOWN), <eod> (CONTROL) and "\0" (NORMAL), as protobuf wire
+  // bytes: field 1 (pieces) { 1: piece, 2: score, 3: type }.
+  const std::string nul_piece(
+      "\x0a\x0e\x0a\x05<unk>\x15\0\0\0\0\x18\x02"
+      "\x0a\x0e\x0a\x05<eod>\x15\0\0\0\0\x18\x03"
+      "\x0a\x0a\x0a\x01\0\x15\0\0\0\0\x18\x01",
+      16 * 2 + 12);
+  WriteTextFile(dir.Join("nul.model"), nul_piece);
+  std::unique_ptr<Tokenizer> tok;
+  Status st = LoadSentencePieceTokenizer(dir.Join("nul.model"), &tok);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+  EXPECT_NE(st.message().find(dir.Join("nul.model")), std::string::npos) << st.ToString();
+  EXPECT_EQ(tok, nullptr);
+  // The fuzzer's own file, as found.
+  const std::string found = ReadTextFile(std::string(KEEL_SOURCE_DIR) +
+                                         "/fuzz/regressions/sentencepiece_fuzz/nul-piece.model");
+  ASSERT_FALSE(found.empty());
+  WriteTextFile(dir.Join("found.model"), found);
+  st = LoadSentencePieceTokenizer(dir.Join("found.model"), &tok);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
 }
 
 }  // namespace
