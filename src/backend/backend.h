@@ -91,6 +91,14 @@ class Backend {
                                  const float* inp, const float* weight, const float* mean,
                                  const float* rstd, int N, int C) = 0;
 
+  // ---- RMSNorm (Zhang & Sennrich 2019; Llama) ------------------------------------------------
+  // y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).   x,y (N,C); rstd (N)
+  virtual void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int N,
+                              int C, float eps) = 0;
+  // xhat = x * rstd:  dx += rstd * (dy*w - xhat * mean(dy*w*xhat));  dw += sum_rows dy*xhat
+  virtual void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                               const float* weight, const float* rstd, int N, int C) = 0;
+
   // ---- linear layer -----------------------------------------------------------------------
   // out (N,OC) = inp (N,IC) @ weight(OC,IC)^T + bias(OC); bias may be null. Overwrites out.
   // weight_lowp, nullable: `weight` already converted by ToLowPrecision (used in kBf16/kFp16 so
@@ -108,8 +116,10 @@ class Backend {
                               const uint16_t* inp_lowp = nullptr) = 0;
 
   // ---- causal self-attention ------------------------------------------------------------------
-  // qkv (B,T,3C) holds [q | k | v], head h at columns h*hs .. (h+1)*hs of each, hs = C/NH.
-  // q and k are each scaled by hs^-1/4 before the product (numerically stable form), so
+  // qkv (B,T,(NH+2G) hs) holds [q (NH heads) | k (G heads) | v (G heads)], hs = C/NH, each head's
+  // hs columns contiguous; G = kv_heads (0 means NH: multi-head attention; 1 <= G < NH, dividing
+  // NH: grouped-query attention, query head h reads key/value head h / (NH/G)). Q and K are each
+  // scaled by hs^-1/4 before the product (numerically stable form), so
   //   s[i,j] = (q_i hs^-1/4) . (k_j hs^-1/4) - slope_h * (i - j)   for j <= i (ALiBi if slopes)
   //   p = softmax_j(s) in fp32;  out_i = sum_j p[i,j] v_j            out (B,T,C)
   // att (B,NH,T,T) keeps p for the backward. alibi_slopes (NH) may be null. max_logit (B*NH),
@@ -119,29 +129,56 @@ class Backend {
   // outside, so the backward needs no mask of its own).
   virtual void AttentionForward(float* out, float* att, const float* qkv, const float* alibi_slopes,
                                 int B, int T, int C, int NH, float* max_logit = nullptr,
-                                const int32_t* doc_start = nullptr) = 0;
+                                const int32_t* doc_start = nullptr, int kv_heads = 0) = 0;
+  // dqkv += the gradient of out w.r.t. qkv (a key/value head sums over the query heads it serves).
   virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                                 int B, int T, int C, int NH) = 0;
+                                 int B, int T, int C, int NH, int kv_heads = 0) = 0;
 
   // ---- QK-LayerNorm (Dehghani et al. 2023, Wortsman et al. 2023) ----------------------------
-  // On qkv (N,3C) = [q | k | v], each head's query and key (hs = C/NH values) are normalised
-  // separately with weights shared across heads:
-  //   q'_h = (q_h - mean) * rstd * wq + bq;  k'_h = (k_h - mean) * rstd * wk + bk;  v' = v
-  // out (N,3C); mean, rstd (2,N,NH): the q statistics, then the k statistics.
+  // On qkv (N,(NH+2G) hs) = [q | k | v] (G = kv_heads, 0 means NH), each query head and each key
+  // head (hs values) is normalised separately with weights shared across heads:
+  //   q'_h = (q_h - mean) * rstd * wq + bq;  k'_g = (k_g - mean) * rstd * wk + bk;  v' = v
+  // out like qkv; mean, rstd (2,N,NH): the q statistics, then the k statistics (the first G of
+  // each row's NH slots).
   virtual void QkLayerNormForward(float* out, float* mean, float* rstd, const float* qkv,
                                   const float* q_weight, const float* q_bias, const float* k_weight,
-                                  const float* k_bias, int N, int C, int NH, float eps) = 0;
+                                  const float* k_bias, int N, int C, int NH, float eps,
+                                  int kv_heads = 0) = 0;
   // dqkv += LayerNorm backward of dout's q and k parts (per head), and dout's v part as is;
   // dq_weight, dq_bias, dk_weight, dk_bias (hs each) += their sums over rows and heads.
   virtual void QkLayerNormBackward(float* dqkv, float* dq_weight, float* dq_bias, float* dk_weight,
                                    float* dk_bias, const float* dout, const float* qkv,
                                    const float* q_weight, const float* k_weight, const float* mean,
-                                   const float* rstd, int N, int C, int NH) = 0;
+                                   const float* rstd, int N, int C, int NH, int kv_heads = 0) = 0;
+
+  // ---- rotary position embedding (Su et al. 2021; the "rotate half" layout of GPT-NeoX,
+  // Megatron-LM and Hugging Face Llama) ----------------------------------------------------------
+  // In place on qkv (B,T,(NH+2G) hs) as AttentionForward reads it: in every query and key head
+  // the first `rot` dims (even, <= hs), split in halves x1 = x[0:rot/2], x2 = x[rot/2:rot], turn
+  // by the angle p w_i of the token's position p:
+  //   x1_i' = x1_i cos(p w_i) - x2_i sin(p w_i);  x2_i' = x2_i cos(p w_i) + x1_i sin(p w_i)
+  // w_i = base^(-2i/rot). cos_sin (P, rot) holds, per position p < P, cos(p w_i) for i < rot/2
+  // then sin(p w_i). p = positions[b,t] (N) when given (ids restarted per document), else t.
+  // The rest of each head, and v, pass through. Computed in fp32 in every precision (the caller
+  // rounds to fp16 storage, as after GELU).
+  virtual void RopeForward(float* qkv, const float* cos_sin, const int32_t* positions, int B, int T,
+                           int NH, int kv_heads, int hs, int rot) = 0;
+  // The transpose, in place on a gradient of the same layout (the rotation by -p w_i):
+  //   dx1_i = dy1_i cos + dy2_i sin;  dx2_i = dy2_i cos - dy1_i sin
+  // The one backward that does not accumulate: it turns the gradient attention's backward wrote.
+  virtual void RopeBackward(float* dqkv, const float* cos_sin, const int32_t* positions, int B,
+                            int T, int NH, int kv_heads, int hs, int rot) = 0;
 
   // ---- pointwise ----------------------------------------------------------------------------
   // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   virtual void GeluForward(float* out, const float* inp, size_t n) = 0;
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
+  // SwiGLU (Shazeer 2020), the gated FFN of Llama and Megatron's --swiglu: inp (N,2F) holds per
+  // row [g | u] (the two halves of one fused product), out (N,F) = silu(g) * u, silu(g) = g sig(g).
+  // fp32 in every precision, as GELU.
+  virtual void SwigluForward(float* out, const float* inp, int N, int F) = 0;
+  // dg += dout * u * sig(g) (1 + g (1 - sig(g)));  du += dout * silu(g)      dinp (N,2F)
+  virtual void SwigluBackward(float* dinp, const float* inp, const float* dout, int N, int F) = 0;
   // out = a + b (residual connection). out may alias a.
   virtual void Add(float* out, const float* a, const float* b, size_t n) = 0;
   // dst += src

@@ -99,35 +99,65 @@ void ProfilingBackend::MatmulBackward(float* dinp, float* dweight, float* dbias,
                            add_to_dweight, inp_lowp);
   });
 }
+void ProfilingBackend::RmsNormForward(float* out, float* rstd, const float* inp,
+                                      const float* weight, int N, int C, float eps) {
+  Timed("RmsNormForward", [&] { inner_->RmsNormForward(out, rstd, inp, weight, N, C, eps); });
+}
+void ProfilingBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout,
+                                       const float* inp, const float* weight, const float* rstd,
+                                       int N, int C) {
+  Timed("RmsNormBackward",
+        [&] { inner_->RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C); });
+}
 void ProfilingBackend::AttentionForward(float* out, float* att, const float* qkv,
                                         const float* alibi_slopes, int B, int T, int C, int NH,
-                                        float* max_logit, const int32_t* doc_start) {
+                                        float* max_logit, const int32_t* doc_start, int kv_heads) {
   Timed("AttentionForward", [&] {
-    inner_->AttentionForward(out, att, qkv, alibi_slopes, B, T, C, NH, max_logit, doc_start);
+    inner_->AttentionForward(out, att, qkv, alibi_slopes, B, T, C, NH, max_logit, doc_start,
+                             kv_heads);
   });
 }
 void ProfilingBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                         const float* att, int B, int T, int C, int NH) {
-  Timed("AttentionBackward", [&] { inner_->AttentionBackward(dqkv, dout, qkv, att, B, T, C, NH); });
+                                         const float* att, int B, int T, int C, int NH,
+                                         int kv_heads) {
+  Timed("AttentionBackward",
+        [&] { inner_->AttentionBackward(dqkv, dout, qkv, att, B, T, C, NH, kv_heads); });
+}
+void ProfilingBackend::RopeForward(float* qkv, const float* cos_sin, const int32_t* positions,
+                                   int B, int T, int NH, int kv_heads, int hs, int rot) {
+  Timed("RopeForward",
+        [&] { inner_->RopeForward(qkv, cos_sin, positions, B, T, NH, kv_heads, hs, rot); });
+}
+void ProfilingBackend::RopeBackward(float* dqkv, const float* cos_sin, const int32_t* positions,
+                                    int B, int T, int NH, int kv_heads, int hs, int rot) {
+  Timed("RopeBackward",
+        [&] { inner_->RopeBackward(dqkv, cos_sin, positions, B, T, NH, kv_heads, hs, rot); });
 }
 void ProfilingBackend::QkLayerNormForward(float* out, float* mean, float* rstd, const float* qkv,
                                           const float* q_weight, const float* q_bias,
                                           const float* k_weight, const float* k_bias, int N, int C,
-                                          int NH, float eps) {
+                                          int NH, float eps, int kv_heads) {
   Timed("QkLayerNormForward", [&] {
     inner_->QkLayerNormForward(out, mean, rstd, qkv, q_weight, q_bias, k_weight, k_bias, N, C, NH,
-                               eps);
+                               eps, kv_heads);
   });
 }
 void ProfilingBackend::QkLayerNormBackward(float* dqkv, float* dq_weight, float* dq_bias,
                                            float* dk_weight, float* dk_bias, const float* dout,
                                            const float* qkv, const float* q_weight,
                                            const float* k_weight, const float* mean,
-                                           const float* rstd, int N, int C, int NH) {
+                                           const float* rstd, int N, int C, int NH, int kv_heads) {
   Timed("QkLayerNormBackward", [&] {
     inner_->QkLayerNormBackward(dqkv, dq_weight, dq_bias, dk_weight, dk_bias, dout, qkv, q_weight,
-                                k_weight, mean, rstd, N, C, NH);
+                                k_weight, mean, rstd, N, C, NH, kv_heads);
   });
+}
+void ProfilingBackend::SwigluForward(float* out, const float* inp, int N, int F) {
+  Timed("SwigluForward", [&] { inner_->SwigluForward(out, inp, N, F); });
+}
+void ProfilingBackend::SwigluBackward(float* dinp, const float* inp, const float* dout, int N,
+                                      int F) {
+  Timed("SwigluBackward", [&] { inner_->SwigluBackward(dinp, inp, dout, N, F); });
 }
 void ProfilingBackend::GeluForward(float* out, const float* inp, size_t n) {
   Timed("GeluForward", [&] { inner_->GeluForward(out, inp, n); });

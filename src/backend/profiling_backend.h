@@ -55,19 +55,31 @@ class ProfilingBackend : public Backend {
                       const float* inp, const float* weight, int N, int IC, int OC,
                       const uint16_t* weight_lowp, bool add_to_dweight,
                       const uint16_t* inp_lowp) override;
+  void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                      float eps) override;
+  void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, const float* rstd, int N, int C) override;
   void AttentionForward(float* out, float* att, const float* qkv, const float* alibi_slopes, int B,
-                        int T, int C, int NH, float* max_logit, const int32_t* doc_start) override;
+                        int T, int C, int NH, float* max_logit, const int32_t* doc_start,
+                        int kv_heads) override;
   void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
-                         int T, int C, int NH) override;
+                         int T, int C, int NH, int kv_heads) override;
+  void RopeForward(float* qkv, const float* cos_sin, const int32_t* positions, int B, int T, int NH,
+                   int kv_heads, int hs, int rot) override;
+  void RopeBackward(float* dqkv, const float* cos_sin, const int32_t* positions, int B, int T,
+                    int NH, int kv_heads, int hs, int rot) override;
   void QkLayerNormForward(float* out, float* mean, float* rstd, const float* qkv,
                           const float* q_weight, const float* q_bias, const float* k_weight,
-                          const float* k_bias, int N, int C, int NH, float eps) override;
+                          const float* k_bias, int N, int C, int NH, float eps,
+                          int kv_heads) override;
   void QkLayerNormBackward(float* dqkv, float* dq_weight, float* dq_bias, float* dk_weight,
                            float* dk_bias, const float* dout, const float* qkv,
                            const float* q_weight, const float* k_weight, const float* mean,
-                           const float* rstd, int N, int C, int NH) override;
+                           const float* rstd, int N, int C, int NH, int kv_heads) override;
   void GeluForward(float* out, const float* inp, size_t n) override;
   void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) override;
+  void SwigluForward(float* out, const float* inp, int N, int F) override;
+  void SwigluBackward(float* dinp, const float* inp, const float* dout, int N, int F) override;
   void Add(float* out, const float* a, const float* b, size_t n) override;
   void Accumulate(float* dst, const float* src, size_t n) override;
   void Scale(float* x, size_t n, float s) override;

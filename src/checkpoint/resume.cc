@@ -119,7 +119,15 @@ const std::set<std::string> kShapeKeys = {"num-layers",
                                           "embed-layernorm",
                                           "make-vocab-size-divisible-by",
                                           "layernorm-epsilon",
-                                          "qk-layernorm"};
+                                          "qk-layernorm",
+                                          "rotary-base",
+                                          "rotary-percent",
+                                          "normalization",
+                                          "swiglu",
+                                          "group-query-attention",
+                                          "num-query-groups",
+                                          "untie-embeddings-and-output-weights",
+                                          "disable-bias-linear"};
 const std::set<std::string> kSchedulerKeys = {
     "lr",           "min-lr",    "lr-decay-style",    "adam-beta1",        "adam-beta2", "adam-eps",
     "weight-decay", "clip-grad", "global-batch-size", "rampup-batch-size", "z-loss"};

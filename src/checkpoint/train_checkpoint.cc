@@ -57,7 +57,15 @@ json SpecToJson(const GptSpec& s) {
               {"z_loss", s.z_loss},
               {"reset_position_ids", s.reset_position_ids},
               {"reset_attention_mask", s.reset_attention_mask},
-              {"eod_id", s.eod_id}};
+              {"eod_id", s.eod_id},
+              {"rope", s.rope},
+              {"rotary_base", s.rotary_base},
+              {"rotary_percent", s.rotary_percent},
+              {"rmsnorm", s.rmsnorm},
+              {"swiglu", s.swiglu},
+              {"kv_heads", s.kv_heads},
+              {"untie_embeddings", s.untie_embeddings},
+              {"bias", s.bias}};
 }
 
 Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
@@ -81,12 +89,23 @@ Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
   s.reset_position_ids = j.Optional("reset_position_ids").Get<bool>(false);
   s.reset_attention_mask = j.Optional("reset_attention_mask").Get<bool>(false);
   s.eod_id = j.Optional("eod_id").Get<int32_t>(-1);
+  s.rope = j.Optional("rope").Get<bool>(false);
+  s.rotary_base = j.Optional("rotary_base").Get<double>(10000.0);
+  s.rotary_percent = j.Optional("rotary_percent").Get<double>(1.0);
+  s.rmsnorm = j.Optional("rmsnorm").Get<bool>(false);
+  s.swiglu = j.Optional("swiglu").Get<bool>(false);
+  s.kv_heads = j.Optional("kv_heads").Get<int>(0);
+  s.untie_embeddings = j.Optional("untie_embeddings").Get<bool>(false);
+  s.bias = j.Optional("bias").Get<bool>(true);
   KEEL_RETURN_IF_ERROR(r.status());
   // A model keel cannot build (edited by hand): the sizes its constructor and kernels rely on.
   constexpr int kMaxWidth = std::numeric_limits<int32_t>::max() / 4;  // as config validation
   if (s.num_layers < 1 || s.hidden < 1 || s.ffn_hidden < 1 || s.heads < 1 ||
       s.hidden % s.heads != 0 || s.max_positions < 1 || s.vocab < 1 || s.padded_vocab < s.vocab ||
-      s.hidden > kMaxWidth || s.ffn_hidden > kMaxWidth)
+      s.hidden > kMaxWidth || s.ffn_hidden > kMaxWidth || s.kv_heads < 0 || s.kv_heads > s.heads ||
+      (s.kv_heads > 0 && s.heads % s.kv_heads != 0) || (s.rope && s.alibi) ||
+      (s.rope && !(s.rotary_percent > 0 && s.rotary_percent <= 1 && s.rotary_base >= 1 &&
+                   s.RotaryDim() >= 2)))
     return Status::Corruption(where + ": key 'model' describes no model keel can build (" +
                               m.dump() + "); " + kDamagedCheckpointFix);
   *out = s;

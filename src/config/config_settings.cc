@@ -201,7 +201,28 @@ const std::vector<Setting>& Settings() {
     t->push_back(EnumSetting("position-embedding-type", "position encoding",
                              &TC::position_embedding_type,
                              {{PositionEmbedding::kLearnedAbsolute, "learned_absolute"},
-                              {PositionEmbedding::kAlibi, "alibi"}}));
+                              {PositionEmbedding::kAlibi, "alibi"},
+                              {PositionEmbedding::kRope, "rope"}}));
+    t->push_back(
+        IntSetting("rotary-base", "RoPE base: angle p * base^(-2i/dims)", &TC::rotary_base));
+    t->push_back(RealSetting("rotary-percent", "RoPE: share of each head's dims that turn (0, 1]",
+                             &TC::rotary_percent));
+    t->push_back(EnumSetting(
+        "normalization", "the model's norms (QK-LayerNorm stays LayerNorm)", &TC::normalization,
+        {{Normalization::kLayerNorm, "LayerNorm"}, {Normalization::kRmsNorm, "RMSNorm"}}));
+    t->push_back(BoolSetting("swiglu", "gated FFN silu(x Wg) * (x Wu) (Llama; FFN default 8h/3)",
+                             &TC::swiglu));
+    t->push_back(BoolSetting("group-query-attention",
+                             "grouped-query attention: num-query-groups key/value heads",
+                             &TC::group_query_attention));
+    t->push_back(IntSetting("num-query-groups",
+                            "key/value heads with group-query-attention; divides the heads",
+                            &TC::num_query_groups));
+    t->push_back(BoolSetting("untie-embeddings-and-output-weights",
+                             "an output layer of its own instead of the word embedding's transpose",
+                             &TC::untie_embeddings_and_output_weights));
+    t->push_back(BoolSetting("disable-bias-linear", "no biases in the linear layers (Llama)",
+                             &TC::disable_bias_linear));
     t->push_back(BoolSetting("embed-layernorm", "LayerNorm after the word embedding (BLOOM)",
                              &TC::embed_layernorm));
     t->push_back(IntSetting("make-vocab-size-divisible-by",

@@ -118,10 +118,72 @@ Status ValidateModel(TrainConfig* c, std::vector<std::string>* notes) {
   }
   KEEL_RETURN_IF_ERROR(NonNegative("ffn-hidden-size", c->ffn_hidden_size,
                                    "set it to 0 for 4 * hidden-size, or give a positive size"));
+  if (c->ffn_hidden_size == 0 && c->swiglu) {
+    // Megatron-LM's rule: two thirds of 4h (the gated FFN has three matrices, not two, so this
+    // keeps its parameter count near the 4h FFN's), rounded down to a multiple of 64.
+    const int64_t f = (int64_t{4} * c->hidden_size * 2 / 3) / 64 * 64;
+    if (f == 0) {
+      return Invalid(fmt::format(
+          "--swiglu with --hidden-size {}: Megatron's FFN size rule (8h/3, rounded down to a "
+          "multiple of 64) gives 0; give --ffn-hidden-size (e.g. {})",
+          c->hidden_size, std::max(8, (8 * c->hidden_size / 3 + 7) / 8 * 8)));
+    }
+    c->ffn_hidden_size = static_cast<int>(f);
+    notes->push_back(fmt::format(
+        "--ffn-hidden-size not given: using Megatron's SwiGLU size int(4 * hidden-size * 2/3 / 64) "
+        "* 64 = {} (Llama-2 7B sets 11008 itself: pass --ffn-hidden-size to match a published "
+        "shape)",
+        c->ffn_hidden_size));
+  }
   if (c->ffn_hidden_size == 0) {
     c->ffn_hidden_size = 4 * c->hidden_size;
     notes->push_back(
         fmt::format("--ffn-hidden-size not given: using 4 * hidden-size = {}", c->ffn_hidden_size));
+  }
+  if (c->swiglu && c->ffn_hidden_size > kMaxInt / 2) {
+    return Invalid(fmt::format(
+        "--ffn-hidden-size {} with --swiglu: the fused gate and up product is 2 x ffn-hidden-size "
+        "wide, more than a 32-bit integer; use a smaller --ffn-hidden-size",
+        c->ffn_hidden_size));
+  }
+  // Grouped-query attention: the query heads share num-query-groups key/value heads.
+  if (c->group_query_attention) {
+    if (c->num_query_groups < 1 || c->num_query_groups > c->num_attention_heads ||
+        c->num_attention_heads % c->num_query_groups != 0) {
+      int g = std::min(std::max(c->num_query_groups, 1), c->num_attention_heads);
+      while (c->num_attention_heads % g != 0) --g;
+      return Invalid(fmt::format(
+          "--num-query-groups {} must divide --num-attention-heads {} (each key/value head serves "
+          "the same number of query heads); try --num-query-groups {}",
+          c->num_query_groups, c->num_attention_heads, g));
+    }
+  } else if (c->num_query_groups != 1) {
+    notes->push_back(fmt::format(
+        "--num-query-groups {} without --group-query-attention: ignored, every query head has its "
+        "own key and value head (add --group-query-attention to share them)",
+        c->num_query_groups));
+  }
+  if (c->position_embedding_type == PositionEmbedding::kRope) {
+    if (!(c->rotary_percent > 0 && c->rotary_percent <= 1)) {
+      return Invalid(fmt::format(
+          "--rotary-percent {} must be in (0, 1]: the share of each head's dimensions that turn; "
+          "try --rotary-percent 1.0",
+          c->rotary_percent));
+    }
+    const int rot = static_cast<int>(c->head_dim() * c->rotary_percent);
+    if (rot < 2 || rot % 2 != 0) {
+      return Invalid(fmt::format(
+          "--rotary-percent {} of the head dimension {} gives {} rotary dimensions; RoPE turns "
+          "them in pairs, so it needs an even number >= 2; try --rotary-percent 1.0",
+          c->rotary_percent, c->head_dim(), rot));
+    }
+    if (c->rotary_base < 1) {
+      return Invalid(fmt::format("--rotary-base {} must be at least 1; try --rotary-base 10000",
+                                 c->rotary_base));
+    }
+  } else if (c->rotary_base != 10000 || c->rotary_percent != 1.0) {
+    notes->push_back(
+        "--rotary-base / --rotary-percent given without --position-embedding-type rope: ignored");
   }
   KEEL_RETURN_IF_ERROR(NonNegative("max-position-embeddings", c->max_position_embeddings,
                                    "set it to 0 to use --seq-length"));
@@ -606,9 +668,11 @@ Status ValidateModelSize(const TrainConfig& c) {
   const Wide NH = c.num_attention_heads, Vp = c.padded_vocab_size, P = c.max_position_embeddings;
   const Wide B = c.micro_batch_size, T = c.seq_length, N = B * T;
   const std::string limit = fmt::format("2^59 ({})", Count(kMaxFloats));
-  // Per layer: QKV 3h^2+3h, projection h^2+h, MLP 2hF+F+h, LayerNorms 4h, QK-LayerNorm 4h/NH;
-  // then the word and position tables and the embedding and final LayerNorms.
-  const Wide params = L * (4 * h * h + 2 * h * F + 9 * h + F + 4 * h / NH) + (Vp + P + 4) * h;
+  // Per layer (upper bounds): QKV 3h^2+3h, projection h^2+h, MLP 3hF+2F+h (SwiGLU), norms 4h,
+  // QK-LayerNorm 4h/NH; then the word and position tables, an untied output layer, the
+  // embedding and final norms.
+  const Wide params =
+      L * (4 * h * h + 3 * h * F + 9 * h + 2 * F + 4 * h / NH) + (2 * Vp + P + 4) * h;
   if (params > kMaxFloats) {
     return Invalid(fmt::format(
         "--num-layers {}, --hidden-size {}, --ffn-hidden-size {}: {} parameters is more than {}: "
@@ -620,7 +684,7 @@ Status ValidateModelSize(const TrainConfig& c) {
   // LayerNorm included); then the logits (N, Vp), the final buffers and gradient scratch.
   const Wide attention = L * B * NH * T * T;
   const Wide acts =
-      attention + L * (N * (12 * h + 2 * F + 4 * NH + 4) + B * NH) + N * (Vp + 16 * h + 2 * F + 12);
+      attention + L * (N * (12 * h + 3 * F + 4 * NH + 4) + B * NH) + N * (Vp + 16 * h + 3 * F + 12);
   if (acts > kMaxFloats) {
     return Invalid(fmt::format(
         "one micro-batch's activations would be {} floats (attention probabilities alone: "

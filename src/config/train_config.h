@@ -13,7 +13,8 @@
 
 namespace keel {
 
-enum class PositionEmbedding { kLearnedAbsolute, kAlibi };
+enum class PositionEmbedding { kLearnedAbsolute, kAlibi, kRope };
+enum class Normalization { kLayerNorm, kRmsNorm };
 enum class LrDecayStyle { kConstant, kLinear, kCosine };
 enum class InitMethod { kNormal, kSmallInit, kMegatron530B };
 enum class TokenizerKind { kGpt2, kSentencePiece };
@@ -44,6 +45,15 @@ struct TrainConfig {
   float init_method_std = 0.02f;  // used by kNormal; the named methods derive std from hidden size
   bool qk_layernorm = false;      // LayerNorm of each head's query and key (docs/stability.md)
   double z_loss = 0;              // PaLM's z-loss coefficient, e.g. 1e-4 (0: off)
+  // Llama family (docs/llama.md), Megatron-LM's flags:
+  int rotary_base = 10000;      // RoPE: w_i = base^(-2i/rot)
+  double rotary_percent = 1.0;  // RoPE: the share of each head's dims that turn
+  Normalization normalization = Normalization::kLayerNorm;  // of every norm but QK-LayerNorm
+  bool swiglu = false;  // gated FFN silu(x Wg) * (x Wu); FFN default 2/3 of 4h
+  bool group_query_attention = false;
+  int num_query_groups = 1;                          // key/value heads with group_query_attention
+  bool untie_embeddings_and_output_weights = false;  // an output layer of its own
+  bool disable_bias_linear = false;                  // no biases in the linear layers
 
   // ---- batch and length ----
   int micro_batch_size = 8;
@@ -167,6 +177,8 @@ struct TrainConfig {
   // ---- derived by Validate (not settable) ----
   int padded_vocab_size = 0;
   int head_dim() const { return hidden_size / num_attention_heads; }
+  // Key/value heads: num_query_groups with grouped-query attention, else one per query head.
+  int kv_heads() const { return group_query_attention ? num_query_groups : num_attention_heads; }
   // Standard deviation actually used for initialisation.
   float ResolvedInitStd() const {
     const double h = hidden_size;

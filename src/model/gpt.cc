@@ -84,6 +84,7 @@ std::vector<float> AlibiSlopes(int heads) {
 
 std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec) {
   const int64_t C = spec.hidden, F = spec.ffn_hidden, Vp = spec.padded_vocab;
+  const int64_t W = spec.QkvWidth(), F1 = spec.Fc1Width();
   std::vector<ParamInfo> params;
   size_t offset = 0;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
@@ -97,42 +98,61 @@ std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec) {
     offset += p.numel;
     params.push_back(std::move(p));
   };
+  // A norm's weight, and its bias unless it is an RMSNorm.
+  auto norm = [&](const std::string& name) {
+    add(name + ".weight", {C}, false);
+    if (!spec.rmsnorm) add(name + ".bias", {C}, false);
+  };
+  // A linear layer's weight, and its bias unless biases are off.
+  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
+    add(name + ".weight", {out, in}, true);
+    if (spec.bias) add(name + ".bias", {out}, false);
+  };
   add("embedding.word_embeddings.weight", {Vp, C}, true);
-  if (!spec.alibi) add("embedding.position_embeddings.weight", {spec.max_positions, C}, true);
-  if (spec.embed_layernorm) {
-    add("embedding.layernorm.weight", {C}, false);
-    add("embedding.layernorm.bias", {C}, false);
-  }
+  if (spec.LearnedPositions())
+    add("embedding.position_embeddings.weight", {spec.max_positions, C}, true);
+  if (spec.embed_layernorm) norm("embedding.layernorm");
   for (int l = 0; l < spec.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {C}, false);
-    add(p + "input_layernorm.bias", {C}, false);
-    add(p + "attention.query_key_value.weight", {3 * C, C}, true);
-    add(p + "attention.query_key_value.bias", {3 * C}, false);
+    norm(p + "input_layernorm");
+    linear(p + "attention.query_key_value", W, C);
     if (spec.qk_layernorm) {
-      const int64_t hs = C / spec.heads;
+      const int64_t hs = spec.HeadDim();
       add(p + "attention.q_layernorm.weight", {hs}, false);
       add(p + "attention.q_layernorm.bias", {hs}, false);
       add(p + "attention.k_layernorm.weight", {hs}, false);
       add(p + "attention.k_layernorm.bias", {hs}, false);
     }
-    add(p + "attention.dense.weight", {C, C}, true);
-    add(p + "attention.dense.bias", {C}, false);
-    add(p + "post_attention_layernorm.weight", {C}, false);
-    add(p + "post_attention_layernorm.bias", {C}, false);
-    add(p + "mlp.dense_h_to_4h.weight", {F, C}, true);
-    add(p + "mlp.dense_h_to_4h.bias", {F}, false);
-    add(p + "mlp.dense_4h_to_h.weight", {C, F}, true);
-    add(p + "mlp.dense_4h_to_h.bias", {C}, false);
+    linear(p + "attention.dense", C, C);
+    norm(p + "post_attention_layernorm");
+    linear(p + "mlp.dense_h_to_4h", F1, C);
+    linear(p + "mlp.dense_4h_to_h", C, F);
   }
-  add("final_layernorm.weight", {C}, false);
-  add("final_layernorm.bias", {C}, false);
+  norm("final_layernorm");
+  if (spec.untie_embeddings) add("output_layer.weight", {Vp, C}, true);
   return params;
+}
+
+std::vector<float> RopeCosSin(const GptSpec& spec) {
+  const int rot = spec.RotaryDim(), half = rot / 2;
+  std::vector<float> table(static_cast<size_t>(spec.max_positions) * rot);
+  for (int p = 0; p < spec.max_positions; ++p) {
+    for (int i = 0; i < half; ++i) {
+      // w_i = base^(-2i/rot), in double: the angle keeps its precision at long positions.
+      const double angle = p * std::pow(spec.rotary_base, -2.0 * i / rot);
+      table[static_cast<size_t>(p) * rot + i] = static_cast<float>(std::cos(angle));
+      table[static_cast<size_t>(p) * rot + half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return table;
 }
 
 GptModel::GptModel(Backend* backend, const GptSpec& spec)
     : backend_(backend), spec_(spec), params_(ParamLayout(spec)) {
   KEEL_CHECK(spec.hidden % spec.heads == 0, "hidden size must divide by heads");
+  KEEL_CHECK(spec.KvHeads() >= 1 && spec.heads % spec.KvHeads() == 0,
+             "key/value heads must divide the heads");
+  KEEL_CHECK(!spec.rope || spec.RotaryDim() >= 2, "RoPE needs at least 2 rotary dimensions");
   KEEL_CHECK(spec.padded_vocab >= spec.vocab, "padded vocab smaller than vocab");
   for (const ParamInfo& p : params_) num_params_ += p.numel;
   params_mem_ = backend_->AllocFloats(num_params_);
@@ -142,6 +162,11 @@ GptModel::GptModel(Backend* backend, const GptSpec& spec)
     alibi_slopes_ = backend_->AllocFloats(slopes.size());
     backend_->CopyToDevice(alibi_slopes_, slopes.data(), slopes.size());
   }
+  if (spec.rope) {
+    std::vector<float> table = RopeCosSin(spec);
+    rope_cos_sin_ = backend_->AllocFloats(table.size());
+    backend_->CopyToDevice(rope_cos_sin_, table.data(), table.size());
+  }
 }
 
 GptModel::~GptModel() {
@@ -150,6 +175,7 @@ GptModel::~GptModel() {
   backend_->Free(params_mem_);
   backend_->Free(grads_mem_);
   if (alibi_slopes_) backend_->Free(alibi_slopes_);
+  if (rope_cos_sin_) backend_->Free(rope_cos_sin_);
 }
 
 NonFiniteParams FindNonFiniteParams(GptModel& model) {
@@ -172,6 +198,12 @@ const ParamInfo* GptModel::FindParam(const std::string& name) const {
   for (const ParamInfo& p : params_)
     if (p.name == name) return &p;
   return nullptr;
+}
+
+bool GptModel::IsGpt2Shape(const GptSpec& s) {
+  return !s.alibi && !s.rope && !s.embed_layernorm && !s.rmsnorm && !s.swiglu &&
+         s.KvHeads() == s.heads && !s.untie_embeddings && s.bias && !s.qk_layernorm &&
+         s.ffn_hidden == 4 * s.hidden;
 }
 
 int64_t GptModel::FormulaParamCount(const GptSpec& s) {
@@ -208,28 +240,31 @@ void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, 
                                  BufferSource* src) {
   const size_t N = static_cast<size_t>(B) * T, C = spec.hidden, F = spec.ffn_hidden;
   const size_t NH = spec.heads, Vp = spec.padded_vocab;
+  const size_t W = spec.QkvWidth(), F1 = spec.Fc1Width();
+  // RMSNorm keeps no mean.
+  auto mean = [&]() { return spec.rmsnorm ? nullptr : src->Floats(N); };
   Activations& a = *acts;
   a.emb = src->Floats(N * C);
-  a.emb_mean = src->Floats(N);
+  a.emb_mean = mean();
   a.emb_rstd = src->Floats(N);
   a.res.push_back(src->Floats(N * C));
   for (int l = 0; l < layers; ++l) {
     Activations::Layer y;
     y.ln1 = src->Floats(N * C);
-    y.ln1_mean = src->Floats(N);
+    y.ln1_mean = mean();
     y.ln1_rstd = src->Floats(N);
-    y.qkv = src->Floats(N * 3 * C);
+    y.qkv = src->Floats(N * W);
     y.att = src->Floats(static_cast<size_t>(B) * NH * T * T);
     y.atty = src->Floats(N * C);
     y.res2 = src->Floats(N * C);
     y.ln2 = src->Floats(N * C);
-    y.ln2_mean = src->Floats(N);
+    y.ln2_mean = mean();
     y.ln2_rstd = src->Floats(N);
-    y.fch = src->Floats(N * F);
+    y.fch = src->Floats(N * F1);
     y.fch_gelu = src->Floats(N * F);
     y.max_logit = src->Floats(static_cast<size_t>(B) * NH);
     if (spec.qk_layernorm) {
-      y.qkv_raw = src->Floats(N * 3 * C);
+      y.qkv_raw = src->Floats(N * W);
       y.qk_mean = src->Floats(2 * N * NH);
       y.qk_rstd = src->Floats(2 * N * NH);
     }
@@ -237,7 +272,7 @@ void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, 
     a.res.push_back(src->Floats(N * C));  // the layer's output
   }
   a.lnf = src->Floats(N * C);
-  a.lnf_mean = src->Floats(N);
+  a.lnf_mean = mean();
   a.lnf_rstd = src->Floats(N);
   a.logits = src->Floats(N * Vp);
   a.losses = src->Floats(N);
@@ -250,10 +285,10 @@ void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, 
   a.dres_b = src->Floats(N * C);
   a.dres2 = src->Floats(N * C);
   a.dln = src->Floats(N * C);
-  a.dqkv = src->Floats(N * 3 * C);
-  if (spec.qk_layernorm) a.dqkv_raw = src->Floats(N * 3 * C);
+  a.dqkv = src->Floats(N * W);
+  if (spec.qk_layernorm) a.dqkv_raw = src->Floats(N * W);
   a.datty = src->Floats(N * C);
-  a.dfch = src->Floats(N * F);
+  a.dfch = src->Floats(N * F1);
   a.dgelu = src->Floats(N * F);
   a.demb = src->Floats(N * C);
   src->Host(&a.host_losses, N);
@@ -345,12 +380,12 @@ void GptModel::FreeActivations() {
   for (float* p :
        {a.emb, a.emb_mean, a.emb_rstd, a.lnf, a.lnf_mean, a.lnf_rstd, a.logits, a.losses, a.logz,
         a.dres_a, a.dres_b, a.dres2, a.dln, a.dqkv, a.datty, a.dfch, a.dgelu, a.demb})
-    be->Free(p);
+    if (p) be->Free(p);
   for (float* p : a.res) be->Free(p);
   for (auto& y : a.layers) {
     for (float* p : {y.ln1, y.ln1_mean, y.ln1_rstd, y.qkv, y.att, y.atty, y.res2, y.ln2, y.ln2_mean,
                      y.ln2_rstd, y.fch, y.fch_gelu, y.max_logit})
-      be->Free(p);
+      if (p) be->Free(p);
     for (float* p : {y.qkv_raw, y.qk_mean, y.qk_rstd})
       if (p) be->Free(p);
   }
@@ -365,14 +400,35 @@ void GptModel::FreeActivations() {
   lowp_acts_ = nullptr;
 }
 
+// The model's norm: LayerNorm (weight, bias; mean kept) or RMSNorm (weight; no mean, no bias).
+void GptModel::NormForward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                           const float* b, int N) {
+  if (spec_.rmsnorm) {
+    backend_->RmsNormForward(out, rstd, inp, w, N, spec_.hidden, spec_.layernorm_eps);
+  } else {
+    backend_->LayerNormForward(out, mean, rstd, inp, w, b, N, spec_.hidden, spec_.layernorm_eps);
+  }
+}
+
+void GptModel::NormBackward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                            const float* w, const float* mean, const float* rstd, int N) {
+  if (spec_.rmsnorm) {
+    backend_->RmsNormBackward(dinp, dw, dout, inp, w, rstd, N, spec_.hidden);
+  } else {
+    backend_->LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, spec_.hidden);
+  }
+}
+
 double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss) {
   AllocateActivations(B, T);
   PrepareLowPrecisionWeights();
   Activations& a = *acts_;
   Backend* be = backend_;
-  const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads;
+  const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads, G = spec_.KvHeads();
+  const int W = spec_.QkvWidth(), F1 = spec_.Fc1Width();
   const int N = B * T, V = spec_.vocab, Vp = spec_.padded_vocab;
   const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
+  const size_t NW = static_cast<size_t>(N) * W;
   if (lowp_params_ == nullptr) {
     if (lowp_acts_ != nullptr) be->Free(lowp_acts_);
     lowp_acts_ = nullptr;
@@ -387,6 +443,9 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   float* P = params_mem_;
   size_t pi = 0;  // walks params_ in registration order
   auto next = [&]() { return P + params_[pi++].offset; };
+  // The optional tensors (norm biases, linear biases) in the same order: null when absent.
+  auto next_norm_bias = [&]() -> const float* { return spec_.rmsnorm ? nullptr : next(); };
+  auto next_bias = [&]() -> const float* { return spec_.bias ? next() : nullptr; };
 
   be->CopyIntsToDevice(a.tokens, tokens, N);
   // Packed documents: token t of a sequence belongs to the document that starts after the last
@@ -410,13 +469,13 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   }
   positions_ = positions;
   const float* wte = next();
-  const float* wpe = spec_.alibi ? nullptr : next();
+  const float* wpe = spec_.LearnedPositions() ? next() : nullptr;
   if (spec_.embed_layernorm) {
     be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
     be->RoundToStorage(a.emb, NC);
     const float* w = next();
-    const float* b = next();
-    be->LayerNormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, N, C, spec_.layernorm_eps);
+    const float* b = next_norm_bias();
+    NormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, N);
   } else {
     be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
   }
@@ -424,48 +483,68 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   be->RoundToStorage(a.res[0], NC);
   for (int l = 0; l < spec_.num_layers; ++l) {
     Activations::Layer& y = a.layers[l];
-    const float *ln1w = next(), *ln1b = next(), *qkvw = next(), *qkvb = next();
+    const float* ln1w = next();
+    const float* ln1b = next_norm_bias();
+    const float* qkvw = next();
+    const float* qkvb = next_bias();
     const float *qlnw = nullptr, *qlnb = nullptr, *klnw = nullptr, *klnb = nullptr;
     if (spec_.qk_layernorm) qlnw = next(), qlnb = next(), klnw = next(), klnb = next();
-    const float *projw = next(), *projb = next(), *ln2w = next(), *ln2b = next();
-    const float *fcw = next(), *fcb = next(), *fcpw = next(), *fcpb = next();
+    const float* projw = next();
+    const float* projb = next_bias();
+    const float* ln2w = next();
+    const float* ln2b = next_norm_bias();
+    const float* fcw = next();
+    const float* fcb = next_bias();
+    const float* fcpw = next();
+    const float* fcpb = next_bias();
     float* x = a.res[l];
-    be->LayerNormForward(y.ln1, y.ln1_mean, y.ln1_rstd, x, ln1w, ln1b, N, C, spec_.layernorm_eps);
+    NormForward(y.ln1, y.ln1_mean, y.ln1_rstd, x, ln1w, ln1b, N);
     be->RoundToStorage(y.ln1, NC);
     const uint16_t* ln1_lowp = lowp_input(LowpInputOf(l, kLn1), y.ln1, NC);
     if (spec_.qk_layernorm) {
-      be->MatmulForward(y.qkv_raw, y.ln1, qkvw, qkvb, N, C, 3 * C, Lowp(qkvw), ln1_lowp);
+      be->MatmulForward(y.qkv_raw, y.ln1, qkvw, qkvb, N, C, W, Lowp(qkvw), ln1_lowp);
       be->QkLayerNormForward(y.qkv, y.qk_mean, y.qk_rstd, y.qkv_raw, qlnw, qlnb, klnw, klnb, N, C,
-                             NH, spec_.layernorm_eps);
-      be->RoundToStorage(y.qkv, 3 * NC);
+                             NH, spec_.layernorm_eps, G);
+      be->RoundToStorage(y.qkv, NW);
     } else {
-      be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, 3 * C, Lowp(qkvw), ln1_lowp);
+      be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, W, Lowp(qkvw), ln1_lowp);
     }
-    be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit, doc_start_);
+    if (spec_.rope) {
+      // In place: attention reads the turned q and k; the matmul's backward needs only its input.
+      be->RopeForward(y.qkv, rope_cos_sin_, positions, B, T, NH, G, spec_.HeadDim(),
+                      spec_.RotaryDim());
+      be->RoundToStorage(y.qkv, NW);
+    }
+    be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit, doc_start_,
+                         G);
     const uint16_t* atty_lowp = lowp_input(LowpInputOf(l, kAtty), y.atty, NC);
     // res2 = attn proj + x
     be->MatmulForward(y.res2, y.atty, projw, projb, N, C, C, Lowp(projw), atty_lowp);
     be->Add(y.res2, y.res2, x, NC);
     be->RoundToStorage(y.res2, NC);
-    be->LayerNormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, ln2w, ln2b, N, C,
-                         spec_.layernorm_eps);
+    NormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, ln2w, ln2b, N);
     be->RoundToStorage(y.ln2, NC);
-    be->MatmulForward(y.fch, y.ln2, fcw, fcb, N, C, F, Lowp(fcw),
+    be->MatmulForward(y.fch, y.ln2, fcw, fcb, N, C, F1, Lowp(fcw),
                       lowp_input(LowpInputOf(l, kLn2), y.ln2, NC));
-    be->GeluForward(y.fch_gelu, y.fch, NF);
+    if (spec_.swiglu) {
+      be->SwigluForward(y.fch_gelu, y.fch, N, F);
+    } else {
+      be->GeluForward(y.fch_gelu, y.fch, NF);
+    }
     be->RoundToStorage(y.fch_gelu, NF);
     be->MatmulForward(a.res[l + 1], y.fch_gelu, fcpw, fcpb, N, F, C, Lowp(fcpw),
                       lowp_input(LowpInputOf(l, kFchGelu), y.fch_gelu, NF));
     be->Add(a.res[l + 1], a.res[l + 1], y.res2, NC);
     be->RoundToStorage(a.res[l + 1], NC);
   }
-  const float *lnfw = next(), *lnfb = next();
-  be->LayerNormForward(a.lnf, a.lnf_mean, a.lnf_rstd, a.res[spec_.num_layers], lnfw, lnfb, N, C,
-                       spec_.layernorm_eps);
+  const float* lnfw = next();
+  const float* lnfb = next_norm_bias();
+  NormForward(a.lnf, a.lnf_mean, a.lnf_rstd, a.res[spec_.num_layers], lnfw, lnfb, N);
   be->RoundToStorage(a.lnf, NC);
-  // Tied output embedding. The logits are the products' output (fp16 in fp16); the cross-entropy
-  // reads them in fp32.
-  be->MatmulForward(a.logits, a.lnf, wte, nullptr, N, C, Vp, Lowp(wte),
+  // The output layer: the word embedding's transpose (tied) or output_layer.weight. The logits are
+  // the products' output (fp16 in fp16); the cross-entropy reads them in fp32.
+  const float* wout = spec_.untie_embeddings ? next() : wte;
+  be->MatmulForward(a.logits, a.lnf, wout, nullptr, N, C, Vp, Lowp(wout),
                     lowp_input(LowpLnfInput(), a.lnf, NC));
   has_targets_ = targets != nullptr;
   if (!has_targets_) return 0.0;
@@ -483,10 +562,12 @@ void GptModel::Backward() {
   Activations& a = *acts_;
   Backend* be = backend_;
   const int B = cur_B_, T = cur_T_;
-  const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads;
+  const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads, G = spec_.KvHeads();
+  const int W = spec_.QkvWidth(), F1 = spec_.Fc1Width();
   const int N = B * T, Vp = spec_.padded_vocab;
   const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
-  float *P = params_mem_, *G = grads_mem_;
+  const size_t NW = static_cast<size_t>(N) * W, NF1 = static_cast<size_t>(N) * F1;
+  float *P = params_mem_, *G_ = grads_mem_;
   // The step's first Backward writes the gradients: the matmuls overwrite theirs (weights and
   // biases); every other gradient is zeroed as the walk reaches it, before anything adds to it.
   const bool overwrite = overwrite_grads_;
@@ -496,29 +577,41 @@ void GptModel::Backward() {
   size_t pi = params_.size();
   auto prev = [&](float** grad, bool written_by_matmul = false) {
     --pi;
-    *grad = G + params_[pi].offset;
+    *grad = G_ + params_[pi].offset;
     if (overwrite && !written_by_matmul) be->Zero(*grad, params_[pi].numel);
     return P + params_[pi].offset;
   };
   constexpr bool kMatmul = true;
+  // The optional tensors walked back: their gradient, or null when the model has none.
+  auto prev_bias = [&](float** grad) {
+    *grad = nullptr;
+    if (spec_.bias) prev(grad, kMatmul);
+  };
+  auto prev_norm_bias = [&](float** grad) {
+    *grad = nullptr;
+    if (!spec_.rmsnorm) prev(grad);
+  };
 
-  float *dlnfb, *dlnfw;
-  prev(&dlnfb);
-  const float* lnfw = prev(&dlnfw);
-  float* dwte = G + params_[0].offset;
+  float* dwte = G_ + params_[0].offset;
   const float* wte = P + params_[0].offset;
+  // The output layer's weight: the tied embedding's (its gradient written by this product first,
+  // added to by the embedding backward last), or output_layer.weight (its own gradient; the
+  // embedding's is then zeroed before the embedding backward adds to it).
+  const float* wout = wte;
+  float* dwout = dwte;
+  if (spec_.untie_embeddings) wout = prev(&dwout, kMatmul);
+  float *dlnfb, *dlnfw;
+  prev_norm_bias(&dlnfb);
+  const float* lnfw = prev(&dlnfw);
 
-  // logits = lnf wte^T: the cross-entropy left dlogits in a.logits.
+  // logits = lnf wout^T: the cross-entropy left dlogits in a.logits.
   float* dres = a.dres_a;     // gradient w.r.t. the current residual stream
   float* dres_in = a.dres_b;  // gradient w.r.t. the previous one
   be->Zero(a.dln, NC);
-  // The tied embedding's gradient: the output layer's product writes it first, the embedding
-  // backward (last) adds to it.
-  be->MatmulBackward(a.dln, dwte, nullptr, a.logits, a.lnf, wte, N, C, Vp, Lowp(wte), add,
+  be->MatmulBackward(a.dln, dwout, nullptr, a.logits, a.lnf, wout, N, C, Vp, Lowp(wout), add,
                      LowpLnfInput());
   be->Zero(dres, NC);
-  be->LayerNormBackward(dres, dlnfw, dlnfb, a.dln, a.res[spec_.num_layers], lnfw, a.lnf_mean,
-                        a.lnf_rstd, N, C);
+  NormBackward(dres, dlnfw, dlnfb, a.dln, a.res[spec_.num_layers], lnfw, a.lnf_mean, a.lnf_rstd, N);
   // fp16 (a no-op otherwise): activation gradients are stored in fp16 too; the matmuls and
   // attention round their own outputs.
   be->RoundToStorage(dres, NC);
@@ -527,13 +620,13 @@ void GptModel::Backward() {
     Activations::Layer& y = a.layers[l];
     float *dfcpb, *dfcpw, *dfcb, *dfcw, *dln2b, *dln2w, *dprojb, *dprojw, *dqkvb, *dqkvw, *dln1b,
         *dln1w;
-    prev(&dfcpb, kMatmul);
+    prev_bias(&dfcpb);
     const float* fcpw = prev(&dfcpw, kMatmul);
-    prev(&dfcb, kMatmul);
+    prev_bias(&dfcb);
     const float* fcw = prev(&dfcw, kMatmul);
-    prev(&dln2b);
+    prev_norm_bias(&dln2b);
     const float* ln2w = prev(&dln2w);
-    prev(&dprojb, kMatmul);
+    prev_bias(&dprojb);
     const float* projw = prev(&dprojw, kMatmul);
     float *dklnb = nullptr, *dklnw = nullptr, *dqlnb = nullptr, *dqlnw = nullptr;
     const float *klnw = nullptr, *qlnw = nullptr;
@@ -543,47 +636,56 @@ void GptModel::Backward() {
       prev(&dqlnb);
       qlnw = prev(&dqlnw);
     }
-    prev(&dqkvb, kMatmul);
+    prev_bias(&dqkvb);
     const float* qkvw = prev(&dqkvw, kMatmul);
-    prev(&dln1b);
+    prev_norm_bias(&dln1b);
     const float* ln1w = prev(&dln1w);
 
-    // res[l+1] = res2 + fcproj(gelu(fc(ln2(res2))))
+    // res[l+1] = res2 + fcproj(act(fc(ln2(res2))))
     be->Copy(a.dres2, dres, NC);  // skip connection
     be->Zero(a.dgelu, NF);
     be->MatmulBackward(a.dgelu, dfcpw, dfcpb, dres, y.fch_gelu, fcpw, N, F, C, Lowp(fcpw), add,
                        LowpInputOf(l, kFchGelu));
-    be->Zero(a.dfch, NF);
-    be->GeluBackward(a.dfch, y.fch, a.dgelu, NF);
-    be->RoundToStorage(a.dfch, NF);
+    be->Zero(a.dfch, NF1);
+    if (spec_.swiglu) {
+      be->SwigluBackward(a.dfch, y.fch, a.dgelu, N, F);
+    } else {
+      be->GeluBackward(a.dfch, y.fch, a.dgelu, NF);
+    }
+    be->RoundToStorage(a.dfch, NF1);
     be->Zero(a.dln, NC);
-    be->MatmulBackward(a.dln, dfcw, dfcb, a.dfch, y.ln2, fcw, N, C, F, Lowp(fcw), add,
+    be->MatmulBackward(a.dln, dfcw, dfcb, a.dfch, y.ln2, fcw, N, C, F1, Lowp(fcw), add,
                        LowpInputOf(l, kLn2));
-    be->LayerNormBackward(a.dres2, dln2w, dln2b, a.dln, y.res2, ln2w, y.ln2_mean, y.ln2_rstd, N, C);
+    NormBackward(a.dres2, dln2w, dln2b, a.dln, y.res2, ln2w, y.ln2_mean, y.ln2_rstd, N);
     be->RoundToStorage(a.dres2, NC);
-    // res2 = x + proj(attn(qkv(ln1(x))))
+    // res2 = x + proj(attn(rope(qkv(ln1(x)))))
     be->Copy(dres_in, a.dres2, NC);  // skip connection
     be->Zero(a.datty, NC);
     be->MatmulBackward(a.datty, dprojw, dprojb, a.dres2, y.atty, projw, N, C, C, Lowp(projw), add,
                        LowpInputOf(l, kAtty));
-    be->Zero(a.dqkv, NC * 3);
-    be->AttentionBackward(a.dqkv, a.datty, y.qkv, y.att, B, T, C, NH);
+    be->Zero(a.dqkv, NW);
+    be->AttentionBackward(a.dqkv, a.datty, y.qkv, y.att, B, T, C, NH, G);
+    if (spec_.rope) {
+      be->RopeBackward(a.dqkv, rope_cos_sin_, positions_, B, T, NH, G, spec_.HeadDim(),
+                       spec_.RotaryDim());
+      be->RoundToStorage(a.dqkv, NW);
+    }
     float* dqkv_mm = a.dqkv;  // gradient w.r.t. the matmul's output
     if (spec_.qk_layernorm) {
-      be->Zero(a.dqkv_raw, NC * 3);
+      be->Zero(a.dqkv_raw, NW);
       be->QkLayerNormBackward(a.dqkv_raw, dqlnw, dqlnb, dklnw, dklnb, a.dqkv, y.qkv_raw, qlnw, klnw,
-                              y.qk_mean, y.qk_rstd, N, C, NH);
-      be->RoundToStorage(a.dqkv_raw, NC * 3);
+                              y.qk_mean, y.qk_rstd, N, C, NH, G);
+      be->RoundToStorage(a.dqkv_raw, NW);
       dqkv_mm = a.dqkv_raw;
     }
     be->Zero(a.dln, NC);
-    be->MatmulBackward(a.dln, dqkvw, dqkvb, dqkv_mm, y.ln1, qkvw, N, C, 3 * C, Lowp(qkvw), add,
+    be->MatmulBackward(a.dln, dqkvw, dqkvb, dqkv_mm, y.ln1, qkvw, N, C, W, Lowp(qkvw), add,
                        LowpInputOf(l, kLn1));
-    be->LayerNormBackward(dres_in, dln1w, dln1b, a.dln, a.res[l], ln1w, y.ln1_mean, y.ln1_rstd, N,
-                          C);
+    NormBackward(dres_in, dln1w, dln1b, a.dln, a.res[l], ln1w, y.ln1_mean, y.ln1_rstd, N);
     be->RoundToStorage(dres_in, NC);
     std::swap(dres, dres_in);
-    // Layer l and everything after it in the buffer (later layers, the final LayerNorm) are final.
+    // Layer l and everything after it in the buffer (later layers, the final norm, an untied
+    // output layer) are final.
     if (grad_ready_) grad_ready_(params_[pi].offset);
   }
   // dres now holds the gradient w.r.t. res[0].
@@ -591,14 +693,15 @@ void GptModel::Backward() {
   const float* demb = dres;
   if (spec_.embed_layernorm) {
     float *delnb, *delnw;
-    prev(&delnb);
+    prev_norm_bias(&delnb);
     const float* elnw = prev(&delnw);
     be->Zero(a.demb, NC);
-    be->LayerNormBackward(a.demb, delnw, delnb, dres, a.emb, elnw, a.emb_mean, a.emb_rstd, N, C);
+    NormBackward(a.demb, delnw, delnb, dres, a.emb, elnw, a.emb_mean, a.emb_rstd, N);
     be->RoundToStorage(a.demb, NC);
     demb = a.demb;
   }
-  if (!spec_.alibi) prev(&dwpe);
+  if (spec_.LearnedPositions()) prev(&dwpe);
+  if (spec_.untie_embeddings && overwrite) be->Zero(dwte, params_[0].numel);
   be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C, spec_.padded_vocab, positions_);
 }
 
@@ -667,6 +770,14 @@ GptSpec SpecFromConfig(const TrainConfig& cfg) {
   s.vocab = cfg.vocab_size;
   s.padded_vocab = cfg.padded_vocab_size;
   s.alibi = cfg.position_embedding_type == PositionEmbedding::kAlibi;
+  s.rope = cfg.position_embedding_type == PositionEmbedding::kRope;
+  s.rotary_base = cfg.rotary_base;
+  s.rotary_percent = cfg.rotary_percent;
+  s.rmsnorm = cfg.normalization == Normalization::kRmsNorm;
+  s.swiglu = cfg.swiglu;
+  s.kv_heads = cfg.group_query_attention ? cfg.num_query_groups : 0;
+  s.untie_embeddings = cfg.untie_embeddings_and_output_weights;
+  s.bias = !cfg.disable_bias_linear;
   s.embed_layernorm = cfg.embed_layernorm;
   s.layernorm_eps = cfg.layernorm_epsilon;
   s.qk_layernorm = cfg.qk_layernorm;

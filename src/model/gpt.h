@@ -1,13 +1,19 @@
-// GptModel: a decoder-only transformer (GPT-2 shape, with the BLOOM options ALiBi and a LayerNorm
-// after the word embedding) described once and executed by any Backend.
+// GptModel: a decoder-only transformer described once and executed by any Backend: GPT-2's
+// shape, with BLOOM's options (ALiBi, a LayerNorm after the word embedding) and the Llama family's
+// (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied output layer, no linear biases).
 //
-//   x0 = wte[tok] (+ wpe[pos])            (optionally x0 = LN_emb(x0), BLOOM)
-//   for each layer:  x = x + Wo . attn(LN1(x) Wqkv)       (causal, Q,K pre-scaled by hs^-1/4;
+//   x0 = wte[tok] (+ wpe[pos])            (optionally x0 = Norm_emb(x0), BLOOM)
+//   for each layer:  x = x + Wo . attn(rope(Norm1(x) Wqkv))  (causal, Q,K pre-scaled by
+//                                                           hs^-1/4; ALiBi or RoPE positions;
 //                                                           with qk_layernorm, each head's Q and
-//                                                           K LayerNorm-ed first)
-//                    x = x + W2 . gelu(LN2(x) W1)
-//   logits = LN_f(x) wte^T                 (tied input/output embedding, padded vocab masked)
+//                                                           K LayerNorm-ed first; G <= NH
+//                                                           key/value heads)
+//                    x = x + W2 . act(Norm2(x) W1)       (act: GELU(tanh), or SwiGLU on the
+//                                                           two halves [g | u] of x W1)
+//   logits = Norm_f(x) Wout^T              (Wout = wte, tied, or output_layer; padded vocab masked)
 //   objective = mean CE + z_loss * mean (log Z)^2     (z_loss: PaLM's auxiliary loss, 0 = off)
+// Norm is LayerNorm (weight and bias) or RMSNorm (weight only); every linear layer has a bias
+// unless `bias` is off.
 //
 // All parameters live in one contiguous buffer, all gradients in another, each tensor a named
 // slice (ParamInfo), so the optimizer, clipping, communication and checkpoints see flat memory and
@@ -42,6 +48,25 @@ struct GptSpec {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   int32_t eod_id = -1;
+  // The Llama family (Megatron-LM's flags in parentheses).
+  bool rope = false;              // rotary positions (--position-embedding-type rope), no table
+  double rotary_base = 10000;     // (--rotary-base)
+  double rotary_percent = 1.0;    // share of each head's dims that turn (--rotary-percent)
+  bool rmsnorm = false;           // RMSNorm instead of LayerNorm (--normalization RMSNorm)
+  bool swiglu = false;            // gated FFN: W1 is (2F, C), [gate | up] (--swiglu)
+  int kv_heads = 0;               // key/value heads G; 0 = heads (--num-query-groups)
+  bool untie_embeddings = false;  // output_layer.weight of its own (--untie-embeddings-...)
+  bool bias = true;               // biases in the linear layers (off: --disable-bias-linear)
+
+  int KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int HeadDim() const { return hidden / heads; }
+  // Rows of the fused QKV weight: NH query heads, then G key and G value heads.
+  int QkvWidth() const { return (heads + 2 * KvHeads()) * HeadDim(); }
+  // Rows of the first FFN weight: F, or 2F with SwiGLU (gate then up).
+  int Fc1Width() const { return swiglu ? 2 * ffn_hidden : ffn_hidden; }
+  // Dimensions of each head that RoPE turns (even; Megatron's int(hs * rotary_percent)).
+  int RotaryDim() const { return static_cast<int>(HeadDim() * rotary_percent) / 2 * 2; }
+  bool LearnedPositions() const { return !alibi && !rope; }
 };
 
 struct ParamInfo {
@@ -81,9 +106,11 @@ class GptModel {
   UpdatableWeights weights_for_update();
   Backend* backend() { return backend_; }
 
-  // The seeds' formula n*(12h^2+13h) + v*h + s*h + 2h (exact for FFN = 4h, learned positions,
-  // no embedding LayerNorm); compare with num_params() to catch a wrong FFN size.
+  // The seeds' formula n*(12h^2+13h) + v*h + s*h + 2h (exact for GPT-2's shape: FFN = 4h, learned
+  // positions, no embedding LayerNorm); compare with num_params() to catch a wrong FFN size.
+  // IsGpt2Shape: whether the formula describes `spec` at all (no Llama or BLOOM option).
   static int64_t FormulaParamCount(const GptSpec& spec);
+  static bool IsGpt2Shape(const GptSpec& spec);
   // Every parameter tensor of `spec` in buffer order, without allocating (keel plan counts these).
   static std::vector<ParamInfo> ParamLayout(const GptSpec& spec);
 
@@ -137,6 +164,10 @@ class GptModel {
   static void LayoutActivations(const GptSpec& spec, int B, int T, int layers, Activations* acts,
                                 BufferSource* src);
   void AllocateActivations(int B, int T);
+  void NormForward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                   const float* b, int N);
+  void NormBackward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                    const float* w, const float* mean, const float* rstd, int N);
   void FreeActivations();
 
   Backend* backend_;
@@ -146,6 +177,7 @@ class GptModel {
   float* params_mem_ = nullptr;
   float* grads_mem_ = nullptr;
   float* alibi_slopes_ = nullptr;  // (NH) on the backend, if ALiBi
+  float* rope_cos_sin_ = nullptr;  // (max_positions, rot): cos then sin per position, if RoPE
   // The weights in the backend's 16-bit format (bf16/fp16 precision), converted from params_mem_
   // by the first Forward after param_data() was handed out; nullptr in fp32.
   void PrepareLowPrecisionWeights();
@@ -179,6 +211,10 @@ struct NonFiniteParams {
   size_t in_first_tensor = 0;
 };
 NonFiniteParams FindNonFiniteParams(GptModel& model);
+
+// RoPE's angle table for `spec`: per position p < max_positions, cos(p w_i) for i < rot/2, then
+// sin(p w_i), with w_i = rotary_base^(-2i/rot) (computed in double, stored fp32).
+std::vector<float> RopeCosSin(const GptSpec& spec);
 
 // ALiBi head slopes (Press et al.): geometric sequence 2^(-8/n * (i+1)) for n a power of two,
 // with the interpolation BLOOM uses for other head counts.

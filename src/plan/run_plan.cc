@@ -24,11 +24,11 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 // vocabulary rows; norms, position embeddings and the row-parallel biases are replicated.
 int64_t ShardNumel(const ParamInfo& p, int tp) {
   const int64_t n = static_cast<int64_t>(p.numel);
-  const bool split = p.name.find("query_key_value") != std::string::npos ||
-                     p.name.find("dense_h_to_4h") != std::string::npos ||
-                     EndsWith(p.name, "attention.dense.weight") ||
-                     EndsWith(p.name, "dense_4h_to_h.weight") ||
-                     p.name == "embedding.word_embeddings.weight";
+  const bool split =
+      p.name.find("query_key_value") != std::string::npos ||
+      p.name.find("dense_h_to_4h") != std::string::npos ||
+      EndsWith(p.name, "attention.dense.weight") || EndsWith(p.name, "dense_4h_to_h.weight") ||
+      p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
   return split ? n / tp : n;
 }
 
@@ -118,6 +118,12 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
         "each rank holds whole heads and an equal slice of the MLP",
         tp, c.num_attention_heads, c.ffn_hidden_size));
   }
+  if (c.kv_heads() % tp != 0) {
+    return Invalid(fmt::format(
+        "--tensor-model-parallel-size {} must divide --num-query-groups {}: each rank holds whole "
+        "key/value heads (as Megatron-LM requires)",
+        tp, c.kv_heads()));
+  }
   if (c.num_layers < pp) {
     return Invalid(fmt::format(
         "--pipeline-model-parallel-size {} is larger than --num-layers {}: every pipeline stage "
@@ -177,11 +183,11 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
     p.params_total += static_cast<int64_t>(info.numel);
     if (info.name.rfind("embedding.", 0) == 0) {
       p.params_per_stage[0] += shard;
-      // The output layer reuses the word embedding; the last stage keeps its own copy.
-      if (pp > 1 && info.name == "embedding.word_embeddings.weight")
+      // A tied output layer reuses the word embedding; the last stage keeps its own copy.
+      if (pp > 1 && info.name == "embedding.word_embeddings.weight" && !spec.untie_embeddings)
         p.params_per_stage[pp - 1] += shard;
     } else {
-      p.params_per_stage[pp - 1] += shard;  // final LayerNorm
+      p.params_per_stage[pp - 1] += shard;  // final norm, an untied output layer
     }
   }
   p.max_stage =
@@ -275,18 +281,40 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
   return Status::OK();
 }
 
+namespace {
+
+// ", RoPE, RMSNorm, untied output, no linear biases": what sets the shape apart from GPT-2's.
+std::string ModelOptions(const TrainConfig& c) {
+  std::string s;
+  if (c.position_embedding_type == PositionEmbedding::kRope) s += ", RoPE";
+  if (c.position_embedding_type == PositionEmbedding::kAlibi) s += ", ALiBi";
+  if (c.normalization == Normalization::kRmsNorm) s += ", RMSNorm";
+  if (c.untie_embeddings_and_output_weights) s += ", untied output layer";
+  if (c.disable_bias_linear) s += ", no linear biases";
+  return s;
+}
+
+}  // namespace
+
 std::string FormatRunPlan(const PlanInput& in, const RunPlan& p) {
   const TrainConfig& c = in.cfg;
   std::string s;
   s += fmt::format(
-      "model: {} layers, hidden {}, {} heads, FFN {}, sequence {}, vocab {} (padded {})\n",
-      c.num_layers, c.hidden_size, c.num_attention_heads, c.ffn_hidden_size, c.seq_length,
-      c.vocab_size, p.padded_vocab);
-  s += fmt::format(
-      "parameters: {} exact ({}); formula n(12h^2+13h)+vh+sh+2h gives {}{}\n",
-      Thousands(p.params_total), Human(static_cast<double>(p.params_total)),
-      Thousands(p.params_formula),
-      p.params_formula == p.params_total ? " (equal)" : " (differs: non-default shape)");
+      "model: {} layers, hidden {}, {} heads{}, FFN {}{}, sequence {}, vocab {} (padded {}){}\n",
+      c.num_layers, c.hidden_size, c.num_attention_heads,
+      c.group_query_attention ? fmt::format(" ({} key/value)", c.num_query_groups) : "",
+      c.ffn_hidden_size, c.swiglu ? " SwiGLU" : "", c.seq_length, c.vocab_size, p.padded_vocab,
+      ModelOptions(c));
+  if (GptModel::IsGpt2Shape(SpecFromConfig(c))) {
+    s += fmt::format(
+        "parameters: {} exact ({}); formula n(12h^2+13h)+vh+sh+2h gives {}{}\n",
+        Thousands(p.params_total), Human(static_cast<double>(p.params_total)),
+        Thousands(p.params_formula),
+        p.params_formula == p.params_total ? " (equal)" : " (differs: non-default shape)");
+  } else {
+    s += fmt::format("parameters: {} exact ({}), from the model's own layout\n",
+                     Thousands(p.params_total), Human(static_cast<double>(p.params_total)));
+  }
   s += fmt::format(
       "layout: {} nodes x {} GPUs = {} GPUs = tensor parallel {} x pipeline parallel {} "
       "x data parallel {}\n",
@@ -365,45 +393,55 @@ nlohmann::json RunPlanJson(const PlanInput& in, const RunPlan& p) {
                       {"first_iteration", st.first_iteration},
                       {"feasible", st.feasible}});
   }
-  json j = {{"model",
-             {{"num_layers", c.num_layers},
-              {"hidden_size", c.hidden_size},
-              {"num_attention_heads", c.num_attention_heads},
-              {"ffn_hidden_size", c.ffn_hidden_size},
-              {"seq_length", c.seq_length},
-              {"vocab_size", c.vocab_size},
-              {"padded_vocab_size", p.padded_vocab}}},
-            {"parameters", p.params_total},
-            {"parameters_formula", p.params_formula},
-            {"layout",
-             {{"num_nodes", in.num_nodes},
-              {"gpus_per_node", in.gpus_per_node},
-              {"world_size", p.world},
-              {"tensor_model_parallel_size", in.tensor_parallel},
-              {"pipeline_model_parallel_size", in.pipeline_parallel},
-              {"data_parallel_size", p.dp},
-              {"zero_stage", in.zero_stage}}},
-            {"parameters_per_gpu", p.params_per_stage},
-            {"most_loaded_stage", p.max_stage},
-            {"memory_per_gpu", memory},
-            {"global_batch_size", c.global_batch_size},
-            {"micro_batch_size", c.micro_batch_size},
-            {"micro_batches_per_iteration", p.micro_batches_per_iteration},
-            {"rampup_stages", stages},
-            {"max_rampup_data_parallel_size", p.max_rampup_dp},
-            {"train_iters", p.train_iters},
-            {"train_samples", p.train_samples},
-            {"train_tokens", p.train_tokens},
-            {"flops_per_iteration", p.flops_per_iteration},
-            {"total_flops", p.total_flops},
-            {"seconds", p.seconds},
-            {"days", p.days},
-            {"hours_per_day", in.hours_per_day},
-            {"tflops_per_gpu", p.tflops_per_gpu},
-            {"recompute_activations", in.recompute_activations},
-            {"feasible", p.problems.empty()},
-            {"problems", p.problems},
-            {"notes", p.notes}};
+  json j = {
+      {"model",
+       {{"num_layers", c.num_layers},
+        {"hidden_size", c.hidden_size},
+        {"num_attention_heads", c.num_attention_heads},
+        {"ffn_hidden_size", c.ffn_hidden_size},
+        {"num_query_groups", c.kv_heads()},
+        {"swiglu", c.swiglu},
+        {"normalization", c.normalization == Normalization::kRmsNorm ? "RMSNorm" : "LayerNorm"},
+        {"position_embedding_type", c.position_embedding_type == PositionEmbedding::kRope ? "rope"
+                                    : c.position_embedding_type == PositionEmbedding::kAlibi
+                                        ? "alibi"
+                                        : "learned_absolute"},
+        {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights},
+        {"add_bias_linear", !c.disable_bias_linear},
+        {"seq_length", c.seq_length},
+        {"vocab_size", c.vocab_size},
+        {"padded_vocab_size", p.padded_vocab}}},
+      {"parameters", p.params_total},
+      {"parameters_formula", p.params_formula},
+      {"layout",
+       {{"num_nodes", in.num_nodes},
+        {"gpus_per_node", in.gpus_per_node},
+        {"world_size", p.world},
+        {"tensor_model_parallel_size", in.tensor_parallel},
+        {"pipeline_model_parallel_size", in.pipeline_parallel},
+        {"data_parallel_size", p.dp},
+        {"zero_stage", in.zero_stage}}},
+      {"parameters_per_gpu", p.params_per_stage},
+      {"most_loaded_stage", p.max_stage},
+      {"memory_per_gpu", memory},
+      {"global_batch_size", c.global_batch_size},
+      {"micro_batch_size", c.micro_batch_size},
+      {"micro_batches_per_iteration", p.micro_batches_per_iteration},
+      {"rampup_stages", stages},
+      {"max_rampup_data_parallel_size", p.max_rampup_dp},
+      {"train_iters", p.train_iters},
+      {"train_samples", p.train_samples},
+      {"train_tokens", p.train_tokens},
+      {"flops_per_iteration", p.flops_per_iteration},
+      {"total_flops", p.total_flops},
+      {"seconds", p.seconds},
+      {"days", p.days},
+      {"hours_per_day", in.hours_per_day},
+      {"tflops_per_gpu", p.tflops_per_gpu},
+      {"recompute_activations", in.recompute_activations},
+      {"feasible", p.problems.empty()},
+      {"problems", p.problems},
+      {"notes", p.notes}};
   if (p.all_feasible_from >= 0) {
     const PlanRampStage& st = p.stages[p.all_feasible_from];
     j["feasible_from"] = {

@@ -147,15 +147,27 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
     r.trainer_->set_gradient_fault(r.test_hooks_->GradientFault(r.backend_.get()));
   const GptSpec& spec = r.trainer_->model().spec();
   const int64_t formula = GptModel::FormulaParamCount(spec);
-  Log("model: {} layers, hidden {}, ffn {}, heads {}, positions {}, vocab {} (padded {})",
-      spec.num_layers, spec.hidden, spec.ffn_hidden, spec.heads,
-      spec.alibi ? "ALiBi" : fmt::format("learned {}", spec.max_positions), spec.vocab,
-      spec.padded_vocab);
-  Log("parameters: {} (formula n*(12h^2+13h) + v*h + s*h + 2h = {}{})",
-      r.trainer_->model().num_params(), formula,
-      static_cast<int64_t>(r.trainer_->model().num_params()) == formula
-          ? ", equal"
-          : ": differs because of the FFN size, ALiBi or the embedding LayerNorm");
+  Log("model: {} layers, hidden {}, ffn {}{}, heads {}{}, positions {}, {}, vocab {} (padded {}){}",
+      spec.num_layers, spec.hidden, spec.ffn_hidden, spec.swiglu ? " SwiGLU" : " GELU", spec.heads,
+      spec.KvHeads() != spec.heads ? fmt::format(" ({} key/value)", spec.KvHeads()) : "",
+      spec.alibi  ? std::string("ALiBi")
+      : spec.rope ? fmt::format("RoPE (base {}, {} of {} dims)", spec.rotary_base, spec.RotaryDim(),
+                                spec.HeadDim())
+                  : fmt::format("learned {}", spec.max_positions),
+      spec.rmsnorm ? "RMSNorm" : "LayerNorm", spec.vocab, spec.padded_vocab,
+      std::string(spec.untie_embeddings ? ", untied output layer" : "") +
+          (spec.bias ? "" : ", no linear biases"));
+  if (GptModel::IsGpt2Shape(spec)) {
+    Log("parameters: {} (formula n*(12h^2+13h) + v*h + s*h + 2h = {}{})",
+        r.trainer_->model().num_params(), formula,
+        static_cast<int64_t>(r.trainer_->model().num_params()) == formula
+            ? ", equal"
+            : ": differs because of the FFN size");
+  } else {
+    Log("parameters: {} (from the model's layout; GPT-2's formula n*(12h^2+13h) + v*h + s*h + 2h "
+        "= {} does not describe this shape)",
+        r.trainer_->model().num_params(), formula);
+  }
   if (r.comm_->world_size() > 1) {
     const AdamW& opt = r.trainer_->optimizer();
     Log("optimizer: {}: this rank holds the Adam moments of {} of {} parameters ({})",

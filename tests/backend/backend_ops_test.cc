@@ -479,20 +479,24 @@ TEST_P(BackendOpsTest, ProductsComputeInTheBackendsPrecision) {
 
 // Double-precision reference: q and k scaled by hs^-1/4, ALiBi bias, causal softmax, P v.
 // Also returns the probabilities in att (B,NH,T,T) when att is not null.
+// qkv rows are (NH + 2G) hs wide: NH query heads, G key heads, G value heads (G = NH: MHA).
 std::vector<double> ReferenceAttention(const std::vector<float>& qkv, const float* slopes, int B,
-                                       int T, int C, int NH, std::vector<double>* att) {
+                                       int T, int C, int NH, std::vector<double>* att, int G = 0) {
   const int hs = C / NH;
+  if (G == 0) G = NH;
+  const size_t W = size_t(NH + 2 * G) * hs;
   const double a = std::pow(double(hs), -0.25);
   std::vector<double> out(size_t(B) * T * C, 0.0);
   if (att != nullptr) att->assign(size_t(B) * NH * T * T, 0.0);
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
       for (int i = 0; i < T; i++) {
-        const float* q = &qkv[(size_t(b) * T + i) * 3 * C + h * hs];
+        const float* q = &qkv[(size_t(b) * T + i) * W + h * hs];
+        const int g = h / (NH / G);  // the key/value head of query head h
         std::vector<double> s(i + 1);
         double mx = -INFINITY;
         for (int j = 0; j <= i; j++) {
-          const float* k = &qkv[(size_t(b) * T + j) * 3 * C + C + h * hs];
+          const float* k = &qkv[(size_t(b) * T + j) * W + (NH + g) * hs];
           double dot = 0;
           for (int d = 0; d < hs; d++) dot += (a * q[d]) * (a * k[d]);
           s[j] = dot - (slopes ? slopes[h] * double(i - j) : 0.0);
@@ -503,7 +507,7 @@ std::vector<double> ReferenceAttention(const std::vector<float>& qkv, const floa
         for (int j = 0; j <= i; j++) {
           const double p = s[j] / sum;
           if (att != nullptr) (*att)[((size_t(b) * NH + h) * T + i) * T + j] = p;
-          const float* v = &qkv[(size_t(b) * T + j) * 3 * C + 2 * C + h * hs];
+          const float* v = &qkv[(size_t(b) * T + j) * W + (NH + G + g) * hs];
           for (int d = 0; d < hs; d++) out[(size_t(b) * T + i) * C + h * hs + d] += p * v[d];
         }
       }
@@ -515,18 +519,21 @@ std::vector<double> ReferenceAttention(const std::vector<float>& qkv, const floa
 // `slopes` (NH, host) empty: no ALiBi. `scale` multiplies the fp32 tolerances; `products` > 0
 // (mixed precision) replaces them for outputs and gradients, which are then checked against the
 // double reference's own finite differences.
+// G: key/value heads (0: one per query head).
 void CheckAttention(Backend* be, double scale, double products, int B, int T, int C, int NH,
-                    const std::vector<float>& slopes, bool all_grads) {
+                    const std::vector<float>& slopes, bool all_grads, int G = 0) {
   const float* host_slopes = slopes.empty() ? nullptr : slopes.data();
   Floats dev_slopes(be, slopes);
   const float* slopes_p = slopes.empty() ? nullptr : dev_slopes.data();
-  const std::vector<float> hqkv = RandomVec(size_t(B) * T * 3 * C, -2, 2, 17 + T);
+  const int hs = C / NH, groups = G > 0 ? G : NH;
+  const int W = (NH + 2 * groups) * hs;
+  const std::vector<float> hqkv = RandomVec(size_t(B) * T * W, -2, 2, 17 + T);
   Floats qkv(be, hqkv);
   Floats out(be, size_t(B) * T * C), att(be, size_t(B) * NH * T * T), mx(be, size_t(B) * NH);
-  be->AttentionForward(out.data(), att.data(), qkv.data(), slopes_p, B, T, C, NH, mx.data());
+  be->AttentionForward(out.data(), att.data(), qkv.data(), slopes_p, B, T, C, NH, mx.data(),
+                       nullptr, G);
 
   // The max pre-softmax score per (b, h), brute force in double.
-  const int hs = C / NH;
   const double a = std::pow(double(hs), -0.25);
   const std::vector<float> hmx = mx.vec();
   for (int b = 0; b < B; b++)
@@ -536,8 +543,8 @@ void CheckAttention(Backend* be, double scale, double products, int B, int T, in
         for (int j = 0; j <= i; j++) {
           double d = 0;
           for (int k = 0; k < hs; k++)
-            d += a * hqkv[(size_t(b) * T + i) * 3 * C + h * hs + k] * a *
-                 hqkv[(size_t(b) * T + j) * 3 * C + C + h * hs + k];
+            d += a * hqkv[(size_t(b) * T + i) * W + h * hs + k] * a *
+                 hqkv[(size_t(b) * T + j) * W + (NH + h / (NH / groups)) * hs + k];
           if (host_slopes != nullptr) d -= host_slopes[h] * (i - j);
           want_max = std::max(want_max, d);
         }
@@ -547,7 +554,7 @@ void CheckAttention(Backend* be, double scale, double products, int B, int T, in
     }
 
   std::vector<double> want_att;
-  const std::vector<double> want = ReferenceAttention(hqkv, host_slopes, B, T, C, NH, &want_att);
+  const std::vector<double> want = ReferenceAttention(hqkv, host_slopes, B, T, C, NH, &want_att, G);
   const std::vector<float> hout = out.vec(), hatt = att.vec();
   const double out_tol = products > 0 ? products : scale * 2e-5;
   ExpectAllNear(hout, want, out_tol, "out");
@@ -563,10 +570,11 @@ void CheckAttention(Backend* be, double scale, double products, int B, int T, in
     for (int j : {1, T / 2, T - 1}) {
       std::vector<float> changed_qkv = hqkv;
       for (int b = 0; b < B; b++) {
-        for (int c = 0; c < 3 * C; c++) changed_qkv[(size_t(b) * T + j) * 3 * C + c] += 0.75f;
+        for (int c = 0; c < W; c++) changed_qkv[(size_t(b) * T + j) * W + c] += 0.75f;
       }
       qkv.Set(changed_qkv);
-      be->AttentionForward(out2.data(), att2.data(), qkv.data(), slopes_p, B, T, C, NH);
+      be->AttentionForward(out2.data(), att2.data(), qkv.data(), slopes_p, B, T, C, NH, nullptr,
+                           nullptr, G);
       qkv.Set(hqkv);
       const std::vector<float> hout2 = out2.vec();
       for (int b = 0; b < B; b++) {
@@ -583,16 +591,18 @@ void CheckAttention(Backend* be, double scale, double products, int B, int T, in
   // Gradient against finite differences of sum(out * r).
   const std::vector<float> r = RandomVec(out.size(), -1, 1, 18);
   Floats dout(be, r), dqkv(be, qkv.size());
-  be->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  be->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, G);
   Floats out2(be, out.size()), att2(be, att.size());
   auto loss = [&] {
-    be->AttentionForward(out2.data(), att2.data(), qkv.data(), slopes_p, B, T, C, NH);
+    be->AttentionForward(out2.data(), att2.data(), qkv.data(), slopes_p, B, T, C, NH, nullptr,
+                         nullptr, G);
     return Weighted(out2, r);
   };
   // Long sequences: a subset of elements, differentiating the double reference (many small
   // multi-threaded calls are slow on a shared machine, and the reference is exact enough).
   auto reference_loss = [&] {
-    const std::vector<double> o = ReferenceAttention(qkv.vec(), host_slopes, B, T, C, NH, nullptr);
+    const std::vector<double> o =
+        ReferenceAttention(qkv.vec(), host_slopes, B, T, C, NH, nullptr, G);
     double s = 0;
     for (size_t i = 0; i < o.size(); i++) s += o[i] * r[i];
     return s;
@@ -607,7 +617,7 @@ void CheckAttention(Backend* be, double scale, double products, int B, int T, in
                               products > 0 ? products : scale * 2e-3, idx);
 
   const std::vector<float> d1 = dqkv.vec();
-  be->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  be->AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, G);
   ExpectDoubled(d1, dqkv.vec(), scale * 1e-6, "dqkv");
 }
 
@@ -625,7 +635,151 @@ TEST_P(BackendOpsTest, AttentionLongSequence) {
   CheckAttention(be(), Tol(1), Products(), 2, 130, 16, 2, {0.25f, 0.0625f}, false);
 }
 
+// Grouped-query attention: 4 query heads over 2 and over 1 key/value heads (a key/value head's
+// gradient sums over the query heads it serves).
+TEST_P(BackendOpsTest, AttentionGroupedQuery) {
+  CheckAttention(be(), Tol(1), Products(), 2, 5, 16, 4, {}, true, 2);
+  CheckAttention(be(), Tol(1), Products(), 2, 5, 16, 4, {0.5f, 0.25f, 0.125f, 0.0625f}, true, 1);
+  CheckAttention(be(), Tol(1), Products(), 1, 130, 16, 4, {}, false, 2);
+}
+
+// ---- rotary position embedding ---------------------------------------------------------------
+
+// RoPE on a [q (NH) | k (G) | v (G)] layout, partial rotary, with and without position ids:
+// against the rotation written out in double, its backward against finite differences (it is
+// the transpose), and forward then backward gives back the input (a rotation).
+TEST_P(BackendOpsTest, Rope) {
+  const int B = 2, T = 5, NH = 4, G = 2, hs = 6, W = (NH + 2 * G) * hs, P = 8;
+  const double base = 50;
+  for (int rot : {6, 4}) {
+    SCOPED_TRACE("rot " + std::to_string(rot));
+    std::vector<float> table(size_t(P) * rot);
+    for (int p = 0; p < P; p++)
+      for (int i = 0; i < rot / 2; i++) {
+        const double th = p * std::pow(base, -2.0 * i / rot);
+        table[size_t(p) * rot + i] = static_cast<float>(std::cos(th));
+        table[size_t(p) * rot + rot / 2 + i] = static_cast<float>(std::sin(th));
+      }
+    Floats cs(be(), table);
+    const std::vector<int32_t> hpos = {0, 1, 2, 0, 1, 7, 6, 5, 4, 3};  // restarted, reversed
+    Ints pos(be(), hpos);
+    for (bool with_pos : {false, true}) {
+      SCOPED_TRACE(with_pos ? "position ids" : "t");
+      const std::vector<float> hx = RandomVec(size_t(B) * T * W, -2, 2, 31 + rot);
+      Floats x(be(), hx);
+      be_->RopeForward(x.data(), cs.data(), with_pos ? pos.data() : nullptr, B, T, NH, G, hs, rot);
+      std::vector<double> want(hx.begin(), hx.end());
+      for (int n = 0; n < B * T; n++) {
+        const int p = with_pos ? hpos[n] : n % T;
+        for (int h = 0; h < NH + G; h++) {  // query and key heads; v untouched
+          double* v = &want[size_t(n) * W + h * hs];
+          for (int i = 0; i < rot / 2; i++) {
+            const double th = p * std::pow(base, -2.0 * i / rot);
+            const double x1 = v[i], x2 = v[i + rot / 2];
+            v[i] = x1 * std::cos(th) - x2 * std::sin(th);
+            v[i + rot / 2] = x2 * std::cos(th) + x1 * std::sin(th);
+          }
+        }
+      }
+      ExpectAllNear(x.vec(), want, Tol(1e-6), "rope");
+      // Backward: d/dx of sum(rope(x) * r) is the turned-back r.
+      const std::vector<float> r = RandomVec(hx.size(), -1, 1, 32);
+      Floats g(be(), r), in(be(), hx), y(be(), hx.size());
+      be_->RopeBackward(g.data(), cs.data(), with_pos ? pos.data() : nullptr, B, T, NH, G, hs, rot);
+      auto loss = [&] {
+        y.Set(in.vec());
+        be_->RopeForward(y.data(), cs.data(), with_pos ? pos.data() : nullptr, B, T, NH, G, hs,
+                         rot);
+        return Weighted(y, r);
+      };
+      std::vector<size_t> idx;
+      for (size_t i = 0; i < hx.size(); i += 7) idx.push_back(i);
+      ExpectGradMatchesFiniteDiff("dx", in, g.vec(), loss, 1e-2f, Tol(1e-3), idx);
+      // A rotation: turning back restores the input (to rounding).
+      be_->RopeBackward(x.data(), cs.data(), with_pos ? pos.data() : nullptr, B, T, NH, G, hs, rot);
+      std::vector<double> orig(hx.begin(), hx.end());
+      ExpectAllNear(x.vec(), orig, Tol(1e-6), "rope^T rope");
+    }
+  }
+}
+
+// ---- RMSNorm ----------------------------------------------------------------------------------
+
+TEST_P(BackendOpsTest, RmsNorm) {
+  const int N = 10, C = 8;
+  const float eps = 1e-5f;
+  const std::vector<float> hinp = RandomVec(N * C, -2, 3, 46), hw = RandomVec(C, 0.5, 1.5, 47);
+  Floats inp(be(), hinp), w(be(), hw);
+  Floats out(be(), N * C), rstd(be(), N);
+  be_->RmsNormForward(out.data(), rstd.data(), inp.data(), w.data(), N, C, eps);
+  std::vector<double> want(N * C), want_rstd(N);
+  for (int n = 0; n < N; n++) {
+    double ms = 0;
+    for (int c = 0; c < C; c++) ms += double(hinp[n * C + c]) * hinp[n * C + c];
+    const double s = 1.0 / std::sqrt(ms / C + eps);
+    for (int c = 0; c < C; c++) want[n * C + c] = hinp[n * C + c] * s * hw[c];
+    want_rstd[n] = s;
+  }
+  ExpectAllNear(out.vec(), want, Tol(1e-5), "out");
+  ExpectAllNear(rstd.vec(), want_rstd, Tol(1e-5), "rstd");
+
+  const std::vector<float> r = RandomVec(N * C, -1, 1, 48);
+  Floats dout(be(), r), dinp(be(), N * C), dw(be(), C);
+  be_->RmsNormBackward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(), N,
+                       C);
+  Floats out2(be(), N * C), rstd2(be(), N);
+  auto loss = [&] {
+    be_->RmsNormForward(out2.data(), rstd2.data(), inp.data(), w.data(), N, C, eps);
+    return Weighted(out2, r);
+  };
+  ExpectGradMatchesFiniteDiff("dinp", inp, dinp.vec(), loss, 1e-3f, Tol(2e-3));
+  ExpectGradMatchesFiniteDiff("dweight", w, dw.vec(), loss, 1e-3f, Tol(2e-3));
+
+  const std::vector<float> dinp1 = dinp.vec(), dw1 = dw.vec();
+  be_->RmsNormBackward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(), N,
+                       C);
+  ExpectDoubled(dinp1, dinp.vec(), Tol(1e-6), "dinp");
+  ExpectDoubled(dw1, dw.vec(), Tol(1e-6), "dweight");
+}
+
 // ---- pointwise ------------------------------------------------------------------------------
+
+// SwiGLU over rows [g | u]: silu(g) * u against double, the backward against finite differences
+// (every element: g and u, both halves), += semantics; large |g| stays finite.
+TEST_P(BackendOpsTest, Swiglu) {
+  const int N = 6, F = 9;
+  std::vector<float> hinp = RandomVec(size_t(N) * 2 * F, -4, 4, 51);
+  hinp[0] = 90.0f;    // exp(-g) underflows: silu(g) = g
+  hinp[1] = -120.0f;  // exp(-g) overflows: silu(g) = -0
+  Floats inp(be(), hinp), out(be(), size_t(N) * F);
+  be_->SwigluForward(out.data(), inp.data(), N, F);
+  std::vector<double> want(size_t(N) * F);
+  for (int n = 0; n < N; n++)
+    for (int i = 0; i < F; i++) {
+      const double g = hinp[n * 2 * F + i], u = hinp[n * 2 * F + F + i];
+      want[n * F + i] = g / (1.0 + std::exp(-g)) * u;
+    }
+  ExpectAllNear(out.vec(), want, Tol(1e-6), "out");
+  const std::vector<float> r = RandomVec(size_t(N) * F, -1, 1, 52);
+  Floats dout(be(), r), dinp(be(), hinp.size());
+  be_->SwigluBackward(dinp.data(), inp.data(), dout.data(), N, F);
+  for (float v : dinp.vec()) ASSERT_TRUE(std::isfinite(v));
+  // Differences of the double-precision objective (the +-100 inputs make fp32 sums too coarse).
+  auto loss = [&] {
+    const std::vector<float> x = inp.vec();
+    double l = 0;
+    for (int n = 0; n < N; n++)
+      for (int i = 0; i < F; i++) {
+        const double g = x[n * 2 * F + i], u = x[n * 2 * F + F + i];
+        l += g / (1.0 + std::exp(-g)) * u * r[n * F + i];
+      }
+    return l;
+  };
+  ExpectGradMatchesFiniteDiff("dinp", inp, dinp.vec(), loss, 1e-3f, Tol(2e-3));
+  const std::vector<float> once = dinp.vec();
+  be_->SwigluBackward(dinp.data(), inp.data(), dout.data(), N, F);
+  ExpectDoubled(once, dinp.vec(), Tol(1e-6), "dinp");
+}
 
 TEST_P(BackendOpsTest, Gelu) {
   const size_t n = 80;
@@ -990,6 +1144,25 @@ TEST_P(BackendOpsTest, Deterministic) {
       k->LayerNormBackward(nullptr, dw.data(), db.data(), dy.data(), x.data(), w.data(),
                            mean.data(), rstd.data(), N, C);
       return std::make_pair(dw.vec(), db.vec());
+    };
+    const auto g2 = grads(be()), g1 = grads(one.get());
+    EXPECT_TRUE(SameBits(g1.first, g2.first));
+    EXPECT_TRUE(SameBits(g1.second, g2.second));
+  }
+  {
+    // RMSNorm's weight gradient, and grouped-query attention's key/value gradients (each the sum
+    // over the query heads of its group), do not depend on the thread count either.
+    auto grads = [&](Backend* k) {
+      const int G = 2, W = (NH + 2 * G) * (C / NH);
+      const std::vector<float> hq = RandomVec(size_t(N) * W, -1, 1, 41);
+      Floats x(k, hx), w(k, hw), dy(k, hdy), rstd(k, N), ln(k, N * C), dw(k, C);
+      k->RmsNormForward(ln.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+      k->RmsNormBackward(nullptr, dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+      Floats qkv(k, hq), att(k, size_t(B) * NH * T * T), ao(k, N * C), dqkv(k, size_t(N) * W);
+      k->AttentionForward(ao.data(), att.data(), qkv.data(), nullptr, B, T, C, NH, nullptr, nullptr,
+                          G);
+      k->AttentionBackward(dqkv.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH, G);
+      return std::make_pair(dw.vec(), dqkv.vec());
     };
     const auto g2 = grads(be()), g1 = grads(one.get());
     EXPECT_TRUE(SameBits(g1.first, g2.first));

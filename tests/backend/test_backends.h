@@ -54,9 +54,12 @@ inline const std::vector<TestBackend>& TestBackends() {
       {"cpu_bf16",
        [](int threads) { return WithPrecision(MakeCpuBackend(threads), Precision::kBf16); },
        Tolerances{1.0, 0.0, 1.5e-2, 500.0}},
+      // fp16's model factor: SwiGLU and shared key/value heads compound the roundings to 0.008
+      // on the reference test's logits (measured; 0.0034 in GPT-2's shape); bf16's is 5x it
+      // for an 8x coarser rounding unit.
       {"cpu_fp16",
        [](int threads) { return WithPrecision(MakeCpuBackend(threads), Precision::kFp16); },
-       Tolerances{1.0, 0.0, 3e-3, 40.0}},
+       Tolerances{1.0, 0.0, 3e-3, 100.0}},
       // A new backend: {"cuda", [](int) { return MakeCudaBackend(); }, Tolerances{...}},
   };
   return backends;

@@ -31,17 +31,23 @@ struct RefModel {
   std::map<std::string, const double*> p;  // name -> parameter data
 };
 
-// y = LN(x) over rows of length C.
-Vec LayerNorm(const Vec& x, const double* w, const double* b, int N, int C, double eps) {
+// y = LN(x) over rows of length C; with rms, y = x / sqrt(mean(x^2) + eps) * w (RMSNorm, no bias).
+Vec LayerNorm(const Vec& x, const double* w, const double* b, int N, int C, double eps,
+              bool rms = false) {
   Vec y(x.size());
   for (int i = 0; i < N; ++i) {
     double mean = 0, var = 0;
-    for (int c = 0; c < C; ++c) mean += x[i * C + c];
-    mean /= C;
-    for (int c = 0; c < C; ++c) var += (x[i * C + c] - mean) * (x[i * C + c] - mean);
+    if (rms) {
+      for (int c = 0; c < C; ++c) var += x[i * C + c] * x[i * C + c];
+    } else {
+      for (int c = 0; c < C; ++c) mean += x[i * C + c];
+      mean /= C;
+      for (int c = 0; c < C; ++c) var += (x[i * C + c] - mean) * (x[i * C + c] - mean);
+    }
     var /= C;
     const double rstd = 1.0 / std::sqrt(var + eps);
-    for (int c = 0; c < C; ++c) y[i * C + c] = (x[i * C + c] - mean) * rstd * w[c] + b[c];
+    for (int c = 0; c < C; ++c)
+      y[i * C + c] = (x[i * C + c] - mean) * rstd * w[c] + (rms ? 0.0 : b[c]);
   }
   return y;
 }
@@ -63,50 +69,76 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
                int B, int T, std::vector<double>* logits_out = nullptr, double* z_out = nullptr) {
   const GptSpec& s = m.s;
   const int C = s.hidden, NH = s.heads, hs = C / NH, N = B * T, F = s.ffn_hidden;
+  const int G = s.kv_heads > 0 ? s.kv_heads : NH;  // key/value heads
+  const int W = (NH + 2 * G) * hs;                 // q heads, then k heads, then v heads
   auto P = [&](const std::string& n) { return m.p.at(n); };
+  // Tensors a shape may lack (biases, norm biases): null then.
+  auto Opt = [&](const std::string& n) -> const double* {
+    auto it = m.p.find(n);
+    return it == m.p.end() ? nullptr : it->second;
+  };
+  auto Norm = [&](const Vec& x, const std::string& name, int rows, int cols) {
+    return LayerNorm(x, P(name + ".weight"), Opt(name + ".bias"), rows, cols, s.layernorm_eps,
+                     s.rmsnorm);
+  };
   // Packed documents: start[b*T+t] = first token of t's document (after the last EOD before t).
   std::vector<int> start(static_cast<size_t>(N), 0);
   for (int b = 0; b < B; ++b)
     for (int t = 1; t < T; ++t)
       start[b * T + t] = tok[b * T + t - 1] == s.eod_id ? t : start[b * T + t - 1];
+  auto position = [&](int b, int t) { return s.reset_position_ids ? t - start[b * T + t] : t; };
   Vec x(static_cast<size_t>(N) * C);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t)
       for (int c = 0; c < C; ++c) {
-        const int pos = s.reset_position_ids ? t - start[b * T + t] : t;
         double v = P("embedding.word_embeddings.weight")[tok[b * T + t] * C + c];
-        if (!s.alibi) v += P("embedding.position_embeddings.weight")[pos * C + c];
+        if (!s.alibi && !s.rope)
+          v += P("embedding.position_embeddings.weight")[position(b, t) * C + c];
         x[(b * T + t) * C + c] = v;
       }
-  if (s.embed_layernorm)
-    x = LayerNorm(x, P("embedding.layernorm.weight"), P("embedding.layernorm.bias"), N, C,
-                  s.layernorm_eps);
+  if (s.embed_layernorm) x = Norm(x, "embedding.layernorm", N, C);
   std::vector<float> slopes = s.alibi ? AlibiSlopes(NH) : std::vector<float>();
   for (int l = 0; l < s.num_layers; ++l) {
     const std::string pre = "layers." + std::to_string(l) + ".";
-    Vec h = LayerNorm(x, P(pre + "input_layernorm.weight"), P(pre + "input_layernorm.bias"), N, C,
-                      s.layernorm_eps);
+    Vec h = Norm(x, pre + "input_layernorm", N, C);
     Vec qkv = Linear(h, P(pre + "attention.query_key_value.weight"),
-                     P(pre + "attention.query_key_value.bias"), N, C, 3 * C);
+                     Opt(pre + "attention.query_key_value.bias"), N, C, W);
     if (s.qk_layernorm) {
-      // Each head's q and k, LayerNorm-ed over the head dimension (weights shared by heads).
+      // Each query head and each key head, LayerNorm-ed over the head dimension (weights shared).
       for (int part = 0; part < 2; ++part) {
         const std::string nm =
             pre + (part == 0 ? "attention.q_layernorm." : "attention.k_layernorm.");
         Vec seg(hs);
         for (int n = 0; n < N; ++n)
-          for (int hd = 0; hd < NH; ++hd) {
-            double* at = &qkv[static_cast<size_t>(n) * 3 * C + part * C + hd * hs];
+          for (int hd = 0; hd < (part == 0 ? NH : G); ++hd) {
+            double* at = &qkv[static_cast<size_t>(n) * W + (part * NH + hd) * hs];
             seg.assign(at, at + hs);
             const Vec y = LayerNorm(seg, P(nm + "weight"), P(nm + "bias"), 1, hs, s.layernorm_eps);
             std::copy(y.begin(), y.end(), at);
           }
       }
     }
+    if (s.rope) {
+      // Rotary positions ("rotate half"): in each query and key head, dims i and i + rot/2 turn by
+      // pos * base^(-2i/rot), for i < rot/2 (rot = the even part of hs * rotary_percent).
+      const int rot = static_cast<int>(hs * s.rotary_percent) / 2 * 2, half = rot / 2;
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t)
+          for (int hd = 0; hd < NH + G; ++hd) {
+            double* v = &qkv[static_cast<size_t>(b * T + t) * W + hd * hs];
+            for (int i = 0; i < half; ++i) {
+              const double th = position(b, t) * std::pow(s.rotary_base, -2.0 * i / rot);
+              const double x1 = v[i], x2 = v[i + half];
+              v[i] = x1 * std::cos(th) - x2 * std::sin(th);
+              v[i + half] = x2 * std::cos(th) + x1 * std::sin(th);
+            }
+          }
+    }
     Vec y(static_cast<size_t>(N) * C, 0.0);
     const double sc = std::pow(static_cast<double>(hs), -0.25);
     for (int b = 0; b < B; ++b)
-      for (int hd = 0; hd < NH; ++hd)
+      for (int hd = 0; hd < NH; ++hd) {
+        const int kh = NH + hd / (NH / G), vh = NH + G + hd / (NH / G);  // its key, value heads
         for (int i = 0; i < T; ++i) {
           std::vector<double> sco(i + 1);
           double mx = -1e300;
@@ -114,8 +146,8 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
           for (int j = j0; j <= i; ++j) {
             double d = 0;
             for (int k = 0; k < hs; ++k)
-              d += (qkv[(b * T + i) * 3 * C + hd * hs + k] * sc) *
-                   (qkv[(b * T + j) * 3 * C + C + hd * hs + k] * sc);
+              d += (qkv[(b * T + i) * W + hd * hs + k] * sc) *
+                   (qkv[(b * T + j) * W + kh * hs + k] * sc);
             if (s.alibi) d -= slopes[hd] * (i - j);
             sco[j] = d;
             mx = std::max(mx, d);
@@ -124,23 +156,36 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
           for (int j = j0; j <= i; ++j) z += sco[j] = std::exp(sco[j] - mx);
           for (int j = j0; j <= i; ++j)
             for (int k = 0; k < hs; ++k)
-              y[(b * T + i) * C + hd * hs + k] +=
-                  sco[j] / z * qkv[(b * T + j) * 3 * C + 2 * C + hd * hs + k];
+              y[(b * T + i) * C + hd * hs + k] += sco[j] / z * qkv[(b * T + j) * W + vh * hs + k];
         }
-    Vec a = Linear(y, P(pre + "attention.dense.weight"), P(pre + "attention.dense.bias"), N, C, C);
+      }
+    Vec a =
+        Linear(y, P(pre + "attention.dense.weight"), Opt(pre + "attention.dense.bias"), N, C, C);
     for (size_t i = 0; i < x.size(); ++i) x[i] += a[i];
-    h = LayerNorm(x, P(pre + "post_attention_layernorm.weight"),
-                  P(pre + "post_attention_layernorm.bias"), N, C, s.layernorm_eps);
-    Vec f =
-        Linear(h, P(pre + "mlp.dense_h_to_4h.weight"), P(pre + "mlp.dense_h_to_4h.bias"), N, C, F);
-    for (double& v : f)
-      v = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
-    Vec o =
-        Linear(f, P(pre + "mlp.dense_4h_to_h.weight"), P(pre + "mlp.dense_4h_to_h.bias"), N, F, C);
+    h = Norm(x, pre + "post_attention_layernorm", N, C);
+    const int F1 = s.swiglu ? 2 * F : F;
+    Vec f = Linear(h, P(pre + "mlp.dense_h_to_4h.weight"), Opt(pre + "mlp.dense_h_to_4h.bias"), N,
+                   C, F1);
+    Vec act(static_cast<size_t>(N) * F);
+    for (int n = 0; n < N; ++n)
+      for (int i = 0; i < F; ++i) {
+        if (s.swiglu) {  // silu(gate) * up, gate the first F outputs
+          const double g = f[n * F1 + i], u = f[n * F1 + F + i];
+          act[n * F + i] = g / (1.0 + std::exp(-g)) * u;
+        } else {
+          const double v = f[n * F1 + i];
+          act[n * F + i] =
+              0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+        }
+      }
+    Vec o = Linear(act, P(pre + "mlp.dense_4h_to_h.weight"), Opt(pre + "mlp.dense_4h_to_h.bias"), N,
+                   F, C);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
-  x = LayerNorm(x, P("final_layernorm.weight"), P("final_layernorm.bias"), N, C, s.layernorm_eps);
-  Vec logits = Linear(x, P("embedding.word_embeddings.weight"), nullptr, N, C, s.padded_vocab);
+  x = Norm(x, "final_layernorm", N, C);
+  Vec logits = Linear(
+      x, s.untie_embeddings ? P("output_layer.weight") : P("embedding.word_embeddings.weight"),
+      nullptr, N, C, s.padded_vocab);
   if (logits_out) *logits_out = logits;
   double loss = 0, zl = 0;
   for (int i = 0; i < N; ++i) {
@@ -157,13 +202,22 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
 }
 
 struct Case {
-  bool alibi, embed_ln, qk_ln = false;
+  bool alibi = false, embed_ln = false, qk_ln = false;
   float z_loss = 0.0f;
   bool reset_docs = false;  // --reset-position-ids and --reset-attention-mask
+  // The Llama family's options.
+  bool rope = false;
+  double rotary_percent = 1.0;
+  bool rmsnorm = false, swiglu = false;
+  int kv_heads = 0;  // of the test's 2 heads (4 with kv_heads 2)
+  bool untie = false, no_bias = false;
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "alibi=" << c.alibi << " embed_ln=" << c.embed_ln << " qk_ln=" << c.qk_ln
-      << " z_loss=" << c.z_loss << " reset_docs=" << c.reset_docs;
+      << " z_loss=" << c.z_loss << " reset_docs=" << c.reset_docs << " rope=" << c.rope
+      << " rotary_percent=" << c.rotary_percent << " rmsnorm=" << c.rmsnorm
+      << " swiglu=" << c.swiglu << " kv_heads=" << c.kv_heads << " untie=" << c.untie
+      << " no_bias=" << c.no_bias;
 }
 
 class GptReferenceTest : public ::testing::TestWithParam<std::tuple<TestBackend, Case>> {
@@ -191,6 +245,15 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   s.z_loss = GetCase().z_loss;
   s.reset_position_ids = s.reset_attention_mask = GetCase().reset_docs;
   s.eod_id = 3;
+  s.rope = GetCase().rope;
+  s.rotary_base = 100;  // a small base turns even these few positions by a lot
+  s.rotary_percent = GetCase().rotary_percent;
+  s.rmsnorm = GetCase().rmsnorm;
+  s.swiglu = GetCase().swiglu;
+  s.kv_heads = GetCase().kv_heads;
+  if (s.kv_heads == 2) s.heads = 4;  // 4 query heads of hs 2 sharing 2 key/value heads
+  s.untie_embeddings = GetCase().untie;
+  s.bias = !GetCase().no_bias;
   const int B = 2, T = 5, N = B * T;
   std::unique_ptr<Backend> be = std::get<0>(GetParam()).make(2);
   GptModel model(be.get(), s);
@@ -261,7 +324,11 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
       err_sq += (analytic - numeric) * (analytic - numeric);
       ref_sq += numeric * numeric;
     }
-    if (products > 0 && ref_sq > 1e-12) {
+    // Softmax ignores a shift of every key, so the key LayerNorm's bias has a gradient only
+    // through RoPE's position-dependent turn of it (0 without RoPE): a residue of cancellation,
+    // whose relative error says nothing of the products' precision.
+    const bool cancels = p.name.find("k_layernorm.bias") != std::string::npos;
+    if (products > 0 && ref_sq > 1e-12 && !cancels) {
       EXPECT_LT(std::sqrt(err_sq / ref_sq), 4 * products) << p.name << " (relative L2 error)";
     }
   }
@@ -270,18 +337,50 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
 // Names: <backend>_<variant>, e.g. cpu_AlibiEmbedLN.
 INSTANTIATE_TEST_SUITE_P(
     Variants, GptReferenceTest,
-    ::testing::Combine(::testing::ValuesIn(TestBackends()),
-                       ::testing::Values(Case{false, false}, Case{true, false}, Case{false, true},
-                                         Case{true, true}, Case{false, false, true},
-                                         Case{false, false, false, 0.05f},
-                                         Case{true, true, true, 0.05f},
-                                         Case{false, false, false, 0.0f, true},
-                                         Case{true, false, false, 0.0f, true})),
+    ::testing::Combine(
+        ::testing::ValuesIn(TestBackends()),
+        ::testing::Values(Case{}, Case{.alibi = true}, Case{.embed_ln = true},
+                          Case{.alibi = true, .embed_ln = true}, Case{.qk_ln = true},
+                          Case{.z_loss = 0.05f},
+                          Case{.alibi = true, .embed_ln = true, .qk_ln = true, .z_loss = 0.05f},
+                          Case{.reset_docs = true}, Case{.alibi = true, .reset_docs = true},
+                          // Llama: RoPE, RMSNorm, SwiGLU, one key/value head for both query
+                          // heads, an untied output layer, no linear biases.
+                          Case{.rope = true,
+                               .rmsnorm = true,
+                               .swiglu = true,
+                               .kv_heads = 1,
+                               .untie = true,
+                               .no_bias = true},
+                          // Llama-shaped with packed documents (positions restart) and z-loss,
+                          // 4 query heads over 2 key/value heads.
+                          Case{.z_loss = 0.05f,
+                               .reset_docs = true,
+                               .rope = true,
+                               .rmsnorm = true,
+                               .swiglu = true,
+                               .kv_heads = 2,
+                               .untie = true,
+                               .no_bias = true},
+                          // QK-LayerNorm over grouped heads; QK-LayerNorm then RoPE (head size 4:
+                          // a LayerNorm over 2 values is +-1, ill-conditioned in bf16).
+                          Case{.qk_ln = true, .kv_heads = 1}, Case{.qk_ln = true, .rope = true},
+                          // Partial rotary, with GPT-2's LayerNorm, GELU, biases and tied output.
+                          Case{.rope = true, .rotary_percent = 0.5},
+                          // Each option on its own over GPT-2's shape.
+                          Case{.swiglu = true}, Case{.embed_ln = true, .rmsnorm = true},
+                          Case{.kv_heads = 1}, Case{.untie = true}, Case{.no_bias = true})),
     [](const auto& info) {
       const Case& c = std::get<1>(info.param);
-      return std::get<0>(info.param).name + "_" + (c.alibi ? "Alibi" : "Learned") +
+      return std::get<0>(info.param).name + "_" +
+             (c.alibi  ? "Alibi"
+              : c.rope ? (c.rotary_percent < 1 ? "RopeHalf" : "Rope")
+                       : "Learned") +
              (c.embed_ln ? "EmbedLN" : "") + (c.qk_ln ? "QkLN" : "") +
-             (c.z_loss > 0 ? "ZLoss" : "") + (c.reset_docs ? "ResetDocs" : "");
+             (c.z_loss > 0 ? "ZLoss" : "") + (c.reset_docs ? "ResetDocs" : "") +
+             (c.rmsnorm ? "RmsNorm" : "") + (c.swiglu ? "SwiGLU" : "") +
+             (c.kv_heads > 0 ? "Gqa" + std::to_string(c.kv_heads) : "") +
+             (c.untie ? "Untied" : "") + (c.no_bias ? "NoBias" : "");
     });
 
 // The model's parameter layout and initialisation, on every backend (read back by CopyToHost).

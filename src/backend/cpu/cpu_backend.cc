@@ -505,24 +505,77 @@ void CpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, co
   }
 }
 
+// ---- RMSNorm --------------------------------------------------------------------------------
+
+void CpuBackend::RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
+                                int N, int C, float eps) {
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * C))
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + size_t(n) * C;
+    float* y = out + size_t(n) * C;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int c = 0; c < C; c++) ss += x[c] * x[c];
+    const float s = 1.0f / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; c++) y[c] = x[c] * s * weight[c];
+    if (rstd != nullptr) rstd[n] = s;
+  }
+}
+
+// xhat = x * rstd:  dx += rstd * (dy*w - xhat * mean_c(dy*w*xhat));  dw += sum_n dy*xhat.
+// Rows are independent for dx; dw is summed per channel block in row order.
+void CpuBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                 const float* weight, const float* rstd, int N, int C) {
+  if (dinp != nullptr) {
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * C))
+    for (int n = 0; n < N; n++) {
+      const float* x = inp + size_t(n) * C;
+      const float* dy = dout + size_t(n) * C;
+      float* dx = dinp + size_t(n) * C;
+      const float s = rstd[n];
+      float dnorm_xhat_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_xhat_mean)
+      for (int c = 0; c < C; c++) dnorm_xhat_mean += dy[c] * weight[c] * x[c] * s;
+      dnorm_xhat_mean /= C;
+      for (int c = 0; c < C; c++) dx[c] += s * (dy[c] * weight[c] - x[c] * s * dnorm_xhat_mean);
+    }
+  }
+  if (dweight == nullptr) return;
+  const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * C))
+  for (int blk = 0; blk < nblocks; blk++) {
+    const int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
+    float dw[kChannelBlock] = {};
+    for (int n = 0; n < N; n++) {
+      const float* x = inp + size_t(n) * C;
+      const float* dy = dout + size_t(n) * C;
+      const float s = rstd[n];
+      for (int c = c0; c < c1; c++) dw[c - c0] += dy[c] * x[c] * s;
+    }
+    for (int c = c0; c < c1; c++) dweight[c] += dw[c - c0];
+  }
+}
+
 // ---- QK-LayerNorm ---------------------------------------------------------------------------
 
-// For row n, part (0: q, 1: k) and head h: the hs values at qkv[n, part*C + h*hs ...].
+// For row n, part (0: q with NH heads, 1: k with G heads) and head h: the hs values at
+// qkv[n, part*NH*hs + h*hs ...]; rows are (NH + 2G) hs wide.
 void CpuBackend::QkLayerNormForward(float* out, float* mean, float* rstd, const float* qkv,
                                     const float* q_weight, const float* q_bias,
                                     const float* k_weight, const float* k_bias, int N, int C,
-                                    int NH, float eps) {
-  const int hs = C / NH, C3 = 3 * C;
-#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * C3))
+                                    int NH, float eps, int kv_heads) {
+  const int G = kv_heads > 0 ? kv_heads : NH;
+  const int hs = C / NH, W = (NH + 2 * G) * hs;
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * W))
   for (int n = 0; n < N; n++) {
-    const float* x = qkv + size_t(n) * C3;
-    float* y = out + size_t(n) * C3;
+    const float* x = qkv + size_t(n) * W;
+    float* y = out + size_t(n) * W;
     for (int part = 0; part < 2; part++) {
       const float* w = part == 0 ? q_weight : k_weight;
       const float* b = part == 0 ? q_bias : k_bias;
-      for (int h = 0; h < NH; h++) {
-        const float* xs = x + part * C + h * hs;
-        float* ys = y + part * C + h * hs;
+      for (int h = 0; h < (part == 0 ? NH : G); h++) {
+        const float* xs = x + (part * NH + h) * hs;
+        float* ys = y + (part * NH + h) * hs;
         float m = 0.0f, v = 0.0f;
         for (int c = 0; c < hs; c++) m += xs[c];
         m /= hs;
@@ -534,25 +587,28 @@ void CpuBackend::QkLayerNormForward(float* out, float* mean, float* rstd, const 
         rstd[stat] = s;
       }
     }
-    std::memcpy(y + 2 * C, x + 2 * C, sizeof(float) * C);  // v passes through
+    const int v0 = (NH + G) * hs;  // v passes through
+    std::memcpy(y + v0, x + v0, sizeof(float) * (W - v0));
   }
 }
 
 void CpuBackend::QkLayerNormBackward(float* dqkv, float* dq_weight, float* dq_bias,
                                      float* dk_weight, float* dk_bias, const float* dout,
                                      const float* qkv, const float* q_weight, const float* k_weight,
-                                     const float* mean, const float* rstd, int N, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
+                                     const float* mean, const float* rstd, int N, int C, int NH,
+                                     int kv_heads) {
+  const int G = kv_heads > 0 ? kv_heads : NH;
+  const int hs = C / NH, W = (NH + 2 * G) * hs, v0 = (NH + G) * hs;
   // dx = rstd (dy w - mean(dy w) - xhat mean(dy w xhat)), per head segment; v: dx = dy.
-#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * C3))
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * W))
   for (int n = 0; n < N; n++) {
-    const float* x = qkv + size_t(n) * C3;
-    const float* dy = dout + size_t(n) * C3;
-    float* dx = dqkv + size_t(n) * C3;
+    const float* x = qkv + size_t(n) * W;
+    const float* dy = dout + size_t(n) * W;
+    float* dx = dqkv + size_t(n) * W;
     for (int part = 0; part < 2; part++) {
       const float* w = part == 0 ? q_weight : k_weight;
-      for (int h = 0; h < NH; h++) {
-        const int off = part * C + h * hs;
+      for (int h = 0; h < (part == 0 ? NH : G); h++) {
+        const int off = (part * NH + h) * hs;
         const size_t stat = (size_t(part) * N + n) * NH + h;
         const float m = mean[stat], s = rstd[stat];
         float dmean = 0.0f, dxhat_mean = 0.0f;
@@ -569,16 +625,17 @@ void CpuBackend::QkLayerNormBackward(float* dqkv, float* dq_weight, float* dq_bi
         }
       }
     }
-    for (int c = 2 * C; c < C3; c++) dx[c] += dy[c];
+    for (int c = v0; c < W; c++) dx[c] += dy[c];
   }
   // Weight and bias gradients: one fixed order over (row, head), thread-count independent.
   for (int part = 0; part < 2; part++) {
     float* dw = part == 0 ? dq_weight : dk_weight;
     float* db = part == 0 ? dq_bias : dk_bias;
+    const int heads = part == 0 ? NH : G;
     for (int n = 0; n < N; n++) {
-      const float* x = qkv + size_t(n) * C3 + part * C;
-      const float* dy = dout + size_t(n) * C3 + part * C;
-      for (int h = 0; h < NH; h++) {
+      const float* x = qkv + size_t(n) * W + part * NH * hs;
+      const float* dy = dout + size_t(n) * W + part * NH * hs;
+      for (int h = 0; h < heads; h++) {
         const size_t stat = (size_t(part) * N + n) * NH + h;
         const float m = mean[stat], s = rstd[stat];
         for (int c = 0; c < hs; c++) {
@@ -707,9 +764,10 @@ float HeadScale(int hs) {
 
 void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
                                   const float* alibi_slopes, int B, int T, int C, int NH,
-                                  float* max_logit, const int32_t* doc_start) {
+                                  float* max_logit, const int32_t* doc_start, int kv_heads) {
   UseThreads();  // with one thread the region is inactive and OpenBLAS would use its own count
-  const int hs = C / NH, C3 = 3 * C;
+  const int G = kv_heads > 0 ? kv_heads : NH;
+  const int hs = C / NH, W = (NH + 2 * G) * hs, group = NH / G;
   const float a = HeadScale(hs);
   const bool lowp = precision_ != Precision::kFp32;
 #pragma omp parallel num_threads(ThreadsFor(size_t(B) * T * T * C))
@@ -718,20 +776,20 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
     float* ks = Scratch(1, size_t(T) * hs);
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
-      const int b = bh / NH, h = bh % NH;
-      const float* q = qkv + size_t(b) * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
+      const int b = bh / NH, h = bh % NH, g = h / group;
+      const float* q = qkv + size_t(b) * T * W + h * hs;
+      const float* k = qkv + size_t(b) * T * W + (NH + g) * hs;
+      const float* v = qkv + size_t(b) * T * W + (NH + G + g) * hs;
       float* p = att + size_t(bh) * T * T;
       float* o = out + size_t(b) * T * C + h * hs;
-      ScaleHead(qs, q, T, hs, C3, a);
-      ScaleHead(ks, k, T, hs, C3, a);
+      ScaleHead(qs, q, T, hs, W, a);
+      ScaleHead(ks, k, T, hs, W, a);
       // Low precision: the products read rounded copies of q, k, v (and P, below).
       const float* vv = v;
-      int ldv = C3;
+      int ldv = W;
       if (lowp) {
         float* vs = Scratch(3, size_t(T) * hs);
-        ScaleHead(vs, v, T, hs, C3, 1.0f);
+        ScaleHead(vs, v, T, hs, W, 1.0f);
         for (float* x : {qs, ks, vs}) lowp::RoundSerial(x, size_t(T) * hs, precision_);
         vv = vs;
         ldv = hs;
@@ -763,7 +821,7 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
         if (lowp) lowp::RoundSerial(row + s0, i + 1 - s0, precision_);  // P as the product reads it
       }
       if (max_logit != nullptr) max_logit[bh] = head_max;
-      // out_h (T,hs) = P @ v, v read in place with row stride 3C (or its rounded copy)
+      // out_h (T,hs) = P @ v, v read in place with row stride W (or its rounded copy)
       for (int i0 = 0; i0 < T; i0 += kAttBlock) {
         const int rows = BlockRows(i0, T);
         blas::Sgemm(false, false, rows, hs, i0 + rows, 1.0f, p + size_t(i0) * T, T, vv, ldv, 0.0f,
@@ -776,10 +834,13 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv,
 
 // dP = dout_h v^T;  dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik);
 // dq += a dS (a k);  dk += a dS^T (a q);  dv += P^T dout_h.   All accumulate into dqkv.
+// One task per (sequence, key/value head): the query heads sharing a key and value head add to
+// their gradients one after the other, in head order (no races, thread-count independent bits).
 void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                   const float* att, int B, int T, int C, int NH) {
+                                   const float* att, int B, int T, int C, int NH, int kv_heads) {
   UseThreads();  // with one thread the region is inactive and OpenBLAS would use its own count
-  const int hs = C / NH, C3 = 3 * C;
+  const int G = kv_heads > 0 ? kv_heads : NH;
+  const int hs = C / NH, W = (NH + 2 * G) * hs, group = NH / G;
   const float a = HeadScale(hs);
   const bool lowp = precision_ != Precision::kFp32;
 #pragma omp parallel num_threads(ThreadsFor(size_t(B) * T * T * C))
@@ -788,63 +849,116 @@ void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* 
     float* ks = Scratch(1, size_t(T) * hs);
     float* ds = Scratch(2, size_t(T) * T);
 #pragma omp for schedule(static)
-    for (int bh = 0; bh < B * NH; bh++) {
-      const int b = bh / NH, h = bh % NH;
-      const float* q = qkv + size_t(b) * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv + size_t(b) * T * C3 + h * hs;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
-      const float* p = att + size_t(bh) * T * T;
-      const float* dy = dout + size_t(b) * T * C + h * hs;
-      ScaleHead(qs, q, T, hs, C3, a);
-      ScaleHead(ks, k, T, hs, C3, a);
+    for (int bg = 0; bg < B * G; bg++) {
+      const int b = bg / G, g = bg % G;
+      const float* k = qkv + size_t(b) * T * W + (NH + g) * hs;
+      const float* v = qkv + size_t(b) * T * W + (NH + G + g) * hs;
+      float* dk = dqkv + size_t(b) * T * W + (NH + g) * hs;
+      float* dv = dqkv + size_t(b) * T * W + (NH + G + g) * hs;
+      ScaleHead(ks, k, T, hs, W, a);
       // Low precision: the products read rounded copies of q, k, v, dout_h and dS.
-      const float *vv = v, *dyy = dy;
-      int ldv = C3, lddy = C;
+      const float* vv = v;
+      int ldv = W;
       if (lowp) {
         float* vs = Scratch(3, size_t(T) * hs);
-        float* dys = Scratch(4, size_t(T) * hs);
-        ScaleHead(vs, v, T, hs, C3, 1.0f);
-        ScaleHead(dys, dy, T, hs, C, 1.0f);
-        for (float* x : {qs, ks, vs, dys}) lowp::RoundSerial(x, size_t(T) * hs, precision_);
+        ScaleHead(vs, v, T, hs, W, 1.0f);
+        for (float* x : {ks, vs}) lowp::RoundSerial(x, size_t(T) * hs, precision_);
         vv = vs;
-        dyy = dys;
-        ldv = lddy = hs;
+        ldv = hs;
       }
-      // dP (T,T) = dout_h @ v^T, lower block triangle only
-      for (int i0 = 0; i0 < T; i0 += kAttBlock) {
-        const int rows = BlockRows(i0, T);
-        blas::Sgemm(false, true, rows, i0 + rows, hs, 1.0f, dyy + size_t(i0) * lddy, lddy, vv, ldv,
-                    0.0f, ds + size_t(i0) * T, T);
-      }
-      // dS in place of dP; entries j > i inside a computed block are zeroed for the GEMMs below
-      for (int i = 0; i < T; i++) {
-        const float* prow = p + size_t(i) * T;
-        float* row = ds + size_t(i) * T;
-        const float dot = Dot(prow, row, i + 1);
-        for (int j = 0; j <= i; j++) row[j] = prow[j] * (row[j] - dot);
-        const int block_end = std::min(T, (i / kAttBlock + 1) * kAttBlock);
-        for (int j = i + 1; j < block_end; j++) row[j] = 0.0f;
-        if (lowp) lowp::RoundSerial(row, i + 1, precision_);
-      }
-      for (int i0 = 0; i0 < T; i0 += kAttBlock) {
-        const int rows = BlockRows(i0, T);
-        // dq[i0 block] += a dS[i0 block, :i0+rows] @ ks[:i0+rows]
-        blas::Sgemm(false, false, rows, hs, i0 + rows, a, ds + size_t(i0) * T, T, ks, hs, 1.0f,
-                    dq + size_t(i0) * C3, C3);
-        // Column block j0 = i0 only gets contributions from rows i >= j0.
-        // dk[j0 block] += a dS[j0:, j0 block]^T @ qs[j0:]
-        blas::Sgemm(true, false, rows, hs, T - i0, a, ds + size_t(i0) * T + i0, T,
-                    qs + size_t(i0) * hs, hs, 1.0f, dk + size_t(i0) * C3, C3);
-        // dv[j0 block] += P[j0:, j0 block]^T @ dout_h[j0:]
-        blas::Sgemm(true, false, rows, hs, T - i0, 1.0f, p + size_t(i0) * T + i0, T,
-                    dyy + size_t(i0) * lddy, lddy, 1.0f, dv + size_t(i0) * C3, C3);
+      for (int h = g * group; h < (g + 1) * group; h++) {
+        const float* q = qkv + size_t(b) * T * W + h * hs;
+        float* dq = dqkv + size_t(b) * T * W + h * hs;
+        const float* p = att + (size_t(b) * NH + h) * T * T;
+        const float* dy = dout + size_t(b) * T * C + h * hs;
+        ScaleHead(qs, q, T, hs, W, a);
+        const float* dyy = dy;
+        int lddy = C;
+        if (lowp) {
+          float* dys = Scratch(4, size_t(T) * hs);
+          ScaleHead(dys, dy, T, hs, C, 1.0f);
+          for (float* x : {qs, dys}) lowp::RoundSerial(x, size_t(T) * hs, precision_);
+          dyy = dys;
+          lddy = hs;
+        }
+        // dP (T,T) = dout_h @ v^T, lower block triangle only
+        for (int i0 = 0; i0 < T; i0 += kAttBlock) {
+          const int rows = BlockRows(i0, T);
+          blas::Sgemm(false, true, rows, i0 + rows, hs, 1.0f, dyy + size_t(i0) * lddy, lddy, vv,
+                      ldv, 0.0f, ds + size_t(i0) * T, T);
+        }
+        // dS in place of dP; entries j > i inside a computed block are zeroed for the GEMMs below
+        for (int i = 0; i < T; i++) {
+          const float* prow = p + size_t(i) * T;
+          float* row = ds + size_t(i) * T;
+          const float dot = Dot(prow, row, i + 1);
+          for (int j = 0; j <= i; j++) row[j] = prow[j] * (row[j] - dot);
+          const int block_end = std::min(T, (i / kAttBlock + 1) * kAttBlock);
+          for (int j = i + 1; j < block_end; j++) row[j] = 0.0f;
+          if (lowp) lowp::RoundSerial(row, i + 1, precision_);
+        }
+        for (int i0 = 0; i0 < T; i0 += kAttBlock) {
+          const int rows = BlockRows(i0, T);
+          // dq[i0 block] += a dS[i0 block, :i0+rows] @ ks[:i0+rows]
+          blas::Sgemm(false, false, rows, hs, i0 + rows, a, ds + size_t(i0) * T, T, ks, hs, 1.0f,
+                      dq + size_t(i0) * W, W);
+          // Column block j0 = i0 only gets contributions from rows i >= j0.
+          // dk[j0 block] += a dS[j0:, j0 block]^T @ qs[j0:]
+          blas::Sgemm(true, false, rows, hs, T - i0, a, ds + size_t(i0) * T + i0, T,
+                      qs + size_t(i0) * hs, hs, 1.0f, dk + size_t(i0) * W, W);
+          // dv[j0 block] += P[j0:, j0 block]^T @ dout_h[j0:]
+          blas::Sgemm(true, false, rows, hs, T - i0, 1.0f, p + size_t(i0) * T + i0, T,
+                      dyy + size_t(i0) * lddy, lddy, 1.0f, dv + size_t(i0) * W, W);
+        }
       }
     }
   }
-  RoundToStorage(dqkv, size_t(B) * T * C3);
+  RoundToStorage(dqkv, size_t(B) * T * W);
+}
+
+// ---- rotary position embedding ----------------------------------------------------------------
+//
+// Per token (position p) and per query or key head x (hs values, the first `rot` turned):
+//   [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]   (cos, sin of p w_i: row p of cos_sin)
+// The backward turns by the opposite angle (sin -> -sin): the rotation's transpose.
+namespace {
+
+void RopeRotate(float* qkv, const float* cos_sin, const int32_t* positions, int B, int T, int NH,
+                int G, int hs, int rot, float sign, int threads) {
+  const int W = (NH + 2 * G) * hs, half = rot / 2, heads = NH + G;
+  const int N = B * T;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int n = 0; n < N; n++) {
+    const int p = positions != nullptr ? positions[n] : n % T;
+    const float* c = cos_sin + size_t(p) * rot;
+    const float* sn = c + half;
+    float* row = qkv + size_t(n) * W;
+    for (int h = 0; h < heads; h++) {  // the query heads, then the key heads: contiguous
+      float* x1 = row + size_t(h) * hs;
+      float* x2 = x1 + half;
+      for (int i = 0; i < half; i++) {
+        const float a = x1[i], b = x2[i], s = sign * sn[i];
+        x1[i] = a * c[i] - b * s;
+        x2[i] = b * c[i] + a * s;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::RopeForward(float* qkv, const float* cos_sin, const int32_t* positions, int B,
+                             int T, int NH, int kv_heads, int hs, int rot) {
+  const int G = kv_heads > 0 ? kv_heads : NH;
+  RopeRotate(qkv, cos_sin, positions, B, T, NH, G, hs, rot, 1.0f,
+             ThreadsFor(size_t(B) * T * (NH + G) * rot));
+}
+
+void CpuBackend::RopeBackward(float* dqkv, const float* cos_sin, const int32_t* positions, int B,
+                              int T, int NH, int kv_heads, int hs, int rot) {
+  const int G = kv_heads > 0 ? kv_heads : NH;
+  RopeRotate(dqkv, cos_sin, positions, B, T, NH, G, hs, rot, -1.0f,
+             ThreadsFor(size_t(B) * T * (NH + G) * rot));
 }
 
 // ---- pointwise ------------------------------------------------------------------------------
@@ -865,6 +979,38 @@ void CpuBackend::GeluBackward(float* dinp, const float* inp, const float* dout, 
   for (size_t ch = 0; ch < nchunks; ch++) {
     const size_t i0 = ch * kPointwiseChunk, len = std::min(kPointwiseChunk, n - i0);
     GeluBackwardKernel(dinp + i0, inp + i0, dout + i0, len);
+  }
+}
+
+// SwiGLU: per row [g | u] -> silu(g) u, with sig(g) = 1 / (1 + exp(-g)) in fp32.
+void CpuBackend::SwigluForward(float* out, const float* inp, int N, int F) {
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * F))
+  for (int n = 0; n < N; n++) {
+    const float* g = inp + size_t(n) * 2 * F;
+    const float* u = g + F;
+    float* y = out + size_t(n) * F;
+    for (int i = 0; i < F; i++) {
+      const float sig = 1.0f / (1.0f + std::exp(-g[i]));
+      y[i] = g[i] * sig * u[i];
+    }
+  }
+}
+
+// d silu(g)/dg = sig(g) (1 + g (1 - sig(g)))
+void CpuBackend::SwigluBackward(float* dinp, const float* inp, const float* dout, int N, int F) {
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * F))
+  for (int n = 0; n < N; n++) {
+    const float* g = inp + size_t(n) * 2 * F;
+    const float* u = g + F;
+    const float* dy = dout + size_t(n) * F;
+    float* dg = dinp + size_t(n) * 2 * F;
+    float* du = dg + F;
+    for (int i = 0; i < F; i++) {
+      const float sig = 1.0f / (1.0f + std::exp(-g[i]));
+      const float silu = g[i] * sig;
+      dg[i] += dy[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+      du[i] += dy[i] * silu;
+    }
   }
 }
 
