@@ -53,4 +53,32 @@ TEST(PlanCliTest, JsonTrainTokensAndErrors) {
   EXPECT_NE(r.out.find("hidden"), std::string::npos) << r.out;
 }
 
+// Llama-2 7B's published shape through the command line: the count from the model's layout (the
+// GPT-2 formula does not describe it, and the plan says so instead of comparing), in text and JSON.
+TEST(PlanCliTest, Llama2SevenBillionFromTheCommandLine) {
+  const std::string llama =
+      "plan --num-layers 32 --hidden-size 4096 --ffn-hidden-size 11008 --num-attention-heads 32 "
+      "--seq-length 4096 --position-embedding-type rope --normalization RMSNorm --swiglu "
+      "--untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 32000 "
+      "--micro-batch-size 1 --global-batch-size 1024 --train-iters 500000 --num-nodes 16 "
+      "--gpus-per-node 8 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 ";
+  auto r = RunKeelShell("", llama + "--iteration-time 10");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("parameters: 6,738,415,616 exact"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("from the model's own layout"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FFN 11008 SwiGLU"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("RoPE, RMSNorm, untied output layer, no linear biases"), std::string::npos)
+      << r.out;
+  r = RunKeelShell("", llama + "--json 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["parameters"].get<int64_t>(), 6738415616);
+  EXPECT_EQ(j["model"]["swiglu"], true);
+  EXPECT_EQ(j["model"]["normalization"], "RMSNorm");
+  EXPECT_EQ(j["model"]["position_embedding_type"], "rope");
+  EXPECT_EQ(j["model"]["num_query_groups"], 32);
+  EXPECT_EQ(j["model"]["untie_embeddings_and_output_weights"], true);
+  EXPECT_EQ(j["model"]["add_bias_linear"], false);
+}
+
 }  // namespace

@@ -837,6 +837,114 @@ TEST(ConfigTest, StabilityOptionsParseAndValidate) {
   EXPECT_DOUBLE_EQ(c.z_loss, 0.001);
 }
 
+// ---- the Llama family (docs/llama.md) ----
+
+TEST(ConfigLlamaTest, MegatronFlagsSetTheShape) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--position-embedding-type", "rope", "--rotary-base", "500000",
+                     "--rotary-percent", "0.5", "--normalization", "RMSNorm", "--swiglu",
+                     "--group-query-attention", "--num-query-groups", "2",
+                     "--untie-embeddings-and-output-weights", "--disable-bias-linear"},
+                    &p)
+                  .ok());
+  const TrainConfig& c = p.config;
+  EXPECT_EQ(c.position_embedding_type, PositionEmbedding::kRope);
+  EXPECT_EQ(c.rotary_base, 500000);
+  EXPECT_DOUBLE_EQ(c.rotary_percent, 0.5);
+  EXPECT_EQ(c.normalization, Normalization::kRmsNorm);
+  EXPECT_TRUE(c.swiglu);
+  EXPECT_EQ(c.kv_heads(), 2);
+  EXPECT_TRUE(c.untie_embeddings_and_output_weights);
+  EXPECT_TRUE(c.disable_bias_linear);
+  // The file spelling of every one of them round-trips through FormatConfig.
+  TrainConfig back;
+  ASSERT_TRUE(ApplyToml(FormatConfig(c), "formatted.toml", &back).ok());
+  EXPECT_EQ(FormatConfig(back), FormatConfig(c));
+  EXPECT_EQ(back.kv_heads(), 2);
+  EXPECT_EQ(back.normalization, Normalization::kRmsNorm);
+}
+
+// Megatron-LM's SwiGLU rule int(4h * 2/3 / 64) * 64, said in a note; a given size is kept.
+TEST(ConfigLlamaTest, SwigluFfnSizeFollowsMegatronsRule) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--swiglu"}, &p).ok());
+  EXPECT_EQ(p.config.ffn_hidden_size, 640);  // 4 * 256 * 2/3 = 682.7 -> 640
+  EXPECT_TRUE(HasNote(p, "Megatron's SwiGLU size int(4 * hidden-size * 2/3 / 64) * 64 = 640"));
+  ASSERT_TRUE(Parse({"--swiglu", "--hidden-size", "4096", "--num-attention-heads", "32"}, &p).ok());
+  EXPECT_EQ(p.config.ffn_hidden_size, 10880);
+  ASSERT_TRUE(Parse({"--swiglu", "--hidden-size", "4096", "--num-attention-heads", "32",
+                     "--ffn-hidden-size", "11008"},
+                    &p)
+                  .ok());
+  EXPECT_EQ(p.config.ffn_hidden_size, 11008);
+  EXPECT_FALSE(HasNote(p, "SwiGLU size"));
+}
+
+TEST(ConfigLlamaTest, InconsistentShapesAreRefusedWithTheFix) {
+  const std::vector<Rule> rules = {
+      {{"--group-query-attention", "--num-query-groups", "3"},
+       {"--num-query-groups 3 must divide --num-attention-heads 4",
+        "try --num-query-groups 2"}},
+      {{"--group-query-attention", "--num-query-groups", "8"},
+       {"--num-query-groups 8 must divide --num-attention-heads 4", "try --num-query-groups 4"}},
+      {{"--group-query-attention", "--num-query-groups", "0"},
+       {"--num-query-groups 0", "try --num-query-groups 1"}},
+      {{"--position-embedding-type", "rope", "--rotary-percent", "0"},
+       {"--rotary-percent 0 must be in (0, 1]", "try --rotary-percent 1.0"}},
+      {{"--position-embedding-type", "rope", "--rotary-percent", "1.5"},
+       {"--rotary-percent 1.5 must be in (0, 1]"}},
+      // 64 / 4 heads = 16 dims per head; 0.1 of them is 1: RoPE turns pairs.
+      {{"--position-embedding-type", "rope", "--hidden-size", "64", "--rotary-percent", "0.1"},
+       {"gives 1 rotary dimensions", "an even number >= 2"}},
+      {{"--position-embedding-type", "rope", "--rotary-base", "0"},
+       {"--rotary-base 0 must be at least 1"}},
+      {{"--swiglu", "--hidden-size", "16"},
+       {"--swiglu with --hidden-size 16", "gives 0", "give --ffn-hidden-size"}},
+      {{"--normalization", "LayerNorm2"}, {"--normalization", "LayerNorm,RMSNorm"}},
+      {{"--position-embedding-type", "rotary"}, {"learned_absolute,alibi,rope"}},
+  };
+  for (const Rule& r : rules) {
+    ParsedConfig p;
+    const Status st = Parse(r.args, &p);
+    ASSERT_FALSE(st.ok()) << r.args[0] << " " << r.args[1];
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+    for (const std::string& e : r.expect) EXPECT_CONTAINS(st.message(), e);
+  }
+}
+
+// Settings that only matter with another flag are not dropped silently.
+TEST(ConfigLlamaTest, SettingsWithoutTheirFeatureAreNotedAsIgnored) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--num-query-groups", "2"}, &p).ok());
+  EXPECT_EQ(p.config.kv_heads(), 4);
+  EXPECT_TRUE(HasNote(p, "--num-query-groups 2 without --group-query-attention: ignored"));
+  ASSERT_TRUE(Parse({"--rotary-base", "500000"}, &p).ok());
+  EXPECT_TRUE(HasNote(p, "given without --position-embedding-type rope: ignored"));
+  ASSERT_TRUE(Parse({"--position-embedding-type", "rope", "--rotary-base", "500000"}, &p).ok());
+  EXPECT_FALSE(HasNote(p, "ignored"));
+}
+
+TEST(ConfigLlamaTest, ExampleLlamaConfigIsTheDefaultJobLlamaShaped) {
+  ParsedConfig p;
+  const Status st =
+      Parse({"--config", std::string(KEEL_SOURCE_DIR) + "/examples/llama-small.toml"}, &p);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const TrainConfig& c = p.config;
+  EXPECT_EQ(c.position_embedding_type, PositionEmbedding::kRope);
+  EXPECT_EQ(c.normalization, Normalization::kRmsNorm);
+  EXPECT_TRUE(c.swiglu);
+  EXPECT_EQ(c.kv_heads(), 2);
+  EXPECT_TRUE(c.disable_bias_linear);
+  // Everything else is the default job's: corpus, schedule, batch.
+  const TrainConfig d;
+  EXPECT_EQ(c.data_path, d.data_path);
+  EXPECT_EQ(c.train_iters, d.train_iters);
+  EXPECT_EQ(c.lr, d.lr);
+  EXPECT_EQ(c.global_batch_size, d.global_batch_size);
+  EXPECT_EQ(c.hidden_size, d.hidden_size);
+  EXPECT_EQ(c.num_layers, d.num_layers);
+}
+
 TEST(ConfigTest, GuardSettingsParseAndValidate) {
   const char* ok[] = {"train", "--guard", "observe", "--skip-train-iteration-range",
                       "5-9",   "20-20"};

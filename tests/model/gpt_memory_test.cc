@@ -19,16 +19,27 @@ GptSpec Spec(int layers, bool alibi, bool embed_ln, bool qk_ln) {
   return s;
 }
 
+// The Llama family's options on the same shape: RoPE, RMSNorm (no means kept), SwiGLU (a 2F-wide
+// first product), 2 key/value heads (a narrower QKV), untied output, no biases.
+GptSpec Llama(int layers, bool qk_ln) {
+  GptSpec s = Spec(layers, false, false, qk_ln);
+  s.rope = s.rmsnorm = s.swiglu = s.untie_embeddings = true;
+  s.kv_heads = 2;
+  s.bias = false;
+  return s;
+}
+
 TEST(GptMemoryTest, ParamCountIsTheLayoutsTotalForEveryShapeOption) {
   std::unique_ptr<Backend> be = MakeCpuBackend(1);
   for (int layers : {1, 3}) {
     for (bool alibi : {false, true}) {
       for (bool qk : {false, true}) {
-        const GptSpec s = Spec(layers, alibi, !alibi, qk);
-        uint64_t total = 0;
-        for (const ParamInfo& p : GptModel::ParamLayout(s)) total += p.numel;
-        EXPECT_EQ(GptModel::ParamCount(s), total) << layers << alibi << qk;
-        EXPECT_EQ(GptModel(be.get(), s).num_params(), total);
+        for (const GptSpec& s : {Spec(layers, alibi, !alibi, qk), Llama(layers, qk)}) {
+          uint64_t total = 0;
+          for (const ParamInfo& p : GptModel::ParamLayout(s)) total += p.numel;
+          EXPECT_EQ(GptModel::ParamCount(s), total) << layers << alibi << qk;
+          EXPECT_EQ(GptModel(be.get(), s).num_params(), total);
+        }
       }
     }
   }
@@ -55,8 +66,9 @@ TEST(GptMemoryTest, ActivationBytesIsWhatTheFirstForwardAllocates) {
   for (Precision p : {Precision::kFp32, Precision::kBf16}) {
     std::unique_ptr<Backend> be = MakeCpuBackend(1);
     be->SetPrecision(p);
-    for (bool qk : {false, true}) {
-      const GptSpec s = Spec(3, false, false, qk);
+    for (int shape = 0; shape < 3; ++shape) {
+      const bool qk = shape == 1;
+      const GptSpec s = shape < 2 ? Spec(3, false, false, qk) : Llama(3, true);
       const int B = 4, T = 32;
       GptModel m(be.get(), s);
       m.Initialize(1, 0.02f);
@@ -81,7 +93,7 @@ TEST(GptMemoryTest, ActivationBytesIsWhatTheFirstForwardAllocates) {
       }
       // Allowance: 64-byte rounding and malloc headers of ~90 buffers, the kernels' scratch rows.
       EXPECT_NEAR(allocated, counted, 0.01 * counted + 64 * 1024)
-          << "qk_layernorm " << qk << " " << PrecisionName(p);
+          << "shape " << shape << " " << PrecisionName(p);
     }
   }
 }

@@ -100,6 +100,71 @@ TEST(RunPlanTest, Bloom176BMatchesItsPublishedSizeIterationsAndTflops) {
   EXPECT_NEAR(p.days, p.seconds / 86400, 1e-9);
 }
 
+// Llama-2 as Meta published it (Touvron et al. 2023, the HF config.json files): RoPE, RMSNorm,
+// SwiGLU with FFN 11008 / 28672, untied output layer, no linear biases, vocab 32000; 70B shares
+// 8 key/value heads among its 64 query heads.
+PlanInput Llama2(bool big) {
+  std::vector<std::string> flags = {"--num-layers", big ? "80" : "32",
+                                    "--hidden-size", big ? "8192" : "4096",
+                                    "--ffn-hidden-size", big ? "28672" : "11008",
+                                    "--num-attention-heads", big ? "64" : "32",
+                                    "--seq-length", "4096",
+                                    "--position-embedding-type", "rope",
+                                    "--normalization", "RMSNorm",
+                                    "--swiglu",
+                                    "--untie-embeddings-and-output-weights",
+                                    "--disable-bias-linear",
+                                    "--micro-batch-size", "1",
+                                    "--global-batch-size", "1024",
+                                    "--train-iters", "500000"};
+  if (big) {
+    // Megatron pads the vocabulary to a multiple of make-vocab-size-divisible-by x TP: 16 x 8 =
+    // 128 keeps Meta's 32000 rows (the default 128 x 8 would pad to 32768).
+    for (const char* f : {"--group-query-attention", "--num-query-groups", "8",
+                          "--make-vocab-size-divisible-by", "16"})
+      flags.push_back(f);
+  }
+  return Input(flags, 32000, big ? 64 : 8, 8, big ? 8 : 1, big ? 4 : 1);
+}
+
+TEST(RunPlanTest, Llama2ParameterCountsAreThePublishedOnes) {
+  RunPlan p7, p70;
+  ASSERT_TRUE(MakeRunPlan(Llama2(false), &p7).ok());
+  ASSERT_TRUE(MakeRunPlan(Llama2(true), &p70).ok());
+  // The parameter counts of the published checkpoints (meta-llama/Llama-2-7b-hf, -70b-hf).
+  EXPECT_EQ(p7.params_total, 6738415616);
+  EXPECT_EQ(p70.params_total, 68976648192);
+  EXPECT_EQ(p7.padded_vocab, 32000);  // 32000 is a multiple of 128
+  EXPECT_EQ(p70.padded_vocab, 32000);
+  // 70B over TP 8 x PP 4: a stage of 20 layers holds 1/8 of each layer's matrices (8 key/value
+  // heads, one per TP rank) and its RMSNorm weights whole; the first stage adds 1/8 of the word
+  // embedding, the last 1/8 of the output layer (untied: no copy of the embedding) and the final
+  // norm.
+  const int64_t h = 8192, F = 28672, kv = 1024, V = 32000;
+  const int64_t layer = (h * h + 2 * h * kv + h * h + 3 * h * F) / 8 + 2 * h;
+  ASSERT_EQ(p70.params_per_stage.size(), 4u);
+  EXPECT_EQ(p70.params_per_stage[0], 20 * layer + V * h / 8);
+  EXPECT_EQ(p70.params_per_stage[1], 20 * layer);
+  EXPECT_EQ(p70.params_per_stage[3], 20 * layer + V * h / 8 + h);
+  // FLOPs: QKV 2h(h + 2kv), projection 2h^2, SwiGLU 6hF, attention 4sh per layer; head 2hV.
+  const double s = 4096;
+  const double fwd7 = 32 * (2.0 * 4096 * 3 * 4096 + 2.0 * 4096 * 4096 + 6.0 * 4096 * 11008 +
+                            4 * s * 4096) +
+                      2.0 * 4096 * V;
+  EXPECT_DOUBLE_EQ(p7.flops_per_iteration, 3 * fwd7 * 1024 * s);
+}
+
+// A key/value head cannot be split across tensor-parallel ranks.
+TEST(RunPlanTest, TensorParallelMustDivideTheKeyValueHeads) {
+  PlanInput in = Llama2(true);
+  in.tensor_parallel = 16;
+  in.num_nodes = 128;
+  RunPlan p;
+  const Status st = MakeRunPlan(in, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("--num-query-groups 8"), std::string::npos) << st.message();
+}
+
 TEST(RunPlanTest, ParameterCountIsTheClosedFormAndShardsAddUp) {
   // L=4, h=64, 4 heads, F=4h, s=32, V=1000 -> padded to a multiple of 128 x TP 2 = 1024.
   const PlanInput in = Input(

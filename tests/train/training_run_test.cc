@@ -125,6 +125,74 @@ TEST(TrainingRunTest, StoppedAndReopenedRunEndsOnTheUninterruptedBits) {
   EXPECT_EQ(third.fingerprint, ref.fingerprint);
 }
 
+// The Llama family (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied output, no biases)
+// stops and resumes to the same bits as GPT-2's shape; its shape cannot change on resume.
+TrainConfig TinyLlama(const std::string& save) {
+  TrainConfig c = Tiny(save);
+  c.num_attention_heads = 4;
+  c.position_embedding_type = PositionEmbedding::kRope;
+  c.normalization = Normalization::kRmsNorm;
+  c.swiglu = true;
+  c.ffn_hidden_size = 64;
+  c.group_query_attention = true;
+  c.num_query_groups = 2;
+  c.untie_embeddings_and_output_weights = true;
+  c.disable_bias_linear = true;
+  return c;
+}
+
+TEST(TrainingRunTest, LlamaShapedRunResumesToTheUninterruptedBits) {
+  TempDir dir;
+  const RunResult ref = OpenAndTrain(TinyLlama(dir.Join("ref")));
+  ASSERT_TRUE(ref.status.ok()) << ref.status.ToString();
+  EXPECT_EQ(ref.state.counters.iteration, 20);
+  TrainConfig c = TinyLlama(dir.Join("run"));
+  c.exit_interval = 7;
+  const RunResult first = OpenAndTrain(c);
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  EXPECT_EQ(first.state.counters.iteration, 7);
+  c.exit_interval = 0;
+  const RunResult second = OpenAndTrain(c);
+  ASSERT_TRUE(second.status.ok()) << second.status.ToString();
+  EXPECT_EQ(second.resumed, ResumePoint::Kind::kResume);
+  EXPECT_EQ(second.fingerprint, ref.fingerprint);
+  // The same run in GPT-2's shape trains other bits: the options really are in the model.
+  const RunResult gpt = OpenAndTrain(Tiny(dir.Join("gpt")));
+  ASSERT_TRUE(gpt.status.ok());
+  EXPECT_NE(gpt.fingerprint, ref.fingerprint);
+  // Each Llama option is part of the model's shape: none may change on resume.
+  for (int option = 0; option < 6; ++option) {
+    TrainConfig changed = TinyLlama(dir.Join("ref"));
+    changed.train_iters = 30;
+    const char* key = "";
+    switch (option) {
+      case 0:
+        changed.position_embedding_type = PositionEmbedding::kLearnedAbsolute, key = "position";
+        break;
+      case 1:
+        changed.normalization = Normalization::kLayerNorm, key = "normalization";
+        break;
+      case 2:
+        changed.swiglu = false, key = "swiglu";
+        break;
+      case 3:
+        changed.num_query_groups = 4, key = "num-query-groups";
+        break;
+      case 4:
+        changed.untie_embeddings_and_output_weights = false, key = "untie";
+        break;
+      case 5:
+        changed.disable_bias_linear = false, key = "disable-bias-linear";
+        break;
+    }
+    const RunResult r = OpenAndTrain(changed);
+    EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument) << key;
+    EXPECT_NE(r.status.message().find(key), std::string::npos) << r.status.message();
+    EXPECT_NE(r.status.message().find("model shape: cannot change on resume"), std::string::npos)
+        << r.status.message();
+  }
+}
+
 TEST(TrainingRunTest, LoadOfOwnCheckpointRollsBackAndReplaysToTheSameBits) {
   TempDir dir;
   TrainConfig c = Tiny(dir.Join("run"));
