@@ -92,6 +92,33 @@ TEST(CliTest, TrainsOnDefaultCorpusSavesAndSamples) {
   std::filesystem::remove_all(dir);
 }
 
+// The Llama example config with the default job's corpus, shrunk to a few iterations: the log
+// names the shape and the SwiGLU note, the checkpoint samples (keel sample rebuilds the shape
+// from the checkpoint, without the flags).
+TEST(CliTest, LlamaExampleTrainsOnTheDefaultCorpusAndSamples) {
+  const std::string dir = TempDir("llama");
+  Result r = RunKeel("train --config " + std::string(KEEL_SOURCE_DIR) +
+                     "/examples/llama-small.toml --num-layers 1 --hidden-size 64 "
+                     "--ffn-hidden-size 0 --seq-length 32 --micro-batch-size 2 --train-iters 6 "
+                     "--lr-warmup-iters 2 --log-interval 3 --eval-interval 6 --eval-iters 1 "
+                     "--sample-tokens 8 --save " +
+                     dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("note: --ffn-hidden-size not given: using Megatron's SwiGLU size"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("model: 1 layers, hidden 64, ffn 128 SwiGLU, heads 4 (2 key/value), "
+                       "positions RoPE (base 10000, 16 of 16 dims), RMSNorm"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("no linear biases"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("validation loss at iteration 6"), std::string::npos) << r.out;
+  Result s = RunKeel("sample --load " + dir + " --tokens 5 --prompt Whale");
+  EXPECT_EQ(s.code, 0) << s.out;
+  EXPECT_TRUE(s.out.rfind("Whale", 0) == 0 || s.out.find("\nWhale") != std::string::npos) << s.out;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CliTest, SampleFromMissingRunNamesTheFile) {
   Result r = RunKeel("sample --load /nonexistent/run");
   EXPECT_EQ(r.code, 2);  // a usage error: the path the user gave holds no checkpoint
