@@ -134,6 +134,11 @@ int BenchCommand(int argc, const char* const* argv) {
   app.add_flag("--guard", guard,
                "instead: step time of the default model with and without the guard (paired "
                "ratios; uses --iters, --warmup)");
+  bool recompute = false;
+  app.add_flag("--recompute", recompute,
+               "instead: step time and activation memory of a Llama-shaped model with no, "
+               "selective and full activation recomputation (interleaved; uses --iters, --warmup, "
+               "--seq-length, default 512 here)");
   bool data = false;
   double data_gb = 2.0;
   int seq = 2048;
@@ -142,7 +147,8 @@ int BenchCommand(int argc, const char* const* argv) {
                "or a temp dir, removed after); uses --repeats");
   app.add_option("--data-gb", data_gb, "--data: dataset size in GB (default 2)")
       ->check(CLI::Range(0.01, 1000.0));
-  app.add_option("--seq-length", seq, "--data: tokens per sample (default 2048)")
+  app.add_option("--seq-length", seq,
+                 "--data: tokens per sample (default 2048); --recompute: sequence length")
       ->check(CLI::Range(1, 1 << 20));
   try {
     app.parse(argc, argv);
@@ -153,6 +159,10 @@ int BenchCommand(int argc, const char* const* argv) {
   if (checkpoint) return BenchCheckpoint(ckpt_dir, repeats, threads);
   if (guard) return BenchGuard(iters, warmup, threads);
   if (data) return BenchData(ckpt_dir, data_gb, repeats, seq);
+  if (recompute) {
+    const bool seq_given = app.get_option("--seq-length")->count() > 0;
+    return BenchRecompute(iters, warmup, threads, seq_given ? seq : 512);
+  }
   const std::vector<BenchModel> models = {
       {"tiny", 2, 128, 4, 128, 8, 4096},
       {"small", 6, 512, 8, 256, 8, 8192},

@@ -223,6 +223,13 @@ const std::vector<Setting>& Settings() {
                              &TC::untie_embeddings_and_output_weights));
     t->push_back(BoolSetting("disable-bias-linear", "no biases in the linear layers (Llama)",
                              &TC::disable_bias_linear));
+    t->push_back(EnumSetting("recompute-granularity",
+                             "activation recomputation: selective (attention probabilities) or "
+                             "full (whole layers); same bits, less memory, more compute",
+                             &TC::recompute_granularity,
+                             {{Recompute::kNone, "none"},
+                              {Recompute::kSelective, "selective"},
+                              {Recompute::kFull, "full"}}));
     t->push_back(BoolSetting("embed-layernorm", "LayerNorm after the word embedding (BLOOM)",
                              &TC::embed_layernorm));
     t->push_back(IntSetting("make-vocab-size-divisible-by",

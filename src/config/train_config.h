@@ -15,6 +15,8 @@ namespace keel {
 
 enum class PositionEmbedding { kLearnedAbsolute, kAlibi, kRope };
 enum class Normalization { kLayerNorm, kRmsNorm };
+// Activation recomputation (model/gpt.h): none, the attention probabilities, or whole layers.
+enum class Recompute { kNone, kSelective, kFull };
 enum class LrDecayStyle { kConstant, kLinear, kCosine };
 enum class InitMethod { kNormal, kSmallInit, kMegatron530B };
 enum class TokenizerKind { kGpt2, kSentencePiece };
@@ -54,6 +56,11 @@ struct TrainConfig {
   int num_query_groups = 1;                          // key/value heads with group_query_attention
   bool untie_embeddings_and_output_weights = false;  // an output layer of its own
   bool disable_bias_linear = false;                  // no biases in the linear layers
+
+  // Activation recomputation: Megatron-LM's --recompute-granularity (--recompute-activations is
+  // selective; Megatron-DeepSpeed's --checkpoint-activations is full). Not part of the model's
+  // shape: free to change on resume.
+  Recompute recompute_granularity = Recompute::kNone;
 
   // ---- batch and length ----
   int micro_batch_size = 8;

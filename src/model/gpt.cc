@@ -28,7 +28,8 @@ struct GptModel::Activations {
     float *qkv_raw = nullptr, *qk_mean = nullptr, *qk_rstd = nullptr;
     float* max_logit = nullptr;  // (B*NH) per (sequence, head) of this layer
   };
-  std::vector<Layer> layers;
+  std::vector<Layer> layers;  // under recomputation the layers share buffers (see Layout...)
+  Recompute recompute = Recompute::kNone;
   float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr,
         *losses = nullptr, *logz = nullptr;
   int32_t *tokens = nullptr, *targets = nullptr;
@@ -155,6 +156,16 @@ GptModel::GptModel(Backend* backend, const GptSpec& spec)
   KEEL_CHECK(!spec.rope || spec.RotaryDim() >= 2, "RoPE needs at least 2 rotary dimensions");
   KEEL_CHECK(spec.padded_vocab >= spec.vocab, "padded vocab smaller than vocab");
   for (const ParamInfo& p : params_) num_params_ += p.numel;
+  // Each layer's first tensor, and (entry num_layers) the first one after the layers.
+  layer_first_param_.assign(spec.num_layers + 1, params_.size());
+  for (size_t i = params_.size(); i-- > 0;) {
+    const std::string& name = params_[i].name;
+    if (name.rfind("layers.", 0) == 0) {
+      layer_first_param_[std::stoi(name.substr(7))] = i;
+    } else if (i > 0 && params_[i - 1].name.rfind("layers.", 0) == 0) {
+      layer_first_param_[spec.num_layers] = i;
+    }
+  }
   params_mem_ = backend_->AllocFloats(num_params_);
   grads_mem_ = backend_->AllocFloats(num_params_);
   if (spec.alibi) {
@@ -236,38 +247,47 @@ void GptModel::Initialize(uint64_t seed, float std) {
 
 // The one list of a micro-batch's buffers: the forward's activations that the backward reads, and
 // the gradient scratch; the buffers outside the layers, then `layers` layers' own.
-void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, Activations* acts,
-                                 BufferSource* src) {
+void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, Recompute recompute,
+                                 Activations* acts, BufferSource* src) {
   const size_t N = static_cast<size_t>(B) * T, C = spec.hidden, F = spec.ffn_hidden;
   const size_t NH = spec.heads, Vp = spec.padded_vocab;
   const size_t W = spec.QkvWidth(), F1 = spec.Fc1Width();
   // RMSNorm keeps no mean.
   auto mean = [&]() { return spec.rmsnorm ? nullptr : src->Floats(N); };
   Activations& a = *acts;
+  a.recompute = recompute;
   a.emb = src->Floats(N * C);
   a.emb_mean = mean();
   a.emb_rstd = src->Floats(N);
   a.res.push_back(src->Floats(N * C));
   for (int l = 0; l < layers; ++l) {
     Activations::Layer y;
-    y.ln1 = src->Floats(N * C);
-    y.ln1_mean = mean();
-    y.ln1_rstd = src->Floats(N);
-    y.qkv = src->Floats(N * W);
-    y.att = src->Floats(static_cast<size_t>(B) * NH * T * T);
-    y.atty = src->Floats(N * C);
-    y.res2 = src->Floats(N * C);
-    y.ln2 = src->Floats(N * C);
-    y.ln2_mean = mean();
-    y.ln2_rstd = src->Floats(N);
-    y.fch = src->Floats(N * F1);
-    y.fch_gelu = src->Floats(N * F);
-    y.max_logit = src->Floats(static_cast<size_t>(B) * NH);
-    if (spec.qk_layernorm) {
-      y.qkv_raw = src->Floats(N * W);
-      y.qk_mean = src->Floats(2 * N * NH);
-      y.qk_rstd = src->Floats(2 * N * NH);
+    if (l > 0 && recompute == Recompute::kFull) {
+      y = a.layers[0];  // every layer's activations in layer 0's buffers
+    } else {
+      y.ln1 = src->Floats(N * C);
+      y.ln1_mean = mean();
+      y.ln1_rstd = src->Floats(N);
+      y.qkv = src->Floats(N * W);
+      if (l > 0 && recompute == Recompute::kSelective) {
+        y.att = a.layers[0].att;  // one attention-probability buffer for all layers
+      } else {
+        y.att = src->Floats(static_cast<size_t>(B) * NH * T * T);
+      }
+      y.atty = src->Floats(N * C);
+      y.res2 = src->Floats(N * C);
+      y.ln2 = src->Floats(N * C);
+      y.ln2_mean = mean();
+      y.ln2_rstd = src->Floats(N);
+      y.fch = src->Floats(N * F1);
+      y.fch_gelu = src->Floats(N * F);
+      if (spec.qk_layernorm) {
+        y.qkv_raw = src->Floats(N * W);
+        y.qk_mean = src->Floats(2 * N * NH);
+        y.qk_rstd = src->Floats(2 * N * NH);
+      }
     }
+    y.max_logit = src->Floats(static_cast<size_t>(B) * NH);  // per layer: a guard signal
     a.layers.push_back(y);
     a.res.push_back(src->Floats(N * C));  // the layer's output
   }
@@ -294,25 +314,30 @@ void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, 
   src->Host(&a.host_losses, N);
 }
 
-uint64_t GptModel::LowpInputElements(const GptSpec& spec, int B, int T) {
+uint64_t GptModel::LowpInputElements(const GptSpec& spec, int B, int T, Recompute recompute) {
   const uint64_t N = static_cast<uint64_t>(B) * static_cast<uint64_t>(T);
   const uint64_t NC = N * static_cast<uint64_t>(spec.hidden);
   const uint64_t NF = N * static_cast<uint64_t>(spec.ffn_hidden);
-  return static_cast<uint64_t>(spec.num_layers) * (3 * NC + NF) + NC;
+  // Full recomputation rebuilds a layer's copies with its forward: one layer's slots serve all.
+  const uint64_t slots = recompute == Recompute::kFull ? 1 : static_cast<uint64_t>(spec.num_layers);
+  return slots * (3 * NC + NF) + NC;
 }
 
-uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T, Precision precision) {
-  const uint64_t lowp =
-      precision == Precision::kFp32 ? 0 : LowpInputElements(spec, B, T) * sizeof(uint16_t);
-  // Every layer's buffers are alike: the layout of no layer and of one layer give the rest.
+uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T, Precision precision,
+                                   Recompute recompute) {
+  const uint64_t lowp = precision == Precision::kFp32
+                            ? 0
+                            : LowpInputElements(spec, B, T, recompute) * sizeof(uint16_t);
+  // Layers after the first are alike (under recomputation they add only what each keeps): the
+  // layouts of one and two layers give the rest.
   auto bytes = [&](int layers) {
     Activations a;
     BufferSource count;
-    LayoutActivations(spec, B, T, layers, &a, &count);
+    LayoutActivations(spec, B, T, layers, recompute, &a, &count);
     return count.bytes;
   };
-  const uint64_t outside = bytes(0);
-  return outside + (bytes(1) - outside) * static_cast<uint64_t>(spec.num_layers) + lowp;
+  const uint64_t one = bytes(1), per_layer = bytes(2) - one;
+  return one + per_layer * static_cast<uint64_t>(spec.num_layers - 1) + lowp;
 }
 
 uint64_t GptModel::ParamCount(const GptSpec& spec) {
@@ -354,11 +379,34 @@ uint16_t* GptModel::LowpInputOf(int layer, LowpInput which) const {
   if (lowp_acts_ == nullptr) return nullptr;
   const size_t NC = static_cast<size_t>(cur_B_) * cur_T_ * spec_.hidden;
   const size_t NF = static_cast<size_t>(cur_B_) * cur_T_ * spec_.ffn_hidden;
-  return lowp_acts_ + layer * (3 * NC + NF) + static_cast<size_t>(which) * NC;
+  const size_t slot = recompute_ == Recompute::kFull ? 0 : static_cast<size_t>(layer);
+  return lowp_acts_ + slot * (3 * NC + NF) + static_cast<size_t>(which) * NC;
 }
 
 uint16_t* GptModel::LowpLnfInput() const {
-  return lowp_acts_ == nullptr ? nullptr : LowpInputOf(spec_.num_layers, kLn1);
+  if (lowp_acts_ == nullptr) return nullptr;
+  const size_t NC = static_cast<size_t>(cur_B_) * cur_T_ * spec_.hidden;
+  const size_t NF = static_cast<size_t>(cur_B_) * cur_T_ * spec_.ffn_hidden;
+  const size_t slots = recompute_ == Recompute::kFull ? 1 : static_cast<size_t>(spec_.num_layers);
+  return lowp_acts_ + slots * (3 * NC + NF);
+}
+
+void GptModel::set_recompute(Recompute r) {
+  if (r == recompute_) return;
+  FreeActivations();  // laid out again by the next Forward
+  recompute_ = r;
+}
+
+const char* RecomputeName(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
 }
 
 void GptModel::AllocateActivations(int B, int T) {
@@ -368,7 +416,7 @@ void GptModel::AllocateActivations(int B, int T) {
   acts_ = new Activations();
   BufferSource alloc;
   alloc.backend = backend_;
-  LayoutActivations(spec_, B, T, spec_.num_layers, acts_, &alloc);
+  LayoutActivations(spec_, B, T, spec_.num_layers, recompute_, acts_, &alloc);
   cur_B_ = B;
   cur_T_ = T;
 }
@@ -382,12 +430,14 @@ void GptModel::FreeActivations() {
         a.dres_a, a.dres_b, a.dres2, a.dln, a.dqkv, a.datty, a.dfch, a.dgelu, a.demb})
     if (p) be->Free(p);
   for (float* p : a.res) be->Free(p);
-  for (auto& y : a.layers) {
-    for (float* p : {y.ln1, y.ln1_mean, y.ln1_rstd, y.qkv, y.att, y.atty, y.res2, y.ln2, y.ln2_mean,
-                     y.ln2_rstd, y.fch, y.fch_gelu, y.max_logit})
+  for (size_t l = 0; l < a.layers.size(); ++l) {
+    Activations::Layer& y = a.layers[l];
+    be->Free(y.max_logit);
+    if (l > 0 && a.recompute == Recompute::kFull) continue;  // layer 0's buffers
+    for (float* p : {y.ln1, y.ln1_mean, y.ln1_rstd, y.qkv, y.atty, y.res2, y.ln2, y.ln2_mean,
+                     y.ln2_rstd, y.fch, y.fch_gelu, y.qkv_raw, y.qk_mean, y.qk_rstd})
       if (p) be->Free(p);
-    for (float* p : {y.qkv_raw, y.qk_mean, y.qk_rstd})
-      if (p) be->Free(p);
+    if (l == 0 || a.recompute != Recompute::kSelective) be->Free(y.att);
   }
   if (a.dqkv_raw) be->Free(a.dqkv_raw);
   be->Free(a.tokens);
@@ -419,21 +469,99 @@ void GptModel::NormBackward(float* dinp, float* dw, float* db, const float* dout
   }
 }
 
+GptModel::LayerWeights GptModel::WeightsOf(int layer) const {
+  size_t pi = layer_first_param_[layer];
+  const float* P = params_mem_;
+  auto next = [&]() -> const float* { return P + params_[pi++].offset; };
+  auto next_norm_bias = [&]() -> const float* { return spec_.rmsnorm ? nullptr : next(); };
+  auto next_bias = [&]() -> const float* { return spec_.bias ? next() : nullptr; };
+  LayerWeights w{};
+  w.ln1w = next();
+  w.ln1b = next_norm_bias();
+  w.qkvw = next();
+  w.qkvb = next_bias();
+  if (spec_.qk_layernorm) w.qlnw = next(), w.qlnb = next(), w.klnw = next(), w.klnb = next();
+  w.projw = next();
+  w.projb = next_bias();
+  w.ln2w = next();
+  w.ln2b = next_norm_bias();
+  w.fcw = next();
+  w.fcb = next_bias();
+  w.fcpw = next();
+  w.fcpb = next_bias();
+  return w;
+}
+
+void GptModel::LayerForward(int l, const LayerWeights& w) {
+  Activations& a = *acts_;
+  Backend* be = backend_;
+  const int B = cur_B_, T = cur_T_;
+  const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads, G = spec_.KvHeads();
+  const int W = spec_.QkvWidth(), F1 = spec_.Fc1Width();
+  const int N = B * T;
+  const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
+  const size_t NW = static_cast<size_t>(N) * W;
+  // A matmul input in the products' 16-bit format, kept for the backward (nullptr in fp32).
+  auto lowp_input = [&](uint16_t* dst, const float* x, size_t n) -> const uint16_t* {
+    if (dst != nullptr) be->ToLowPrecision(dst, x, n);
+    return dst;
+  };
+  Activations::Layer& y = a.layers[l];
+  float* x = a.res[l];
+  NormForward(y.ln1, y.ln1_mean, y.ln1_rstd, x, w.ln1w, w.ln1b, N);
+  be->RoundToStorage(y.ln1, NC);
+  const uint16_t* ln1_lowp = lowp_input(LowpInputOf(l, kLn1), y.ln1, NC);
+  if (spec_.qk_layernorm) {
+    be->MatmulForward(y.qkv_raw, y.ln1, w.qkvw, w.qkvb, N, C, W, Lowp(w.qkvw), ln1_lowp);
+    be->QkLayerNormForward(y.qkv, y.qk_mean, y.qk_rstd, y.qkv_raw, w.qlnw, w.qlnb, w.klnw, w.klnb,
+                           N, C, NH, spec_.layernorm_eps, G);
+    be->RoundToStorage(y.qkv, NW);
+  } else {
+    be->MatmulForward(y.qkv, y.ln1, w.qkvw, w.qkvb, N, C, W, Lowp(w.qkvw), ln1_lowp);
+  }
+  if (spec_.rope) {
+    // In place: attention reads the turned q and k; the matmul's backward needs only its input.
+    be->RopeForward(y.qkv, rope_cos_sin_, positions_, B, T, NH, G, spec_.HeadDim(),
+                    spec_.RotaryDim());
+    be->RoundToStorage(y.qkv, NW);
+  }
+  be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit, doc_start_,
+                       G);
+  const uint16_t* atty_lowp = lowp_input(LowpInputOf(l, kAtty), y.atty, NC);
+  // res2 = attn proj + x
+  be->MatmulForward(y.res2, y.atty, w.projw, w.projb, N, C, C, Lowp(w.projw), atty_lowp);
+  be->Add(y.res2, y.res2, x, NC);
+  be->RoundToStorage(y.res2, NC);
+  NormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, w.ln2w, w.ln2b, N);
+  be->RoundToStorage(y.ln2, NC);
+  be->MatmulForward(y.fch, y.ln2, w.fcw, w.fcb, N, C, F1, Lowp(w.fcw),
+                    lowp_input(LowpInputOf(l, kLn2), y.ln2, NC));
+  if (spec_.swiglu) {
+    be->SwigluForward(y.fch_gelu, y.fch, N, F);
+  } else {
+    be->GeluForward(y.fch_gelu, y.fch, NF);
+  }
+  be->RoundToStorage(y.fch_gelu, NF);
+  float* out = a.res[l + 1];
+  be->MatmulForward(out, y.fch_gelu, w.fcpw, w.fcpb, N, F, C, Lowp(w.fcpw),
+                    lowp_input(LowpInputOf(l, kFchGelu), y.fch_gelu, NF));
+  be->Add(out, out, y.res2, NC);
+  be->RoundToStorage(out, NC);
+}
+
 double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss) {
   AllocateActivations(B, T);
   PrepareLowPrecisionWeights();
   Activations& a = *acts_;
   Backend* be = backend_;
-  const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads, G = spec_.KvHeads();
-  const int W = spec_.QkvWidth(), F1 = spec_.Fc1Width();
+  const int C = spec_.hidden;
   const int N = B * T, V = spec_.vocab, Vp = spec_.padded_vocab;
-  const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
-  const size_t NW = static_cast<size_t>(N) * W;
+  const size_t NC = static_cast<size_t>(N) * C;
   if (lowp_params_ == nullptr) {
     if (lowp_acts_ != nullptr) be->Free(lowp_acts_);
     lowp_acts_ = nullptr;
   } else if (lowp_acts_ == nullptr) {
-    lowp_acts_ = be->AllocHalves(LowpInputElements(spec_, B, T));
+    lowp_acts_ = be->AllocHalves(LowpInputElements(spec_, B, T, recompute_));
   }
   // A matmul input in the products' 16-bit format, kept for the backward (nullptr in fp32).
   auto lowp_input = [&](uint16_t* dst, const float* x, size_t n) -> const uint16_t* {
@@ -443,9 +571,8 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   float* P = params_mem_;
   size_t pi = 0;  // walks params_ in registration order
   auto next = [&]() { return P + params_[pi++].offset; };
-  // The optional tensors (norm biases, linear biases) in the same order: null when absent.
+  // A norm's bias in the same order: null for RMSNorm.
   auto next_norm_bias = [&]() -> const float* { return spec_.rmsnorm ? nullptr : next(); };
-  auto next_bias = [&]() -> const float* { return spec_.bias ? next() : nullptr; };
 
   be->CopyIntsToDevice(a.tokens, tokens, N);
   // Packed documents: token t of a sequence belongs to the document that starts after the last
@@ -482,60 +609,8 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   // fp16 (a no-op otherwise): every activation below is stored in fp16, as on an fp16 GPU run.
   be->RoundToStorage(a.res[0], NC);
   for (int l = 0; l < spec_.num_layers; ++l) {
-    Activations::Layer& y = a.layers[l];
-    const float* ln1w = next();
-    const float* ln1b = next_norm_bias();
-    const float* qkvw = next();
-    const float* qkvb = next_bias();
-    const float *qlnw = nullptr, *qlnb = nullptr, *klnw = nullptr, *klnb = nullptr;
-    if (spec_.qk_layernorm) qlnw = next(), qlnb = next(), klnw = next(), klnb = next();
-    const float* projw = next();
-    const float* projb = next_bias();
-    const float* ln2w = next();
-    const float* ln2b = next_norm_bias();
-    const float* fcw = next();
-    const float* fcb = next_bias();
-    const float* fcpw = next();
-    const float* fcpb = next_bias();
-    float* x = a.res[l];
-    NormForward(y.ln1, y.ln1_mean, y.ln1_rstd, x, ln1w, ln1b, N);
-    be->RoundToStorage(y.ln1, NC);
-    const uint16_t* ln1_lowp = lowp_input(LowpInputOf(l, kLn1), y.ln1, NC);
-    if (spec_.qk_layernorm) {
-      be->MatmulForward(y.qkv_raw, y.ln1, qkvw, qkvb, N, C, W, Lowp(qkvw), ln1_lowp);
-      be->QkLayerNormForward(y.qkv, y.qk_mean, y.qk_rstd, y.qkv_raw, qlnw, qlnb, klnw, klnb, N, C,
-                             NH, spec_.layernorm_eps, G);
-      be->RoundToStorage(y.qkv, NW);
-    } else {
-      be->MatmulForward(y.qkv, y.ln1, qkvw, qkvb, N, C, W, Lowp(qkvw), ln1_lowp);
-    }
-    if (spec_.rope) {
-      // In place: attention reads the turned q and k; the matmul's backward needs only its input.
-      be->RopeForward(y.qkv, rope_cos_sin_, positions, B, T, NH, G, spec_.HeadDim(),
-                      spec_.RotaryDim());
-      be->RoundToStorage(y.qkv, NW);
-    }
-    be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit, doc_start_,
-                         G);
-    const uint16_t* atty_lowp = lowp_input(LowpInputOf(l, kAtty), y.atty, NC);
-    // res2 = attn proj + x
-    be->MatmulForward(y.res2, y.atty, projw, projb, N, C, C, Lowp(projw), atty_lowp);
-    be->Add(y.res2, y.res2, x, NC);
-    be->RoundToStorage(y.res2, NC);
-    NormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, ln2w, ln2b, N);
-    be->RoundToStorage(y.ln2, NC);
-    be->MatmulForward(y.fch, y.ln2, fcw, fcb, N, C, F1, Lowp(fcw),
-                      lowp_input(LowpInputOf(l, kLn2), y.ln2, NC));
-    if (spec_.swiglu) {
-      be->SwigluForward(y.fch_gelu, y.fch, N, F);
-    } else {
-      be->GeluForward(y.fch_gelu, y.fch, NF);
-    }
-    be->RoundToStorage(y.fch_gelu, NF);
-    be->MatmulForward(a.res[l + 1], y.fch_gelu, fcpw, fcpb, N, F, C, Lowp(fcpw),
-                      lowp_input(LowpInputOf(l, kFchGelu), y.fch_gelu, NF));
-    be->Add(a.res[l + 1], a.res[l + 1], y.res2, NC);
-    be->RoundToStorage(a.res[l + 1], NC);
+    LayerForward(l, WeightsOf(l));
+    pi = layer_first_param_[l + 1];
   }
   const float* lnfw = next();
   const float* lnfb = next_norm_bias();
@@ -640,6 +715,9 @@ void GptModel::Backward() {
     const float* qkvw = prev(&dqkvw, kMatmul);
     prev_norm_bias(&dln1b);
     const float* ln1w = prev(&dln1w);
+    // Full recomputation: the layer's activations again, from its kept input (the last layer's
+    // are still in the shared buffers from the forward).
+    if (recompute_ == Recompute::kFull && l + 1 < spec_.num_layers) LayerForward(l, WeightsOf(l));
 
     // res[l+1] = res2 + fcproj(act(fc(ln2(res2))))
     be->Copy(a.dres2, dres, NC);  // skip connection
@@ -663,6 +741,12 @@ void GptModel::Backward() {
     be->Zero(a.datty, NC);
     be->MatmulBackward(a.datty, dprojw, dprojb, a.dres2, y.atty, projw, N, C, C, Lowp(projw), add,
                        LowpInputOf(l, kAtty));
+    if (recompute_ == Recompute::kSelective && l + 1 < spec_.num_layers) {
+      // The shared buffer holds a later layer's probabilities: this layer's again (the output
+      // written beside them is the same bits as the forward's).
+      be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit,
+                           doc_start_, G);
+    }
     be->Zero(a.dqkv, NW);
     be->AttentionBackward(a.dqkv, a.datty, y.qkv, y.att, B, T, C, NH, G);
     if (spec_.rope) {

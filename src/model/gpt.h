@@ -69,6 +69,15 @@ struct GptSpec {
   bool LearnedPositions() const { return !alibi && !rope; }
 };
 
+// Activation recomputation (Recompute, config/train_config.h; Korthikanti et al. 2022) trades
+// compute for activation memory; the gradients are the same bits either way:
+//   kNone       every layer keeps its activations from forward to backward;
+//   kSelective  the attention probabilities (B, NH, T, T per layer, the part that grows with T^2)
+//               live in one buffer shared by the layers; the backward recomputes each layer's;
+//   kFull       each layer keeps only its input (the residual stream); the backward reruns the
+//               layer's forward into one set of buffers shared by all layers, then its backward.
+const char* RecomputeName(Recompute r);
+
 struct ParamInfo {
   std::string name;  // e.g. "layers.3.mlp.dense_h_to_4h.weight"
   std::vector<int64_t> shape;
@@ -152,7 +161,12 @@ class GptModel {
   // Forward allocates, counted by the same code without allocating (memory estimates). bf16 and
   // fp16 add the 16-bit copies of the matmul inputs.
   static uint64_t ActivationBytes(const GptSpec& spec, int B, int T,
-                                  Precision precision = Precision::kFp32);
+                                  Precision precision = Precision::kFp32,
+                                  Recompute recompute = Recompute::kNone);
+  // Activation recomputation for the next Forward/Backward pairs (the buffers are laid out again
+  // when it changes).
+  void set_recompute(Recompute r);
+  Recompute recompute() const { return recompute_; }
   // ParamLayout's total, without listing every layer's tensors (so a config of a billion layers
   // is counted, not allocated).
   static uint64_t ParamCount(const GptSpec& spec);
@@ -161,8 +175,17 @@ class GptModel {
   struct LayerParams;
   struct Activations;
   struct BufferSource;
-  static void LayoutActivations(const GptSpec& spec, int B, int T, int layers, Activations* acts,
-                                BufferSource* src);
+  static void LayoutActivations(const GptSpec& spec, int B, int T, int layers, Recompute recompute,
+                                Activations* acts, BufferSource* src);
+  // One layer's weights (null for the tensors the shape lacks), found from its first parameter.
+  struct LayerWeights {
+    const float *ln1w, *ln1b, *qkvw, *qkvb, *qlnw, *qlnb, *klnw, *klnb, *projw, *projb, *ln2w,
+        *ln2b, *fcw, *fcb, *fcpw, *fcpb;
+  };
+  LayerWeights WeightsOf(int layer) const;
+  // res[l+1] = layer l of res[l]; fills the layer's activation buffers (shared ones under
+  // recomputation) and its 16-bit matmul inputs. The forward and the recomputing backward run it.
+  void LayerForward(int l, const LayerWeights& w);
   void AllocateActivations(int B, int T);
   void NormForward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                    const float* b, int N);
@@ -189,12 +212,14 @@ class GptModel {
   // lnf), converted once by Forward and read again by Backward's products; nullptr in fp32.
   enum LowpInput { kLn1, kAtty, kLn2, kFchGelu };
   uint16_t* LowpInputOf(int layer, LowpInput which) const;
-  static uint64_t LowpInputElements(const GptSpec& spec, int B, int T);
+  static uint64_t LowpInputElements(const GptSpec& spec, int B, int T, Recompute recompute);
   uint16_t* LowpLnfInput() const;
   uint16_t* lowp_acts_ = nullptr;
   Precision lowp_precision_ = Precision::kFp32;
   bool lowp_stale_ = true;
   bool overwrite_grads_ = false;  // see StartGradAccumulation
+  Recompute recompute_ = Recompute::kNone;
+  std::vector<size_t> layer_first_param_;  // index into params_ of each layer's first tensor
   Activations* acts_ = nullptr;
   int cur_B_ = 0, cur_T_ = 0;
   const int32_t* positions_ = nullptr;  // of the last Forward, when position ids are reset

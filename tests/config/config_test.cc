@@ -883,8 +883,7 @@ TEST(ConfigLlamaTest, SwigluFfnSizeFollowsMegatronsRule) {
 TEST(ConfigLlamaTest, InconsistentShapesAreRefusedWithTheFix) {
   const std::vector<Rule> rules = {
       {{"--group-query-attention", "--num-query-groups", "3"},
-       {"--num-query-groups 3 must divide --num-attention-heads 4",
-        "try --num-query-groups 2"}},
+       {"--num-query-groups 3 must divide --num-attention-heads 4", "try --num-query-groups 2"}},
       {{"--group-query-attention", "--num-query-groups", "8"},
        {"--num-query-groups 8 must divide --num-attention-heads 4", "try --num-query-groups 4"}},
       {{"--group-query-attention", "--num-query-groups", "0"},
@@ -922,6 +921,20 @@ TEST(ConfigLlamaTest, SettingsWithoutTheirFeatureAreNotedAsIgnored) {
   EXPECT_TRUE(HasNote(p, "given without --position-embedding-type rope: ignored"));
   ASSERT_TRUE(Parse({"--position-embedding-type", "rope", "--rotary-base", "500000"}, &p).ok());
   EXPECT_FALSE(HasNote(p, "ignored"));
+}
+
+TEST(ConfigTest, RecomputeGranularityParsesAndIsFreeOnResume) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--recompute-granularity", "full"}, &p).ok());
+  EXPECT_EQ(p.config.recompute_granularity, Recompute::kFull);
+  ASSERT_TRUE(Parse({"--recompute-granularity", "selective"}, &p).ok());
+  EXPECT_EQ(p.config.recompute_granularity, Recompute::kSelective);
+  const Status st = Parse({"--recompute-granularity", "layers"}, &p);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_CONTAINS(st.message(), "none,selective,full");
+  TrainConfig c;
+  ASSERT_TRUE(ApplyToml("recompute-granularity = \"full\"\n", "t.toml", &c).ok());
+  EXPECT_EQ(c.recompute_granularity, Recompute::kFull);
 }
 
 TEST(ConfigLlamaTest, ExampleLlamaConfigIsTheDefaultJobLlamaShaped) {

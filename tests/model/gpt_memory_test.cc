@@ -98,5 +98,41 @@ TEST(GptMemoryTest, ActivationBytesIsWhatTheFirstForwardAllocates) {
   }
 }
 
+// Recomputation's buffers: what the first Forward allocates, and less of it. Full keeps each
+// layer's input only, so its activations grow by one residual stream per layer; selective keeps
+// one layer's attention probabilities.
+TEST(GptMemoryTest, RecomputationAllocatesWhatItCountsAndLess) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer replaces malloc, so mallinfo2 counts nothing; the Release "
+                  "suite runs this test";
+#endif
+  const GptSpec s = Llama(4, true);
+  const int B = 4, T = 32;
+  uint64_t counted[3];
+  std::unique_ptr<Backend> be = MakeCpuBackend(1);
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    GptModel m(be.get(), s);
+    m.set_recompute(r);
+    m.Initialize(1, 0.02f);
+    std::vector<int32_t> tokens(B * T), targets(B * T);
+    for (int i = 0; i < B * T; ++i) tokens[i] = targets[i] = i % s.vocab;
+    const size_t before = HeapBytes();
+    m.Forward(tokens.data(), targets.data(), B, T, 1.0f);
+    const double allocated = static_cast<double>(HeapBytes() - before);
+    counted[static_cast<int>(r)] = GptModel::ActivationBytes(s, B, T, Precision::kFp32, r);
+    const double c = static_cast<double>(counted[static_cast<int>(r)]);
+    EXPECT_NEAR(allocated, c, 0.01 * c + 64 * 1024) << RecomputeName(r);
+  }
+  const uint64_t att = uint64_t{B} * s.heads * T * T * sizeof(float);
+  EXPECT_EQ(counted[0] - counted[1], 3 * att);  // four layers' probabilities become one
+  EXPECT_LT(counted[2], counted[1]);
+  // Full: one layer's buffers, plus every layer's input and guard signal.
+  const uint64_t one =
+      GptModel::ActivationBytes(s, B, T, Precision::kFp32, Recompute::kNone) -
+      GptModel::ActivationBytes(Llama(3, true), B, T, Precision::kFp32, Recompute::kNone);
+  const uint64_t kept = uint64_t{B} * T * s.hidden * sizeof(float) + B * s.heads * sizeof(float);
+  EXPECT_EQ(counted[0] - counted[2], 3 * (one - kept));
+}
+
 }  // namespace
 }  // namespace keel

@@ -514,6 +514,52 @@ TEST_P(GptModelBackendTest, UpdatingTheLowPrecisionCopyInPlaceMatchesConverting)
   EXPECT_EQ(fused.weights_for_update().lowp, nullptr);
 }
 
+// Activation recomputation (selective: the attention probabilities; full: whole layers) gives
+// the gradients, losses and guard signals of a run that keeps everything, bit for bit, over two
+// accumulated micro-batches, in GPT-2's shape with BLOOM's and QK-LayerNorm's options and in the
+// Llama family's.
+TEST_P(GptModelBackendTest, RecomputationGivesTheSameBits) {
+  std::unique_ptr<Backend> be = GetParam().make(2);
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt");
+    TwoMicroBatches run(llama);
+    if (llama) {
+      run.spec.alibi = run.spec.embed_layernorm = false;
+      run.spec.rope = run.spec.rmsnorm = run.spec.swiglu = run.spec.untie_embeddings = true;
+      run.spec.kv_heads = 1;
+      run.spec.bias = false;
+      run.spec.num_layers = 3;
+    }
+    std::vector<float> want;
+    double want_loss = 0, want_logit = 0;
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      SCOPED_TRACE(RecomputeName(r));
+      GptModel model(be.get(), run.spec);
+      model.set_recompute(r);
+      model.Initialize(3, 0.3f);
+      model.StartGradAccumulation();
+      run.Run(model);
+      const double logit = model.LastMaxAttentionLogit();
+      std::vector<float> grads(model.num_params());
+      be->CopyToHost(grads.data(), model.grad_data(), grads.size());
+      const double loss = model.Forward(run.tok[0].data(), run.tgt[0].data(), run.B, run.T, 0.05f);
+      if (r == Recompute::kNone) {
+        want = grads;
+        want_loss = loss;
+        want_logit = logit;
+        continue;
+      }
+      for (const ParamInfo& p : model.params()) {
+        for (size_t k = 0; k < p.numel; ++k) {
+          ASSERT_EQ(grads[p.offset + k], want[p.offset + k]) << p.name << "[" << k << "]";
+        }
+      }
+      EXPECT_EQ(loss, want_loss);
+      EXPECT_EQ(logit, want_logit);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, GptModelBackendTest, ::testing::ValuesIn(TestBackends()),
                          [](const auto& info) { return info.param.name; });
 
