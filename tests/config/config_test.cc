@@ -948,11 +948,11 @@ TEST(ConfigLlamaTest, ExampleLlamaConfigIsTheDefaultJobLlamaShaped) {
   EXPECT_TRUE(c.swiglu);
   EXPECT_EQ(c.kv_heads(), 2);
   EXPECT_TRUE(c.disable_bias_linear);
-  // Everything else is the default job's: corpus, schedule, batch.
+  EXPECT_DOUBLE_EQ(c.lr, 1e-3);  // half the default's (docs/llama.md)
+  // Everything else is the default job's: corpus, length, batch, width.
   const TrainConfig d;
   EXPECT_EQ(c.data_path, d.data_path);
   EXPECT_EQ(c.train_iters, d.train_iters);
-  EXPECT_EQ(c.lr, d.lr);
   EXPECT_EQ(c.global_batch_size, d.global_batch_size);
   EXPECT_EQ(c.hidden_size, d.hidden_size);
   EXPECT_EQ(c.num_layers, d.num_layers);
