@@ -172,16 +172,19 @@ const std::string kBound = "--bind-to core ";
 #else
 #define SKIP_TIMING_UNDER_SANITIZERS() (void)0
 #endif
+// The straggler tests run 2 ranks on a shared 2-core CI machine, where a healthy rank was once
+// 9% slower than the other for 100 iterations: the threshold is raised to 25% for both tests,
+// and the slow rank sleeps 50% of its compute time, well clear of that noise.
 const std::string kStragglerModel =
     "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 "
-    "--micro-batch-size 2 --global-batch-size 8";
+    "--micro-batch-size 2 --global-batch-size 8 --straggler-threshold 0.25";
 
-// Rank 1 sleeps 5% of its compute time every iteration: named within 100 iterations, once,
+// Rank 1 sleeps 50% of its compute time every iteration: named within 100 iterations, once,
 // in the log, events.jsonl and CHRONICLE.md.
 TEST(NoLimboCliTest, SlowRankIsNamedAStraggler) {
   SKIP_TIMING_UNDER_SANITIZERS();
   const std::string save = FreshTempDir("slow");
-  const KeelResult r = Train(2, "slow=0.05:rank=1",
+  const KeelResult r = Train(2, "slow=0.5:rank=1",
                              kStragglerModel + " --train-iters 120 --save " + save +
                                  " --save-interval 0 --log-interval 20",
                              kBound);
