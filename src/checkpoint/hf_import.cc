@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <new>
 
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_weights.h"
@@ -184,9 +185,31 @@ Status WriteImportedCheckpoint(Env* env, const std::string& out_dir, const Train
   return env->SyncDir(ParentDir(out));
 }
 
+namespace {
+Status ImportSteps(Env* env, const std::string& hf_dir, const std::string& out_dir,
+                   const HfImportOptions& options, const CheckpointStore::Logger& log,
+                   HfImportReport* report);
+}  // namespace
+
 Status ImportHf(Env* env, const std::string& hf_dir, const std::string& out_dir,
                 const HfImportOptions& options, const CheckpointStore::Logger& log,
                 HfImportReport* report) {
+  try {
+    return ImportSteps(env, hf_dir, out_dir, options, log, report);
+  } catch (const std::bad_alloc&) {
+    return Status::IOError(fmt::format(
+        "out of memory while importing {}: the model is built in memory with its optimizer "
+        "state (about 16 bytes per parameter), as training needs; import on a machine with more "
+        "memory",
+        hf_dir));
+  }
+}
+
+namespace {
+
+Status ImportSteps(Env* env, const std::string& hf_dir, const std::string& out_dir,
+                   const HfImportOptions& options, const CheckpointStore::Logger& log,
+                   HfImportReport* report) {
   *report = HfImportReport();
   const std::string dir = StripTrailingSlashes(hf_dir);
   const std::string out = StripTrailingSlashes(out_dir);
@@ -249,6 +272,16 @@ Status ImportHf(Env* env, const std::string& hf_dir, const std::string& out_dir,
           "{}: the weights have no tensor '{}' [{}], which a {} model of this config.json has", dir,
           m.hf_name, fmt::join(shape, ", "), HfArchTitle(mc.arch)));
     }
+    // Shapes and dtypes before anything is allocated: the model is then no larger than the files.
+    const HfWeights::Info& info = *weights.Find(actual[m.hf_name]);
+    if (info.shape != m.hf_shape)
+      return Status::Corruption(
+          fmt::format("{}: tensor '{}' has shape [{}], expected [{}]", info.file, actual[m.hf_name],
+                      fmt::join(info.shape, ", "), fmt::join(m.hf_shape, ", ")));
+    if (info.dtype != "F32" && info.dtype != "F16" && info.dtype != "BF16")
+      return Status::InvalidArgument(fmt::format(
+          "{}: tensor '{}' is {}; keel imports F32, F16 and BF16 weights (each exactly as fp32)",
+          info.file, actual[m.hf_name], info.dtype));
   }
   // What else the files hold: buffers keel computes itself, a tied head's copy, or a refusal.
   std::string tied_head;
@@ -327,5 +360,7 @@ Status ImportHf(Env* env, const std::string& hf_dir, const std::string& out_dir,
   return WriteImportedCheckpoint(env, out, cfg, &model, report->tokenizer, provenance, log,
                                  &report->bytes);
 }
+
+}  // namespace
 
 }  // namespace keel
