@@ -119,9 +119,13 @@ std::string ModelToml(const TrainConfig& cfg) {
 
 std::string ModelFlags(const TrainConfig& cfg) {
   std::string out;
-  for (const auto& [key, literal] : ConfigValues(cfg)) {
+  const auto defaults = ConfigValues(TrainConfig{});
+  const auto values = ConfigValues(cfg);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto& [key, literal] = values[i];
     if (!IsModelKey(key)) continue;
-    if (literal == "false") continue;  // a flag's default
+    // The flags that differ from keel's defaults (model.toml spells out every setting).
+    if (literal == "false" || (i < defaults.size() && literal == defaults[i].second)) continue;
     if (!out.empty()) out += ' ';
     out.append("--").append(key);
     if (literal != "true") out.append(" ").append(Unquoted(literal));
@@ -247,7 +251,8 @@ Status ImportSteps(Env* env, const std::string& hf_dir, const std::string& out_d
       &report->tokenizer, &tok_note));
   report->tokenizer_note = tok_note;
   TrainConfig cfg;
-  KEEL_RETURN_IF_ERROR(TrainConfigForSpec(mc.spec, report->tokenizer, &cfg, &report->notes));
+  std::vector<std::string> defaults;  // of the config's other settings: not the user's concern
+  KEEL_RETURN_IF_ERROR(TrainConfigForSpec(mc.spec, report->tokenizer, &cfg, &defaults));
   const GptSpec spec = SpecFromConfig(cfg);
   report->vocab = spec.vocab;
   report->padded_vocab = spec.padded_vocab;

@@ -64,7 +64,8 @@ Status ImportHf(Env* env, const std::string& hf_dir, const std::string& out_dir,
 // its model settings (Megatron's flags), keel's defaults for the rest, validated.
 Status TrainConfigForSpec(const GptSpec& spec, const CheckpointTokenizer& tok, TrainConfig* cfg,
                           std::vector<std::string>* notes);
-// The model settings of `cfg` (its shape, without seq-length) as TOML lines and as flags.
+// The model settings of `cfg` (its shape, without seq-length) as TOML lines (every one) and as
+// `keel train` flags (those that differ from keel's defaults).
 std::string ModelToml(const TrainConfig& cfg);
 std::string ModelFlags(const TrainConfig& cfg);
 
