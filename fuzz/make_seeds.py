@@ -104,6 +104,28 @@ def main():
          ("c", "F32", [], f32(1))]))
     put(out, "safetensors_fuzz", "empty", safetensors([]))
 
+    # Hugging Face folders as `keel ckpt import` reads them: config.json, the sharded index, and
+    # the one shard it names (F32, F16 and BF16 tensors).
+    shard = safetensors([("model.embed_tokens.weight", "BF16", [4, 2], b"\x80\x3f" * 8),
+                         ("model.norm.weight", "F16", [2], b"\x00\x3c" * 2),
+                         ("lm_head.weight", "F32", [4, 2], f32(8))], {"format": "pt"})
+    index = json.dumps({"metadata": {"total_size": 48}, "weight_map": {
+        n: "model-00001-of-00001.safetensors"
+        for n in ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]}}).encode()
+    llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 4,
+             "hidden_size": 2, "intermediate_size": 4, "num_hidden_layers": 1,
+             "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 2,
+             "max_position_embeddings": 8, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+             "rope_scaling": None, "attention_bias": False, "mlp_bias": False,
+             "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1,
+             "eos_token_id": 2}
+    gpt2 = {"model_type": "gpt2", "vocab_size": 4, "n_embd": 2, "n_layer": 1, "n_head": 1,
+            "n_positions": 8, "n_inner": None, "activation_function": "gelu_new"}
+    bloom = {"model_type": "bloom", "vocab_size": 4, "n_embed": 2, "n_layer": 1,
+             "num_attention_heads": 1, "seq_length": 8}
+    for name, cfg in [("llama", llama), ("gpt2", gpt2), ("bloom", bloom)]:
+        put(out, "hf_import_fuzz", name, json.dumps(cfg).encode() + SEP + index + SEP + shard)
+
     # MMIDIDX datasets in every integer dtype, with and without keel's metadata.
     docs = [[1, 2, 3, 0], [], [5, 6, 0], [7]]
     meta = json.dumps({"format": "keel-dataset-meta", "tokenizer": "gpt2", "tokenizer_model": "",

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "checkpoint/hf_import.h"
 #include "checkpoint/manifest.h"
 #include "optim/lr_schedule.h"
 
@@ -20,6 +21,8 @@ const char* ResumeKindName(ResumePoint::Kind kind) {
       return "rollback";
     case ResumePoint::Kind::kLoad:
       return "load";
+    case ResumePoint::Kind::kFinetune:
+      return "finetune";
   }
   return "?";
 }
@@ -36,11 +39,29 @@ bool IsRollbackTarget(Env* env, const TrainConfig& cfg, int64_t* iteration) {
          ParseCheckpointDirName(ld.filename().string(), iteration);
 }
 
+// A checkpoint written by `keel ckpt import`: weights with no training run behind them.
+bool IsImported(const SavedTrainState& saved) {
+  return saved.state.is_object() && saved.state.contains(kImportStateKey);
+}
+
+// Whether --load names an imported checkpoint (which always loads as --finetune).
+bool LoadsAsFinetune(Env* env, const std::string& load) {
+  std::string dir;
+  SavedTrainState saved;
+  return ResolveCheckpointDir(env, load, nullptr, NamedCheckpoint::kVerify, &dir).ok() &&
+         ReadSavedTrainState(env, dir, &saved).ok() && IsImported(saved);
+}
+
 Status FindCheckpoint(Env* env, const TrainConfig& cfg, const CheckpointStore::Logger& log,
                       ResumePoint* out) {
   using Kind = ResumePoint::Kind;
   int64_t rollback_to = -1;
   if (IsRollbackTarget(env, cfg, &rollback_to)) {
+    if (cfg.finetune)
+      return Status::InvalidArgument(
+          "--finetune starts a new run from the weights of --load " + cfg.load +
+          ", a checkpoint of --save itself: drop --finetune to roll the run back to it, or give "
+          "--save a new directory");
     CheckpointStore store(env, cfg.save, log);
     KEEL_RETURN_IF_ERROR(store.Recover());
     auto saved = std::make_unique<SavedTrainState>();
@@ -50,25 +71,44 @@ Status FindCheckpoint(Env* env, const TrainConfig& cfg, const CheckpointStore::L
     out->saved = std::move(saved);
     return Status::OK();
   }
+  bool resume_finetune = false;  // --save holds the checkpoints of the fine-tuning run to resume
   if (!cfg.load.empty() && cfg.load != cfg.save) {
     // Another run's newest valid checkpoint, or one of its iter_N directories.
     if (!cfg.save.empty()) {
       CheckpointStore save_store(env, cfg.save, nullptr);
       std::vector<CheckpointInfo> existing;
-      if (save_store.List(&existing).ok() && !existing.empty())
-        return Status::InvalidArgument(
-            "--save " + cfg.save +
-            " already holds checkpoints of a run and --load names another directory (" + cfg.load +
-            "): drop --load to continue the run in --save, give --load one of --save's own "
-            "iter_NNNNNNN directories to roll back to it, or pass a new --save directory");
+      if (save_store.List(&existing).ok() && !existing.empty()) {
+        // A fine-tuning run started by this same command: it resumes (--load was its start).
+        resume_finetune = cfg.finetune || LoadsAsFinetune(env, cfg.load);
+        if (!resume_finetune)
+          return Status::InvalidArgument(
+              "--save " + cfg.save +
+              " already holds checkpoints of a run and --load names another directory (" +
+              cfg.load +
+              "): drop --load to continue the run in --save, give --load one of --save's own "
+              "iter_NNNNNNN directories to roll back to it, or pass a new --save directory");
+        out->notes.push_back("--save " + cfg.save +
+                             " already holds this fine-tuning run's checkpoints: resuming it "
+                             "(--load " +
+                             cfg.load + " only starts the run)");
+      }
     }
-    std::string dir;
-    KEEL_RETURN_IF_ERROR(ResolveCheckpointDir(env, cfg.load, log, NamedCheckpoint::kVerify, &dir));
-    auto saved = std::make_unique<SavedTrainState>();
-    KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, saved.get()));
-    out->kind = Kind::kLoad;
-    out->saved = std::move(saved);
-    return Status::OK();
+    if (!resume_finetune) {
+      std::string dir;
+      KEEL_RETURN_IF_ERROR(
+          ResolveCheckpointDir(env, cfg.load, log, NamedCheckpoint::kVerify, &dir));
+      auto saved = std::make_unique<SavedTrainState>();
+      KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, saved.get()));
+      out->kind = Kind::kLoad;
+      if (cfg.finetune || IsImported(*saved)) out->kind = Kind::kFinetune;
+      if (IsImported(*saved) && !cfg.finetune)
+        out->notes.push_back(dir +
+                             " was imported from Hugging Face (keel ckpt import): loading its "
+                             "weights only, as --finetune does (iteration 0, a fresh optimizer, "
+                             "this run's schedule and data)");
+      out->saved = std::move(saved);
+      return Status::OK();
+    }
   }
   if (cfg.save.empty()) return Status::OK();  // no --save, no --load: a fresh, unsaved run
   // The run's own --save: leftovers of interrupted saves go, checkpoints that fail verification
@@ -78,7 +118,7 @@ Status FindCheckpoint(Env* env, const TrainConfig& cfg, const CheckpointStore::L
   CheckpointInfo info;
   Status st = store.FindNewestValid(/*move_aside_rejected=*/true, &info);
   if (st.code() == Status::Code::kNotFound) {
-    if (!cfg.load.empty())
+    if (!cfg.load.empty() && !resume_finetune)
       return Status::InvalidArgument("--load " + cfg.load +
                                      " holds no checkpoint (iter_NNNNNNN directory); check the "
                                      "path, or drop --load to start afresh");
@@ -102,6 +142,27 @@ Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStor
   KEEL_RETURN_IF_ERROR(FindCheckpoint(env, cfg, log, out));
   if (!out->saved) return Status::OK();
   const std::vector<ConfigChange> changes = DiffConfigForResume(out->saved->config, cfg);
+  if (out->kind == ResumePoint::Kind::kFinetune) {
+    // The weights need a model of their shape; everything else is this run's own.
+    std::string refused;
+    for (const ConfigChange& c : changes)
+      if (c.kind == ConfigChange::Kind::kShape && c.key != "seq-length")
+        refused += fmt::format("\n  {}: {} -> {}", c.key, c.old_value, c.new_value);
+    if (!refused.empty())
+      return Status::InvalidArgument(
+          out->saved->dir +
+          ": --finetune loads weights into a model of the same shape, and this run's model "
+          "differs (checkpoint -> this run):" +
+          refused + "\ngive the checkpoint's model settings (its config.toml" +
+          (IsImported(*out->saved) ? ", or the import's model.toml" : std::string()) +
+          " with --config)");
+    if (cfg.finetune)
+      out->notes.push_back(fmt::format(
+          "--finetune: only the model weights of {} (iteration {}) are loaded; this run starts at "
+          "iteration 0 with a fresh optimizer, its own schedule and data",
+          out->saved->dir, out->saved->train.counters.iteration));
+    return Status::OK();
+  }
   Status st = CheckResumeChanges(changes, cfg, &out->accepted, &out->notes);
   if (!st.ok()) return Status::InvalidArgument(out->saved->dir + ": " + st.message());
   return Status::OK();
@@ -139,6 +200,7 @@ const std::set<std::string> kDataOrderKeys = {
 // Settings that only steer this process (where to save, when to stop, how to resume).
 const std::set<std::string> kOperationalKeys = {"save",
                                                 "load",
+                                                "finetune",
                                                 "override-scheduler",
                                                 "override-data-order",
                                                 "lr-scale-on-resume",

@@ -43,6 +43,8 @@ struct ResumePoint {
     kResume,    // the newest valid checkpoint of --save (or of --load when it is --save)
     kRollback,  // --load SAVE/iter_N: back to N; newer checkpoints are set aside when it starts
     kLoad,      // --load names another run or checkpoint: its state, saved into --save
+    kFinetune,  // --finetune, or --load of an imported checkpoint: its model weights only; the
+                // run starts at iteration 0 with a fresh optimizer and its own schedule and data
   };
   Kind kind = Kind::kFresh;
   std::unique_ptr<SavedTrainState> saved;  // verified and read; null for kFresh
@@ -50,15 +52,22 @@ struct ResumePoint {
   std::vector<std::string> notes;          // changes that need no flag
   // The checkpoint lies in --save (a resume or a rollback): later saves continue its numbering.
   bool in_save_dir() const { return kind == Kind::kResume || kind == Kind::kRollback; }
+  // The run continues the checkpoint's (its counters, optimizer, schedule position, guard); a
+  // fine-tuning run takes only its weights and starts afresh.
+  bool continues_run() const { return saved != nullptr && kind != Kind::kFinetune; }
 };
 const char* ResumeKindName(ResumePoint::Kind kind);
 
 // Decides where the run of `cfg` (validated, with the data's vocabulary) continues from. Reading
 // it changes nothing but what a resume must: leftovers of interrupted saves are removed, and
 // checkpoints of --save that fail verification are set aside (iter_N.corrupt), each logged.
+// --finetune (or a --load of a checkpoint written by `keel ckpt import`) takes the weights only:
+// the model's shape must match (every other setting is the run's own); once --save holds the
+// fine-tuning run's checkpoints, the same command resumes it (a note says so).
 // Errors: InvalidArgument for a config that differs from the checkpoint's without the accepting
-// flag, a --load that holds nothing, or a --load of another run into a --save that has its own
-// checkpoints; Corruption when checkpoints exist but none verifies.
+// flag (for --finetune, a model of another shape), a --load that holds nothing, or a --load of
+// another run into a --save that has its own checkpoints; Corruption when checkpoints exist but
+// none verifies.
 Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStore::Logger& log,
                           ResumePoint* out);
 

@@ -1,5 +1,5 @@
 // `keel ckpt`: tools for checkpoints (docs/checkpoints.md): list, inspect, verify, diff, edit,
-// pin, unpin, export.
+// pin, unpin, export, import.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -464,7 +464,9 @@ int Edit(const std::string& path, const CheckpointEditRequest& request) {
 int CkptCommand(int argc, const char* const* argv) {
   if (argc >= 2 && std::strcmp(argv[1], "export") == 0)
     return CkptExportCommand(argc - 1, argv + 1);
-  CLI::App app("Checkpoint tools: list, inspect, verify, diff, edit, pin, unpin, export",
+  if (argc >= 2 && std::strcmp(argv[1], "import") == 0)
+    return CkptImportCommand(argc - 1, argv + 1);
+  CLI::App app("Checkpoint tools: list, inspect, verify, diff, edit, pin, unpin, export, import",
                "keel ckpt");
   app.require_subcommand(1);
   std::string path, other, reason;
@@ -501,9 +503,14 @@ int CkptCommand(int argc, const char* const* argv) {
   auto* unpin = app.add_subcommand("unpin", "let retention delete a pinned checkpoint");
   unpin->add_option("SAVE", path, "run directory")->required();
   unpin->add_option("ITERATION", iteration, "checkpoint iteration")->required();
-  // Listed for --help only: `keel ckpt export` is dispatched above, to its own parser.
+  // Listed for --help only: `keel ckpt export` and `import` are dispatched above, to their own
+  // parsers.
   app.add_subcommand("export",
-                     "a Hugging Face GPT-2 folder from a checkpoint (keel ckpt export --help)");
+                     "a Hugging Face folder (GPT-2, Llama, BLOOM) from a checkpoint (keel ckpt "
+                     "export --help)");
+  app.add_subcommand("import",
+                     "a checkpoint from a Hugging Face folder, to continue pretraining (keel ckpt "
+                     "import --help)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,12 +1,12 @@
-// `keel ckpt export PATH --hf OUT`: a Hugging Face GPT-2 folder from a checkpoint
-// (docs/hf-export.md). The conversion is checkpoint/hf_gpt2_export; this file parses flags and
-// logs.
+// `keel ckpt export PATH --hf OUT`: a Hugging Face folder (GPT-2, Llama or BLOOM, as the model
+// is) from a checkpoint (docs/hugging-face.md). The conversion is checkpoint/hf_export; this file
+// parses flags and logs.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "checkpoint/hf_gpt2_export.h"
+#include "checkpoint/hf_export.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
 #include "core/log.h"
@@ -15,8 +15,8 @@ namespace keel::cli {
 
 int CkptExportCommand(int argc, const char* const* argv) {
   CLI::App app(
-      "Export a checkpoint as a Hugging Face GPT-2 folder (config.json, model.safetensors, and "
-      "the GPT-2 tokenizer files when the gpt2 tokenizer was used)",
+      "Export a checkpoint as a Hugging Face folder: GPT-2, Llama or BLOOM as the model is "
+      "(config.json, model.safetensors, and the tokenizer files transformers loads)",
       "keel ckpt export");
   std::string path, out;
   HfExportOptions options;
@@ -33,13 +33,17 @@ int CkptExportCommand(int argc, const char* const* argv) {
     return rc == 0 ? 0 : 2;
   }
   HfExportReport report;
-  Status st = ExportHfGpt2(
+  Status st = ExportHf(
       Env::Default(), path, out, options, [](const std::string& l) { LogError(l); }, &report);
   if (!st.ok()) return Fail(st);
-  Log("exported {} to {} (Hugging Face GPT-2, GPT2LMHeadModel)", report.checkpoint_dir,
-      report.out_dir);
-  Log("  {} tensors, Conv1D [in, out] layout; vocabulary sliced from padded {} to {} rows",
-      report.num_tensors, report.padded_vocab, report.vocab);
+  Log("exported {} to {} (Hugging Face {}, {})", report.checkpoint_dir, report.out_dir,
+      HfArchTitle(report.arch), HfModelClass(report.arch));
+  const char* layout = report.arch == HfArch::kGpt2    ? "Conv1D [in, out] layout"
+                       : report.arch == HfArch::kLlama ? "q/k/v and gate/up projections cut from "
+                                                         "the fused weights"
+                                                       : "fused QKV interleaved per head";
+  Log("  {} tensors, {}; vocabulary sliced from padded {} to {} rows", report.num_tensors, layout,
+      report.padded_vocab, report.vocab);
   uint64_t total = 0;
   for (const auto& [name, bytes] : report.files) {
     Log("  {:<24} {:>12} bytes", name, bytes);

@@ -18,7 +18,7 @@ int BenchGuard(int iters, int warmup, int threads);
 int BenchRecompute(int iters, int warmup, int threads, int seq_length);
 // `keel bench --data` (bench_data.cc): sampler tokens/s on a synthetic dataset of `gb` GB.
 int BenchData(const std::string& dir, double gb, int repeats, int seq_length);
-// `keel ckpt list|inspect|verify|diff|edit|pin|unpin|export` (ckpt_cmd.cc).
+// `keel ckpt list|inspect|verify|diff|edit|pin|unpin|export|import` (ckpt_cmd.cc).
 int CkptCommand(int argc, const char* const* argv);
 int TbCommand(int argc, const char* const* argv);
 // `keel logs analyze` (logs_cmd.cc).
@@ -33,5 +33,7 @@ int HangsCommand(int argc, const char* const* argv);
 int PlanCommand(int argc, const char* const* argv);
 // `keel ckpt export PATH --hf OUT` (ckpt_export_cmd.cc); argv[0] is "export".
 int CkptExportCommand(int argc, const char* const* argv);
+// `keel ckpt import --hf DIR --save OUT` (ckpt_import_cmd.cc); argv[0] is "import".
+int CkptImportCommand(int argc, const char* const* argv);
 
 }  // namespace keel::cli

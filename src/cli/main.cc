@@ -19,7 +19,7 @@ commands:
   launch         run a job (mpirun/srun ... keel train) and restart it when it fails or hangs
   sample         generate text from a checkpoint of `keel train --save DIR`
   data           prepare (tokenize text into .bin/.idx), inspect and verify datasets
-  ckpt           list, inspect, verify, diff, edit, pin and export checkpoints
+  ckpt           list, inspect, verify, diff, edit, pin, export (HF) and import (HF) checkpoints
   logs           analyze Megatron-LM / Megatron-DeepSpeed / keel training logs; convert to metrics
   report         one self-contained HTML page of a run: curves, events marked, its chronicle
   plan           parameters, memory per GPU, feasible batch ramp-up and days for a model and layout

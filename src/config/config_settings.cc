@@ -382,6 +382,10 @@ const std::vector<Setting>& Settings() {
     t->push_back(StringSetting("load", "DIR",
                                "start from the newest valid checkpoint in DIR (default: --save's)",
                                &TC::load));
+    t->push_back(BoolSetting("finetune",
+                             "load only the model weights of --load: a fresh optimizer, "
+                             "iteration 0, this run's schedule and data (the shape must match)",
+                             &TC::finetune));
     t->push_back(IntSetting("save-interval",
                             "iterations between checkpoints (0: only at the end and on stop)",
                             &TC::save_interval));

@@ -613,6 +613,12 @@ Status ValidateOptimizerAndRun(TrainConfig* c) {
         "accepts; use a scale of at most {:g}",
         c->lr_scale_on_resume, c->lr, kMaxLearningRate, kMaxLearningRate / c->lr));
   }
+  if (c->finetune && c->load.empty())
+    return Invalid(
+        "--finetune needs --load DIR: the checkpoint whose model weights the run starts from");
+  if (c->finetune && c->load == c->save)
+    return Invalid("--finetune starts a new run from the weights of --load " + c->load +
+                   ", which is --save itself: give --save a new directory");
   if (c->save.empty()) {
     if (!c->kill_switch_path.empty())
       return Invalid(

@@ -142,6 +142,9 @@ struct TrainConfig {
   // ---- checkpoints and stopping ----
   std::string save;  // run directory: checkpoints (iter_NNNNNNN/), marker, the run's journal
   std::string load;  // checkpoints to start from (empty: resume from --save if it has any)
+  // Megatron's --finetune: only the model weights of --load (fresh optimizer, iteration 0, this
+  // run's schedule and data); a checkpoint imported from Hugging Face always loads so.
+  bool finetune = false;
   int64_t save_interval = 100;       // iterations between checkpoints (0: only final and on stop)
   double save_interval_minutes = 0;  // also save when this much time passed since the last (0: off)
   int keep_last_checkpoints = 2;     // retention: newest K committed checkpoints (0: keep all)

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <signal.h>
 
+#include <set>
+
 #include "checkpoint/manifest.h"
 #include "core/stop_signal.h"
 #include "watchdog/phase_tracker.h"
@@ -84,6 +86,28 @@ Status CheckpointController::WriteCheckpoint(int64_t it, const std::vector<Check
 Status RestoreTrainer(Env* env, const SavedTrainState& saved, Trainer* trainer) {
   KEEL_RETURN_IF_ERROR(LoadCheckpointTensors(env, saved, &trainer->model(), &trainer->optimizer()));
   trainer->Restore(saved.train);
+  return Status::OK();
+}
+
+Status LoadWeightsOnly(Env* env, const SavedTrainState& saved, Trainer* trainer) {
+  GptModel& model = trainer->model();
+  Backend* be = model.backend();
+  MappedSafetensors file;
+  KEEL_RETURN_IF_ERROR(
+      MappedSafetensors::Open(env, JoinPath(saved.dir, "model.safetensors"), &file));
+  std::set<std::string> expected;
+  std::vector<float> tmp;
+  float* params = model.param_data();
+  for (const ParamInfo& p : model.params()) {
+    tmp.resize(p.numel);
+    KEEL_RETURN_IF_ERROR(file.CopyF32(p.name, p.shape, tmp.data()));
+    be->CopyToDevice(params + p.offset, tmp.data(), p.numel);
+    expected.insert(p.name);
+  }
+  KEEL_RETURN_IF_ERROR(file.CheckNoOtherTensors(expected));
+  if (const NonFiniteParams nf = FindNonFiniteParams(model); nf.count > 0)
+    return NonFiniteWeightsError(saved.dir, nf, "fine-tune from",
+                                 "`keel train ... --finetune --load RUN/iter_N` starts from one");
   return Status::OK();
 }
 

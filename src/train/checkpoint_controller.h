@@ -28,6 +28,10 @@ namespace keel {
 TrainCheckpointSource CheckpointSourceOf(Trainer& trainer);
 // Puts checkpoint `saved` (verified, read) back into `trainer`: tensors, then its TrainState.
 Status RestoreTrainer(Env* env, const SavedTrainState& saved, Trainer* trainer);
+// --finetune: only the model weights of checkpoint `saved` (verified, read) into `trainer`'s
+// model, whose shape must match tensor for tensor; the optimizer and TrainState stay fresh.
+// Weights holding NaN or Inf are refused (NonFiniteWeightsError).
+Status LoadWeightsOnly(Env* env, const SavedTrainState& saved, Trainer* trainer);
 
 enum class StopReason {
   kNone,

@@ -114,7 +114,17 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
 
   KEEL_RETURN_IF_ERROR(r.ResolveResumeOnEveryRank());
   for (const std::string& n : r.resume_.notes) Log("note: {}", n);
-  if (r.resume_.saved) {
+  if (r.resume_.kind == ResumePoint::Kind::kFinetune) {
+    // A new run from another's weights: its history (an import's provenance) and where it began.
+    const SavedTrainState& saved = *r.resume_.saved;
+    r.history_ = saved.history;
+    r.history_.push_back({{"event", "finetune"},
+                          {"iteration", 0},
+                          {"at", UtcTimestamp()},
+                          {"from", saved.dir},
+                          {"from_iteration", saved.train.counters.iteration},
+                          {"keel_version", KEEL_VERSION}});
+  } else if (r.resume_.saved) {
     const SavedTrainState& saved = *r.resume_.saved;
     const bool rollback = r.resume_.kind == ResumePoint::Kind::kRollback;
     r.history_ = saved.history;
@@ -236,7 +246,7 @@ Status TrainingRun::ResolveResumeOnEveryRank() {
 }
 
 Status TrainingRun::NoteDataParallelChange() {
-  if (resume_.saved) {
+  if (resume_.continues_run()) {
     JsonReader reader(JoinPath(resume_.saved->dir, "state.json"), resume_.saved->state);
     const int saved_dp = reader.root()["optimizer"]
                              .Optional("data_parallel_size")
@@ -469,6 +479,14 @@ Status TrainingRun::StartFromResumePoint() {
   if (!resume_.saved) {
     trainer_->InitializeWeights();
     if (!cfg_.save.empty()) Log("no checkpoint in {}: starting from fresh weights", cfg_.save);
+  } else if (resume_.kind == ResumePoint::Kind::kFinetune) {
+    const SavedTrainState& saved = *resume_.saved;
+    const auto l0 = std::chrono::steady_clock::now();
+    KEEL_RETURN_IF_ERROR(comm_->AgreeOnStatus(LoadWeightsOnly(env_, saved, trainer_.get())));
+    const double ls = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
+    Log("fine-tuning from {}: its model weights (iteration {}) only; iteration 0, a fresh "
+        "optimizer, next LR {:.6E} (loaded in {:.2f} s)",
+        saved.dir, saved.train.counters.iteration, trainer_->NextLr(), ls);
   } else {
     const SavedTrainState& saved = *resume_.saved;
     const auto l0 = std::chrono::steady_clock::now();
@@ -498,7 +516,8 @@ Status TrainingRun::StartFromResumePoint() {
 }
 
 Status TrainingRun::OpenJournalMetricsAndGuard() {
-  const SavedTrainState* saved = resume_.saved.get();
+  // A fine-tuning run starts afresh: no counters, metrics or guard state of the checkpoint's.
+  const SavedTrainState* saved = resume_.continues_run() ? resume_.saved.get() : nullptr;
   const bool rollback = resume_.kind == ResumePoint::Kind::kRollback;
   const int64_t start_iteration = trainer_->state().counters.iteration;
   // Rank 0 writes the chronicle, metrics.jsonl and TensorBoard; the other ranks keep them in
@@ -516,6 +535,10 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
         history_.back(),
         fmt::format("{} from {} at iteration {}{}", rollback ? "rolled back by hand" : "resumed",
                     saved->dir, saved->train.counters.iteration, changes));
+  } else if (resume_.kind == ResumePoint::Kind::kFinetune) {
+    journal_->Append(history_.back(),
+                     fmt::format("fine-tuning from the weights of {} (its iteration {})",
+                                 resume_.saved->dir, resume_.saved->train.counters.iteration));
   }
   // Metrics: metrics.jsonl and TensorBoard files, rewound to where this run continues.
   std::string archived;

@@ -6,85 +6,20 @@
 // attention scale or GELU variant apart (asserted below). Needs python3 with numpy
 // (scripts/test.sh installs python3-numpy): the tests fail, not skip, without them.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <array>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
 #include "checkpoint/train_checkpoint.h"
-#include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
+#include "hf_test_util.h"
 
 namespace keel {
 namespace {
 
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-
-struct Result {
-  int code;
-  std::string out;  // stdout (and stderr unless redirected elsewhere)
-};
-
-Result Run(const std::string& cmd) {
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  if (!p) return r;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-Result RunKeel(const std::string& args) {
-  return Run(std::string(KEEL_BINARY) + " " + args + " 2>&1");
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-std::string TempDir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("keel_hf_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-// A python3 that can import numpy: $KEEL_PYTHON, python3 on PATH, or Debian's /usr/bin/python3
-// (where python3-numpy installs). Empty if none.
-std::string PythonWithNumpy() {
-  std::vector<std::string> candidates;
-  if (const char* p = std::getenv("KEEL_PYTHON"); p != nullptr && p[0] != '\0')
-    candidates.push_back(p);
-  candidates.push_back("python3");
-  candidates.push_back("/usr/bin/python3");
-  for (const std::string& c : candidates)
-    if (Run(c + " -c 'import numpy' >/dev/null 2>&1").code == 0) return c;
-  return "";
-}
-
-#define REQUIRE_PYTHON_NUMPY(var)                                                            \
-  const std::string var = PythonWithNumpy();                                                 \
-  ASSERT_FALSE(var.empty()) << "python3 with numpy is required by the HF export tests (the " \
-                               "independent reference reader); run scripts/test.sh, which "  \
-                               "installs python3-numpy"
+using namespace hf_test;  // NOLINT
 
 // Run directories shared by the tests of this process, removed at exit.
 struct RunCache {
@@ -135,56 +70,6 @@ std::vector<std::vector<float>> KeelLogits(const std::string& run,
   for (int p : positions) out.push_back(m.model->LogitsAt(0, p));
   return out;
 }
-
-// Runs the reference reader; returns its JSON (null on failure, with a test failure).
-json Reference(const std::string& python, const std::string& folder,
-               const std::vector<int32_t>& tokens, const std::vector<int>& positions) {
-  auto join = [](const auto& v) {
-    std::string s;
-    for (const auto& x : v) {
-      if (!s.empty()) s += ',';
-      s += std::to_string(x);
-    }
-    return s;
-  };
-  const std::string tok = join(tokens), pos = join(positions);
-  const std::string script =
-      std::string(KEEL_SOURCE_DIR) + "/tests/checkpoint/hf_gpt2_reference.py";
-  Result r = Run(python + " " + script + " " + folder + " --tokens " + tok + " --positions " + pos +
-                 " 2>&1");
-  EXPECT_EQ(r.code, 0) << r.out;
-  if (r.code != 0) return nullptr;
-  json j = json::parse(r.out, nullptr, false);
-  EXPECT_FALSE(j.is_discarded()) << r.out.substr(0, 500);
-  return j.is_discarded() ? json(nullptr) : j;
-}
-
-struct Comparison {
-  double max_diff = 0;   // largest |keel - reference| over every compared logit
-  double max_ratio = 0;  // largest row's max |keel - reference| / max(1, max |reference|)
-};
-
-// Compares keel's logits with the reference's row by row.
-Comparison CompareLogits(const std::vector<std::vector<float>>& keel, const json& ref, int vocab) {
-  Comparison c;
-  EXPECT_EQ(ref.at("vocab_size").get<int>(), vocab);
-  const json& rows = ref.at("logits");
-  EXPECT_EQ(rows.size(), keel.size());
-  for (size_t i = 0; i < keel.size() && i < rows.size(); ++i) {
-    const std::vector<double> r = rows[i].get<std::vector<double>>();
-    EXPECT_EQ(r.size(), keel[i].size());
-    EXPECT_EQ(static_cast<int>(r.size()), vocab);
-    double scale = 1.0, row_diff = 0;
-    for (double v : r) scale = std::max(scale, std::abs(v));
-    for (size_t j = 0; j < r.size() && j < keel[i].size(); ++j)
-      row_diff = std::max(row_diff, std::abs(r[j] - static_cast<double>(keel[i][j])));
-    c.max_diff = std::max(c.max_diff, row_diff);
-    c.max_ratio = std::max(c.max_ratio, row_diff / scale);
-  }
-  return c;
-}
-
-constexpr double kTolerance = 1e-4;  // relative to the row's largest |logit| (at least 1)
 
 // A copy of the exported folder whose config.json has `key` set to `value` (weights linked).
 std::string AlteredConfig(const std::string& folder, const std::string& key, const json& value) {
@@ -245,7 +130,7 @@ TEST(HfExportTest, Gpt2TokenizerModelMatchesIndependentReader) {
   const json tcfg = json::parse(Slurp(out + "/tokenizer_config.json"));
   EXPECT_EQ(tcfg["tokenizer_class"], "GPT2Tokenizer");
 
-  const json ref = Reference(python, out, kGpt2Tokens, kPositions);
+  const json ref = Reference(python, "hf_gpt2_reference.py", out, kGpt2Tokens, kPositions);
   ASSERT_FALSE(ref.is_null());
   EXPECT_EQ(ref["metadata"], json({{"format", "pt"}}));
   const auto keel = KeelLogits(run, kGpt2Tokens, kPositions);
@@ -259,7 +144,8 @@ TEST(HfExportTest, Gpt2TokenizerModelMatchesIndependentReader) {
   // weights are initialised large enough for attention and the GELU's tails to matter).
   for (const auto& [key, value] : {std::pair<std::string, json>{"activation_function", "gelu"},
                                    {"scale_attn_weights", false}}) {
-    const json wrong = Reference(python, AlteredConfig(out, key, value), kGpt2Tokens, kPositions);
+    const json wrong = Reference(python, "hf_gpt2_reference.py", AlteredConfig(out, key, value),
+                                 kGpt2Tokens, kPositions);
     ASSERT_FALSE(wrong.is_null());
     const double ratio = CompareLogits(keel, wrong, 50257).max_ratio;
     EXPECT_GT(ratio, kTolerance) << key << " = " << value.dump() << " went unnoticed";
@@ -289,7 +175,7 @@ TEST(HfExportTest, FfnNot4hSentencepieceModelMatchesIndependentReader) {
   const int vocab = cfg["vocab_size"];
   EXPECT_EQ(vocab, 4096);
 
-  const json ref = Reference(python, out, kSpTokens, kPositions);
+  const json ref = Reference(python, "hf_gpt2_reference.py", out, kSpTokens, kPositions);
   ASSERT_FALSE(ref.is_null());
   const Comparison c = CompareLogits(KeelLogits(run, kSpTokens, kPositions), ref, vocab);
   EXPECT_LE(c.max_ratio, kTolerance) << "max |keel - reference| " << c.max_diff;
@@ -300,22 +186,59 @@ TEST(HfExportTest, FfnNot4hSentencepieceModelMatchesIndependentReader) {
   fs::remove_all(fs::path(out).parent_path());
 }
 
-TEST(HfExportTest, ModelsHfGpt2CannotRepresentAreRefused) {
-  for (const auto& [name, flag, what] :
-       {std::tuple<std::string, std::string, std::string>{
-            "alibi", "--position-embedding-type alibi", "ALiBi"},
-        {"embln", "--embed-layernorm", "LayerNorm after the word embedding"}}) {
+TEST(HfExportTest, ModelsNoHfArchitectureRepresentsAreRefused) {
+  for (const auto& [name, flag, what, arch] :
+       {std::tuple<std::string, std::string, std::string, std::string>{
+            "alibi", "--position-embedding-type alibi",
+            "ALiBi without a LayerNorm after the word embedding", "BLOOM"},
+        {"embln", "--embed-layernorm", "LayerNorm after the word embedding", "GPT-2"},
+        {"rope_ln", "--position-embedding-type rope", "RoPE with LayerNorm", "Llama"}}) {
     const std::string run = TrainedRun(name, "--train-iters 2 " + flag);
     ASSERT_FALSE(run.empty());
     const std::string out = TempDir("refused_" + name) + "/hf";
     Result r = RunKeel("ckpt export " + run + " --hf " + out);
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_NE(r.out.find(what), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("Hugging Face GPT-2 cannot represent"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("Hugging Face " + arch + " cannot represent"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("keel exports GPT-2"), std::string::npos) << r.out;
     EXPECT_FALSE(fs::exists(out));
     EXPECT_FALSE(fs::exists(out + ".tmp"));
     fs::remove_all(fs::path(out).parent_path());
   }
+}
+
+// A Llama trained with keel's SentencePiece tokenizer: its tokenizer.model goes into the folder
+// with a LlamaTokenizer config (no BOS/EOS added; <eod> is both), and the logits match the
+// independent Llama reader.
+TEST(HfExportTest, LlamaWithSentencepieceWritesLlamaTokenizerFiles) {
+  REQUIRE_PYTHON_NUMPY(python);
+  const std::string run = TrainedRun(
+      "llama_sp",
+      "--train-iters 2 --position-embedding-type rope --normalization RMSNorm --swiglu "
+      "--group-query-attention --num-query-groups 2 --untie-embeddings-and-output-weights "
+      "--disable-bias-linear --ffn-hidden-size 96");
+  ASSERT_FALSE(run.empty());
+  const std::string out = TempDir("llama_sp") + "/hf";
+  Result r = RunKeel("ckpt export " + run + " --hf " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(Hugging Face Llama, LlamaForCausalLM)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("no Hugging Face tokenizer files"), std::string::npos) << r.out;
+  EXPECT_EQ(Slurp(out + "/tokenizer.model"), Slurp(run + "/iter_0000002/tokenizer.model"));
+  const json tcfg = json::parse(Slurp(out + "/tokenizer_config.json"));
+  EXPECT_EQ(tcfg["tokenizer_class"], "LlamaTokenizer");
+  EXPECT_EQ(tcfg["add_bos_token"], false);
+  EXPECT_EQ(tcfg["add_eos_token"], false);
+  EXPECT_EQ(tcfg["eos_token"], "<eod>");
+  EXPECT_EQ(tcfg["unk_token"], "<unk>");
+  const json cfg = json::parse(Slurp(out + "/config.json"));
+  const json ref = Reference(python, "hf_llama_reference.py", out, kSpTokens, kPositions);
+  ASSERT_FALSE(ref.is_null());
+  const Comparison c = CompareLogits(KeelLogits(run, kSpTokens, kPositions), ref, 4096);
+  EXPECT_LE(c.max_ratio, kTolerance) << "max |keel - reference| " << c.max_diff;
+  EXPECT_EQ(cfg["eos_token_id"], cfg["bos_token_id"]);
+  std::printf("[ measured ] llama trained by keel (GQA, untied): max logit difference %.3g\n",
+              c.max_diff);
+  fs::remove_all(fs::path(out).parent_path());
 }
 
 TEST(HfExportTest, ExistingOutputIsNeverOverwritten) {

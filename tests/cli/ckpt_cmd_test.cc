@@ -139,20 +139,24 @@ TEST(CkptCmdTest, VerifyFailsACheckpointCopiedUnderAnotherIteration) {
   fs::remove_all(d);
 }
 
-TEST(CkptCmdTest, HelpListsEveryToolIncludingExport) {
+TEST(CkptCmdTest, HelpListsEveryToolIncludingExportAndImport) {
   Result r = Keel("ckpt --help");
   EXPECT_EQ(r.code, 0) << r.out;
   const size_t subcommands = r.out.find("Subcommands:");
   ASSERT_NE(subcommands, std::string::npos) << r.out;
-  for (const char* tool : {"list", "inspect", "verify", "diff", "edit", "pin", "unpin", "export"})
+  for (const char* tool :
+       {"list", "inspect", "verify", "diff", "edit", "pin", "unpin", "export", "import"})
     EXPECT_NE(r.out.find(std::string("\n  ") + tool + " ", subcommands), std::string::npos)
         << tool << "\n"
         << r.out;
-  EXPECT_NE(r.out.find("Hugging Face GPT-2"), std::string::npos) << r.out;
-  // And `export` still reaches its own parser.
+  EXPECT_NE(r.out.find("Hugging Face folder (GPT-2, Llama, BLOOM)"), std::string::npos) << r.out;
+  // And `export` and `import` still reach their own parsers.
   r = Keel("ckpt export --help");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("--hf"), std::string::npos) << r.out;
+  r = Keel("ckpt import --help");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--max-position-embeddings"), std::string::npos) << r.out;
 }
 
 TEST(CkptCmdTest, InspectPrintsValuesAndTensorSummariesByName) {
