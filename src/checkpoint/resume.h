@@ -56,9 +56,12 @@ const char* ResumeKindName(ResumePoint::Kind kind);
 // Decides where the run of `cfg` (validated, with the data's vocabulary) continues from. Reading
 // it changes nothing but what a resume must: leftovers of interrupted saves are removed, and
 // checkpoints of --save that fail verification are set aside (iter_N.corrupt), each logged.
+// A --load that does not exist or holds no checkpoint starts fresh, as Megatron does (the first
+// launch of a `--save X --load X` script), with a note in `notes`.
 // Errors: InvalidArgument for a config that differs from the checkpoint's without the accepting
-// flag, a --load that holds nothing, or a --load of another run into a --save that has its own
-// checkpoints; Corruption when checkpoints exist but none verifies.
+// flag, a --load of another run (or an empty one) into a --save that has its own checkpoints, or
+// a --save or --load holding a Megatron-LM/DeepSpeed checkpoint (left untouched); Corruption when
+// checkpoints exist but none verifies.
 Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStore::Logger& log,
                           ResumePoint* out);
 
