@@ -21,10 +21,14 @@
 namespace keel {
 
 struct DatasetMeta {
-  std::string tokenizer;        // "gpt2" | "sentencepiece"
-  std::string tokenizer_model;  // path to the .model for sentencepiece (relative to the prefix dir)
+  std::string tokenizer;  // "gpt2" | "sentencepiece" | "hf"; empty: unknown (no meta.json)
+  // sentencepiece: the .model file; hf: the Hugging Face tokenizer folder (relative to the
+  // prefix's directory unless absolute).
+  std::string tokenizer_model;
   int vocab_size = 0;
   int32_t eod_id = -1;
+  // gpt2 with Megatron's --vocab-file / --merge-file (absolute); empty: the bundled npm files.
+  std::string vocab_file{}, merge_file{};
 };
 
 class IndexedDatasetWriter {

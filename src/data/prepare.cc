@@ -198,8 +198,14 @@ Status LoadTokenizerForDataset(const std::string& prefix, const DatasetMeta& met
   std::unique_ptr<Tokenizer> tok;
   if (meta.tokenizer == "gpt2") {
     const std::string dir = DefaultGpt2AssetsDir();
-    KEEL_RETURN_IF_ERROR(
-        LoadGpt2Tokenizer(JoinPath(dir, "encoder.json"), JoinPath(dir, "vocab.bpe"), &tok));
+    KEEL_RETURN_IF_ERROR(LoadGpt2Tokenizer(
+        meta.vocab_file.empty() ? JoinPath(dir, "encoder.json") : meta.vocab_file,
+        meta.merge_file.empty() ? JoinPath(dir, "vocab.bpe") : meta.merge_file, &tok));
+  } else if (meta.tokenizer == "hf") {
+    if (meta.tokenizer_model.empty())
+      return Status::Corruption("dataset '" + prefix +
+                                "': meta.json names an hf tokenizer but no tokenizer_model folder");
+    KEEL_RETURN_IF_ERROR(LoadHfTokenizer(Env::Default(), TokenizerModelPath(prefix, meta), &tok));
   } else if (meta.tokenizer == "sentencepiece") {
     if (meta.tokenizer_model.empty()) {
       return Status::Corruption("dataset '" + prefix +
