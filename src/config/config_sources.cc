@@ -529,6 +529,14 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
   KEEL_RETURN_IF_ERROR(ApplyDeepSpeedConfig(given, &zero_stage, &cfg, &notes));
   KEEL_RETURN_IF_ERROR(ResolveForeignFlags(foreign, given, zero_stage, &cfg, &notes));
   DropDefaultIterWarmup(given, &cfg);
+  // pretrain_gpt.py's default tokenizer, resolved here so that the run opening the data (before
+  // it validates the config) reads it too; Validate does the same for configs made in code.
+  if (cfg.tokenizer_type.empty() && (!cfg.vocab_file.empty() || !cfg.merge_file.empty())) {
+    cfg.tokenizer_type = "GPT2BPETokenizer";
+    notes.push_back(
+        "--tokenizer-type not given: GPT2BPETokenizer, as pretrain_gpt.py defaults it, with "
+        "--vocab-file and --merge-file");
+  }
 
   out->as_given = cfg;
   KEEL_RETURN_IF_ERROR(Validate(&cfg, &out->notes));

@@ -141,6 +141,13 @@ IndexedDatasetWriter::IndexedDatasetWriter(Env* env, std::string prefix, int voc
       vocab_size_(vocab_size),
       dtype_code_(vocab_size <= 65535 ? kDtypeU16 : kDtypeI32) {}
 
+IndexedDatasetWriter::~IndexedDatasetWriter() {
+  if (bin_ == nullptr || finished_) return;
+  (void)bin_->Close();
+  const std::string tmp = prefix_ + ".bin.tmp";
+  if (env_->FileExists(tmp)) (void)env_->RemoveFile(tmp);
+}
+
 Status IndexedDatasetWriter::Open() {
   if (vocab_size_ <= 0) {
     return Status::InvalidArgument("dataset '" + prefix_ + "': vocabulary size must be positive");

@@ -35,6 +35,11 @@ class IndexedDatasetWriter {
  public:
   // dtype chosen from vocab_size: u16 if vocab_size <= 65535, else i32.
   IndexedDatasetWriter(Env* env, std::string prefix, int vocab_size);
+  // A writer dropped before Finish (an error on the way) removes its temporary .bin: nothing
+  // half-written stays behind, and an existing dataset of the same name is untouched.
+  ~IndexedDatasetWriter();
+  IndexedDatasetWriter(const IndexedDatasetWriter&) = delete;
+  IndexedDatasetWriter& operator=(const IndexedDatasetWriter&) = delete;
   Status Open();
   Status AddDocument(const std::vector<int32_t>& tokens);
   // Writes .idx and meta.json; .bin and .idx are written to temporary names and renamed, so a

@@ -276,8 +276,16 @@ TEST(MegatronFlagsTest, TokenizerFlags) {
   // pretrain_gpt.py's default type, from the files alone (tr8 and tr1 pass no --tokenizer-type).
   ASSERT_TRUE(Parse({"--vocab-file", "v.json", "--merge-file", "m.txt"}, &p).ok());
   EXPECT_EQ(p.config.tokenizer_type, "GPT2BPETokenizer");
-  EXPECT_TRUE(HasNote(p.notes, "--tokenizer-type not given: GPT2BPETokenizer"));
-  EXPECT_EQ(p.as_given.tokenizer_type, "");  // resolved again with the data
+  EXPECT_EQ(p.as_given.tokenizer_type, "GPT2BPETokenizer");  // the run opens the data with it
+  EXPECT_TRUE(HasNote(p.source_notes, "--tokenizer-type not given: GPT2BPETokenizer"));
+  // A config made in code resolves the same way when validated.
+  TrainConfig c;
+  c.vocab_file = "v.json";
+  c.merge_file = "m.txt";
+  std::vector<std::string> notes;
+  ASSERT_TRUE(Validate(&c, &notes).ok());
+  EXPECT_EQ(c.tokenizer_type, "GPT2BPETokenizer");
+  EXPECT_TRUE(HasNote(notes, "--tokenizer-type not given: GPT2BPETokenizer"));
   Status st = Parse({"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json"}, &p);
   EXPECT_CONTAINS(st.message(), "needs --vocab-file and --merge-file");
   st = Parse({"--tokenizer-type", "PretrainedFromHF"}, &p);
