@@ -692,9 +692,15 @@ Status TrainingRun::Train(Outcome* outcome) {
     Log("training finished: iteration {} in {:.1f} s", c.iteration, secs);
     LogDataParallelTraffic(secs);
     const SamplePrefetcher::Stats ps = prefetcher_->stats();
-    Log("data: {} samples read ahead on a background thread; the loop waited for {} of them "
-        "({:.1f} ms in all, {} read-ahead restarts)",
-        ps.served, ps.waited, ps.wait_ms, ps.restarts);
+    if (cfg_.num_workers == 0)
+      Log("data: {} samples read on the loop's thread (--num-workers 0)", ps.served);
+    else
+      Log("data: {} samples read ahead on {}; the loop waited for {} of them ({:.1f} ms in all, "
+          "{} read-ahead restarts)",
+          ps.served,
+          cfg_.num_workers == 1 ? std::string("a background thread")
+                                : fmt::format("{} background threads", cfg_.num_workers),
+          ps.waited, ps.wait_ms, ps.restarts);
   }
   Log("state fingerprint: {:016x}", trainer_->StateFingerprint());
   health_->Stop();  // the loop is over: the sample below is rank 0's alone
