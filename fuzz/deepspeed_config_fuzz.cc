@@ -16,8 +16,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!keel::ParseDeepSpeedConfig(text, "ds.json", &ds).ok()) return 0;
   const std::string path = keel::fuzz::ScratchDir() + "/ds_config.json";
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-  const std::vector<std::string> args = {"train",  "--deepspeed", "--deepspeed_config", path,
-                                         "--fp16", "--loss-scale", "12", "--zero-stage", "1"};
+  const std::vector<std::string> args = {"train", "--deepspeed",  "--deepspeed_config",
+                                         path,    "--fp16",       "--loss-scale",
+                                         "12",    "--zero-stage", "1"};
   std::vector<const char*> argv;
   for (const std::string& a : args) argv.push_back(a.c_str());
   keel::ParsedConfig parsed;

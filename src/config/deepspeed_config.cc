@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -53,7 +54,8 @@ class Reader {
       return Fail(key,
                   "is \"auto\", which the Hugging Face Trainer fills in before DeepSpeed "
                   "reads the file; give the number");
-    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (int64_t{1} << 31))
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 ||
+        v.get<int64_t>() > std::numeric_limits<int32_t>::max())
       return Fail(key, fmt::format("must be a positive integer, but is {}", DescribeJson(v)));
     *out = v.get<int64_t>();
     return Status::OK();
