@@ -174,6 +174,24 @@ TEST(HfTokenizerTest, SplitBehavioursCutAsTheTokenizersLibraryDocumentsThem) {
   EXPECT_EQ(ids_of("Contiguous"), (std::vector<int32_t>{d, dash_dash}));
 }
 
+// A pattern that backtracks without end on some text (a hostile or careless tokenizer.json) is
+// stopped by PCRE2's match limits: the rest of the text is one piece, and every byte still
+// becomes a token (nothing is lost, nothing hangs).
+TEST(HfTokenizerTest, CatastrophicBacktrackingRegexEndsAndLosesNoText) {
+  const json pre = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", "(a|aa)+$"}}}, {"behavior", "Isolated"}},
+        {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+  Status st;
+  auto tok = Parse(SmallTokenizer(pre, {}), "</s>", &st);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const std::string text = std::string(60, 'a') + "b";
+  const std::vector<int32_t> ids = tok->Encode(text);
+  EXPECT_EQ(ids.size(), text.size());
+  EXPECT_EQ(tok->Decode(ids), text);
+}
+
 TEST(HfTokenizerTest, WhatKeelDoesNotImplementIsRefusedByName) {
   const json base = SmallTokenizer({{"type", "ByteLevel"}, {"use_regex", true}}, {"Ġ t"});
   struct Case {
