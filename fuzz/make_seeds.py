@@ -137,11 +137,55 @@ def main():
     idx, bin_ = mmidx([[3, 1, 4, 1, 5]], 8, "H")
     put(out, "indexed_dataset_fuzz", "no-meta", idx + SEP + bin_)
 
+    # DeepSpeed configs of the BigScience scripts (tr11: bf16, ZeRO 0; tr8: fp16 from 2^12).
+    put(out, "deepspeed_config_fuzz", "tr11", json.dumps({
+        "train_micro_batch_size_per_gpu": 2, "train_batch_size": 2048, "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 0}, "bf16": {"enabled": True}, "steps_per_print": 2000,
+        "wall_clock_breakdown": False}).encode())
+    put(out, "deepspeed_config_fuzz", "tr8", json.dumps({
+        "train_micro_batch_size_per_gpu": 1, "train_batch_size": 2048, "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 1}, "fp16": {"enabled": True, "loss_scale": 0,
+        "loss_scale_window": 500, "hysteresis": 2, "min_loss_scale": 1,
+        "initial_scale_power": 12}, "gradient_accumulation_steps": 4}).encode())
+
+    # BLOOM's train-splits.txt / valid-splits.txt, as load_ratios_meg_ds_format.py writes them.
+    put(out, "weighted_split_paths_fuzz", "train",
+        b'"train: 0.3 0:0.950 data/ar/ar_text_document, 0.7 0:0.950 data/en/en_text_document"\n')
+    put(out, "weighted_split_paths_fuzz", "valid",
+        b'"valid: 0.3 0.950:1.0 data/ar/x, 0.7 0.950:1.0 data/en/y" "valid_ar: 1 0.950:1.0 '
+        b'data/ar/x"\n')
+
+    # Loose JSON lines of preprocess_data.py's input.
+    put(out, "loose_json_fuzz", "oscar",
+        json.dumps({"id": 1, "text": "Call me Ishmael.\n", "title": "Moby-Dick"}).encode())
+    put(out, "loose_json_fuzz", "no-text", b'{"content": "x"}')
+
     vocab = gpt2_vocab(assets)
     if vocab is not None:
         e, b = vocab
         put(out, "gpt2_tokenizer_fuzz", "npm-cut",
             e + SEP + b + SEP + "Call me Ishmael. It's 1851 \u2014 caf\u00e9!\n\t  ".encode())
+        # The same vocabulary as a Hugging Face tokenizer.json, with GPT-2's ByteLevel and with
+        # BLOOM's Split-then-ByteLevel pre-tokenizer.
+        enc = json.loads(e.decode())
+        merges = [m for m in b.decode().split("\n")[1:] if m]
+        for name, pre in [("gpt2", {"type": "ByteLevel", "add_prefix_space": False,
+                                    "use_regex": True}),
+                          ("bloom", {"type": "Sequence", "pretokenizers": [
+                              {"type": "Split", "pattern": {
+                                  "Regex": " ?[^(\\s|[.,!?\u2026\u3002\uff0c\u3001])]+"},
+                               "behavior": "Isolated", "invert": False},
+                              {"type": "ByteLevel", "add_prefix_space": False,
+                               "use_regex": False}]})]:
+            tj = {"added_tokens": [{"id": enc["<|endoftext|>"], "content": "<|endoftext|>",
+                                    "special": True}],
+                  "normalizer": None, "pre_tokenizer": pre, "post_processor": None,
+                  "decoder": {"type": "ByteLevel"},
+                  "model": {"type": "BPE", "dropout": None, "vocab": enc, "merges": merges}}
+            put(out, "hf_tokenizer_fuzz", name,
+                json.dumps(tj, ensure_ascii=False).encode() + SEP +
+                b'{"eos_token": "<|endoftext|>"}' + SEP +
+                "Call me Ishmael.<|endoftext|> caf\u00e9, 1851!".encode())
     else:
         print("make_seeds: no npm GPT-2 assets under %s; gpt2_tokenizer_fuzz starts empty" % assets,
               file=sys.stderr)

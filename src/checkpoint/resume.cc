@@ -52,11 +52,90 @@ bool LoadsAsFinetune(Env* env, const std::string& load) {
          ReadSavedTrainState(env, dir, &saved).ok() && IsImported(saved);
 }
 
+bool SameDir(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  return a == b || fs::weakly_canonical(fs::path(a), ec) == fs::weakly_canonical(fs::path(b), ec);
+}
+
+// A checkpoint Megatron-LM or DeepSpeed wrote (iter_N/mp_rank_*, global_step*/, a `latest` tag):
+// keel cannot read it, and must not take its iter_N directories for damaged keel checkpoints
+// (a resume would set them aside).
+Status RefuseForeignCheckpoint(Env* env, const std::string& dir, const char* flag) {
+  std::vector<std::string> children;
+  if (!env->IsDirectory(dir) || !env->GetChildren(dir, &children).ok()) return Status::OK();
+  std::string found;
+  for (const std::string& c : children) {
+    const std::string path = JoinPath(dir, c);
+    int64_t it = 0;
+    if (c.rfind("global_step", 0) == 0 && env->IsDirectory(path)) {
+      found = path;
+    } else if (c == "latest" && !env->IsDirectory(path)) {
+      found = path + " (DeepSpeed's tag file)";
+    } else if (ParseCheckpointDirName(c, &it) && env->IsDirectory(path) &&
+               !env->FileExists(JoinPath(path, kManifestFile))) {
+      std::vector<std::string> inner;
+      if (env->GetChildren(path, &inner).ok())
+        for (const std::string& f : inner)
+          if (f.rfind("mp_rank_", 0) == 0 || f == "model_optim_rng.pt") found = JoinPath(path, f);
+    }
+    if (!found.empty()) break;
+  }
+  if (found.empty()) return Status::OK();
+  return Status::InvalidArgument(fmt::format(
+      "{} {} holds a checkpoint written by Megatron-LM or DeepSpeed ({}), which keel cannot "
+      "load; keel leaves it untouched: pass a new directory (keel writes its own checkpoints "
+      "there, in Megatron's iter_NNNNNNN layout with safetensors files)",
+      flag, dir, found));
+}
+
+// Why `dir` holds no checkpoint at all ("does not exist", "is empty", ...), or "" when it holds
+// something a checkpoint could be (an iter_NNNNNNN directory, a manifest, a marker).
+std::string NoCheckpointIn(Env* env, const std::string& dir) {
+  if (!env->FileExists(dir)) return "does not exist";
+  if (!env->IsDirectory(dir)) return "";  // a file: ResolveCheckpointDir names the problem
+  std::vector<std::string> children;
+  if (!env->GetChildren(dir, &children).ok()) return "";
+  for (const std::string& c : children) {
+    int64_t it = 0;
+    if (c == kManifestFile || c == kMarkerFile || ParseCheckpointDirName(c, &it)) return "";
+  }
+  return children.empty() ? "is empty" : "holds no checkpoint (iter_NNNNNNN directory)";
+}
+
 Status FindCheckpoint(Env* env, const TrainConfig& cfg, const CheckpointStore::Logger& log,
                       ResumePoint* out) {
   using Kind = ResumePoint::Kind;
+  if (!cfg.save.empty()) KEEL_RETURN_IF_ERROR(RefuseForeignCheckpoint(env, cfg.save, "--save"));
   int64_t rollback_to = -1;
-  if (IsRollbackTarget(env, cfg, &rollback_to)) {
+  const bool rollback = IsRollbackTarget(env, cfg, &rollback_to);
+  // Megatron starts from scratch, with a warning, when --load holds no checkpoint: the first
+  // launch of every `--save X --load X` script. So does keel, with a note.
+  bool load_empty = false;
+  if (!cfg.load.empty() && !rollback) {
+    KEEL_RETURN_IF_ERROR(RefuseForeignCheckpoint(env, cfg.load, "--load"));
+    const std::string why = NoCheckpointIn(env, cfg.load);
+    if (!why.empty()) {
+      if (cfg.finetune)
+        return Status::InvalidArgument("--finetune loads the weights of --load " + cfg.load +
+                                       ", which " + why + ": check the path");
+      load_empty = true;
+      if (!cfg.save.empty() && !SameDir(cfg.load, cfg.save)) {
+        CheckpointStore save_store(env, cfg.save, nullptr);
+        std::vector<CheckpointInfo> existing;
+        if (save_store.List(&existing).ok() && !existing.empty())
+          return Status::InvalidArgument(
+              "--load " + cfg.load + " " + why + ", but --save " + cfg.save +
+              " holds checkpoints of a run: drop --load to continue that run, or pass a new "
+              "--save directory to start afresh");
+      }
+      out->notes.push_back(fmt::format(
+          "--load {} {}: starting from fresh weights, as Megatron does on the first launch of a "
+          "`--save X --load X` script",
+          cfg.load, why));
+    }
+  }
+  if (rollback) {
     if (cfg.finetune)
       return Status::InvalidArgument(
           "--finetune starts a new run from the weights of --load " + cfg.load +
@@ -72,7 +151,7 @@ Status FindCheckpoint(Env* env, const TrainConfig& cfg, const CheckpointStore::L
     return Status::OK();
   }
   bool resume_finetune = false;  // --save holds the checkpoints of the fine-tuning run to resume
-  if (!cfg.load.empty() && cfg.load != cfg.save) {
+  if (!cfg.load.empty() && !load_empty && !SameDir(cfg.load, cfg.save)) {
     // Another run's newest valid checkpoint, or one of its iter_N directories.
     if (!cfg.save.empty()) {
       CheckpointStore save_store(env, cfg.save, nullptr);
@@ -117,13 +196,7 @@ Status FindCheckpoint(Env* env, const TrainConfig& cfg, const CheckpointStore::L
   KEEL_RETURN_IF_ERROR(store.Recover());
   CheckpointInfo info;
   Status st = store.FindNewestValid(/*move_aside_rejected=*/true, &info);
-  if (st.code() == Status::Code::kNotFound) {
-    if (!cfg.load.empty() && !resume_finetune)
-      return Status::InvalidArgument("--load " + cfg.load +
-                                     " holds no checkpoint (iter_NNNNNNN directory); check the "
-                                     "path, or drop --load to start afresh");
-    return Status::OK();  // a new run in --save
-  }
+  if (st.code() == Status::Code::kNotFound) return Status::OK();  // a new run in --save
   if (!st.ok())
     return Status::Corruption(
         st.message() + "\nfix or move the broken checkpoints, or pass a new --save directory");
@@ -179,6 +252,7 @@ const std::set<std::string> kShapeKeys = {"num-layers",
                                           "position-embedding-type",
                                           "embed-layernorm",
                                           "make-vocab-size-divisible-by",
+                                          "pad-vocab-size-to",
                                           "layernorm-epsilon",
                                           "qk-layernorm",
                                           "rotary-base",
@@ -195,17 +269,26 @@ const std::set<std::string> kSchedulerKeys = {
 // Warmup and decay lengths are compared in samples (below), whichever form set them.
 const std::set<std::string> kScheduleLengthKeys = {"lr-warmup-samples", "lr-warmup-iters",
                                                    "lr-decay-samples", "lr-decay-iters"};
-const std::set<std::string> kDataOrderKeys = {
-    "seed", "data-path", "split", "tokenizer", "reset-position-ids", "reset-attention-mask"};
+const std::set<std::string> kDataOrderKeys = {"seed",
+                                              "data-path",
+                                              "split",
+                                              "tokenizer",
+                                              "reset-position-ids",
+                                              "reset-attention-mask",
+                                              "tokenizer-type",
+                                              "vocab-file",
+                                              "merge-file",
+                                              "tokenizer-model",
+                                              "tokenizer-name-or-path",
+                                              "train-weighted-split-paths",
+                                              "valid-weighted-split-paths"};
 // Settings that only steer this process (where to save, when to stop, how to resume).
-const std::set<std::string> kOperationalKeys = {"save",
-                                                "load",
-                                                "finetune",
-                                                "override-scheduler",
-                                                "override-data-order",
-                                                "lr-scale-on-resume",
-                                                "init-method",
-                                                "init-method-std"};
+const std::set<std::string> kOperationalKeys = {
+    "save", "load", "finetune", "override-scheduler", "override-data-order", "lr-scale-on-resume",
+    "init-method", "init-method-std",
+    // the groups and values read from these files are settings of their own, compared above
+    "train-weighted-split-paths-path", "valid-weighted-split-paths-path", "deepspeed",
+    "deepspeed-config"};
 
 }  // namespace
 

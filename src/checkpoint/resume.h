@@ -64,10 +64,13 @@ const char* ResumeKindName(ResumePoint::Kind kind);
 // --finetune (or a --load of a checkpoint written by `keel ckpt import`) takes the weights only:
 // the model's shape must match (every other setting is the run's own); once --save holds the
 // fine-tuning run's checkpoints, the same command resumes it (a note says so).
+// A --load that does not exist or holds no checkpoint starts fresh, as Megatron does (the first
+// launch of a `--save X --load X` script), with a note in `notes` (with --finetune: an error).
 // Errors: InvalidArgument for a config that differs from the checkpoint's without the accepting
-// flag (for --finetune, a model of another shape), a --load that holds nothing, or a --load of
-// another run into a --save that has its own checkpoints; Corruption when checkpoints exist but
-// none verifies.
+// flag (for --finetune, a model of another shape), a --load of another run (or an empty one)
+// into a --save that has its own checkpoints, --finetune from a --load holding nothing, or a
+// --save or --load holding a Megatron-LM/DeepSpeed checkpoint (left untouched); Corruption when
+// checkpoints exist but none verifies.
 Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStore::Logger& log,
                           ResumePoint* out);
 

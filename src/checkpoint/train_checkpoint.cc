@@ -257,6 +257,32 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
     s["tokenizer"]["model"] = "tokenizer.model";
     files.push_back(std::move(tok));
   }
+  // The tokenizer files Megatron's flags named travel with the checkpoint, so `keel sample` and
+  // a resume elsewhere decode with them.
+  auto copy = [&](const std::string& from, const std::string& name) -> Status {
+    CheckpointFile f;
+    f.name = name;
+    KEEL_RETURN_IF_ERROR(env->ReadFileToString(from, &f.bytes));
+    files.push_back(std::move(f));
+    return Status::OK();
+  };
+  if (run.meta.tokenizer == "hf") {
+    const std::string folder = SiblingPath(run.data_path, run.meta.tokenizer_model);
+    const bool is_dir = env->IsDirectory(folder);
+    const std::string dir = is_dir ? folder : folder.substr(0, folder.rfind('/') + 1);
+    KEEL_RETURN_IF_ERROR(
+        copy(is_dir ? JoinPath(folder, "tokenizer.json") : folder, "tokenizer.json"));
+    for (const char* extra : {"tokenizer_config.json", "special_tokens_map.json"})
+      if (env->FileExists(JoinPath(dir, extra)))
+        KEEL_RETURN_IF_ERROR(copy(JoinPath(dir, extra), extra));
+    s["tokenizer"]["model"] = ".";  // the checkpoint directory is the tokenizer's folder
+  }
+  if (run.meta.tokenizer == "gpt2" && !run.meta.vocab_file.empty()) {
+    KEEL_RETURN_IF_ERROR(copy(run.meta.vocab_file, "gpt2-vocab.json"));
+    KEEL_RETURN_IF_ERROR(copy(run.meta.merge_file, "gpt2-merges.txt"));
+    s["tokenizer"]["vocab_file"] = "gpt2-vocab.json";
+    s["tokenizer"]["merge_file"] = "gpt2-merges.txt";
+  }
   files.push_back({"state.json", s.dump(2) + "\n", false, {}, {}});
   files.push_back(
       {"config.toml",
@@ -467,7 +493,11 @@ Status LoadModelFromCheckpoint(Env* env, const std::string& path, Backend* backe
   meta.eod_id = t.Optional("eod_id").Get<int>(-1);
   meta.vocab_size = t.Optional("vocab_size").Get<int>(0);
   meta.tokenizer_model = t.Optional("model").Get<std::string>();
+  const std::string vocab_file = t.Optional("vocab_file").Get<std::string>();
+  const std::string merge_file = t.Optional("merge_file").Get<std::string>();
   KEEL_RETURN_IF_ERROR(r.status());
+  if (!vocab_file.empty()) meta.vocab_file = JoinPath(dir, vocab_file);
+  if (!merge_file.empty()) meta.merge_file = JoinPath(dir, merge_file);
   return LoadTokenizerForDataset(JoinPath(dir, "state"), meta, &out->tokenizer);
 }
 

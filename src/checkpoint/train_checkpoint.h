@@ -11,6 +11,11 @@
 //                                 and the history of deliberate changes
 //   iter_N/config.toml            the resolved config (loadable with --config)
 //   iter_N/tokenizer.model        the SentencePiece model, when that tokenizer was used
+//   iter_N/tokenizer.json, tokenizer_config.json, special_tokens_map.json
+//                                 a Hugging Face tokenizer's files (--tokenizer-type
+//                                 PretrainedFromHF)
+//   iter_N/gpt2-vocab.json, gpt2-merges.txt
+//                                 Megatron's --vocab-file and --merge-file
 //
 // Randomness is counter-based (Philox keyed by seed, purpose and position), so the RNG state of a
 // run is its seed plus the counters above: nothing else has to be captured for bit-exact resumes.

@@ -1,4 +1,5 @@
-// `keel data prepare`: text files -> Megatron indexed dataset.
+// `keel data prepare`: text files -> Megatron indexed dataset; with --tokenizer-type, Megatron's
+// tools/preprocess_data.py (loose JSON lines, --json-keys, --append-eod, --workers).
 // `keel data inspect PREFIX`: counts, document lengths, a decoded sample.
 // `keel data verify PREFIX`: structure and contents checked; exit 0 clean, 1 not.
 #include <CLI/CLI.hpp>
@@ -25,7 +26,9 @@ int DataCommand(int argc, const char* const* argv) {
   opt.gpt2_assets_dir = DefaultGpt2AssetsDir();
   opt.seed = 1234;
   std::string corpus;
-  auto* input = prep->add_option("--input", opt.inputs, "text files; each is one document")
+  auto* input = prep->add_option("--input", opt.inputs,
+                                 "text files, each one document (with --tokenizer-type: loose "
+                                 "JSON files, one document per line)")
                     ->check(CLI::ExistingFile);
   prep->add_option("--corpus", corpus,
                    "a bundled corpus instead of --input: moby-dick, or sotu (State of the Union "
@@ -50,6 +53,44 @@ int DataCommand(int argc, const char* const* argv) {
   prep->add_option("--seed", opt.seed, "seed for sentencepiece training");
   bool quiet = false;
   prep->add_flag("--quiet", quiet, "no progress bar");
+  prep->add_option("--workers", opt.workers,
+                   "threads tokenizing in parallel (default: all cores; the output is the same "
+                   "for any number)")
+      ->check(CLI::Range(0, 1024));
+  // Megatron's tools/preprocess_data.py: a --tokenizer-type selects its mode.
+  const std::string megatron = "Megatron's tools/preprocess_data.py (loose JSON input)";
+  prep->add_option("--tokenizer-type", opt.megatron.type,
+                   "GPT2BPETokenizer, SentencePieceTokenizer or PretrainedFromHF: --input is "
+                   "loose JSON (one object per line), each --json-keys key its own dataset "
+                   "PREFIX_KEY_document")
+      ->group(megatron);
+  prep->add_option("--vocab-file", opt.megatron.vocab_file, "GPT2BPETokenizer: gpt2-vocab.json")
+      ->group(megatron);
+  prep->add_option("--merge-file", opt.megatron.merge_file, "GPT2BPETokenizer: gpt2-merges.txt")
+      ->group(megatron);
+  prep->add_option("--tokenizer-name-or-path", opt.megatron.name_or_path,
+                   "PretrainedFromHF: a local Hugging Face tokenizer folder")
+      ->group(megatron);
+  prep->add_option("--json-keys", opt.json_keys, "the keys of the text (default: text)")
+      ->expected(1, 1 << 10)
+      ->group(megatron);
+  prep->add_flag("--append-eod", opt.append_eod, "end every document with the EOD token")
+      ->group(megatron);
+  std::string dataset_impl = "mmap";
+  prep->add_option("--dataset-impl", dataset_impl, "mmap (keel writes MMIDIDX)")->group(megatron);
+  bool split_sentences = false, keep_newlines = false;
+  prep->add_flag("--split-sentences", split_sentences, "not in keel (needs NLTK's punkt)")
+      ->group(megatron);
+  prep->add_flag("--keep-newlines", keep_newlines, "with --split-sentences only")->group(megatron);
+  int log_interval = 0, divisible_by = 0, pad_to = 0;
+  prep->add_option("--log-interval", log_interval, "accepted: keel's progress bar redraws itself")
+      ->group(megatron);
+  prep->add_option("--make-vocab-size-divisible-by", divisible_by,
+                   "accepted: keel pads the vocabulary when it trains")
+      ->group(megatron);
+  prep->add_option("--pad-vocab-size-to", pad_to,
+                   "accepted: keel pads the vocabulary when it trains")
+      ->group(megatron);
   std::string prefix;
   int vocab = 0, doc = 0, show = 64;
   CLI::App* inspect = app.add_subcommand(
@@ -142,6 +183,58 @@ int DataCommand(int argc, const char* const* argv) {
     return ok ? 0 : 1;
   }
   opt.progress = !quiet;
+  if (!opt.megatron.type.empty()) {
+    // Megatron's mode: what its preprocess_data.py takes.
+    if (!corpus.empty() || prep->count("--tokenizer") > 0 || prep->count("--vocab-size") > 0) {
+      LogError(
+          "error: --tokenizer-type selects Megatron's mode (loose JSON --input); --corpus, "
+          "--tokenizer and --vocab-size belong to keel's mode (text files); give one mode's "
+          "flags");
+      return 2;
+    }
+    if (split_sentences) {
+      LogError(
+          "error: --split-sentences is not in keel (Megatron splits with NLTK's punkt, for BERT "
+          "and T5 data); GPT pretraining reads whole documents: drop it");
+      return 2;
+    }
+    if (dataset_impl != "mmap") {
+      LogError("error: --dataset-impl " + dataset_impl +
+               ": keel writes the mmap format (MMIDIDX) only, which Megatron reads too; use "
+               "--dataset-impl mmap");
+      return 2;
+    }
+    if (keep_newlines)
+      Log("note: --keep-newlines: sentences are not split, so newlines are kept as they are");
+    if (divisible_by > 0 || pad_to > 0)
+      Log("note: --make-vocab-size-divisible-by / --pad-vocab-size-to: a dataset holds the "
+          "tokenizer's ids; keel pads the vocabulary when it trains (keel train takes both)");
+    if (log_interval > 0) Log("note: --log-interval: keel's progress bar redraws itself");
+    if (opt.inputs.empty()) {
+      LogError("error: data prepare --tokenizer-type ... needs --input FILE (loose JSON)");
+      return 2;
+    }
+    opt.megatron.tokenizer_model = opt.tokenizer_model;  // SentencePieceTokenizer's model
+    opt.tokenizer_model.clear();
+  } else if (prep->count("--json-keys") > 0 || opt.append_eod) {
+    LogError(
+        "error: --json-keys and --append-eod belong to Megatron's mode: give --tokenizer-type "
+        "(and its files), as Megatron's tools/preprocess_data.py takes it");
+    return 2;
+  }
+  if (!opt.megatron.type.empty()) {
+    PrepareStats stats;
+    Status st = PrepareDataset(Env::Default(), opt, &stats);
+    for (const std::string& n : stats.notes) Log("note: {}", n);
+    if (!st.ok()) return Fail(st);
+    for (const std::string& p : stats.outputs) Log("wrote {}.bin, .idx, .meta.json", p);
+    Log("prepared {} documents ({} keys), {} tokens ({} empty documents skipped), {} tokenizer "
+        "(vocab {}){}, in {:.2f} s: {:.0f} tokens/s tokenizing with {} workers",
+        stats.documents, opt.json_keys.size(), stats.tokens, stats.empty_skipped, opt.megatron.type,
+        stats.vocab_size, opt.append_eod ? ", EOD appended" : ", no EOD", stats.seconds,
+        stats.tokens / std::max(stats.encode_seconds, 1e-9), stats.workers);
+    return 0;
+  }
   if (!corpus.empty()) {
     Status cs = CorpusFiles(Env::Default(), corpus, &opt.inputs);
     if (!cs.ok()) return Fail(cs);
@@ -153,8 +246,10 @@ int DataCommand(int argc, const char* const* argv) {
   PrepareStats stats;
   Status st = PrepareDataset(Env::Default(), opt, &stats);
   if (!st.ok()) return Fail(st);
-  Log("prepared {}: {} documents, {} tokens ({} tokenizer, vocab {})", opt.output_prefix,
-      stats.documents, stats.tokens, opt.tokenizer, stats.vocab_size);
+  Log("prepared {}: {} documents, {} tokens ({} tokenizer, vocab {}) in {:.2f} s: {:.0f} tokens/s "
+      "tokenizing with {} workers",
+      opt.output_prefix, stats.documents, stats.tokens, opt.tokenizer, stats.vocab_size,
+      stats.seconds, stats.tokens / std::max(stats.encode_seconds, 1e-9), stats.workers);
   return 0;
 }
 

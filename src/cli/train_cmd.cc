@@ -51,7 +51,10 @@ int TrainCommand(int argc, const char* const* argv) {
   if (!st.ok()) return Fail(st);
   if (comm->world_size() > 1)  // one terminal for the job: rank 0's lines, every rank's errors
     SetLogCopy(nullptr, /*mute_stdout=*/comm->rank() != 0, fmt::format("[rank {}] ", comm->rank()));
-  if (comm->rank() == 0) Log("keel {} - training", KEEL_VERSION);
+  if (comm->rank() == 0) {
+    Log("keel {} - training", KEEL_VERSION);
+    for (const std::string& n : parsed.source_notes) Log("note: {}", n);
+  }
   if (comm->world_size() == 1) return Train(parsed, comm.get());
 
   // Every rank reaches the same outcome through collectives; a rank that fails alone (an error,

@@ -36,6 +36,10 @@ struct ParsedConfig {
   // The config as given, before Validate filled derived values (global batch, FFN size, ...). When
   // the data-parallel size is known and > 1, set it on a copy of this and Validate that copy.
   TrainConfig as_given;
+  // What keel made of the flags and files it was given, printed as notes before the run: the
+  // Megatron spellings it read as its own, the Megatron flags that change nothing here (and
+  // why), what it applied from a DeepSpeed config and what it left.
+  std::vector<std::string> source_notes;
   // `--help` / `-h`: nothing else was parsed; the caller prints help_text and exits 0.
   bool help_requested = false;
   std::string help_text;
@@ -51,6 +55,12 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out);
 // Parses a TOML document (same keys as the flags, without leading dashes) over `cfg`. Unknown keys
 // and wrong types are errors; `origin` (a file name) prefixes the messages.
 Status ApplyToml(const std::string& toml_text, const std::string& origin, TrainConfig* cfg);
+// Megatron-DeepSpeed's --{train,valid}-weighted-split-paths-path file (BLOOM's train-splits.txt):
+// one line of groups, each in double quotes, separated by spaces
+// ("train: 0.3 0:0.95 data/a, 0.7 0:0.95 data/b"). The groups' own syntax is checked when the
+// data is opened (data/weighted_split_paths.h). InvalidArgument naming `origin` and the problem.
+Status SplitWeightedSplitPathsFile(const std::string& text, const std::string& origin,
+                                   std::vector<std::string>* groups);
 // Checks every rule and fills derived values (ffn size, max positions, padded vocab, global batch,
 // decay length). Needs vocab_size > 0 for the vocab rules; call again once the data is known.
 // Sizes whose products keel computes in 32- or 64-bit integers are bounded so that none overflows

@@ -6,12 +6,16 @@
 //   config_validate.cc  the rules and derived defaults (Validate), skip ranges, limits
 //   config_format.cc    values as TOML literals, FormatConfig, ConfigValues, ConfigHash
 //   toml_screen.cc      refuses the TOML text that toml++ 3.3 cannot read safely
+//   megatron_flags.cc   Megatron-LM / Megatron-DeepSpeed flags that are not settings: aliases,
+//                       flags that change nothing here, and features keel does not have yet
+//   deepspeed_config.cc the DeepSpeed config JSON of --deepspeed_config
 #pragma once
 
 #include <charconv>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +54,9 @@ std::optional<T> ParseWhole(std::string_view s) {
   return v;
 }
 
+// A command-line integer as Megatron's argparse reads it (Python's int(): `220_000_000`, `+5`).
+std::optional<int64_t> ParseCliInt(std::string_view s);
+
 // One setting: its flag and TOML key, how --help shows it, and how it is set from an Input and
 // read back as a TOML literal.
 struct Setting {
@@ -68,6 +75,48 @@ const std::vector<Setting>& Settings();
 const Setting* FindSetting(std::string_view name);
 // "did you mean --num-layers?" for the nearest name, or a pointer to --help when nothing is near.
 std::string Suggest(std::string_view name, std::string_view prefix);
+
+// ---------------------------------------------------------------------------------------------
+// Flags of Megatron-LM and Megatron-DeepSpeed launch scripts that are not keel settings
+// (megatron_flags.cc). Each is one of:
+//   kAlias     Megatron's spelling of a keel setting: applied to it, the canonical name noted;
+//   kAccepted  changes nothing in keel (or not at this value): accepted with a note saying why;
+//   kNotYet    a feature keel does not have yet (at this value): exit 2 naming it.
+// Some are kAccepted at one value and kNotYet at another (--tensor-model-parallel-size 1 / 4).
+struct ForeignFlag {
+  enum class Kind { kAlias, kAccepted, kNotYet };
+  std::string name;  // without dashes, as Megatron spells it
+  Kind kind = Kind::kAccepted;
+  bool is_flag = false;  // store_true: `--name` alone
+  bool is_list = false;  // nargs='+'
+  std::string alias_of;  // kAlias: the keel setting (or another foreign flag) it stands for
+  std::string help;      // for --help
+};
+const std::vector<ForeignFlag>& ForeignFlags();
+const ForeignFlag* FindForeignFlag(std::string_view name);
+
+// One foreign flag as given (its values as text, "true" for a bare switch).
+struct ForeignGiven {
+  const ForeignFlag* flag = nullptr;
+  std::vector<std::string> values;
+  std::string where;  // "--data-impl mmap" or "run.toml:3: data-impl = ..."
+};
+
+// Resolves the non-alias foreign flags against the config the settings made (some depend on other
+// values: --pp-partition-method means nothing with one pipeline stage). `notes` gets a note per
+// accepted flag; the error names every flag whose feature keel lacks, at once.
+// `settings_given` lists the settings set explicitly (a conflict with one is an error);
+// `zero_stage` is --zero-stage's or the DeepSpeed config's ZeRO stage (-1: neither gave one).
+Status ResolveForeignFlags(const std::vector<ForeignGiven>& given,
+                           const std::set<std::string>& settings_given, int zero_stage,
+                           TrainConfig* cfg, std::vector<std::string>* notes);
+
+// Reads the DeepSpeed config JSON of cfg->deepspeed_config (when cfg->deepspeed) and applies what
+// keel supports; see deepspeed_config.cc. `settings_given` are the settings set by flags or the
+// --config file, `zero_stage` the --zero-stage flag's value (-1: not given); the stage the JSON
+// sets goes back through it.
+Status ApplyDeepSpeedConfig(const std::set<std::string>& settings_given, int* zero_stage,
+                            TrainConfig* cfg, std::vector<std::string>* notes);
 
 // `s` as a TOML basic string literal, quoted and escaped.
 std::string TomlString(const std::string& s);

@@ -235,6 +235,10 @@ const std::vector<Setting>& Settings() {
     t->push_back(IntSetting("make-vocab-size-divisible-by",
                             "pad the vocabulary to a multiple of this",
                             &TC::make_vocab_size_divisible_by));
+    t->push_back(IntSetting("pad-vocab-size-to",
+                            "pad the vocabulary to exactly this many rows (0: to a multiple of "
+                            "make-vocab-size-divisible-by)",
+                            &TC::pad_vocab_size_to));
     t->push_back(RealSetting("layernorm-epsilon", "LayerNorm epsilon", &TC::layernorm_epsilon));
     t->push_back(EnumSetting("init-method", "weight init: normal uses init-method-std",
                              &TC::init_method,
@@ -373,6 +377,40 @@ const std::vector<Setting>& Settings() {
     t->push_back(BoolSetting("reset-attention-mask",
                              "tokens attend only within their own document of a packed sequence",
                              &TC::reset_attention_mask));
+    t->push_back(
+        StringSetting("tokenizer-type", "TYPE",
+                      "Megatron's tokenizer of datasets without keel metadata: GPT2BPETokenizer, "
+                      "SentencePieceTokenizer or PretrainedFromHF (empty: the datasets' own)",
+                      &TC::tokenizer_type));
+    t->push_back(StringSetting("vocab-file", "FILE", "GPT2BPETokenizer: the vocabulary (JSON)",
+                               &TC::vocab_file));
+    t->push_back(
+        StringSetting("merge-file", "FILE", "GPT2BPETokenizer: the BPE merges", &TC::merge_file));
+    t->push_back(StringSetting("tokenizer-model", "FILE",
+                               "SentencePieceTokenizer: the SentencePiece .model file",
+                               &TC::tokenizer_model));
+    t->push_back(StringSetting("tokenizer-name-or-path", "DIR",
+                               "PretrainedFromHF: a local Hugging Face tokenizer folder "
+                               "(tokenizer.json, tokenizer_config.json)",
+                               &TC::tokenizer_name_or_path));
+    t->push_back(StringListSetting(
+        "train-weighted-split-paths", "GROUP",
+        "instead of --data-path: one group \"NAME: W1 START:END PREFIX1, W2 START:END PREFIX2\"",
+        &TC::train_weighted_split_paths));
+    t->push_back(StringListSetting(
+        "valid-weighted-split-paths", "GROUP ...",
+        "validation groups, each \"NAME: W START:END PREFIX, ...\", each evaluated on its own",
+        &TC::valid_weighted_split_paths));
+    t->push_back(StringSetting("train-weighted-split-paths-path", "FILE",
+                               "a file holding --train-weighted-split-paths (one quoted group)",
+                               &TC::train_weighted_split_paths_path));
+    t->push_back(StringSetting("valid-weighted-split-paths-path", "FILE",
+                               "a file holding --valid-weighted-split-paths (quoted groups)",
+                               &TC::valid_weighted_split_paths_path));
+    t->push_back(IntSetting("num-workers",
+                            "threads reading training samples ahead of the loop (0: on the loop's "
+                            "thread)",
+                            &TC::num_workers));
     // checkpoints and stopping
     t->push_back(
         StringSetting("save", "DIR",
@@ -478,7 +516,27 @@ const std::vector<Setting>& Settings() {
                           "skip the iterations that read these samples (inclusive, 0-based "
                           "positions in the sample stream)",
                           &TC::skip_train_samples_range));
+    // DeepSpeed
+    t->push_back(BoolSetting("deepspeed",
+                             "read --deepspeed_config (Megatron-DeepSpeed's switch; keel itself "
+                             "does not use DeepSpeed)",
+                             &TC::deepspeed));
+    t->push_back(StringSetting("deepspeed-config", "FILE",
+                               "a DeepSpeed config JSON: its batch sizes, clipping, ZeRO stage and "
+                               "precision are applied, the rest named (also --deepspeed_config)",
+                               &TC::deepspeed_config));
     // output
+    t->push_back(StringSetting("tensorboard-dir", "DIR",
+                               "TensorBoard event files go here (default: SAVE/tensorboard)",
+                               &TC::tensorboard_dir));
+    t->push_back(BoolSetting("log-timers-to-tensorboard",
+                             "TensorBoard: iteration time, throughput and the time of each phase",
+                             &TC::log_timers_to_tensorboard));
+    t->push_back(BoolSetting("log-batch-size-to-tensorboard", "TensorBoard: the global batch size",
+                             &TC::log_batch_size_to_tensorboard));
+    t->push_back(BoolSetting("log-validation-ppl-to-tensorboard",
+                             "TensorBoard: the validation perplexity",
+                             &TC::log_validation_ppl_to_tensorboard));
     t->push_back(
         IntSetting("sample-tokens",
                    fmt::format("tokens generated at the end (0: none; at most {}, as keel sample)",
@@ -517,14 +575,18 @@ size_t EditDistance(std::string_view a, std::string_view b) {
 }  // namespace
 
 std::string Suggest(std::string_view name, std::string_view prefix) {
-  const Setting* best = nullptr;
+  const std::string* best = nullptr;
   size_t best_d = std::numeric_limits<size_t>::max();
   for (const Setting& s : Settings()) {
     size_t d = EditDistance(name, s.name);
-    if (d < best_d) best_d = d, best = &s;
+    if (d < best_d) best_d = d, best = &s.name;
+  }
+  for (const ForeignFlag& f : ForeignFlags()) {
+    size_t d = EditDistance(name, f.name);
+    if (d < best_d) best_d = d, best = &f.name;
   }
   if (best != nullptr && best_d <= std::max<size_t>(3, name.size() / 2)) {
-    return fmt::format("did you mean {}{}? (keel train --help lists all)", prefix, best->name);
+    return fmt::format("did you mean {}{}? (keel train --help lists all)", prefix, *best);
   }
   return "run `keel train --help` for the list of settings";
 }

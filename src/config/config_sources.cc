@@ -5,6 +5,7 @@
 #include <toml++/toml.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -17,10 +18,17 @@
 namespace keel {
 namespace {
 
+using config_internal::ApplyDeepSpeedConfig;
 using config_internal::CheckTomlNonAscii;
+using config_internal::FindForeignFlag;
 using config_internal::FindSetting;
+using config_internal::ForeignFlag;
+using config_internal::ForeignFlags;
+using config_internal::ForeignGiven;
 using config_internal::Input;
+using config_internal::ParseCliInt;
 using config_internal::ParseWhole;
+using config_internal::ResolveForeignFlags;
 using config_internal::Setting;
 using config_internal::Settings;
 using config_internal::Suggest;
@@ -28,6 +36,21 @@ using config_internal::TomlString;
 
 // ---------------------------------------------------------------------------------------------
 // The two kinds of Input: a flag's text values, and a TOML node.
+
+// A number as Python's int() and float() read it, which is how Megatron's argparse reads flags:
+// underscores between digits (`--train-samples 220_000_000`, in the BigScience scripts) and a
+// leading '+' are dropped; anything else is left for ParseWhole to judge.
+std::string PythonNumber(std::string_view s) {
+  std::string out;
+  size_t i = s.size() > 1 && s[0] == '+' && s[1] != '-' ? 1 : 0;
+  for (; i < s.size(); ++i) {
+    const bool digit_before = i > 0 && std::isdigit(static_cast<unsigned char>(s[i - 1]));
+    const bool digit_after = i + 1 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]));
+    if (s[i] == '_' && digit_before && digit_after) continue;
+    out += s[i];
+  }
+  return out;
+}
 
 class CliInput : public Input {
  public:
@@ -39,13 +62,13 @@ class CliInput : public Input {
     return s;
   }
   std::optional<int64_t> Int() const override {
-    return values_.size() == 1 ? ParseWhole<int64_t>(values_[0]) : std::nullopt;
+    return values_.size() == 1 ? ParseWhole<int64_t>(PythonNumber(values_[0])) : std::nullopt;
   }
   std::optional<uint64_t> UInt() const override {
-    return values_.size() == 1 ? ParseWhole<uint64_t>(values_[0]) : std::nullopt;
+    return values_.size() == 1 ? ParseWhole<uint64_t>(PythonNumber(values_[0])) : std::nullopt;
   }
   std::optional<double> Number() const override {
-    return values_.size() == 1 ? ParseWhole<double>(values_[0]) : std::nullopt;
+    return values_.size() == 1 ? ParseWhole<double>(PythonNumber(values_[0])) : std::nullopt;
   }
   std::optional<bool> Bool() const override {
     if (values_.size() != 1) return std::nullopt;
@@ -60,7 +83,7 @@ class CliInput : public Input {
   std::optional<std::vector<int64_t>> IntList() const override {
     std::vector<int64_t> out;
     for (const auto& v : values_) {
-      auto x = ParseWhole<int64_t>(v);
+      auto x = ParseWhole<int64_t>(PythonNumber(v));
       if (!x) return std::nullopt;
       out.push_back(*x);
     }
@@ -211,8 +234,38 @@ void DropDefaultIterWarmup(const std::set<std::string>& given, TrainConfig* cfg)
   }
 }
 
+// A TOML node as the text values a flag would have (for the Megatron flags, which take text).
+std::vector<std::string> NodeText(const toml::node& node) {
+  std::vector<std::string> out;
+  auto one = [&](const toml::node& n) {
+    if (auto s = n.value_exact<std::string>()) {
+      out.push_back(*s);
+    } else if (auto b = n.value_exact<bool>()) {
+      out.push_back(*b ? "true" : "false");
+    } else if (auto i = n.value_exact<int64_t>()) {
+      out.push_back(std::to_string(*i));
+    } else if (auto f = n.value_exact<double>()) {
+      out.push_back(fmt::format("{}", *f));
+    } else {
+      out.push_back("?");
+    }
+  };
+  if (const toml::array* arr = node.as_array()) {
+    for (const toml::node& n : *arr) one(n);
+  } else {
+    one(node);
+  }
+  return out;
+}
+
+// `foreign` null: the Megatron flags are unknown keys here (a checkpoint's config.toml, which
+// holds settings only).
+Status ApplyAliases(std::vector<ForeignGiven>* foreign, std::vector<Entry>* entries,
+                    const std::set<std::string>& same_source, std::vector<std::string>* notes);
+
 Status ApplyTomlImpl(const std::string& text, const std::string& origin, TrainConfig* cfg,
-                     std::set<std::string>* given) {
+                     std::set<std::string>* given, std::vector<ForeignGiven>* foreign,
+                     std::vector<std::string>* notes) {
   KEEL_RETURN_IF_ERROR(CheckTomlNonAscii(text, origin));
   toml::table doc;
   try {
@@ -232,20 +285,129 @@ Status ApplyTomlImpl(const std::string& text, const std::string& origin, TrainCo
           line));
     }
     const Setting* s = FindSetting(k);
+    if (s == nullptr && foreign != nullptr) {
+      if (const ForeignFlag* f = FindForeignFlag(k)) {
+        foreign->push_back({f, NodeText(node), fmt::format("{}:{}: {}", origin, line, k)});
+        continue;
+      }
+    }
     if (s == nullptr) {
       return Status::InvalidArgument(
           fmt::format("{}:{}: unknown key '{}': {}", origin, line, k, Suggest(k, "")));
     }
     entries.push_back({s, std::make_unique<TomlInput>(origin, k, node)});
   }
+  if (foreign != nullptr) {
+    std::set<std::string> keys;
+    for (const Entry& e : entries) keys.insert(e.setting->name);
+    KEEL_RETURN_IF_ERROR(ApplyAliases(foreign, &entries, keys, notes));
+  }
   return ApplyEntries(entries, origin, "", cfg, given);
+}
+
+// Megatron's spellings of keel settings: each becomes an entry of its setting, noted with the
+// canonical name; a foreign flag's alias (--model-parallel-size) becomes that flag.
+Status ApplyAliases(std::vector<ForeignGiven>* foreign, std::vector<Entry>* entries,
+                    const std::set<std::string>& same_source, std::vector<std::string>* notes) {
+  std::vector<ForeignGiven> kept;
+  for (ForeignGiven& g : *foreign) {
+    if (g.flag->kind != ForeignFlag::Kind::kAlias) {
+      kept.push_back(std::move(g));
+      continue;
+    }
+    const std::string& to = g.flag->alias_of;
+    if (const Setting* s = FindSetting(to)) {
+      if (same_source.count(to))
+        return Status::InvalidArgument(fmt::format(
+            "{} and --{} are both given: --{} is Megatron's spelling of keel's --{}; give one",
+            g.where, to, g.flag->name, to));
+      entries->push_back({s, std::make_unique<CliInput>("--" + g.flag->name, g.values)});
+    } else {
+      const ForeignFlag* f = FindForeignFlag(to);
+      KEEL_CHECK(f != nullptr, "alias of an unknown flag: " + to);
+      for (const ForeignGiven& o : *foreign)
+        if (o.flag == f)
+          return Status::InvalidArgument(
+              fmt::format("{} and --{} are both given: --{} is the older name of --{}; give one",
+                          g.where, to, g.flag->name, to));
+      kept.push_back({f, g.values, g.where});
+    }
+    notes->push_back(fmt::format("--{} is read as --{}{}", g.flag->name, to,
+                                 FindSetting(to) != nullptr ? " (keel's name)" : ""));
+  }
+  *foreign = std::move(kept);
+  return Status::OK();
+}
+
+// The groups of --train/valid-weighted-split-paths-path, read into their settings as Megatron's
+// argparse action does, so the config holds (and a resume compares) the groups themselves.
+Status ReadWeightedSplitPathFiles(const std::set<std::string>& given, TrainConfig* cfg) {
+  for (auto [flag, path, groups] :
+       {std::tuple{"train-weighted-split-paths", &cfg->train_weighted_split_paths_path,
+                   &cfg->train_weighted_split_paths},
+        {"valid-weighted-split-paths", &cfg->valid_weighted_split_paths_path,
+         &cfg->valid_weighted_split_paths}}) {
+    if (path->empty()) continue;
+    if (given.count(flag))
+      return Status::InvalidArgument(fmt::format(
+          "--{} and --{}-path are both given: the file holds the groups; give one", flag, flag));
+    std::string text;
+    Status st = Env::Default()->ReadFileToString(*path, &text);
+    if (!st.ok())
+      return Status::InvalidArgument(
+          fmt::format("--{}-path {}: cannot read the file ({})", flag, *path, st.message()));
+    KEEL_RETURN_IF_ERROR(
+        SplitWeightedSplitPathsFile(text, "--" + std::string(flag) + "-path " + *path, groups));
+  }
+  return Status::OK();
 }
 
 }  // namespace
 
+namespace config_internal {
+
+std::optional<int64_t> ParseCliInt(std::string_view s) {
+  return ParseWhole<int64_t>(PythonNumber(s));
+}
+
+}  // namespace config_internal
+
+Status SplitWeightedSplitPathsFile(const std::string& text, const std::string& origin,
+                                   std::vector<std::string>* groups) {
+  groups->clear();
+  std::string_view line(text);
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.remove_suffix(1);
+  const std::string fix =
+      "expected one line of groups, each in double quotes: \"NAME: WEIGHT START:END PREFIX, ...\" "
+      "\"NAME2: ...\" (what bigscience's load_ratios_meg_ds_format.py writes)";
+  if (line.find('\n') != std::string_view::npos)
+    return Status::InvalidArgument(origin + ": more than one line; " + fix);
+  if (line.size() < 2 || line.front() != '"' || line.back() != '"')
+    return Status::InvalidArgument(origin +
+                                   ": the line does not start and end with a double "
+                                   "quote; " +
+                                   fix);
+  line = line.substr(1, line.size() - 2);
+  // Between two groups: a quote, spaces, a quote.
+  size_t start = 0;
+  while (true) {
+    const size_t q = line.find('"', start);
+    std::string_view group = line.substr(start, q == std::string_view::npos ? q : q - start);
+    if (group.empty()) return Status::InvalidArgument(origin + ": an empty group; " + fix);
+    groups->emplace_back(group);
+    if (q == std::string_view::npos) break;
+    size_t next = q + 1;
+    while (next < line.size() && line[next] == ' ') ++next;
+    if (next == q + 1 || next >= line.size() || line[next] != '"')
+      return Status::InvalidArgument(origin + ": a double quote inside a group; " + fix);
+    start = next + 1;
+  }
+  return Status::OK();
+}
+
 Status ApplyToml(const std::string& toml_text, const std::string& origin, TrainConfig* cfg) {
   std::set<std::string> given;
-  KEEL_RETURN_IF_ERROR(ApplyTomlImpl(toml_text, origin, cfg, &given));
+  KEEL_RETURN_IF_ERROR(ApplyTomlImpl(toml_text, origin, cfg, &given, nullptr, nullptr));
   DropDefaultIterWarmup(given, cfg);
   return Status::OK();
 }
@@ -277,6 +439,22 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
       opts[i] = app.add_option(flag, raw[i], help)->type_name(s.type)->expected(1)->take_last();
     }
   }
+  // Megatron's flags that are not settings (config_internal.h: ForeignFlag).
+  const auto& foreign_flags = ForeignFlags();
+  std::vector<std::vector<std::string>> fraw(foreign_flags.size());
+  std::vector<CLI::Option*> fopts(foreign_flags.size());
+  const std::string group = "Megatron-LM / Megatron-DeepSpeed flags (docs/config.md)";
+  for (size_t i = 0; i < foreign_flags.size(); ++i) {
+    const ForeignFlag& f = foreign_flags[i];
+    const std::string flag = "--" + f.name;
+    if (f.is_flag) {
+      fopts[i] = app.add_flag(flag, fraw[i], f.help)->group(group);
+    } else if (f.is_list) {
+      fopts[i] = app.add_option(flag, fraw[i], f.help)->expected(1, 1 << 20)->group(group);
+    } else {
+      fopts[i] = app.add_option(flag, fraw[i], f.help)->expected(1)->take_last()->group(group);
+    }
+  }
 
   try {
     app.parse(argc, argv);
@@ -303,6 +481,8 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
 
   TrainConfig cfg;
   std::set<std::string> given;
+  std::vector<ForeignGiven> toml_foreign, foreign;
+  std::vector<std::string>& notes = out->source_notes;
   if (!config_path.empty()) {
     std::string text;
     Status st = Env::Default()->ReadFileToString(config_path, &text);
@@ -310,15 +490,53 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
       return Status::InvalidArgument(
           fmt::format("--config {}: cannot read the file ({})", config_path, st.message()));
     }
-    KEEL_RETURN_IF_ERROR(ApplyTomlImpl(text, config_path, &cfg, &given));
+    KEEL_RETURN_IF_ERROR(ApplyTomlImpl(text, config_path, &cfg, &given, &toml_foreign, &notes));
   }
   std::vector<Entry> entries;
+  std::set<std::string> on_command_line;
   for (size_t i = 0; i < settings.size(); ++i) {
     if (opts[i]->count() == 0) continue;
     entries.push_back({&settings[i], std::make_unique<CliInput>("--" + settings[i].name, raw[i])});
+    on_command_line.insert(settings[i].name);
   }
+  for (size_t i = 0; i < foreign_flags.size(); ++i) {
+    if (fopts[i]->count() == 0) continue;
+    const ForeignFlag& f = foreign_flags[i];
+    // A switch given as --flag=false is not given.
+    if (f.is_flag && CliInput("--" + f.name, fraw[i]).Bool() == false) continue;
+    std::string where = "--" + f.name;
+    if (!f.is_flag)
+      for (const std::string& v : fraw[i]) where += " " + v;
+    foreign.push_back({&f, f.is_flag ? std::vector<std::string>{"true"} : fraw[i], where});
+  }
+  KEEL_RETURN_IF_ERROR(ApplyAliases(&foreign, &entries, on_command_line, &notes));
   KEEL_RETURN_IF_ERROR(ApplyEntries(entries, "command line", "--", &cfg, &given));
+  // The --config file's Megatron flags, unless the command line gives the same one.
+  for (ForeignGiven& g : toml_foreign) {
+    bool overridden = false;
+    for (const ForeignGiven& c : foreign) overridden = overridden || c.flag == g.flag;
+    if (!overridden) foreign.push_back(std::move(g));
+  }
+  KEEL_RETURN_IF_ERROR(ReadWeightedSplitPathFiles(given, &cfg));
+  int zero_stage = -1;
+  for (const ForeignGiven& g : foreign) {
+    if (g.flag->name != "zero-stage") continue;
+    const auto v = g.values.size() == 1 ? ParseCliInt(g.values[0]) : std::nullopt;
+    if (!v || *v < 0 || *v > 3)
+      return Status::InvalidArgument(g.where + ": expected a ZeRO stage, 0 to 3");
+    zero_stage = static_cast<int>(*v);
+  }
+  KEEL_RETURN_IF_ERROR(ApplyDeepSpeedConfig(given, &zero_stage, &cfg, &notes));
+  KEEL_RETURN_IF_ERROR(ResolveForeignFlags(foreign, given, zero_stage, &cfg, &notes));
   DropDefaultIterWarmup(given, &cfg);
+  // pretrain_gpt.py's default tokenizer, resolved here so that the run opening the data (before
+  // it validates the config) reads it too; Validate does the same for configs made in code.
+  if (cfg.tokenizer_type.empty() && (!cfg.vocab_file.empty() || !cfg.merge_file.empty())) {
+    cfg.tokenizer_type = "GPT2BPETokenizer";
+    notes.push_back(
+        "--tokenizer-type not given: GPT2BPETokenizer, as pretrain_gpt.py defaults it, with "
+        "--vocab-file and --merge-file");
+  }
 
   out->as_given = cfg;
   KEEL_RETURN_IF_ERROR(Validate(&cfg, &out->notes));

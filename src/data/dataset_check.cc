@@ -45,4 +45,42 @@ DatasetReport CheckDataset(const IndexedDataset& data, int vocab_size, int32_t e
   return r;
 }
 
+IdCheck CheckIdsBelow(const IndexedDataset& data, int vocab_size) {
+  const int64_t n = static_cast<int64_t>(data.NumDocuments());
+  const uint32_t vocab = static_cast<uint32_t>(vocab_size);
+  int64_t first_bad = n, count = 0;
+#pragma omp parallel reduction(min : first_bad) reduction(+ : count)
+  {
+    std::vector<int32_t> buf;
+#pragma omp for schedule(dynamic, 256)
+    for (int64_t d = 0; d < n; ++d) {
+      const int64_t len = data.DocumentLength(static_cast<size_t>(d));
+      if (len == 0) continue;
+      buf.resize(static_cast<size_t>(len));
+      data.ReadStream(data.DocumentStarts()[static_cast<size_t>(d)], len, buf.data());
+      // One unsigned compare per token also catches negative ids.
+      int64_t bad = 0;
+      for (int32_t v : buf) bad += static_cast<uint32_t>(v) >= vocab;
+      if (bad > 0) {
+        count += bad;
+        first_bad = std::min(first_bad, d);
+      }
+    }
+  }
+  IdCheck r;
+  r.out_of_vocab = count;
+  if (count == 0) return r;
+  r.document = first_bad;
+  const int64_t len = data.DocumentLength(static_cast<size_t>(first_bad));
+  std::vector<int32_t> buf(static_cast<size_t>(len));
+  data.ReadStream(data.DocumentStarts()[static_cast<size_t>(first_bad)], len, buf.data());
+  for (int64_t i = 0; i < len; ++i)
+    if (static_cast<uint32_t>(buf[static_cast<size_t>(i)]) >= vocab) {
+      r.position = i;
+      r.id = buf[static_cast<size_t>(i)];
+      break;
+    }
+  return r;
+}
+
 }  // namespace keel

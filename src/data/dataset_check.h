@@ -31,4 +31,13 @@ struct DatasetReport {
 // eod_id < 0 skips the EOD count.
 DatasetReport CheckDataset(const IndexedDataset& data, int vocab_size, int32_t eod_id);
 
+// The first token id outside [0, vocab_size), if any: what opening a dataset without keel
+// metadata checks against the flags' tokenizer. Documents are scanned on all OpenMP threads.
+struct IdCheck {
+  int64_t out_of_vocab = 0;  // how many
+  int64_t document = -1, position = -1;
+  int32_t id = 0;
+};
+IdCheck CheckIdsBelow(const IndexedDataset& data, int vocab_size);
+
 }  // namespace keel

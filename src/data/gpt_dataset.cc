@@ -1,5 +1,6 @@
 #include "data/gpt_dataset.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -95,6 +96,21 @@ Status GptDataset::Create(const DocumentStream* data, const std::string& split_w
   const int s = static_cast<int>(split);
   const int64_t first_doc = std::max<int64_t>(0, bounds[s]);
   const int64_t last_doc = std::max<int64_t>(first_doc, bounds[s + 1]);
+  const std::string where = std::string(SplitName(split)) + " split (documents [" +
+                            std::to_string(first_doc) + ", " + std::to_string(last_doc) + ") of " +
+                            std::to_string(docs) + " with --split " + split_weights + ")";
+  return CreateForDocuments(data, first_doc, last_doc, split, seq_length, seed, where, out);
+}
+
+Status GptDataset::CreateForDocuments(const DocumentStream* data, int64_t first_doc,
+                                      int64_t last_doc, Split split, int seq_length, uint64_t seed,
+                                      const std::string& where, std::unique_ptr<GptDataset>* out) {
+  if (data == nullptr) return Status::InvalidArgument("GptDataset needs a dataset");
+  if (seq_length < 1)
+    return Status::InvalidArgument("--seq-length must be >= 1, got " + std::to_string(seq_length));
+  const int64_t docs = static_cast<int64_t>(data->NumDocuments());
+  first_doc = std::clamp<int64_t>(first_doc, 0, docs);
+  last_doc = std::clamp<int64_t>(last_doc, first_doc, docs);
   auto ds = std::unique_ptr<GptDataset>(new GptDataset());
   ds->data_ = data;
   ds->seq_length_ = seq_length;
@@ -103,9 +119,6 @@ Status GptDataset::Create(const DocumentStream* data, const std::string& split_w
   ds->stream_begin_ = data->DocumentStarts()[first_doc];
   ds->stream_end_ = data->DocumentStarts()[last_doc];
   const int64_t tokens = ds->stream_end_ - ds->stream_begin_;
-  const std::string where = std::string(SplitName(split)) + " split (documents [" +
-                            std::to_string(first_doc) + ", " + std::to_string(last_doc) + ") of " +
-                            std::to_string(docs) + " with --split " + split_weights + ")";
   if (last_doc == first_doc) {
     return Status::InvalidArgument("the " + where + " is empty" +
                                    (split == Split::kTrain

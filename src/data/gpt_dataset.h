@@ -26,6 +26,12 @@ class GptDataset {
   static Status Create(const DocumentStream* data, const std::string& split_weights, Split split,
                        int seq_length, uint64_t seed, std::unique_ptr<GptDataset>* out);
 
+  // The documents [first_doc, last_doc) of `data` as one split (Megatron-DeepSpeed's weighted
+  // split paths give each dataset its own range); `where` describes them in errors.
+  static Status CreateForDocuments(const DocumentStream* data, int64_t first_doc, int64_t last_doc,
+                                   Split split, int seq_length, uint64_t seed,
+                                   const std::string& where, std::unique_ptr<GptDataset>* out);
+
   // Samples in one epoch of this split.
   int64_t SamplesPerEpoch() const { return num_samples_; }
   // Writes sample number `index` (0, 1, 2, ... across epochs) into tokens[seq_length+1] and
@@ -36,6 +42,9 @@ class GptDataset {
   int64_t SampleStart(int64_t index) const;
   int64_t EpochOf(int64_t index) const { return index / num_samples_; }
   int64_t NumTokens() const { return stream_end_ - stream_begin_; }
+  // The stream positions [StreamBegin(), StreamEnd()) its documents span.
+  int64_t StreamBegin() const { return stream_begin_; }
+  int64_t StreamEnd() const { return stream_end_; }
 
  private:
   const DocumentStream* data_ = nullptr;

@@ -120,12 +120,15 @@ Status ReadMeta(Env* env, const std::string& prefix, DatasetMeta* meta) {
   JsonReader r("dataset metadata '" + path + "'", j, fix);
   meta->tokenizer = r.root().Optional("tokenizer").Get<std::string>();
   meta->tokenizer_model = r.root().Optional("tokenizer_model").Get<std::string>();
+  meta->vocab_file = r.root().Optional("vocab_file").Get<std::string>();
+  meta->merge_file = r.root().Optional("merge_file").Get<std::string>();
   meta->vocab_size = r.root().Optional("vocab_size").Get<int>(0);
   meta->eod_id = r.root().Optional("eod_id").Get<int>(-1);
   KEEL_RETURN_IF_ERROR(r.status());
-  if (!meta->tokenizer.empty() && meta->tokenizer != "gpt2" && meta->tokenizer != "sentencepiece") {
+  if (!meta->tokenizer.empty() && meta->tokenizer != "gpt2" && meta->tokenizer != "sentencepiece" &&
+      meta->tokenizer != "hf") {
     return Status::Corruption("dataset metadata '" + path + "' names unknown tokenizer '" +
-                              meta->tokenizer + "' (expected gpt2 or sentencepiece)");
+                              meta->tokenizer + "' (expected gpt2, sentencepiece or hf)");
   }
   return Status::OK();
 }
@@ -137,6 +140,13 @@ IndexedDatasetWriter::IndexedDatasetWriter(Env* env, std::string prefix, int voc
       prefix_(std::move(prefix)),
       vocab_size_(vocab_size),
       dtype_code_(vocab_size <= 65535 ? kDtypeU16 : kDtypeI32) {}
+
+IndexedDatasetWriter::~IndexedDatasetWriter() {
+  if (bin_ == nullptr || finished_) return;
+  (void)bin_->Close();
+  const std::string tmp = prefix_ + ".bin.tmp";
+  if (env_->FileExists(tmp)) (void)env_->RemoveFile(tmp);
+}
 
 Status IndexedDatasetWriter::Open() {
   if (vocab_size_ <= 0) {
@@ -221,6 +231,8 @@ Status IndexedDatasetWriter::Finish(const DatasetMeta& meta) {
                         {"eod_id", meta.eod_id},
                         {"num_documents", sizes_.size()},
                         {"num_tokens", offset_ / DtypeSize(dtype_code_)}};
+    if (!meta.vocab_file.empty()) j["vocab_file"] = meta.vocab_file;
+    if (!meta.merge_file.empty()) j["merge_file"] = meta.merge_file;
     st = WriteFileAtomic(env_, MetaPath(prefix_), j.dump(2) + "\n");
   }
   if (st.ok()) st = env_->RenameFile(idx_tmp, idx_path);

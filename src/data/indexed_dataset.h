@@ -21,16 +21,25 @@
 namespace keel {
 
 struct DatasetMeta {
-  std::string tokenizer;        // "gpt2" | "sentencepiece"
-  std::string tokenizer_model;  // path to the .model for sentencepiece (relative to the prefix dir)
+  std::string tokenizer;  // "gpt2" | "sentencepiece" | "hf"; empty: unknown (no meta.json)
+  // sentencepiece: the .model file; hf: the Hugging Face tokenizer folder (relative to the
+  // prefix's directory unless absolute).
+  std::string tokenizer_model;
   int vocab_size = 0;
   int32_t eod_id = -1;
+  // gpt2 with Megatron's --vocab-file / --merge-file (absolute); empty: the bundled npm files.
+  std::string vocab_file{}, merge_file{};
 };
 
 class IndexedDatasetWriter {
  public:
   // dtype chosen from vocab_size: u16 if vocab_size <= 65535, else i32.
   IndexedDatasetWriter(Env* env, std::string prefix, int vocab_size);
+  // A writer dropped before Finish (an error on the way) removes its temporary .bin: nothing
+  // half-written stays behind, and an existing dataset of the same name is untouched.
+  ~IndexedDatasetWriter();
+  IndexedDatasetWriter(const IndexedDatasetWriter&) = delete;
+  IndexedDatasetWriter& operator=(const IndexedDatasetWriter&) = delete;
   Status Open();
   Status AddDocument(const std::vector<int32_t>& tokens);
   // Writes .idx and meta.json; .bin and .idx are written to temporary names and renamed, so a

@@ -1,9 +1,11 @@
 #include "data/prepare.h"
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <cstdio>
 #include <exception>
+#include <nlohmann/json.hpp>
 
 namespace keel {
 namespace {
@@ -70,6 +72,9 @@ class ProgressBar {
   bool drawn_ = false;
 };
 
+Status PrepareMegatron(Env* env, const PrepareOptions& options, int workers, uint64_t t0,
+                       PrepareStats* stats);
+
 }  // namespace
 
 Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* stats) {
@@ -77,6 +82,12 @@ Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* sta
   PrepareStats local;
   if (stats == nullptr) stats = &local;
   *stats = PrepareStats();
+  if (options.workers < 0 || options.workers > 1024)
+    return Status::InvalidArgument("data prepare: --workers " + std::to_string(options.workers) +
+                                   " must be between 0 (all cores) and 1024");
+  const int workers = options.workers > 0 ? options.workers : omp_get_max_threads();
+  stats->workers = workers;
+  if (options.megatron.given()) return PrepareMegatron(env, options, workers, t0, stats);
   if (options.inputs.empty()) return Status::InvalidArgument("data prepare: no input files given");
   if (options.output_prefix.empty()) {
     return Status::InvalidArgument("data prepare: no output prefix given");
@@ -139,6 +150,8 @@ Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* sta
   stats->vocab_size = meta.vocab_size;
   stats->tokenizer_seconds = (env->NowMicros() - t0) / 1e6;
 
+  stats->outputs.push_back(prefix);
+  const uint64_t t_encode = env->NowMicros();
   IndexedDatasetWriter writer(env, prefix, meta.vocab_size);
   KEEL_RETURN_IF_ERROR(writer.Open());
   ProgressBar bar(env, options.progress, total_bytes);
@@ -158,7 +171,7 @@ Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* sta
     }
     ids.assign(texts.size(), {});
     std::vector<std::string> errors(texts.size());
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(workers)
     for (size_t i = 0; i < texts.size(); ++i) {
       try {
         ids[i] = tokenizer->Encode(texts[i]);
@@ -183,9 +196,149 @@ Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* sta
   KEEL_RETURN_IF_ERROR(writer.Finish(meta));
   bar.Update(stats->bytes, stats->documents, stats->tokens, /*force=*/true);
   bar.Finish();
+  stats->encode_seconds = (env->NowMicros() - t_encode) / 1e6;
   stats->seconds = (env->NowMicros() - t0) / 1e6;
   return Status::OK();
 }
+
+Status ExtractJsonDocument(std::string_view line, const std::vector<std::string>& keys,
+                           const std::string& where, std::vector<std::string>* texts) {
+  texts->clear();
+  const nlohmann::json doc = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!doc.is_object())
+    return Status::InvalidArgument(
+        where +
+        ": not a JSON object: loose JSON input holds one object per line, e.g. "
+        "{\"text\": \"...\"} (what Megatron's tools/preprocess_data.py reads)");
+  for (const std::string& key : keys) {
+    auto it = doc.find(key);
+    if (it == doc.end() || !it->is_string()) {
+      std::string have;
+      for (auto k = doc.begin(); k != doc.end() && have.size() < 200; ++k)
+        have += (have.empty() ? "" : ", ") + k.key();
+      return Status::InvalidArgument(
+          fmt::format("{}: {} (keys: {}); name the text's key with --json-keys", where,
+                      it == doc.end() ? "no key '" + key + "'" : "'" + key + "' is not a string",
+                      have.empty() ? "none" : have));
+    }
+    texts->push_back(it->get<std::string>());
+  }
+  return Status::OK();
+}
+
+namespace {
+
+// Megatron's tools/preprocess_data.py: loose JSON lines, one dataset per key.
+Status PrepareMegatron(Env* env, const PrepareOptions& options, int workers, uint64_t t0,
+                       PrepareStats* stats) {
+  if (options.inputs.empty()) return Status::InvalidArgument("data prepare: no --input given");
+  if (options.output_prefix.empty())
+    return Status::InvalidArgument("data prepare: no --output-prefix given");
+  if (options.json_keys.empty())
+    return Status::InvalidArgument("data prepare: --json-keys names no key");
+  for (size_t i = 0; i < options.json_keys.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (options.json_keys[i] == options.json_keys[j])
+        return Status::InvalidArgument("data prepare: --json-keys names '" + options.json_keys[i] +
+                                       "' twice");
+  int64_t total_bytes = 0;
+  for (const std::string& input : options.inputs) {
+    uint64_t size = 0;
+    if (!env->FileExists(input) || env->IsDirectory(input))
+      return Status::InvalidArgument("data prepare: --input '" + input + "' is not a file");
+    KEEL_RETURN_IF_ERROR(env->GetFileSize(input, &size));
+    total_bytes += static_cast<int64_t>(size);
+  }
+  std::unique_ptr<Tokenizer> tok;
+  KEEL_RETURN_IF_ERROR(LoadTokenizerFromSpec(env, options.megatron, &tok, &stats->notes));
+  const DatasetMeta meta = MetaForSpec(options.megatron, *tok);
+  stats->vocab_size = meta.vocab_size;
+  stats->tokenizer_seconds = (env->NowMicros() - t0) / 1e6;
+  const uint64_t t_encode = env->NowMicros();
+  KEEL_RETURN_IF_ERROR(env->CreateDirs(DirName(options.output_prefix)));
+  const size_t nk = options.json_keys.size();
+  std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
+  for (const std::string& key : options.json_keys) {
+    // Megatron's names: the tr8 and tr1 scripts' DATA_PATH is .../meg-gpt2_text_document.
+    const std::string prefix = options.output_prefix + "_" + key + "_document";
+    writers.push_back(std::make_unique<IndexedDatasetWriter>(env, prefix, meta.vocab_size));
+    KEEL_RETURN_IF_ERROR(writers.back()->Open());
+    stats->outputs.push_back(prefix);
+  }
+  ProgressBar bar(env, options.progress, total_bytes);
+  bar.Update(0, 0, 0, /*force=*/true);
+  std::vector<std::string_view> lines;
+  std::vector<std::string> where;
+  std::vector<std::vector<std::vector<int32_t>>> ids;  // [line][key]
+  std::vector<std::string> errors;
+  for (const std::string& input : options.inputs) {
+    std::unique_ptr<ReadOnlyRegion> file;
+    uint64_t size = 0;
+    KEEL_RETURN_IF_ERROR(env->GetFileSize(input, &size));
+    if (size == 0) continue;
+    KEEL_RETURN_IF_ERROR(env->MapReadOnly(input, &file));
+    std::string_view rest(file->data(), file->size());
+    int64_t line_no = 0;
+    while (!rest.empty()) {
+      // A batch of lines, read in order, tokenized in parallel, appended in order: the output
+      // is the same for any number of workers.
+      lines.clear();
+      where.clear();
+      size_t batch_bytes = 0;
+      while (!rest.empty() && lines.size() < kBatchDocs && batch_bytes < kBatchBytes) {
+        const size_t nl = rest.find('\n');
+        std::string_view line = rest.substr(0, nl);
+        rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+        ++line_no;
+        stats->bytes += static_cast<int64_t>(line.size()) + (nl == std::string_view::npos ? 0 : 1);
+        batch_bytes += line.size();
+        if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank
+        lines.push_back(line);
+        where.push_back(input + ":" + std::to_string(line_no));
+      }
+      ids.assign(lines.size(), std::vector<std::vector<int32_t>>(nk));
+      errors.assign(lines.size(), std::string());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(workers)
+      for (size_t i = 0; i < lines.size(); ++i) {
+        try {
+          std::vector<std::string> texts;
+          Status st = ExtractJsonDocument(lines[i], options.json_keys, where[i], &texts);
+          if (!st.ok()) {
+            errors[i] = st.message();
+            continue;
+          }
+          for (size_t k = 0; k < nk; ++k) {
+            ids[i][k] = tok->Encode(texts[k]);
+            if (!ids[i][k].empty() && options.append_eod) ids[i][k].push_back(meta.eod_id);
+          }
+        } catch (const std::exception& e) {  // exceptions must not escape an OpenMP region
+          errors[i] = where[i] + ": " + e.what();
+        }
+      }
+      for (size_t i = 0; i < lines.size(); ++i) {
+        if (!errors[i].empty()) return Status::InvalidArgument("data prepare: " + errors[i]);
+        for (size_t k = 0; k < nk; ++k) {
+          if (ids[i][k].empty()) {  // as preprocess_data.py: nothing to add
+            ++stats->empty_skipped;
+            continue;
+          }
+          KEEL_RETURN_IF_ERROR(writers[k]->AddDocument(ids[i][k]));
+          stats->tokens += static_cast<int64_t>(ids[i][k].size());
+        }
+        ++stats->documents;
+        bar.Update(stats->bytes, stats->documents, stats->tokens, /*force=*/false);
+      }
+    }
+  }
+  for (auto& w : writers) KEEL_RETURN_IF_ERROR(w->Finish(meta));
+  bar.Update(stats->bytes, stats->documents, stats->tokens, /*force=*/true);
+  bar.Finish();
+  stats->encode_seconds = (env->NowMicros() - t_encode) / 1e6;
+  stats->seconds = (env->NowMicros() - t0) / 1e6;
+  return Status::OK();
+}
+
+}  // namespace
 
 std::string TokenizerModelPath(const std::string& prefix, const DatasetMeta& meta) {
   if (meta.tokenizer_model.empty()) return "";
@@ -198,8 +351,14 @@ Status LoadTokenizerForDataset(const std::string& prefix, const DatasetMeta& met
   std::unique_ptr<Tokenizer> tok;
   if (meta.tokenizer == "gpt2") {
     const std::string dir = DefaultGpt2AssetsDir();
-    KEEL_RETURN_IF_ERROR(
-        LoadGpt2Tokenizer(JoinPath(dir, "encoder.json"), JoinPath(dir, "vocab.bpe"), &tok));
+    KEEL_RETURN_IF_ERROR(LoadGpt2Tokenizer(
+        meta.vocab_file.empty() ? JoinPath(dir, "encoder.json") : meta.vocab_file,
+        meta.merge_file.empty() ? JoinPath(dir, "vocab.bpe") : meta.merge_file, &tok));
+  } else if (meta.tokenizer == "hf") {
+    if (meta.tokenizer_model.empty())
+      return Status::Corruption("dataset '" + prefix +
+                                "': meta.json names an hf tokenizer but no tokenizer_model folder");
+    KEEL_RETURN_IF_ERROR(LoadHfTokenizer(Env::Default(), TokenizerModelPath(prefix, meta), &tok));
   } else if (meta.tokenizer == "sentencepiece") {
     if (meta.tokenizer_model.empty()) {
       return Status::Corruption("dataset '" + prefix +

@@ -70,8 +70,19 @@ class SentencePieceTokenizer : public Tokenizer {
     }
     eod_id_ = sp_.PieceToId(kEodPiece);
     if (eod_id_ == sp_.unk_id() || !sp_.IsControl(eod_id_)) {
-      return Status::Corruption("SentencePiece model '" + model_path + "' has no control piece " +
-                                kEodPiece + "; it was not trained by keel");
+      // Another's model (Megatron's SentencePieceTokenizer, Llama's): its end-of-sentence piece
+      // ends documents, as Megatron-LM's GPT SentencePiece tokenizer does.
+      const int eos = sp_.eos_id();
+      if (eos < 0 || eos >= sp_.GetPieceSize())
+        return Status::Corruption("SentencePiece model '" + model_path +
+                                  "' has neither keel's control piece " + kEodPiece +
+                                  " nor an end-of-sentence piece to end documents with");
+      eod_id_ = eos;
+      eod_note_ = "SentencePiece model " + model_path + " has no " + kEodPiece +
+                  " piece (keel did not train it): documents end with its end-of-sentence "
+                  "piece '" +
+                  sp_.IdToPiece(eos) + "' (id " + std::to_string(eos) +
+                  "), as Megatron-LM's GPT SentencePiece tokenizer does";
     }
     // Encode and Decode cannot return an error, so a model they would fail on is refused here:
     // a probe with every byte value (byte fallback covers what the pieces do not).
@@ -118,10 +129,12 @@ class SentencePieceTokenizer : public Tokenizer {
   }
 
   const sentencepiece::SentencePieceProcessor& processor() const { return sp_; }
+  const std::string& eod_note() const { return eod_note_; }
 
  private:
   sentencepiece::SentencePieceProcessor sp_;
   int32_t eod_id_ = -1;
+  std::string eod_note_;  // how the EOD piece was chosen, when it is not keel's <eod>
 };
 
 }  // namespace
@@ -191,12 +204,14 @@ Status TrainSentencePiece(const std::vector<std::string>& input_files,
   return WriteFileAtomic(env, model_prefix + ".vocab", vocab);
 }
 
-Status LoadSentencePieceTokenizer(const std::string& model_path, std::unique_ptr<Tokenizer>* out) {
+Status LoadSentencePieceTokenizer(const std::string& model_path, std::unique_ptr<Tokenizer>* out,
+                                  std::string* eod_note) {
   if (!Env::Default()->FileExists(model_path)) {
     return Status::NotFound("SentencePiece model '" + model_path + "' not found");
   }
   auto tok = std::make_unique<SentencePieceTokenizer>();
   KEEL_RETURN_IF_ERROR(tok->Init(model_path));
+  if (eod_note != nullptr) *eod_note = tok->eod_note();
   *out = std::move(tok);
   return Status::OK();
 }

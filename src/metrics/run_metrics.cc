@@ -44,17 +44,27 @@ Status LinkOrCopy(Env* env, const std::string& from, const std::string& to,
 }  // namespace
 
 Status RunMetrics::Open(Env* env, const std::string& run_dir, std::unique_ptr<RunMetrics>* out) {
+  return Open(env, run_dir, TensorBoardOptions(), out);
+}
+
+Status RunMetrics::Open(Env* env, const std::string& run_dir, const TensorBoardOptions& tb,
+                        std::unique_ptr<RunMetrics>* out) {
   auto m = std::unique_ptr<RunMetrics>(new RunMetrics());
   m->env_ = env;
   m->dir_ = run_dir;
+  m->tb_ = tb;
+  m->tb_dir_ = !tb.dir.empty() ? tb.dir : run_dir.empty() ? "" : JoinPath(run_dir, kTensorBoardDir);
   *out = std::move(m);
   return Status::OK();
 }
 
 Status RunMetrics::OpenLive() {
-  if (dir_.empty() || jsonl_) return Status::OK();
-  KEEL_RETURN_IF_ERROR(env_->NewAppendableFile(JoinPath(dir_, kMetricsFile), &jsonl_));
-  const std::string tb = JoinPath(dir_, kTensorBoardDir);
+  if ((dir_.empty() && tb_dir_.empty()) || jsonl_ || events_) return Status::OK();
+  if (!dir_.empty()) {
+    KEEL_RETURN_IF_ERROR(env_->CreateDirs(dir_));
+    KEEL_RETURN_IF_ERROR(env_->NewAppendableFile(JoinPath(dir_, kMetricsFile), &jsonl_));
+  }
+  const std::string& tb = tb_dir_;
   KEEL_RETURN_IF_ERROR(env_->CreateDirs(tb));
   char host[256] = "localhost";
   ::gethostname(host, sizeof(host) - 1);
@@ -80,7 +90,7 @@ Status RunMetrics::Rewind(const MetricsPosition& at, const std::string& reason,
 Status RunMetrics::DoRewind(const MetricsPosition& at, const std::string& reason,
                             std::string* archived) {
   if (archived) archived->clear();
-  if (dir_.empty()) return Status::OK();
+  if (dir_.empty() && tb_dir_.empty()) return Status::OK();
   // Close the live files of this process first: they are about to be replaced.
   if (jsonl_) KEEL_RETURN_IF_ERROR(jsonl_->Close());
   if (events_) KEEL_RETURN_IF_ERROR(events_->Close());
@@ -88,11 +98,11 @@ Status RunMetrics::DoRewind(const MetricsPosition& at, const std::string& reason
   events_.reset();
   last_iteration_ = at.iteration;
 
-  const std::string jsonl_path = JoinPath(dir_, kMetricsFile);
-  const std::string tb = JoinPath(dir_, kTensorBoardDir);
+  const std::string jsonl_path = dir_.empty() ? std::string() : JoinPath(dir_, kMetricsFile);
+  const std::string& tb = tb_dir_;
   std::string jsonl_text, kept_jsonl;
   int64_t later = 0, last_seen = at.iteration;
-  if (env_->FileExists(jsonl_path)) {
+  if (!jsonl_path.empty() && env_->FileExists(jsonl_path)) {
     KEEL_RETURN_IF_ERROR(env_->ReadFileToString(jsonl_path, &jsonl_text));
     std::istringstream in(jsonl_text);
     std::string line;
@@ -148,7 +158,8 @@ Status RunMetrics::DoRewind(const MetricsPosition& at, const std::string& reason
   // 1. The archive, complete before anything live changes: built under a hidden name (hard links
   //    to the live files, copies where links are refused), then renamed into place. A crash
   //    leaves the live files whole and at most a hidden partial archive, removed next time.
-  const std::string root = JoinPath(dir_, kMetricsArchiveDir);
+  // Without a run directory (--tensorboard-dir alone) the archive goes beside the events.
+  const std::string root = JoinPath(dir_.empty() ? tb_dir_ : dir_, kMetricsArchiveDir);
   KEEL_RETURN_IF_ERROR(env_->CreateDirs(root));
   std::vector<std::string> entries;
   KEEL_RETURN_IF_ERROR(env_->GetChildren(root, &entries));
@@ -169,7 +180,7 @@ Status RunMetrics::DoRewind(const MetricsPosition& at, const std::string& reason
   const std::string arch = JoinPath(root, name);
   const std::string staging = JoinPath(root, kPartialPrefix + name);
   KEEL_RETURN_IF_ERROR(env_->CreateDirs(JoinPath(staging, kTensorBoardDir)));
-  if (env_->FileExists(jsonl_path))
+  if (!jsonl_path.empty() && env_->FileExists(jsonl_path))
     KEEL_RETURN_IF_ERROR(LinkOrCopy(env_, jsonl_path, JoinPath(staging, kMetricsFile), jsonl_text));
   for (const EventFile& f : event_files)
     KEEL_RETURN_IF_ERROR(LinkOrCopy(env_, JoinPath(tb, f.name),
@@ -181,7 +192,7 @@ Status RunMetrics::DoRewind(const MetricsPosition& at, const std::string& reason
 
   // 2. The live files, each replaced whole: metrics.jsonl atomically, then a new event file with
   //    what is kept, then the old event files go (the archive holds them).
-  KEEL_RETURN_IF_ERROR(WriteFileAtomic(env_, jsonl_path, kept_jsonl));
+  if (!jsonl_path.empty()) KEEL_RETURN_IF_ERROR(WriteFileAtomic(env_, jsonl_path, kept_jsonl));
   KEEL_RETURN_IF_ERROR(OpenLive());
   KEEL_RETURN_IF_ERROR(events_->Append(kept_events));
   KEEL_RETURN_IF_ERROR(events_->Sync());
@@ -199,7 +210,7 @@ Status RunMetrics::WriteScalar(int64_t step, const std::string& tag, double valu
 }
 
 Status RunMetrics::Append(const nlohmann::json& r) {
-  if (dir_.empty()) return Status::OK();
+  if (dir_.empty() && tb_dir_.empty()) return Status::OK();
   if (!failed_.ok()) return failed_;
   const bool train = r.value("kind", "") == "train";
   const int64_t it = r.value("iteration", int64_t{0});
@@ -215,9 +226,12 @@ Status RunMetrics::Append(const nlohmann::json& r) {
   KEEL_RETURN_IF_ERROR(OpenLive());
   if (train) last_iteration_ = it;
   // A name that is not UTF-8 (a dataset path) is written with U+FFFD rather than thrown on.
-  KEEL_RETURN_IF_ERROR(
-      jsonl_->Append(r.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
-  KEEL_RETURN_IF_ERROR(jsonl_->Flush());
+  if (jsonl_) {
+    KEEL_RETURN_IF_ERROR(
+        jsonl_->Append(r.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
+    KEEL_RETURN_IF_ERROR(jsonl_->Flush());
+  }
+  if (!events_) return Status::OK();
 
   const double wall = WallTime();
   const int64_t samples = r.value("consumed_samples", int64_t{0});
@@ -242,9 +256,30 @@ Status RunMetrics::Append(const nlohmann::json& r) {
       KEEL_RETURN_IF_ERROR(WriteScalar(it, "num-zeros/num-zeros", num(r, "num_zeros"), wall));
     }
     KEEL_RETURN_IF_ERROR(both("learning-rate/learning-rate", num(r, "learning_rate")));
-    KEEL_RETURN_IF_ERROR(both("batch-size/batch-size", num(r, "global_batch_size")));
+    if (tb_.batch_size)
+      KEEL_RETURN_IF_ERROR(both("batch-size/batch-size", num(r, "global_batch_size")));
     KEEL_RETURN_IF_ERROR(both("loss-scale/loss-scale", num(r, "loss_scale")));
-    KEEL_RETURN_IF_ERROR(both("iteration-time/iteration-time", num(r, "iteration_ms") / 1000.0));
+    if (tb_.timers) {
+      // Megatron-DeepSpeed's --log-timers-to-tensorboard tags.
+      const double secs = num(r, "iteration_ms") / 1000.0;
+      KEEL_RETURN_IF_ERROR(both("iteration-time/iteration-time", secs));
+      KEEL_RETURN_IF_ERROR(WriteScalar(r.value("consumed_tokens", int64_t{0}),
+                                       "iteration-time/iteration-time vs tokens", secs, wall));
+      if (!data_skipped) {
+        const double sps = num(r, "samples_per_second");
+        const double tokens_per_sample =
+            samples > 0 ? static_cast<double>(r.value("consumed_tokens", int64_t{0})) / samples
+                        : NAN;
+        KEEL_RETURN_IF_ERROR(WriteScalar(it, "iteration-time/samples per second", sps, wall));
+        KEEL_RETURN_IF_ERROR(
+            WriteScalar(it, "iteration-time/tokens per second", sps * tokens_per_sample, wall));
+      }
+      if (r.contains("timers_ms") && r["timers_ms"].is_object())
+        for (const auto& [name, ms] : r["timers_ms"].items())
+          if (ms.is_number())
+            KEEL_RETURN_IF_ERROR(
+                WriteScalar(it, "time/" + name + "-time", ms.get<double>() / 1000.0, wall));
+    }
     if (!data_skipped) {
       KEEL_RETURN_IF_ERROR(
           WriteScalar(it, "throughput/samples per second", num(r, "samples_per_second"), wall));
@@ -255,20 +290,23 @@ Status RunMetrics::Append(const nlohmann::json& r) {
         KEEL_RETURN_IF_ERROR(both("lm-loss-training/" + name + " lm loss", num(d, "lm_loss")));
   } else {
     KEEL_RETURN_IF_ERROR(both("lm-loss-validation/lm loss validation", num(r, "lm_loss")));
-    KEEL_RETURN_IF_ERROR(both("lm-loss-validation/lm loss validation ppl", num(r, "lm_loss_ppl")));
+    if (tb_.validation_ppl)
+      KEEL_RETURN_IF_ERROR(
+          both("lm-loss-validation/lm loss validation ppl", num(r, "lm_loss_ppl")));
     if (r.contains("datasets"))
       for (const auto& [name, d] : r["datasets"].items()) {
         KEEL_RETURN_IF_ERROR(
             both("lm-loss-validation/" + name + " lm loss validation", num(d, "lm_loss")));
-        KEEL_RETURN_IF_ERROR(
-            both("lm-loss-validation/" + name + " lm loss validation ppl", num(d, "lm_loss_ppl")));
+        if (tb_.validation_ppl)
+          KEEL_RETURN_IF_ERROR(both("lm-loss-validation/" + name + " lm loss validation ppl",
+                                    num(d, "lm_loss_ppl")));
       }
   }
   return events_->Flush();
 }
 
 Status RunMetrics::AppendText(int64_t iteration, const std::string& tag, const std::string& text) {
-  if (dir_.empty()) return Status::OK();
+  if (tb_dir_.empty()) return Status::OK();
   if (!failed_.ok()) return failed_;
   KEEL_RETURN_IF_ERROR(OpenLive());
   KEEL_RETURN_IF_ERROR(
@@ -277,7 +315,7 @@ Status RunMetrics::AppendText(int64_t iteration, const std::string& tag, const s
 }
 
 Status RunMetrics::AppendScalar(int64_t iteration, const std::string& tag, double value) {
-  if (dir_.empty()) return Status::OK();
+  if (tb_dir_.empty()) return Status::OK();
   if (!failed_.ok()) return failed_;
   KEEL_RETURN_IF_ERROR(OpenLive());
   KEEL_RETURN_IF_ERROR(WriteScalar(iteration, tag, value, WallTime()));

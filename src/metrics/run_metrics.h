@@ -2,7 +2,8 @@
 //   metrics.jsonl                       one JSON object per iteration ("kind": "train": every field
 //                                       of the iteration line, per-dataset loss) and per evaluation
 //   tensorboard/events.out.tfevents.*   the same as TensorBoard scalars under Megatron's grouped
-//                                       tags, plus the guard's events as text
+//                                       tags, plus the guard's events as text (or in
+//                                       --tensorboard-dir)
 //   metrics-archive/NAME/               what a rewind set aside (nothing is deleted)
 // Rollback-aware: when the run goes back to an earlier iteration (a resume from an older
 // checkpoint, the guard's rollback), everything written after that iteration is moved to
@@ -28,10 +29,23 @@ struct MetricsPosition {
   int64_t iteration = 0, samples = 0, tokens = 0;
 };
 
+// Where TensorBoard files go and which of Megatron's optional tags they carry.
+struct TensorBoardOptions {
+  std::string dir;  // --tensorboard-dir; empty: RUN/tensorboard (none without a run directory)
+  // --log-timers-to-tensorboard: iteration-time/ (iteration time, samples and tokens per second)
+  // and time/NAME-time, each phase of the iteration under Megatron's timer names.
+  bool timers = false;
+  bool batch_size = false;      // --log-batch-size-to-tensorboard: batch-size/
+  bool validation_ppl = false;  // --log-validation-ppl-to-tensorboard: ... validation ppl
+};
+
 class RunMetrics {
  public:
-  // `run_dir` empty: nothing is written. Opening does not touch existing files; call Rewind.
+  // `run_dir` empty: no metrics.jsonl (TensorBoard files only when `tb.dir` is given). Opening
+  // does not touch existing files; call Rewind.
   static Status Open(Env* env, const std::string& run_dir, std::unique_ptr<RunMetrics>* out);
+  static Status Open(Env* env, const std::string& run_dir, const TensorBoardOptions& tb,
+                     std::unique_ptr<RunMetrics>* out);
 
   // The run continues after `at`: the live files as they were go to
   // metrics-archive/<reason>-iter<from>-to-iter<at>-<UTC time>-<n>/ (n: one more than the
@@ -53,6 +67,7 @@ class RunMetrics {
   Status AppendScalar(int64_t iteration, const std::string& tag, double value);
 
   const std::string& run_dir() const { return dir_; }
+  const std::string& tensorboard_dir() const { return tb_dir_; }
 
  private:
   Status DoRewind(const MetricsPosition& at, const std::string& reason, std::string* archived);
@@ -61,6 +76,8 @@ class RunMetrics {
 
   Env* env_ = nullptr;
   std::string dir_;
+  std::string tb_dir_;  // empty: no TensorBoard files
+  TensorBoardOptions tb_;
   std::unique_ptr<WritableFile> jsonl_, events_;
   int64_t last_iteration_ = -1;  // of the last train record appended by this process
   Status failed_;                // of a rewind that did not finish

@@ -153,7 +153,15 @@ StepResult Trainer::TrainStep() {
       r.rank_compute_ms[k] = v[1];
     }
   }
-  if (phases_) phases_->EndIteration();
+  if (phases_) {
+    phases_->EndIteration();
+    for (auto [name, phase] : {std::pair{"batch-generator", Phase::kData},
+                               {"forward-compute", Phase::kForward},
+                               {"backward-compute", Phase::kBackward},
+                               {"backward-params-all-reduce", Phase::kReduce},
+                               {"optimizer", Phase::kOptimizer}})
+      r.timers_ms.emplace_back(name, 1e3 * phases_->IterationSeconds(phase));
+  }
   return r;
 }
 
@@ -486,6 +494,11 @@ void Trainer::AccountIteration(const StepResult& r, const RunHooks& hooks) {
         {"samples_per_second",
          r.data_skipped ? JsonNumber(NAN) : JsonNumber(r.global_batch / secs)},
         {"tflops", r.data_skipped ? JsonNumber(NAN) : JsonNumber(flops / secs / 1e12)}};
+    if (!r.timers_ms.empty()) {
+      nlohmann::json t = nlohmann::json::object();
+      for (const auto& [name, ms] : r.timers_ms) t[name] = ms;
+      m["timers_ms"] = t;
+    }
     if (nd > 1 && !r.data_skipped) {
       nlohmann::json per = nlohmann::json::object();
       for (size_t d = 0; d < nd; ++d)
@@ -550,18 +563,19 @@ void Trainer::RunEvaluation(const RunHooks& hooks) {
   } else {
     // Each dataset on its own validation split; the combined loss is their weighted mean, the
     // expected loss of the mixture.
-    double wsum = 0, lsum = 0;
+    double wsum = 0, lsum = 0, first_loss = NAN;
     nlohmann::json per = nlohmann::json::object();
     std::vector<std::string> lines;
     for (const ValidationSet& v : data_.valid_sets) {
       const double loss = Evaluate(cfg_.eval_iters, v.samples);
       lines.push_back(FormatValidationLine(c.iteration, loss, v.name));
       per[v.name] = {{"lm_loss", JsonNumber(loss)}, {"lm_loss_ppl", JsonNumber(LossPpl(loss))}};
+      if (lines.size() == 1) first_loss = loss;
       wsum += v.weight;
       lsum += v.weight * loss;
     }
-    const double loss = lsum / wsum;
-    hooks.log(FormatValidationLine(c.iteration, loss));
+    const double loss = data_.combine_validation ? lsum / wsum : first_loss;
+    if (data_.combine_validation) hooks.log(FormatValidationLine(c.iteration, loss));
     for (const std::string& l : lines) hooks.log(l);
     m["lm_loss"] = JsonNumber(loss);
     m["lm_loss_ppl"] = JsonNumber(LossPpl(loss));

@@ -62,6 +62,10 @@ struct StepResult {
   // Every rank's own compute time this iteration (data, forward, backward, optimizer; the waits
   // on other ranks excluded), in rank order: what the straggler detector compares.
   std::vector<double> rank_compute_ms;
+  // This rank's time in each phase of the iteration, under Megatron's timer names
+  // (batch-generator, forward-compute, backward-compute, backward-params-all-reduce, optimizer);
+  // empty without a phase tracker.
+  std::vector<std::pair<std::string, double>> timers_ms;
 };
 
 // Decides, from an iteration's signals, whether its update is applied (the guard).
@@ -93,6 +97,10 @@ struct TrainerData {
   // is unused and the validation line's loss is their weighted mean).
   std::vector<std::string> dataset_names{"data"};
   std::vector<ValidationSet> valid_sets;
+  // The validation line is valid_sets' weighted mean, followed by each set's line; false
+  // (Megatron-DeepSpeed's validation groups, each its own evaluation): only each set's line, and
+  // the first set's loss is the evaluation's in the metrics record.
+  bool combine_validation = true;
 };
 
 // What the micro-batches of one iteration add up to, reduced across data-parallel ranks. The

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <tuple>
 
 #include "checkpoint/manifest.h"
 #include "core/json_reader.h"
@@ -11,6 +12,7 @@
 #include "core/timestamp.h"
 #include "data/blended_dataset.h"
 #include "data/default_corpus.h"
+#include "data/megatron_tokenizer.h"
 #include "data/prepare.h"
 #include "journal/run_journal.h"
 #include "model/flops.h"
@@ -300,23 +302,44 @@ Status TrainingRun::PrepareRunDirectory() {
 }
 
 Status TrainingRun::OpenData(std::vector<std::string>* notes) {
-  std::vector<std::pair<double, std::string>> blend;
-  if (cfg_.data_path.empty()) {  // (a lone "" is normalised away by the config)
+  DataSpec spec;
+  spec.split = cfg_.split;
+  spec.seq_length = cfg_.seq_length;
+  spec.seed = cfg_.seed;
+  if (!cfg_.train_weighted_split_paths.empty()) {
+    for (auto [flag, texts, groups] :
+         {std::tuple{"--train-weighted-split-paths", &cfg_.train_weighted_split_paths,
+                     &spec.train_groups},
+          {"--valid-weighted-split-paths", &cfg_.valid_weighted_split_paths, &spec.valid_groups}})
+      for (const std::string& text : *texts) {
+        groups->emplace_back();
+        KEEL_RETURN_IF_ERROR(ParseWeightedSplitGroup(text, flag, &groups->back()));
+      }
+  } else if (cfg_.data_path.empty()) {  // (a lone "" is normalised away by the config)
     std::string prefix;
     const std::string tok = cfg_.tokenizer == TokenizerKind::kGpt2 ? "gpt2" : "sentencepiece";
     KEEL_RETURN_IF_ERROR(EnsureDefaultCorpus(env_, tok, 4096, &prefix, notes));
-    blend.emplace_back(1.0, prefix);
+    spec.blend.emplace_back(1.0, prefix);
   } else {
-    KEEL_RETURN_IF_ERROR(ParseDataBlend(cfg_.data_path, &blend));
+    KEEL_RETURN_IF_ERROR(ParseDataBlend(cfg_.data_path, &spec.blend));
   }
-  KEEL_RETURN_IF_ERROR(
-      TrainData::Open(env_, blend, cfg_.split, cfg_.seq_length, cfg_.seed, &data_));
+  // Megatron's tokenizer flags: the tokenizer of data without keel metadata.
+  DatasetMeta flags_meta;
+  if (!cfg_.tokenizer_type.empty()) {
+    const TokenizerSpec ts{cfg_.tokenizer_type, cfg_.vocab_file, cfg_.merge_file,
+                           cfg_.tokenizer_model, cfg_.tokenizer_name_or_path};
+    std::unique_ptr<Tokenizer> tok;
+    KEEL_RETURN_IF_ERROR(LoadTokenizerFromSpec(env_, ts, &tok, notes));
+    flags_meta = MetaForSpec(ts, *tok);
+    spec.flags_tokenizer = &flags_meta;
+    spec.flags_text = DescribeSpec(ts);
+  }
+  KEEL_RETURN_IF_ERROR(TrainData::Open(env_, spec, &data_, notes));
   prefix_ = data_->source(0).shards[0];  // its tokenizer is the run's
   meta_ = data_->meta();
   if (meta_.vocab_size <= 0)
-    return Status::InvalidArgument(
-        prefix_ + ".meta.json is missing, so the vocabulary size of --data-path " + prefix_ +
-        " is unknown: prepare the data with `keel data prepare` (it writes the metadata)");
+    return Status::InvalidArgument(prefix_ + ".meta.json gives no vocabulary size for " + prefix_ +
+                                   ": prepare the data again with `keel data prepare`");
   cfg_.vocab_size = meta_.vocab_size;
   cfg_.eod_id = meta_.eod_id;
   if ((cfg_.reset_position_ids || cfg_.reset_attention_mask) && meta_.eod_id < 0)
@@ -331,70 +354,70 @@ Status TrainingRun::OpenData(std::vector<std::string>* notes) {
 
 void TrainingRun::LogData() {
   const bool mixture = data_->NumDatasets() > 1;
-  bool any_valid = false;
   for (int d = 0; d < data_->NumDatasets(); ++d) {
     const TrainData::Source& src = data_->source(d);
-    Log("data: {} ({}{} documents, {} tokens; train split {} samples of {} tokens per epoch{})",
+    Log("data: {} ({}{} documents, {} tokens; train split {}{} samples of {} tokens per epoch{})",
         mixture ? fmt::format("{} = {} (weight {:.4f})", src.name, src.prefix, src.weight)
                 : src.prefix,
         src.shards.size() > 1 ? fmt::format("{} shards, ", src.shards.size()) : "",
-        src.data->NumDocuments(), src.data->NumTokens(), src.train->SamplesPerEpoch(),
-        cfg_.seq_length,
+        src.data->NumDocuments(), src.data->NumTokens(), src.range.empty() ? "" : src.range + ", ",
+        src.train->SamplesPerEpoch(), cfg_.seq_length,
         src.valid ? fmt::format(", validation split {} samples", src.valid->SamplesPerEpoch())
                   : "");
-    if (!src.valid) {
+    if (!src.valid && data_->CombineValidation())
       Warn("no validation set for {} ({}); it is not evaluated", src.name, src.valid_missing);
-      continue;
-    }
-    any_valid = true;
-    if (cfg_.eval_iters * cfg_.global_batch_size > src.valid->SamplesPerEpoch())
-      Warn(
-          "an evaluation of {} reads --eval-iters {} x global batch {} = {} samples but its "
-          "validation split has {}: samples repeat within an evaluation; lower --eval-iters or "
-          "give the validation split more weight in --split",
-          src.name, cfg_.eval_iters, cfg_.global_batch_size,
-          cfg_.eval_iters * cfg_.global_batch_size, src.valid->SamplesPerEpoch());
   }
   if (mixture)
     Log("data: mixture of {} datasets by error diffusion over the weights: over any window of N "
         "samples each dataset gets its share within 2 samples; the order is a pure function of "
         "(seed, position)",
         data_->NumDatasets());
-  if (!any_valid) Warn("no dataset has a validation split: validation is skipped");
+  if (!data_->CombineValidation())
+    for (int v = 0; v < data_->NumValidSets(); ++v)
+      Log("data: validation group {}: {} samples of {} tokens per epoch, evaluated on its own",
+          data_->ValidSetName(v), data_->ValidSetSamples(v), cfg_.seq_length);
+  for (int v = 0; v < data_->NumValidSets(); ++v)
+    if (cfg_.eval_iters * cfg_.global_batch_size > data_->ValidSetSamples(v))
+      Warn(
+          "an evaluation of {} reads --eval-iters {} x global batch {} = {} samples but its "
+          "validation split has {}: samples repeat within an evaluation; lower --eval-iters or "
+          "give the validation split more weight in --split",
+          data_->ValidSetName(v), cfg_.eval_iters, cfg_.global_batch_size,
+          cfg_.eval_iters * cfg_.global_batch_size, data_->ValidSetSamples(v));
+  if (data_->NumValidSets() == 0) Warn("no dataset has a validation split: validation is skipped");
 }
 
 TrainerData TrainingRun::MakeTrainerData() {
-  // Samples are read ahead on a background thread (data/sample_prefetcher.h); the loop's own
+  // Samples are read ahead on background threads (data/sample_prefetcher.h); the loop's own
   // thread sees each sample's dataset and epoch, and logs a dataset's new epoch as it begins.
   const int64_t depth = SamplePrefetchDepth(cfg_);
   prefetcher_ = std::make_unique<SamplePrefetcher>(
       [this](int64_t index, uint64_t salt, int32_t* tokens) {
         return data_->GetTrainSample(index, salt, tokens);
       },
-      cfg_.seq_length + 1, depth);
+      cfg_.seq_length + 1, depth, cfg_.num_workers);
   last_epoch_.assign(static_cast<size_t>(data_->NumDatasets()), -1);
   TrainerData td;
   td.train = [this](int64_t index, int32_t* tokens) { return ReadTrainSample(index, tokens); };
-  if (data_->NumDatasets() == 1) {
-    if (data_->source(0).valid)
+  td.combine_validation = data_->CombineValidation();
+  if (data_->NumDatasets() == 1 && data_->CombineValidation()) {
+    if (data_->NumValidSets() == 1)
       td.valid = [this](int64_t index, int32_t* tokens) {
         return ReadValidSample(0, index, tokens);
       };
     return td;
   }
   td.dataset_names = data_->Names();
-  for (int d = 0; d < data_->NumDatasets(); ++d) {
-    if (!data_->source(d).valid) continue;
+  for (int v = 0; v < data_->NumValidSets(); ++v)
     td.valid_sets.push_back(
-        {data_->source(d).name, data_->source(d).weight,
-         [this, d](int64_t index, int32_t* tokens) { return ReadValidSample(d, index, tokens); }});
-  }
+        {data_->ValidSetName(v), data_->ValidSetWeight(v),
+         [this, v](int64_t index, int32_t* tokens) { return ReadValidSample(v, index, tokens); }});
   return td;
 }
 
-int TrainingRun::ReadValidSample(int d, int64_t index, int32_t* tokens) {
-  CheckTokens(data_->GetValidSample(d, index, tokens), tokens, /*train=*/false, index);
-  return d;
+int TrainingRun::ReadValidSample(int v, int64_t index, int32_t* tokens) {
+  CheckTokens(data_->GetValidSample(v, index, tokens), tokens, /*train=*/false, index);
+  return v;
 }
 
 void TrainingRun::CheckTokens(const SampleOrigin& o, const int32_t* tokens, bool train,
@@ -543,7 +566,12 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
   // Metrics: metrics.jsonl and TensorBoard files, rewound to where this run continues.
   std::string archived;
   const TrainCounters& c = trainer_->state().counters;
-  Status st = RunMetrics::Open(env_, shared_dir, &metrics_);
+  TensorBoardOptions tb;
+  tb.dir = comm_->rank() == 0 ? cfg_.tensorboard_dir : std::string();
+  tb.timers = cfg_.log_timers_to_tensorboard;
+  tb.batch_size = cfg_.log_batch_size_to_tensorboard;
+  tb.validation_ppl = cfg_.log_validation_ppl_to_tensorboard;
+  Status st = RunMetrics::Open(env_, shared_dir, tb, &metrics_);
   if (st.ok())
     st = metrics_->Rewind({c.iteration, c.consumed_samples, c.consumed_tokens},
                           rollback ? "rollback"
@@ -557,10 +585,13 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
         "left as they were)",
         st.message());
     KEEL_RETURN_IF_ERROR(RunMetrics::Open(env_, "", &metrics_));
-  } else if (!archived.empty())
+  } else if (!archived.empty()) {
     Log("metrics: the records after iteration {} were moved to {}; metrics.jsonl and "
         "tensorboard/ continue from iteration {}",
         c.iteration, archived, c.iteration);
+  }
+  if (!metrics_->tensorboard_dir().empty() && !cfg_.tensorboard_dir.empty())
+    Log("tensorboard: event files go to {} (--tensorboard-dir)", metrics_->tensorboard_dir());
   journal_->set_observer([this](const nlohmann::json& ev, const std::string& sentence) {
     const bool has_it = ev.contains("iteration") && ev["iteration"].is_number_integer();
     (void)metrics_->AppendText(
@@ -696,9 +727,15 @@ Status TrainingRun::Train(Outcome* outcome) {
     Log("training finished: iteration {} in {:.1f} s", c.iteration, secs);
     LogDataParallelTraffic(secs);
     const SamplePrefetcher::Stats ps = prefetcher_->stats();
-    Log("data: {} samples read ahead on a background thread; the loop waited for {} of them "
-        "({:.1f} ms in all, {} read-ahead restarts)",
-        ps.served, ps.waited, ps.wait_ms, ps.restarts);
+    if (cfg_.num_workers == 0)
+      Log("data: {} samples read on the loop's thread (--num-workers 0)", ps.served);
+    else
+      Log("data: {} samples read ahead on {}; the loop waited for {} of them ({:.1f} ms in all, "
+          "{} read-ahead restarts)",
+          ps.served,
+          cfg_.num_workers == 1 ? std::string("a background thread")
+                                : fmt::format("{} background threads", cfg_.num_workers),
+          ps.waited, ps.wait_ms, ps.restarts);
   }
   Log("state fingerprint: {:016x}", trainer_->StateFingerprint());
   health_->Stop();  // the loop is over: the sample below is rank 0's alone

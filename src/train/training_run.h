@@ -83,7 +83,7 @@ class TrainingRun {
   void LogData();
   TrainerData MakeTrainerData();
   int ReadTrainSample(int64_t index, int32_t* tokens);
-  int ReadValidSample(int d, int64_t index, int32_t* tokens);
+  int ReadValidSample(int v, int64_t index, int32_t* tokens);  // v: the validation set
   // Throws KeelError(InvalidArgument) naming the dataset, document and token when a token of
   // sample `index` (origin `o`) lies outside the vocabulary: the one check every sample passes
   // before the model sees it.

@@ -175,15 +175,83 @@ TEST(ResumeTest, LoadOfAnotherRunStartsFromItAndNeverMixesTwoRuns) {
   Status st = ResolveResumePoint(Env::Default(), c, Logger, &p);
   EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
   EXPECT_NE(st.message().find("already holds checkpoints"), std::string::npos) << st.message();
-  // A --load that holds nothing is an error, not a fresh start.
-  c.save = FreshDir("mine2");
-  c.load = FreshDir("empty");
+  // An empty --load beside a --save with checkpoints is ambiguous: refused, naming both ways out.
+  c.load = FreshDir("empty_beside");
   fs::create_directories(c.load);
   st = ResolveResumePoint(Env::Default(), c, Logger, &p);
   EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
-  EXPECT_NE(st.message().find("holds no checkpoint"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("is empty, but --save " + c.save + " holds checkpoints"),
+            std::string::npos)
+      << st.message();
   fs::remove_all(other);
   fs::remove_all(c.load);
+  fs::remove_all(c.save);
+}
+
+// Megatron's first launch of a `--save X --load X` script: X is empty or absent, and the run
+// starts from scratch, with a note (Megatron prints a warning).
+TEST(ResumeTest, EmptyOrAbsentLoadStartsFreshWithANote) {
+  TrainConfig c = Tiny();
+  for (const char* state : {"absent", "empty", "other files"}) {
+    c.save = c.load = FreshDir("save_is_load");
+    if (std::string(state) != "absent") fs::create_directories(c.load);
+    if (std::string(state) == "other files") std::ofstream(c.load + "/events.jsonl") << "{}\n";
+    ResumePoint p;
+    Status st = ResolveResumePoint(Env::Default(), c, Logger, &p);
+    ASSERT_TRUE(st.ok()) << state << ": " << st.ToString();
+    EXPECT_EQ(p.kind, ResumePoint::Kind::kFresh) << state;
+    ASSERT_EQ(p.notes.size(), 1u) << state;
+    EXPECT_NE(p.notes[0].find("--load " + c.load), std::string::npos) << p.notes[0];
+    EXPECT_NE(p.notes[0].find("starting from fresh weights"), std::string::npos) << p.notes[0];
+    fs::remove_all(c.save);
+  }
+  // --load elsewhere, empty, and a new --save: fresh too.
+  c.save = FreshDir("new_save");
+  c.load = FreshDir("nothing_here");
+  ResumePoint p;
+  ASSERT_TRUE(ResolveResumePoint(Env::Default(), c, Logger, &p).ok());
+  EXPECT_EQ(p.kind, ResumePoint::Kind::kFresh);
+  ASSERT_EQ(p.notes.size(), 1u);
+  EXPECT_NE(p.notes[0].find("does not exist"), std::string::npos) << p.notes[0];
+  // The second launch of the same script resumes what the first one saved.
+  c.load = c.save;
+  SaveCheckpoints(c, c.save, {10});
+  ASSERT_TRUE(ResolveResumePoint(Env::Default(), c, Logger, &p).ok());
+  EXPECT_EQ(p.kind, ResumePoint::Kind::kResume);
+  EXPECT_EQ(Iteration(p), 10);
+  EXPECT_TRUE(p.notes.empty());
+  fs::remove_all(c.save);
+}
+
+// A Megatron-LM or DeepSpeed checkpoint in --load or --save is named and left as it is: a keel
+// resume would otherwise take its iter_N directories for damaged checkpoints and set them aside.
+TEST(ResumeTest, MegatronOrDeepSpeedCheckpointIsRefusedAndLeftUntouched) {
+  TrainConfig c = Tiny();
+  const std::string megatron = FreshDir("megatron_ckpt");
+  c.save = c.load = megatron;
+  fs::create_directories(c.save + "/iter_0000100/mp_rank_00");
+  std::ofstream(c.save + "/iter_0000100/mp_rank_00/model_optim_rng.pt") << "torch";
+  std::ofstream(c.save + "/" + kMarkerFile) << "100";
+  ResumePoint p;
+  Status st = ResolveResumePoint(Env::Default(), c, Logger, &p);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("written by Megatron-LM or DeepSpeed"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("iter_0000100/mp_rank_00"), std::string::npos) << st.message();
+  EXPECT_TRUE(fs::exists(c.save + "/iter_0000100/mp_rank_00/model_optim_rng.pt"));
+  EXPECT_FALSE(fs::exists(c.save + "/iter_0000100.corrupt"));
+  // DeepSpeed's layout: global_stepN/ and a `latest` tag, as --load of another directory.
+  const std::string ds = FreshDir("deepspeed_ckpt");
+  fs::create_directories(ds + "/global_step100");
+  std::ofstream(ds + "/latest") << "global_step100";
+  c.save = FreshDir("fresh_save");
+  c.load = ds;
+  st = ResolveResumePoint(Env::Default(), c, Logger, &p);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("--load " + ds), std::string::npos) << st.message();
+  EXPECT_TRUE(fs::exists(ds + "/global_step100"));
+  fs::remove_all(ds);
+  fs::remove_all(megatron);
 }
 
 TEST(ResumeTest, MarkerBehindAdoptsTheCompleteNewerCheckpoint) {

@@ -22,8 +22,12 @@ SampleOrigin Expected(int64_t index, uint64_t gen, int32_t* t) {
   return {static_cast<int>(index % 3), static_cast<int64_t>(gen)};
 }
 
-TEST(SamplePrefetcherTest, ReturnsWhatTheReadFunctionGivesThroughJumpsAndGenerations) {
-  SamplePrefetcher p(Expected, kTokens, 8);
+// --num-workers: 0 (read on the loop's thread), Megatron's default 2, and more than the buffer
+// holds positions in flight.
+class SamplePrefetcherWorkers : public ::testing::TestWithParam<int> {};
+
+TEST_P(SamplePrefetcherWorkers, ReturnsWhatTheReadFunctionGivesThroughJumpsAndGenerations) {
+  SamplePrefetcher p(Expected, kTokens, 8, GetParam());
   int32_t got[kTokens], want[kTokens];
   auto check = [&](int64_t index, uint64_t gen) {
     const SampleOrigin o = p.Get(index, gen, got);
@@ -40,7 +44,45 @@ TEST(SamplePrefetcherTest, ReturnsWhatTheReadFunctionGivesThroughJumpsAndGenerat
   for (int64_t i = 5; i < 9; ++i) check(i, 0);
   const auto s = p.stats();
   EXPECT_EQ(s.served, 40 + 10 + 10 + 10 + 4);
-  EXPECT_GE(s.restarts, 4);  // start, back, each forward gap, generation, back
+  if (GetParam() > 0) {
+    EXPECT_GE(s.restarts, 4);  // start, back, each forward gap, generation
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Workers, SamplePrefetcherWorkers, ::testing::Values(0, 1, 2, 12));
+
+// Several workers read concurrently, each position at most once while the loop walks forward,
+// with reads finishing out of order (later positions faster): the loop still gets every sample
+// exactly as the read function gives it, in order.
+TEST(SamplePrefetcherTest, ParallelWorkersReadEachPositionOnceAndDeliverInOrder) {
+  std::mutex mu;
+  std::map<int64_t, int> reads;
+  std::atomic<int> in_flight{0}, most_in_flight{0};
+  SamplePrefetcher p(
+      [&](int64_t index, uint64_t gen, int32_t* t) {
+        const int now = ++in_flight;
+        for (int seen = most_in_flight;
+             now > seen && !most_in_flight.compare_exchange_weak(seen, now);) {
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200 * (3 - index % 3)));
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          ++reads[index];
+        }
+        --in_flight;
+        return Expected(index, gen, t);
+      },
+      kTokens, 16, 4);
+  int32_t got[kTokens], want[kTokens];
+  for (int64_t i = 0; i < 200; ++i) {
+    p.Get(i, 0, got);
+    Expected(i, 0, want);
+    ASSERT_EQ(std::vector<int32_t>(got, got + kTokens), std::vector<int32_t>(want, want + kTokens))
+        << i;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [index, n] : reads) EXPECT_EQ(n, 1) << "position " << index;
+  EXPECT_GT(most_in_flight.load(), 1);  // the workers did read concurrently
 }
 
 TEST(SamplePrefetcherTest, ReadsAheadOnItsOwnAndEachPositionOnce) {

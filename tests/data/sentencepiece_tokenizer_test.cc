@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sentencepiece_trainer.h>
 
 #include <algorithm>
 
@@ -122,6 +123,25 @@ TEST(SentencePieceErrors, MalformedModelsAreErrorsNotCrashes) {
   WriteTextFile(dir.Join("found.model"), found);
   st = LoadSentencePieceTokenizer(dir.Join("found.model"), &tok);
   EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+}
+
+// A model keel did not train (Megatron's SentencePieceTokenizer, Llama's) has no <eod>: documents
+// end with its end-of-sentence piece, as Megatron-LM's GPT SentencePiece tokenizer does, and the
+// loader says so.
+TEST(SentencePieceErrors, ForeignModelEndsDocumentsWithItsEndOfSentencePiece) {
+  TempDir dir;
+  WriteTextFile(dir.Join("corpus.txt"), GeneratedCorpus(400, 3));
+  const auto st = sentencepiece::SentencePieceTrainer::Train(
+      "--input=" + dir.Join("corpus.txt") + " --model_prefix=" + dir.Join("foreign") +
+      " --vocab_size=300 --model_type=bpe --minloglevel=2 --num_threads=1");
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::unique_ptr<Tokenizer> tok;
+  std::string note;
+  Status s = LoadSentencePieceTokenizer(dir.Join("foreign.model"), &tok, &note);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(tok->EodId(), 2);  // spm_train's default: <unk> 0, <s> 1, </s> 2
+  EXPECT_NE(note.find("'</s>' (id 2)"), std::string::npos) << note;
+  EXPECT_EQ(tok->VocabSize(), 300);
 }
 
 }  // namespace

@@ -71,10 +71,13 @@ class RunMetricsTest : public ::testing::Test {
 
 TEST_F(RunMetricsTest, WritesJsonlAndMegatronTags) {
   std::unique_ptr<RunMetrics> m;
-  ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, &m).ok());
+  TensorBoardOptions tb;  // Megatron's three switches on
+  tb.timers = tb.batch_size = tb.validation_ppl = true;
+  ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_, tb, &m).ok());
   for (int64_t it = 1; it <= 4; ++it) {
     nlohmann::json r = Train(it);
     r["datasets"] = {{"sotu", {{"lm_loss", 5.0}, {"sequences", 6}}}};
+    r["timers_ms"] = {{"forward-compute", 20.0}, {"optimizer", 4.0}};
     ASSERT_TRUE(m->Append(r).ok());
   }
   ASSERT_TRUE(m->Append({{"kind", "validation"},
@@ -97,6 +100,42 @@ TEST_F(RunMetricsTest, WritesJsonlAndMegatronTags) {
   EXPECT_EQ(ev["lm-loss-validation/lm loss validation"], (std::vector<int64_t>{4}));
   EXPECT_EQ(ev["lm-loss-validation/lm loss validation ppl vs samples"], (std::vector<int64_t>{32}));
   EXPECT_EQ(ev["guard/events"], (std::vector<int64_t>{3}));
+  for (const char* tag : {"time/forward-compute-time", "time/optimizer-time",
+                          "iteration-time/samples per second", "iteration-time/tokens per second"})
+    EXPECT_EQ(ev[tag], (std::vector<int64_t>{1, 2, 3, 4})) << tag;
+}
+
+// Megatron's defaults: without the switches no timers, batch size or validation perplexity.
+// --tensorboard-dir puts the events elsewhere; without a run directory there is no
+// metrics.jsonl, only the events.
+TEST_F(RunMetricsTest, SwitchesOffAndTensorBoardDirElsewhere) {
+  std::unique_ptr<RunMetrics> m;
+  TensorBoardOptions tb;
+  tb.dir = dir_ + "/tb/main";
+  ASSERT_TRUE(RunMetrics::Open(Env::Default(), "", tb, &m).ok());
+  for (int64_t it = 1; it <= 3; ++it) ASSERT_TRUE(m->Append(Train(it)).ok());
+  ASSERT_TRUE(m->Append({{"kind", "validation"},
+                         {"iteration", 3},
+                         {"consumed_samples", 24},
+                         {"lm_loss", 6.0},
+                         {"lm_loss_ppl", 403.4}})
+                  .ok());
+  EXPECT_FALSE(fs::exists(dir_ + "/metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(dir_ + "/tensorboard"));
+  auto ev = Events(dir_ + "/tb/main");
+  EXPECT_EQ(ev["lm-loss-training/lm loss"], (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(ev["lm-loss-validation/lm loss validation"], (std::vector<int64_t>{3}));
+  for (const char* tag : {"batch-size/batch-size", "iteration-time/iteration-time",
+                          "lm-loss-validation/lm loss validation ppl"})
+    EXPECT_EQ(ev.count(tag), 0u) << tag;
+  // A run directory and --tensorboard-dir: metrics.jsonl in one, the events in the other.
+  ASSERT_TRUE(RunMetrics::Open(Env::Default(), dir_ + "/run", tb, &m).ok());
+  ASSERT_TRUE(m->Rewind({3, 24, 768}, "resume", nullptr).ok());
+  ASSERT_TRUE(m->Append(Train(4)).ok());
+  EXPECT_EQ(JsonlIterations(dir_ + "/run/metrics.jsonl"), (std::vector<int64_t>{4}));
+  EXPECT_FALSE(fs::exists(dir_ + "/run/tensorboard"));
+  EXPECT_EQ(Events(dir_ + "/tb/main")["lm-loss-training/lm loss"],
+            (std::vector<int64_t>{1, 2, 3, 4}));
 }
 
 TEST_F(RunMetricsTest, RewindArchivesWhatFollowsAndContinuesCleanly) {
