@@ -36,6 +36,10 @@ const std::map<std::string, std::string>& IgnoredKeys() {
       {"csv_monitor", "keel writes metrics.jsonl"},
       {"comms_logger", "keel logs its data-parallel traffic at the end of a run"},
       {"flops_profiler", "keel reports TFLOPs in the iteration line; keel bench --profile"},
+      {"activation_checkpointing",
+       "how DeepSpeed partitions or offloads the recomputation's checkpoints across "
+       "model-parallel ranks; keel recomputes with --checkpoint-activations "
+       "(--recompute-granularity full) and keeps each layer's input in host memory"},
   };
   return kKeys;
 }

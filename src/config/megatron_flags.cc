@@ -241,6 +241,31 @@ const std::vector<Entry>& Entries() {
                  "--local_rank"));
     add(Switch("exit-signal-handler", Kind::kAccepted, "keel always saves on SIGTERM"),
         Accepted("with --save, keel saves a checkpoint and exits on SIGTERM and SIGINT always"));
+    // Activation recomputation: keel's --recompute-granularity (Megatron-LM's own flag).
+    add(Switch("checkpoint-activations", Kind::kAccepted,
+               "Megatron-DeepSpeed: every layer's forward recomputed in backward; keel's "
+               "--recompute-granularity full"));
+    add(Switch("recompute-activations", Kind::kAccepted,
+               "Megatron-LM: attention recomputed in backward; keel's --recompute-granularity "
+               "selective"));
+    add(Switch("deepspeed-activation-checkpointing", Kind::kAccepted,
+               "DeepSpeed's implementation of --checkpoint-activations; keel uses its own"),
+        [](const ForeignGiven& g, const Context& c, Outcome* out) {
+          Note(out, g,
+               c.Get("checkpoint-activations") != nullptr
+                   ? "keel recomputes with its own implementation (the same bits as none); "
+                     "DeepSpeed's only adds partitioning and offloading of the checkpoints "
+                     "across model-parallel ranks, and keel has one"
+                   : "it selects DeepSpeed's implementation of --checkpoint-activations, which "
+                     "is not given: nothing is recomputed");
+        });
+    add(Switch("partition-activations", Kind::kAccepted,
+               "splits recomputation checkpoints across model-parallel ranks"),
+        NeedsParallel("tensor-model-parallel-size",
+                      "partitioning activation checkpoints across tensor-parallel ranks: no "
+                      "tensor parallelism yet",
+                      "it splits the recomputation's checkpoints across tensor-parallel ranks, "
+                      "and there is one"));
     add(Value("zero-stage", Kind::kAccepted,
               "ZeRO stage: 0 replicated Adam moments, 1 sharded (keel's "
               "--use-distributed-optimizer); 2 and 3 are not in keel"));
@@ -290,6 +315,35 @@ void ApplyZeroStage(int stage, const std::set<std::string>& settings_given, Trai
                                     stage, sharded ? "true" : "false", why));
 }
 
+// --checkpoint-activations (full) and --recompute-activations (selective) as keel's
+// --recompute-granularity; a granularity given beside them must agree.
+void ApplyRecompute(const Context& c, const std::set<std::string>& settings_given, TrainConfig* cfg,
+                    Outcome* out) {
+  const ForeignGiven* full = c.Get("checkpoint-activations");
+  const ForeignGiven* selective = c.Get("recompute-activations");
+  if (full == nullptr && selective == nullptr) return;
+  if (full != nullptr && selective != nullptr) {
+    out->errors.push_back(fmt::format(
+        "{} (recompute every layer's forward) and {} (recompute attention only) ask for two "
+        "granularities: give one",
+        full->where, selective->where));
+    return;
+  }
+  const ForeignGiven& g = full != nullptr ? *full : *selective;
+  const Recompute want = full != nullptr ? Recompute::kFull : Recompute::kSelective;
+  const char* name = want == Recompute::kFull ? "full" : "selective";
+  const char* other = want == Recompute::kFull ? "selective" : "full";
+  if (settings_given.count("recompute-granularity") && cfg->recompute_granularity != want) {
+    out->errors.push_back(fmt::format(
+        "{} means --recompute-granularity {}, but --recompute-granularity {} is given: drop one "
+        "of them",
+        g.where, name, cfg->recompute_granularity == Recompute::kNone ? "none" : other));
+    return;
+  }
+  cfg->recompute_granularity = want;
+  Note(out, g, fmt::format("keel's --recompute-granularity {}", name));
+}
+
 }  // namespace
 
 const std::vector<ForeignFlag>& ForeignFlags() {
@@ -319,6 +373,7 @@ Status ResolveForeignFlags(const std::vector<ForeignGiven>& given,
     e->resolve(g, ctx, &out);
   }
   ApplyZeroStage(zero_stage, settings_given, cfg, &out);
+  ApplyRecompute(ctx, settings_given, cfg, &out);
   if (!out.errors.empty()) {
     std::string all;
     for (const std::string& e : out.errors) all += (all.empty() ? "" : "; ") + e;

@@ -29,13 +29,6 @@ using keel_test::RunKeelShell;
 
 using Args = std::vector<std::string>;
 
-// Activation recomputation (--checkpoint-activations, --deepspeed-activation-checkpointing) comes
-// with the model's forward/backward rework, after this branch. Until keel knows the flags, a
-// script is run in full first and, refused for one of these alone, again without them; once they
-// land the full list trains and this list can go.
-const std::set<std::string> kRecomputationFlags = {"--checkpoint-activations",
-                                                   "--deepspeed-activation-checkpointing"};
-
 std::string Quote(const std::string& a) {
   std::string q = "'";
   for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -51,19 +44,6 @@ KeelResult Train(const Args& args) {
   // One thread, as the other CLI tests train: the scripts pass no --threads (keel takes all
   // cores), and the suite's processes share two cores.
   return RunKeelShell("OMP_NUM_THREADS=1", cmd);
-}
-
-// The full list; if keel refuses it for a recomputation flag only, the list without them.
-KeelResult TrainUnchanged(const Args& args) {
-  KeelResult full = Train(args);
-  for (const std::string& f : kRecomputationFlags)
-    if (full.code == 2 && full.out.find("unknown flag '" + f + "'") != std::string::npos) {
-      Args without;
-      for (const std::string& a : args)
-        if (!kRecomputationFlags.count(a)) without.push_back(a);
-      return Train(without);
-    }
-  return full;
 }
 
 // The scripts' `cat <<EOT > $config_json`: ds_config.$SLURM_JOBID.json.
@@ -320,7 +300,7 @@ void ExpectScriptTrained(const KeelResult& r, const std::string& ckpt, const std
 
 TEST_F(MegatronScriptsCliTest, Tr11Bloom176BScriptTrainsAndResumes) {
   const std::string& d = *dir_;
-  const KeelResult r = TrainUnchanged(Tr11(d, "1", "1"));
+  const KeelResult r = Train(Tr11(d, "1", "1"));
   const std::string ckpt = d + "/tr11/checkpoints/main";
   ExpectScriptTrained(r, ckpt, d + "/tr11/tensorboard/main");
   if (HasFatalFailure()) return;
@@ -330,12 +310,14 @@ TEST_F(MegatronScriptsCliTest, Tr11Bloom176BScriptTrainsAndResumes) {
   EXPECT_OUT(r, "one pipeline stage holds every layer");
   EXPECT_OUT(r, "with one tensor-parallel rank no parameter is duplicated");
   EXPECT_OUT(r, "--valid-num-workers 0: keel reads validation samples on the loop's own thread");
+  EXPECT_OUT(r, "note: --checkpoint-activations: keel's --recompute-granularity full");
+  EXPECT_OUT(r, "note: --deepspeed-activation-checkpointing: keel recomputes with its own");
   // BLOOM's validation groups, each evaluated on its own.
   for (const char* group : {"[valid]", "[valid_en]", "[valid_fr]"})
     EXPECT_OUT(r, std::string("validation loss at iteration 4 ") + group);
   EXPECT_TRUE(Tags(d + "/tr11/tensorboard/main").count("valid_en lm loss validation"));
   // The second launch of the same script resumes: the run is already complete.
-  const KeelResult again = TrainUnchanged(Tr11(d, "1", "1"));
+  const KeelResult again = Train(Tr11(d, "1", "1"));
   ASSERT_EQ(again.code, 0) << again.out;
   EXPECT_OUT(again, "resumed from " + ckpt + "/iter_");
   EXPECT_OUT(again, "already completes this run");
@@ -346,7 +328,7 @@ TEST_F(MegatronScriptsCliTest, Tr8And1ScriptsTrainInFp16WithTheDeepSpeedLossScal
   for (const auto& [name, args] :
        {std::pair{"tr8", Tr8(d, "1", "1")}, std::pair{"tr1", Tr1(d, "1", "1")}}) {
     SCOPED_TRACE(name);
-    const KeelResult r = TrainUnchanged(args);
+    const KeelResult r = Train(args);
     ExpectScriptTrained(r, d + "/" + name + "/checkpoints", d + "/" + name + "/tensorboard");
     if (HasFatalFailure()) return;
     EXPECT_OUT(r, "note: --tokenizer-type not given: GPT2BPETokenizer, as pretrain_gpt.py");
@@ -366,7 +348,7 @@ TEST_F(MegatronScriptsCliTest, RealParallelSizesExitTwoNamingOnlyWhatKeelLacks) 
                                            {"tr8", Tr8(d, "4", "32"), "4", "32"},
                                            {"tr1", Tr1(d, "2", "4"), "2", "4"}}) {
     SCOPED_TRACE(name);
-    const KeelResult r = TrainUnchanged(args);
+    const KeelResult r = Train(args);
     ASSERT_EQ(r.code, 2) << r.out;
     EXPECT_OUT(r, "ask for what keel does not implement yet");
     EXPECT_OUT(r, std::string("--tensor-model-parallel-size ") + tp + " (tensor parallelism");

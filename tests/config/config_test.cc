@@ -937,6 +937,33 @@ TEST(ConfigTest, RecomputeGranularityParsesAndIsFreeOnResume) {
   EXPECT_EQ(c.recompute_granularity, Recompute::kFull);
 }
 
+// Megatron-DeepSpeed's --checkpoint-activations is full recomputation, Megatron-LM's
+// --recompute-activations selective; each noted, and a granularity given beside one must agree.
+TEST(ConfigTest, MegatronRecomputationFlagsAreTheGranularity) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--checkpoint-activations"}, &p).ok());
+  EXPECT_EQ(p.config.recompute_granularity, Recompute::kFull);
+  std::string notes;
+  for (const std::string& n : p.source_notes) notes += n + "\n";
+  EXPECT_CONTAINS(notes, "--checkpoint-activations: keel's --recompute-granularity full");
+  ASSERT_TRUE(Parse({"--recompute-activations"}, &p).ok());
+  EXPECT_EQ(p.config.recompute_granularity, Recompute::kSelective);
+  ASSERT_TRUE(Parse({"--checkpoint-activations", "--recompute-granularity", "full"}, &p).ok());
+  EXPECT_EQ(p.config.recompute_granularity, Recompute::kFull);
+  Status st = Parse({"--checkpoint-activations", "--recompute-granularity", "selective"}, &p);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_CONTAINS(st.message(), "--recompute-granularity selective is given: drop one");
+  st = Parse({"--checkpoint-activations", "--recompute-activations"}, &p);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_CONTAINS(st.message(), "ask for two granularities");
+  // DeepSpeed's implementation switch alone recomputes nothing, and says so.
+  ASSERT_TRUE(Parse({"--deepspeed-activation-checkpointing"}, &p).ok());
+  EXPECT_EQ(p.config.recompute_granularity, Recompute::kNone);
+  notes.clear();
+  for (const std::string& n : p.source_notes) notes += n + "\n";
+  EXPECT_CONTAINS(notes, "which is not given: nothing is recomputed");
+}
+
 TEST(ConfigLlamaTest, ExampleLlamaConfigIsTheDefaultJobLlamaShaped) {
   ParsedConfig p;
   const Status st =
