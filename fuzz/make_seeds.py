@@ -91,6 +91,7 @@ def main():
     copy_dir(out, "toml_config_fuzz", os.path.join(ROOT, "examples"), ".toml")
     copy_dir(out, "checkpoint_config_fuzz", os.path.join(ROOT, "examples"), ".toml")
     copy_dir(out, "megatron_log_fuzz", os.path.join(ROOT, "tests/metrics/testdata"), ".log")
+    copy_dir(out, "log_watch_fuzz", os.path.join(ROOT, "tests/metrics/testdata"), ".log")
     # tb tools read the same event files as the tf_event target.
     copy_dir(out, "tb_tools_fuzz", os.path.join(ROOT, "fuzz/corpus/tf_event_fuzz"))
 

@@ -20,7 +20,7 @@ commands:
   sample         generate text from a checkpoint of `keel train --save DIR`
   data           prepare (tokenize text into .bin/.idx), inspect and verify datasets
   ckpt           list, inspect, verify, diff, edit, pin, export (HF) and import (HF) checkpoints
-  logs           analyze Megatron-LM / Megatron-DeepSpeed / keel training logs; convert to metrics
+  logs           analyze Megatron-LM / DeepSpeed / keel training logs, convert them, watch live ones
   report         one self-contained HTML page of a run: curves, events marked, its chronicle
   plan           parameters, memory per GPU, feasible batch ramp-up and days for a model and layout
   tb             rename tags in TensorBoard event files, truncate them after a step

@@ -46,6 +46,11 @@ class Env {
   virtual Status NewAppendableFile(const std::string& path, std::unique_ptr<WritableFile>* out) = 0;
   virtual Status ReadFileToString(const std::string& path, std::string* out) = 0;
   virtual Status MapReadOnly(const std::string& path, std::unique_ptr<ReadOnlyRegion>* out) = 0;
+  // Up to `n` bytes of `path` from byte `offset`, as the file is now (fewer at its end, none past
+  // it): for a file another process appends to or truncates (a log being followed), where a
+  // mapping would fault on pages cut off under it. The default copies them out of MapReadOnly.
+  virtual Status ReadFileRange(const std::string& path, uint64_t offset, size_t n,
+                               std::string* out);
   virtual bool FileExists(const std::string& path) = 0;
   virtual bool IsDirectory(const std::string& path) = 0;
   virtual Status GetFileSize(const std::string& path, uint64_t* size) = 0;

@@ -176,6 +176,28 @@ class PosixEnv : public Env {
     ::close(fd);
     return Status::OK();
   }
+  Status ReadFileRange(const std::string& path, uint64_t offset, size_t n,
+                       std::string* out) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return PosixError("cannot open", path, errno);
+    out->resize(n);
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::pread(fd, out->data() + got, n - got, static_cast<off_t>(offset + got));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        ::close(fd);
+        out->clear();
+        return PosixError("cannot read", path, err);
+      }
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+    }
+    ::close(fd);
+    out->resize(got);
+    return Status::OK();
+  }
   Status MapReadOnly(const std::string& path, std::unique_ptr<ReadOnlyRegion>* out) override {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return PosixError("cannot open", path, errno);
@@ -288,6 +310,15 @@ class PosixEnv : public Env {
 Env* Env::Default() {
   static PosixEnv env;
   return &env;
+}
+
+Status Env::ReadFileRange(const std::string& path, uint64_t offset, size_t n, std::string* out) {
+  std::unique_ptr<ReadOnlyRegion> region;
+  KEEL_RETURN_IF_ERROR(MapReadOnly(path, &region));
+  out->clear();
+  if (offset < region->size())
+    out->assign(region->data() + offset, std::min<uint64_t>(n, region->size() - offset));
+  return Status::OK();
 }
 
 int64_t Env::NowUnixMicros() {

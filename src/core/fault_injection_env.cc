@@ -159,6 +159,11 @@ Status FaultInjectionEnv::MapReadOnly(const std::string& path,
   if (dead_) return Dead(path);
   return base_->MapReadOnly(path, out);
 }
+Status FaultInjectionEnv::ReadFileRange(const std::string& path, uint64_t offset, size_t n,
+                                        std::string* out) {
+  if (dead_) return Dead(path);
+  return base_->ReadFileRange(path, offset, n, out);
+}
 bool FaultInjectionEnv::FileExists(const std::string& path) {
   return !dead_ && base_->FileExists(path);
 }

@@ -48,6 +48,8 @@ class FaultInjectionEnv : public Env {
   Status NewAppendableFile(const std::string& path, std::unique_ptr<WritableFile>* out) override;
   Status ReadFileToString(const std::string& path, std::string* out) override;
   Status MapReadOnly(const std::string& path, std::unique_ptr<ReadOnlyRegion>* out) override;
+  Status ReadFileRange(const std::string& path, uint64_t offset, size_t n,
+                       std::string* out) override;
   bool FileExists(const std::string& path) override;
   bool IsDirectory(const std::string& path) override;
   Status GetFileSize(const std::string& path, uint64_t* size) override;

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "guard/robust_window.h"
-#include "health/level_shift.h"
 #include "metrics/run_metrics.h"
 
 namespace keel {
@@ -29,231 +29,6 @@ SeriesStats Stats(const std::vector<LogRecord>& recs, double LogRecord::*field) 
   s.mean = sum / static_cast<double>(v.size());
   s.median = MedianOf(v);
   return s;
-}
-
-// Adds a one-record event, or extends the last event of the same kind when it ended at the
-// previous record.
-void AddOrExtend(std::vector<LogEvent>* events, const std::string& kind, int64_t start, int64_t end,
-                 int64_t prev_iteration, int64_t count, const std::string& what) {
-  for (auto it = events->rbegin(); it != events->rend(); ++it) {
-    if (it->kind != kind) continue;
-    if (it->end == prev_iteration) {
-      it->end = end;
-      it->value += static_cast<double>(count);
-      it->detail = fmt::format("{} {} iterations between iterations {} and {}", it->value, what,
-                               it->start, it->end);
-      return;
-    }
-    break;
-  }
-  LogEvent e;
-  e.kind = kind;
-  e.start = start;
-  e.end = end;
-  e.value = static_cast<double>(count);
-  e.signal = what + " iterations";
-  e.detail = fmt::format("{} {} iterations between iterations {} and {}", count, what, start, end);
-  events->push_back(e);
-}
-
-// Spikes and divergences through the guard's detector, record by record.
-class InstabilityScan {
- public:
-  InstabilityScan(const LogAnalysisOptions& opt, std::vector<LogEvent>* events)
-      : opt_(opt), det_(opt.detector), events_(events) {}
-
-  void Restart(int64_t last_before, int64_t resumed_at) {
-    if (open_) {
-      cur_.kind = "spike_unresolved";
-      cur_.end = last_before;
-      cur_.detail =
-          Onset() + "; " + Peaks() +
-          fmt::format("; the run restarted (at iteration {}) before it recovered", resumed_at);
-      events_->push_back(cur_);
-      open_ = false;
-    }
-    resumed_at_ = resumed_at;
-  }
-
-  void Feed(const LogRecord& r) {
-    GuardSignals s;
-    s.iteration = r.iteration;
-    s.consumed_samples = std::max<int64_t>(r.consumed_samples, 0);
-    s.loss = r.lm_loss;
-    // A log without grad norms: a constant never spikes, and the loss decides alone.
-    s.grad_norm = std::isnan(r.grad_norm) ? 0.0 : r.grad_norm;
-    s.nonfinite = r.nonfinite;
-    if (s.nonfinite || !std::isfinite(s.loss)) return;  // NaN events are counted by the caller
-    if (open_) {
-      if (s.loss > peak_loss_) peak_loss_ = s.loss, peak_loss_at_ = r.iteration;
-      peak_grad_ = std::max(peak_grad_, s.grad_norm);
-      // Back when the loss is within recover_z of its median, and the grad norm within the same
-      // fraction of its own threshold.
-      const DetectorConfig& d = opt_.detector;
-      const bool loss_back = det_.LossZ(s.loss) < d.recover_z;
-      const bool grad_back =
-          det_.GradZ(s.grad_norm) < d.recover_z * d.grad_z_threshold / d.z_threshold;
-      if (loss_back && grad_back) {
-        const bool after_resume = resumed_at_ >= 0 && cur_.start >= resumed_at_ &&
-                                  cur_.start - resumed_at_ <= opt_.resume_window;
-        cur_.kind = after_resume ? "resume_spike" : "spike_recovered";
-        cur_.end = r.iteration;
-        cur_.detail = Onset() +
-                      (after_resume ? fmt::format(", {} iterations after the restart at {}",
-                                                  cur_.start - resumed_at_, resumed_at_)
-                                    : "") +
-                      fmt::format("; {}; back by iteration {} (lm loss {:.6g}, grad norm {:.4g})",
-                                  Peaks(), r.iteration, s.loss, s.grad_norm);
-        events_->push_back(cur_);
-        open_ = false;
-        det_.Accept(s);
-      } else if (r.iteration - cur_.start > opt_.recover_iters) {
-        cur_.kind = "divergence";
-        cur_.end = r.iteration;
-        cur_.detail = Onset() + fmt::format(
-                                    "; {}; not back within {} iterations: the loss level shifted "
-                                    "(lm loss {:.6g} at iteration {})",
-                                    Peaks(), opt_.recover_iters, s.loss, r.iteration);
-        events_->push_back(cur_);
-        open_ = false;
-        det_ = InstabilityDetector(opt_.detector);  // judge what follows against the new level
-        det_.Accept(s);
-      }
-      return;
-    }
-    // A divergence lasts while the loss stays above its pre-onset level.
-    if (div_open_) {
-      LogEvent& d = (*events_)[div_index_];
-      if (s.loss > d.baseline * (1 + opt_.detector.divergence_rel)) {
-        d.end = std::max(d.end, r.iteration);
-      } else {
-        div_open_ = false;
-      }
-    }
-    const Anomaly a = det_.Check(s);
-    if (a.kind == AnomalyKind::kSpike) {
-      open_ = true;
-      z_ = a.z;
-      cur_ = LogEvent();
-      cur_.start = r.iteration;
-      cur_.signal = a.signal;
-      cur_.value = a.value;
-      cur_.baseline = a.baseline;
-      peak_loss_ = s.loss;
-      peak_loss_at_ = r.iteration;
-      peak_grad_ = s.grad_norm;
-      return;
-    }
-    if (a.kind == AnomalyKind::kDivergence) {
-      LogEvent* last = div_index_ >= 0 ? &(*events_)[div_index_] : nullptr;
-      if (last && (div_open_ || a.onset <= last->end + opt_.detector.divergence_window)) {
-        last->end = r.iteration;
-        last->value = std::max(last->value, a.value);
-      } else {
-        LogEvent e;
-        e.kind = "divergence";
-        e.start = a.onset;
-        e.end = r.iteration;
-        e.signal = "lm loss";
-        e.value = a.value;
-        e.baseline = a.baseline;
-        events_->push_back(e);
-        div_index_ = static_cast<int64_t>(events_->size()) - 1;
-        last = &events_->back();
-      }
-      div_open_ = true;
-      last->detail = fmt::format(
-          "the median lm loss of the last {} records rose from {:.6g} (iteration {}) to {:.6g} "
-          "(iteration {}), more than {:.0f}% above its lowest level",
-          opt_.detector.divergence_window, last->baseline, last->start, last->value, last->end,
-          100 * opt_.detector.divergence_rel);
-      det_.ResetDivergence();
-    }
-    det_.Accept(s);
-  }
-
-  void Finish(int64_t last_iteration) {
-    if (!open_) return;
-    cur_.kind = "spike_unresolved";
-    cur_.end = last_iteration;
-    cur_.detail = Onset() + "; " + Peaks() + "; not back by the end of the log";
-    events_->push_back(cur_);
-    open_ = false;
-  }
-
- private:
-  std::string Onset() const {
-    return fmt::format("{} spike at iteration {}: {:.6g} against a median of {:.6g} (z {:.1f})",
-                       cur_.signal, cur_.start, cur_.value, cur_.baseline, z_);
-  }
-  std::string Peaks() const {
-    return fmt::format("peak lm loss {:.6g} (iteration {}), peak grad norm {:.4g}", peak_loss_,
-                       peak_loss_at_, peak_grad_);
-  }
-
-  const LogAnalysisOptions& opt_;
-  InstabilityDetector det_;
-  std::vector<LogEvent>* events_;
-  bool open_ = false;
-  LogEvent cur_;
-  double z_ = 0;
-  double peak_loss_ = 0, peak_grad_ = 0;
-  int64_t peak_loss_at_ = 0;
-  int64_t resumed_at_ = -1;
-  int64_t div_index_ = -1;  // the last divergence event in events_
-  bool div_open_ = false;   // ... and the loss is still above its level
-};
-
-// A sustained drop of the windowed median throughput: the window after a point is shifted from
-// the window before it, by the live detectors' rule (health/level_shift.h).
-void FindThroughputDrops(const std::vector<int64_t>& iters, const std::vector<double>& v,
-                         const std::string& signal, const LogAnalysisOptions& opt,
-                         std::vector<LogEvent>* events) {
-  const int n = static_cast<int>(v.size());
-  const int w = opt.drop_window > 0 ? opt.drop_window : std::clamp(n / 20, 3, 50);
-  if (n < 2 * w) return;
-  const LevelShift drop{opt.drop_threshold, Worse::kLower};
-  auto median = [&](int from, int to) {
-    return MedianOf(std::vector<double>(v.begin() + from, v.begin() + to));
-  };
-  for (int i = w; i + w <= n;) {
-    const double before = median(i - w, i), after = median(i, i + w);
-    if (!drop.Shifted(after, before)) {
-      ++i;
-      continue;
-    }
-    // The deepest point of this stretch of drops is where the drop happened.
-    int best = i;
-    double deepest = drop.Worsening(after, before);
-    for (int j = i + 1; j + w <= n; ++j) {
-      const double b = median(j - w, j), a = median(j, j + w);
-      if (!drop.Shifted(a, b)) break;
-      if (drop.Worsening(a, b) > deepest) deepest = drop.Worsening(a, b), best = j;
-    }
-    const double base = median(best - w, best), level = median(best, best + w);
-    // It lasts until a window is back within half the threshold of the level before.
-    int end = n;
-    for (int j = best + 1; j + w <= n; ++j) {
-      if (drop.Back(median(j, j + w), base)) {
-        end = j + w / 2;
-        break;
-      }
-    }
-    LogEvent e;
-    e.kind = "throughput_drop";
-    e.start = iters[best];
-    e.end = iters[std::min(end, n) - 1];
-    e.signal = signal;
-    e.value = level;
-    e.baseline = base;
-    e.detail = fmt::format(
-        "{} fell from {:.4g} to {:.4g} ({:+.1f}%) at iteration {} and {}", signal, base, level,
-        100 * (level / base - 1), e.start,
-        end >= n ? fmt::format("stayed down to the end of the log (iteration {})", e.end)
-                 : fmt::format("was back by iteration {}", e.end));
-    events->push_back(e);
-    i = std::max(end, best + w);
-  }
 }
 
 }  // namespace
@@ -282,63 +57,44 @@ Status AnalyzeLog(const ParsedLog& log, const LogAnalysisOptions& opt, LogAnalys
   a.samples_per_second = Stats(recs, &LogRecord::samples_per_second);
   a.iteration_seconds = Stats(recs, &LogRecord::iteration_seconds);
 
-  std::vector<LogEvent> events;
-  InstabilityScan scan(opt, &events);
-  int64_t prev = -1;
-  for (const LogRecord& r : recs) {
-    if (prev >= 0 && (r.iteration <= prev || r.after_start)) {
-      LogEvent e;
-      e.kind = "restart";
-      e.start = prev;
-      e.end = r.iteration;
-      e.signal = "iteration";
-      e.value = static_cast<double>(r.iteration);
-      e.baseline = static_cast<double>(prev);
-      e.detail = r.iteration <= prev
-                     ? fmt::format(
-                           "the log went back from iteration {} to {} ({}:{}): a resume "
-                           "from an earlier checkpoint; iterations {}-{} were run again",
-                           prev, r.iteration, r.file, r.line, r.iteration, prev)
-                     : fmt::format("a new process started ({}:{}) and resumed at iteration {}",
-                                   r.file, r.line, r.iteration);
-      events.push_back(e);
-      ++a.restarts;
-      scan.Restart(prev, r.iteration);
-      prev = -1;  // counters of the first record after a restart cover an unknown interval
-    }
-    const int64_t from = prev >= 0 ? prev + 1 : r.iteration;
-    if (r.nonfinite) {
-      AddOrExtend(&events, "nan", from, r.iteration, prev, std::max<int64_t>(r.nan, 1), "NaN");
-      a.nan_iterations += std::max<int64_t>(r.nan, 1);
-    }
-    if (r.skipped > 0) {
-      AddOrExtend(&events, "skipped", from, r.iteration, prev, r.skipped, "skipped");
-      a.skipped_iterations += r.skipped;
-    }
-    scan.Feed(r);
-    prev = r.iteration;
-  }
-  scan.Finish(a.last_iteration);
-
-  // Throughput: TFLOPs where the log has them, else samples/s, else iterations/s; intervals
-  // that trained nothing are left out (a skipped window is not a slow machine).
+  // Throughput: TFLOPs where every record that trained has them, else samples/s, else
+  // iterations/s.
   int64_t trained = 0;
   for (const LogRecord& r : recs) trained += !r.gap;
-  std::vector<int64_t> iters;
-  std::vector<double> tp;
-  a.throughput_signal = a.tflops.count == trained               ? "TFLOPs"
-                        : a.samples_per_second.count == trained ? "samples per second"
-                                                                : "iterations per second";
+  const ThroughputSignal signal = a.tflops.count == trained ? ThroughputSignal::kTflops
+                                  : a.samples_per_second.count == trained
+                                      ? ThroughputSignal::kSamplesPerSecond
+                                      : ThroughputSignal::kIterationsPerSecond;
+  a.throughput_signal = ThroughputSignalName(signal);
+  int64_t measured = 0;  // the values the drop test sees
   for (const LogRecord& r : recs) {
     if (r.gap) continue;
-    double v = a.throughput_signal == "TFLOPs"               ? r.tflops
-               : a.throughput_signal == "samples per second" ? r.samples_per_second
-                                                             : 1.0 / r.iteration_seconds;
-    if (!std::isfinite(v)) continue;
-    iters.push_back(r.iteration);
-    tp.push_back(v);
+    const double v = signal == ThroughputSignal::kTflops             ? r.tflops
+                     : signal == ThroughputSignal::kSamplesPerSecond ? r.samples_per_second
+                                                                     : 1.0 / r.iteration_seconds;
+    measured += std::isfinite(v);
   }
-  FindThroughputDrops(iters, tp, a.throughput_signal, opt, &events);
+  const int window =
+      opt.drop_window > 0 ? opt.drop_window : std::clamp(static_cast<int>(measured / 20), 3, 50);
+  // Each event as it last closed, in the order they first closed.
+  std::vector<LogEvent> events;
+  std::map<int64_t, size_t> index;
+  LogEventScanner scanner(
+      opt, window,
+      [&](const LogEventUpdate& u) {
+        if (u.open) return;
+        auto [it, added] = index.emplace(u.id, events.size());
+        if (added)
+          events.push_back(u.event);
+        else
+          events[it->second] = u.event;
+      },
+      &signal);
+  for (const LogRecord& r : recs) scanner.Add(r);
+  scanner.Finish("the end of the log");
+  a.restarts = scanner.restarts();
+  a.skipped_iterations = scanner.skipped_iterations();
+  a.nan_iterations = scanner.nan_iterations();
 
   // ETA from the recent median time per trained iteration.
   if (a.train_iters > 0 && a.last_iteration > a.train_iters) {

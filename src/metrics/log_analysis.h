@@ -1,24 +1,7 @@
-// LogAnalysis: the findings `keel logs analyze` reports on a parsed training log. Spikes and
-// divergences go through the guard's InstabilityDetector (the same code that watches keel's own
-// runs); restarts, skipped and NaN iterations come from the log's own counters; a sustained
-// throughput drop is a change in the windowed median that lasts at least a window (the rule of the
-// live detectors, health/level_shift.h).
-//
-// Event kinds (start/end are iterations):
-//   spike_recovered   loss or grad-norm spike; end = first record back within recover_z
-//   resume_spike      the same, starting within resume_window iterations after a restart
-//   spike_unresolved  still open at the end of the log
-//   divergence        a slow rise (the detector's divergence test), or a spike whose loss did not
-//                     come back within recover_iters (a level shift)
-//   nan               records with a non-finite iteration (LogRecord::nonfinite: the log's NaN
-//                     counter, or a nan/inf loss or grad norm where it has none)
-//   skipped           records whose "number of skipped iterations" is > 0 (a skipped data
-//                     window after a rollback is this, not nan)
-//   restart           the iteration went back or a process start was logged; start = last
-//                     iteration before, end = first after
-//   throughput_drop   the median throughput fell by more than drop_threshold and stayed down
-//                     (over the records that trained an iteration: LogRecord::gap ones are left
-//                     out)
+// LogAnalysis: the findings `keel logs analyze` reports on a parsed training log: the events of
+// LogEventScanner (metrics/log_events.h: spikes and divergences by the guard's detector, restarts
+// and resume spikes, skipped and NaN iterations, throughput drops), the throughput statistics and
+// the ETA.
 #pragma once
 
 #include <cstdint>
@@ -28,26 +11,10 @@
 #include <vector>
 
 #include "core/env.h"
-#include "guard/instability_detector.h"
+#include "metrics/log_events.h"
 #include "metrics/megatron_log.h"
 
 namespace keel {
-
-struct LogAnalysisOptions {
-  DetectorConfig detector;
-  int64_t recover_iters = 50;   // a spike not back by then is a divergence (guard-recover-iters)
-  int64_t resume_window = 100;  // a spike this close after a restart is a resume spike
-  double drop_threshold = 0.03;
-  int drop_window = 0;  // records per median window (0: n/20, between 3 and 50)
-};
-
-struct LogEvent {
-  std::string kind;
-  int64_t start = 0, end = 0;
-  std::string signal;  // "lm loss", "grad norm", "TFLOPs", ...
-  double value = 0, baseline = 0;
-  std::string detail;  // one sentence for people
-};
 
 struct SeriesStats {
   int64_t count = 0;

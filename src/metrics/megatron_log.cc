@@ -116,23 +116,14 @@ std::string FindTimestamp(std::string_view prefix) {
   return "";
 }
 
-// A record's text: this line from `start` plus continuation lines up to the one ending in "|".
-std::string JoinRecord(const std::vector<std::string_view>& lines, size_t* i, size_t start,
-                       bool* joined) {
-  std::string text(lines[*i].substr(start));
-  *joined = false;
-  for (int k = 0; k < kMaxContinuationLines && !Trim(text).ends_with('|'); ++k) {
-    if (*i + 1 >= lines.size()) break;
-    std::string_view next = lines[*i + 1];
-    if (FindRecordStart(next) != std::string_view::npos ||
-        FindValidationStart(next) != std::string_view::npos || Trim(next).empty())
-      break;
-    text += ' ';
-    text += StripRankTag(next);
-    ++*i;
-    *joined = true;
-  }
-  return text;
+bool EndsRecord(std::string_view text) {
+  return Trim(text).ends_with('|');
+}
+
+// A line that cannot continue a wrapped record: it starts one of its own, or is empty.
+bool BreaksRecord(std::string_view line) {
+  return FindRecordStart(line) != std::string_view::npos ||
+         FindValidationStart(line) != std::string_view::npos || Trim(line).empty();
 }
 
 struct Field {
@@ -235,70 +226,113 @@ std::string ParseRecord(std::string_view text, LogRecord* r) {
 }  // namespace
 
 Status ParseMegatronLog(const std::string& text, const std::string& file, ParsedLog* out) {
-  std::vector<std::string_view> lines;
+  MegatronLogParser parser(out);
+  parser.BeginFile(file);
   std::string_view all(text);
   for (size_t pos = 0; pos <= all.size();) {
     size_t nl = all.find('\n', pos);
     if (nl == std::string_view::npos) nl = all.size();
-    std::string_view l = all.substr(pos, nl - pos);
-    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
-    if (nl < all.size() || !l.empty()) lines.push_back(l);
+    const std::string_view l = all.substr(pos, nl - pos);
+    if (nl < all.size() || !l.empty()) parser.AddLine(l);
     pos = nl + 1;
   }
-  out->files.push_back(file);
-  out->lines += static_cast<int64_t>(lines.size());
-  bool started = false;
-  for (size_t i = 0; i < lines.size(); ++i) {
-    const std::string_view line = lines[i];
-    const int lineno = static_cast<int>(i + 1);
-    if (IsProcessStart(line)) started = true;
-    if (size_t p = FindRecordStart(line); p != std::string_view::npos) {
-      LogRecord r;
-      r.file = file;
-      r.line = lineno;
-      r.timestamp = FindTimestamp(line.substr(0, p));
-      bool joined = false;
-      const std::string rec = JoinRecord(lines, &i, p, &joined);
-      out->wrapped += joined;
-      const std::string bad = ParseRecord(rec, &r);
-      if (!bad.empty()) {
-        out->rejected.push_back({file, lineno, bad});
-        continue;
-      }
-      r.after_start = started;
-      started = false;
-      // The interval this line covers: back to the previous record of the same process.
-      const LogRecord* prev = out->records.empty() ? nullptr : &out->records.back();
-      const int64_t interval = prev && !r.after_start && r.iteration > prev->iteration
-                                   ? r.iteration - prev->iteration
-                                   : 0;
-      r.gap = r.skipped > 0 && (!r.has_loss || (interval > 0 && r.skipped >= interval));
-      out->records.push_back(std::move(r));
-    } else if (size_t v = FindValidationStart(line); v != std::string_view::npos) {
-      bool joined = false;
-      const std::string rec = JoinRecord(lines, &i, v, &joined);
-      std::string_view head;
-      const auto fields = Fields(rec, &head);
-      LogValidation val;
-      val.file = file;
-      val.line = lineno;
-      val.records_before = out->records.size();
-      size_t a = SkipSpaces(head, head.find("iteration") + 9);
-      if (!ReadCount(head, &a, &val.iteration)) {
-        out->rejected.push_back(
-            {file, lineno, fmt::format("a validation iteration number beyond {}", kMaxLogCount)});
-        continue;
-      }
-      for (const Field& f : fields) {
-        double x = NAN;
-        if (!ParseNumber(f.value, &x)) continue;
-        if (f.key == "lmlossvalue") val.lm_loss = x;
-        if (f.key == "lmlossppl") val.ppl = x;
-      }
-      out->validations.push_back(val);
-    }
-  }
+  parser.Flush();
   return Status::OK();
+}
+
+void MegatronLogParser::BeginFile(const std::string& file) {
+  Flush();
+  out_->files.push_back(file);
+  file_ = file;
+  line_ = 0;
+  started_ = false;
+}
+
+void MegatronLogParser::ContinueInFile(const std::string& file) {
+  Flush();
+  file_ = file;
+  line_ = 0;
+}
+
+void MegatronLogParser::AddLine(std::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  ++line_;
+  ++out_->lines;
+  if (pending_.active) {
+    // A record runs until a line ends in "|", for at most kMaxContinuationLines more lines.
+    if (!BreaksRecord(line)) {
+      pending_.text += ' ';
+      pending_.text += StripRankTag(line);
+      pending_.joined = true;
+      if (++pending_.continuations >= kMaxContinuationLines || EndsRecord(pending_.text))
+        Complete();
+      return;
+    }
+    Complete();
+  }
+  if (IsProcessStart(line)) started_ = true;
+  const size_t rec = FindRecordStart(line);
+  const size_t val = rec == std::string_view::npos ? FindValidationStart(line) : rec;
+  if (val == std::string_view::npos) return;
+  pending_ = Pending();
+  pending_.active = true;
+  pending_.validation = rec == std::string_view::npos;
+  pending_.line = line_;
+  pending_.text = std::string(line.substr(val));
+  if (!pending_.validation) pending_.timestamp = FindTimestamp(line.substr(0, val));
+  if (EndsRecord(pending_.text)) Complete();
+}
+
+void MegatronLogParser::Flush() {
+  if (pending_.active) Complete();
+}
+
+void MegatronLogParser::Complete() {
+  Pending p = std::move(pending_);
+  pending_ = Pending();
+  out_->wrapped += p.joined && !p.validation;
+  if (p.validation) {
+    std::string_view head;
+    const auto fields = Fields(p.text, &head);
+    LogValidation val;
+    val.file = file_;
+    val.line = p.line;
+    val.records_before = records_;
+    size_t a = SkipSpaces(head, head.find("iteration") + 9);
+    if (!ReadCount(head, &a, &val.iteration)) {
+      out_->rejected.push_back(
+          {file_, p.line, fmt::format("a validation iteration number beyond {}", kMaxLogCount)});
+      return;
+    }
+    for (const Field& f : fields) {
+      double x = NAN;
+      if (!ParseNumber(f.value, &x)) continue;
+      if (f.key == "lmlossvalue") val.lm_loss = x;
+      if (f.key == "lmlossppl") val.ppl = x;
+    }
+    out_->validations.push_back(val);
+    return;
+  }
+  LogRecord r;
+  r.file = file_;
+  r.line = p.line;
+  r.timestamp = std::move(p.timestamp);
+  const std::string bad = ParseRecord(p.text, &r);
+  if (!bad.empty()) {
+    out_->rejected.push_back({file_, p.line, bad});
+    return;
+  }
+  r.after_start = started_;
+  started_ = false;
+  // The interval this line covers: back to the previous record of the same process.
+  const int64_t interval = has_prev_ && !r.after_start && r.iteration > prev_iteration_
+                               ? r.iteration - prev_iteration_
+                               : 0;
+  r.gap = r.skipped > 0 && (!r.has_loss || (interval > 0 && r.skipped >= interval));
+  has_prev_ = true;
+  prev_iteration_ = r.iteration;
+  ++records_;
+  out_->records.push_back(std::move(r));
 }
 
 }  // namespace keel

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -76,5 +77,43 @@ struct ParsedLog {
 // not a record but a RejectedLine. A file without any iteration line is not an error here (the
 // caller says so).
 Status ParseMegatronLog(const std::string& text, const std::string& file, ParsedLog* out);
+
+// The same parser, a line at a time, for a log that is still being written (`keel logs watch`):
+// ParseMegatronLog is BeginFile, AddLine for every line, Flush. A record waits for its
+// continuation lines until a line ends it (one ending in "|", a new record, a validation line, an
+// empty line); Flush ends the one still waiting. The caller may take records, validations and
+// rejected lines out of `out` as they arrive: the parser keeps what it needs of the past itself.
+class MegatronLogParser {
+ public:
+  explicit MegatronLogParser(ParsedLog* out) : out_(out) {}
+
+  // A new file of the run: line numbers restart, and a record cannot continue across it.
+  void BeginFile(const std::string& file);
+  // The same stream continued in a new file (a rotated log): line numbers restart under `file`,
+  // a process start seen just before still counts.
+  void ContinueInFile(const std::string& file);
+  // One line, without its "\n" (a trailing "\r" is dropped).
+  void AddLine(std::string_view line);
+  // End of input (or of patience): the record waiting for continuation lines is parsed as it is.
+  void Flush();
+  bool waiting() const { return pending_.active; }
+
+ private:
+  struct Pending {
+    bool active = false, validation = false, joined = false;
+    int continuations = 0, line = 0;
+    std::string text, timestamp;
+  };
+  void Complete();
+
+  ParsedLog* out_;
+  std::string file_;
+  int line_ = 0;
+  bool started_ = false;  // a process start since the last record
+  bool has_prev_ = false;
+  int64_t prev_iteration_ = 0;
+  size_t records_ = 0;  // records parsed so far (validations are placed after them)
+  Pending pending_;
+};
 
 }  // namespace keel

@@ -73,6 +73,49 @@ inline std::string GenerateMegatronLog(const LogEvents& ev) {
   return log;
 }
 
+// A log for the resume-spike rule: a slowly falling loss with noise of +-0.5% (uniform), iterations
+// 1-300, then a restart: from the checkpoint at 240 (the log goes back to 241, a process start is
+// logged) or, without `go_back`, a new process that resumes at 301; to 400 (of 400).
+struct ResumeLogOptions {
+  bool bump = true;         // lm loss x1.06 at the 3rd-6th records after the restart
+  bool go_back = true;      // resume at 241 (else at 301)
+  double resume_shift = 0;  // the loss after the restart, relative to the trend (-0.01: 1% lower)
+  double fall = 0.5;        // the trend: 3 + fall * exp(-iteration / decay)
+  double decay = 400;
+  int64_t spike_at = 0;  // a loss spike x1.5 at this iteration and the next (0: none)
+};
+
+inline double ResumeLogLoss(const ResumeLogOptions& o, int64_t it) {
+  return 3.0 + o.fall * std::exp(-static_cast<double>(it) / o.decay);
+}
+
+// The first and last iteration of the bump.
+inline int64_t ResumeBumpStart(const ResumeLogOptions& o) {
+  return (o.go_back ? 241 : 301) + 2;
+}
+
+inline std::string GenerateResumeLog(const ResumeLogOptions& o) {
+  std::string log = "using world size: 8, data-parallel-size: 8, tensor-model-parallel size: 1\n";
+  uint64_t state = 4242;
+  auto noise = [&] {  // deterministic uniform in [-1, 1)
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<double>(state >> 11) / static_cast<double>(1ULL << 52) - 1.0;
+  };
+  auto emit = [&](int64_t it, double factor) {
+    double loss = ResumeLogLoss(o, it) * factor * (1 + 0.005 * noise());
+    if (o.spike_at > 0 && (it == o.spike_at || it == o.spike_at + 1)) loss *= 1.5;
+    log += MegatronLogLine(it, loss, 0.3 * (1 + 0.05 * noise()), 150.0 + 0.3 * noise(), 0) + "\n";
+  };
+  for (int64_t it = 1; it <= 300; ++it) emit(it, 1.0);
+  log += "srun: error: node17: task 3: Exited with exit code 1\n";
+  log += "using world size: 8, data-parallel-size: 8, tensor-model-parallel size: 1\n";
+  if (o.go_back) log += " loading checkpoint from /ckpt at iteration 240\n";
+  const int64_t bump = ResumeBumpStart(o);
+  for (int64_t it = o.go_back ? 241 : 301; it <= 400; ++it)
+    emit(it, (1 + o.resume_shift) * (o.bump && it >= bump && it < bump + 4 ? 1.06 : 1.0));
+  return log;
+}
+
 // A keel log (log interval 10, 600 iterations) with a guard rollback after iteration 300 to 250
 // whose skipped data window is iterations 255-314, printed as the loop prints it from now on: an
 // interval that trained nothing (270-310) has no lm loss, samples per second or TFLOPs field
