@@ -19,6 +19,7 @@ Status BadFaults(const std::string& text, const std::string& why) {
   return Status::InvalidArgument(
       "KEEL_TRAIN_FAULTS=" + text + ": " + why +
       "; expected comma-separated poison=A-B, nan-grad=A-B, overflow=A-B (iteration ranges), "
+      "lr=A-B*X (X times the LR over a range), "
       "hang=N, kill=N, "
       "bitflip=N, skip-collective=N (iterations), slow=F (a fraction), each optionally followed "
       "by :rank=R, :attempt=A and (skip-collective) :kind=K");
@@ -48,6 +49,18 @@ Status ParseFaultItem(const std::string& text, const std::string& item, const st
       return BadFaults(text, "'" + item + "' is not an iteration range");
     auto& list = key == "poison" ? out->poison : key == "nan-grad" ? out->nan_grad : out->overflow;
     list.push_back({r[0].first, r[0].second});
+    return Status::OK();
+  }
+  if (key == "lr") {
+    const size_t star = value.find('*');
+    std::vector<std::pair<int64_t, int64_t>> r;
+    char* end = nullptr;
+    const double x = star == std::string::npos ? 0 : std::strtod(value.c_str() + star + 1, &end);
+    if (parts.size() != 1 || star == std::string::npos || star + 1 == value.size() ||
+        *end != '\0' || !(x > 0 && x < 1e6) ||
+        !ParseIterationRanges({value.substr(0, star)}, &r).ok())
+      return BadFaults(text, "'" + item + "' is not lr=A-B*X with a positive factor X");
+    out->lr.push_back({{r[0].first, r[0].second}, x});
     return Status::OK();
   }
   RankFault f;
@@ -139,6 +152,16 @@ std::function<void(int64_t, float*, size_t)> TestHooks::GradientFault(Backend* b
         }
       }
     }
+  };
+}
+
+std::function<double(int64_t)> TestHooks::LrFault() const {
+  if (lr.empty()) return nullptr;
+  return [ranges = lr](int64_t it) {
+    double x = 1;
+    for (const LrFactor& f : ranges)
+      if (f.range.Contains(it)) x *= f.factor;
+    return x;
   };
 }
 

@@ -3,10 +3,12 @@
 //
 //   KEEL_FAULT_INJECTION=crash-at=N[:PATH] | enospc-at=... | fail-sync-at=... | fail-rename-at=...
 //       one fault in the filesystem seam (core/fault_injection_env.h)
-//   KEEL_TRAIN_FAULTS=poison=A-B,nan-grad=C-D,overflow=E-F
+//   KEEL_TRAIN_FAULTS=poison=A-B,nan-grad=C-D,overflow=E-F,lr=G-H*X
 //       iterations A..B read uniformly random tokens instead of their data; the all-reduced
 //       gradients of iterations C..D get a NaN (the guard's end-to-end tests and demos), those
-//       of iterations E..F an inf (an fp16 overflow: the loss scaler's tests)
+//       of iterations E..F an inf (an fp16 overflow: the loss scaler's tests); the updates of
+//       iterations G..H use X times the scheduled LR (the guard's scenario benchmark: a spike
+//       that does not recover by itself)
 //   KEEL_TRAIN_FAULTS=hang=N:rank=R,kill=N:rank=R,slow=F:rank=R,bitflip=N:rank=R,
 //                     skip-collective=N:rank=R[:kind=K]
 //       per-rank faults of data-parallel runs (rank 0 when no rank= is given): after the
@@ -50,6 +52,11 @@ struct TestHooks {
   std::vector<IterationRange> nan_grad;          // KEEL_TRAIN_FAULTS nan-grad=A-B
   std::vector<IterationRange> overflow;          // KEEL_TRAIN_FAULTS overflow=A-B
   std::vector<RankFault> rank_faults;            // KEEL_TRAIN_FAULTS hang=, kill=, slow=, ...
+  struct LrFactor {
+    IterationRange range;
+    double factor = 1;
+  };
+  std::vector<LrFactor> lr;  // KEEL_TRAIN_FAULTS lr=A-B*X
 
   // Reads KEEL_FAULT_INJECTION and KEEL_TRAIN_FAULTS; InvalidArgument for a malformed value.
   static Status FromEnvironment(Env* base, TestHooks* out);
@@ -64,6 +71,8 @@ struct TestHooks {
   // The trainer's gradient-fault seam: a NaN in the gradients of the nan-grad iterations, an inf
   // in those of the overflow iterations; empty when none are armed.
   std::function<void(int64_t, float*, size_t)> GradientFault(Backend* backend) const;
+  // The trainer's LR seam: the factor on iteration `it`'s scheduled LR; empty when none armed.
+  std::function<double(int64_t it)> LrFault() const;
   // The trainer's compute-fault seam for rank `rank`: hang, kill and slow; empty when none.
   std::function<void(int64_t, double)> ComputeFault(int rank) const;
   // Whether rank `rank` flips a weight bit after iteration `iteration`.

@@ -120,6 +120,7 @@ StepResult Trainer::TrainStep() {
   // The update of this iteration uses the LR at the position after its batch (see lr_schedule.h).
   r.lr = state_.lr_scale * schedule_.LrAt(ScheduleSamples() + r.global_batch);
   const int64_t iteration = c.iteration + 1;
+  if (lr_fault_) r.lr *= lr_fault_(iteration);
   if (phases_) phases_->BeginIteration(iteration);
   if (IsSkipped(iteration)) {
     // A skipped data window: its samples are read past (the cursor and the schedule move on as

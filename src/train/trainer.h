@@ -173,6 +173,9 @@ class Trainer {
   void set_gradient_fault(std::function<void(int64_t iteration, float* grads, size_t n)> f) {
     grad_fault_ = std::move(f);
   }
+  // The factor on each iteration's scheduled LR: the seam of the test-only LR fault
+  // (train/test_hooks.h), which raises the LR over a window.
+  void set_lr_fault(std::function<double(int64_t iteration)> f) { lr_fault_ = std::move(f); }
   // Called on this rank after the backward of an iteration's last micro-batch, with the compute
   // seconds so far: the seam of the test-only per-rank faults (a hang, a slow rank, a crash).
   void set_compute_fault(std::function<void(int64_t iteration, double compute_seconds)> f) {
@@ -222,6 +225,7 @@ class Trainer {
   UpdateGate gate_;
   std::function<void(int64_t, float*, size_t)> grad_fault_;
   std::function<void(int64_t, double)> compute_fault_;
+  std::function<double(int64_t)> lr_fault_;
   PhaseTracker* phases_ = nullptr;
   double last_update_ratio_ = NAN;  // ||w_new - w_old|| / ||w_new|| of the last update
   double last_max_v_ = NAN;         // max of Adam's second moment after the last update

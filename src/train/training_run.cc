@@ -155,8 +155,10 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   Log("backend: {}", r.backend_->Describe());
   r.trainer_ = std::make_unique<Trainer>(r.cfg_, r.backend_.get(), r.comm_, r.MakeTrainerData());
   r.LogSkippedSampleRanges();
-  if (r.test_hooks_ != nullptr)
+  if (r.test_hooks_ != nullptr) {
     r.trainer_->set_gradient_fault(r.test_hooks_->GradientFault(r.backend_.get()));
+    r.trainer_->set_lr_fault(r.test_hooks_->LrFault());
+  }
   const GptSpec& spec = r.trainer_->model().spec();
   const int64_t formula = GptModel::FormulaParamCount(spec);
   Log("model: {} layers, hidden {}, ffn {}{}, heads {}{}, positions {}, {}, vocab {} (padded {}){}",

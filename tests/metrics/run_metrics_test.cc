@@ -47,11 +47,16 @@ std::vector<int64_t> JsonlIterations(const std::string& path) {
 // tag -> steps, over every event file in dir.
 std::map<std::string, std::vector<int64_t>> Events(const std::string& dir) {
   std::map<std::string, std::vector<int64_t>> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    std::ifstream f(e.path(), std::ios::binary);
+  // In the order they were written (the names start with the time, then pid and microseconds),
+  // not the directory's order.
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  for (const fs::path& p : files) {
+    std::ifstream f(p, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(f)), {});
     std::vector<DecodedEvent> evs;
-    EXPECT_TRUE(ParseEventFile(bytes, e.path().string(), &evs).ok());
+    EXPECT_TRUE(ParseEventFile(bytes, p.string(), &evs).ok());
     for (const DecodedEvent& ev : evs)
       if (ev.file_version.empty()) out[ev.tag].push_back(ev.step);
   }

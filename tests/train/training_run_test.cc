@@ -11,6 +11,9 @@
 
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "../data/data_test_util.h"
 #include "core/fault_injection_env.h"
@@ -288,6 +291,57 @@ TEST(TrainingRunTest, TestHooksPlantNansThatAreCountedAsNanAndSkipped) {
   EXPECT_EQ(r.state.counters.nan_iterations, 2);
   EXPECT_EQ(r.state.counters.skipped_iterations, 2);
   EXPECT_EQ(r.state.optimizer_step, 18);
+}
+
+// KEEL_TRAIN_FAULTS=lr=A-B*X (the guard's scenario benchmark): the updates of iterations A..B
+// use X times the scheduled LR, and nothing else changes.
+TEST(TrainingRunTest, TestHooksRaiseTheLrOverAWindow) {
+  ASSERT_EQ(setenv("KEEL_TRAIN_FAULTS", "lr=3-4*10,lr=4-4*2", 1), 0);
+  TestHooks hooks;
+  Status st = TestHooks::FromEnvironment(Env::Default(), &hooks);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const auto factor = hooks.LrFault();
+  ASSERT_TRUE(factor);
+  EXPECT_EQ(factor(2), 1.0);
+  EXPECT_EQ(factor(3), 10.0);
+  EXPECT_EQ(factor(4), 20.0);  // overlapping windows multiply
+  EXPECT_EQ(factor(5), 1.0);
+  for (const char* bad :
+       {"lr=3-4", "lr=3-4*0", "lr=3-4*x", "lr=3-4*", "lr=x*2", "lr=3-4*2:rank=1"}) {
+    ASSERT_EQ(setenv("KEEL_TRAIN_FAULTS", bad, 1), 0);
+    st = TestHooks::FromEnvironment(Env::Default(), &hooks);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("lr=A-B*X"), std::string::npos) << st.message();
+  }
+  unsetenv("KEEL_TRAIN_FAULTS");
+  EXPECT_FALSE(TestHooks().LrFault());  // none armed: no seam at all
+
+  TempDir dir;
+  TrainConfig c = Tiny(dir.Join("clean"));
+  c.guard = GuardLevel::kOff;
+  const RunResult clean = OpenAndTrain(c);
+  ASSERT_TRUE(clean.status.ok()) << clean.status.ToString();
+  hooks = TestHooks();
+  hooks.lr = {{{3, 4}, 10.0}};
+  c.save = dir.Join("raised");
+  const RunResult raised = OpenAndTrain(c, &hooks);
+  ASSERT_TRUE(raised.status.ok()) << raised.status.ToString();
+  EXPECT_NE(raised.fingerprint, clean.fingerprint);
+  // The logged LR of iterations 3 and 4 is ten times the clean run's, the others equal.
+  auto lrs = [](const std::string& metrics) {
+    std::map<int64_t, double> out;
+    std::istringstream in(datatest::ReadTextFile(metrics));
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.value("kind", "") == "train") out[j["iteration"]] = j["learning_rate"];
+    }
+    return out;
+  };
+  const auto a = lrs(dir.Join("clean/metrics.jsonl")), b = lrs(dir.Join("raised/metrics.jsonl"));
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (const auto& [it, lr] : a)
+    EXPECT_DOUBLE_EQ(b.at(it), (it == 3 || it == 4) ? 10 * lr : lr) << it;
 }
 
 TEST(TrainingRunTest, SkippedDataWindowsAreNotNan) {
