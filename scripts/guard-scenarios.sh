@@ -49,7 +49,7 @@ poison-12-lr3|SMALL|poison=101-112,lr=101-112*3|12 bad batches at 3x the LR
 poison-12-lr10|SMALL|poison=101-112,lr=101-112*10|12 bad batches at 10x the LR (no recovery by itself)
 nan-1|SMALL|nan-grad=101-101|a NaN in one iteration's gradients
 nan-3|SMALL|nan-grad=101-103|NaN gradients 3 iterations in a row
-lr3-slow|SMALL|lr=81-200*3|the LR tripled from iteration 81 on (a slow divergence)
+lr10-late|SMALL|lr=81-200*10|the LR 10x from iteration 81 on (a sustained LR error)
 lr0.1-demo|DEMO||the attention-logit instability of scripts/instability-demo.sh
 clean-small|SMALL||no fault: false alarms
 clean-medium|MEDIUM||no fault: false alarms
@@ -114,7 +114,7 @@ def end_loss(rows):
     return sum(xs) / len(xs)
 
 def waste(rows, events):
-    skipped = sum(1 for r in rows if r.get("skipped"))
+    skipped = sum(1 for r in rows if r.get("skipped") and not r.get("data_skipped"))
     data_skipped = sum(1 for r in rows if r.get("data_skipped"))
     recomputed = sum(e["iteration"] - e["to_iteration"] for e in events
                      if e.get("event") == "rollback")

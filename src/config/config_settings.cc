@@ -484,6 +484,10 @@ const std::vector<Setting>& Settings() {
     t->push_back(IntSetting("guard-max-skips",
                             "anomalous updates skipped in a row before rolling back",
                             &TC::guard_max_skips));
+    t->push_back(IntSetting("guard-max-data-skips",
+                            "updates of anomalous batches skipped in a row (the weights probed "
+                            "healthy on the previous batch) before rolling back",
+                            &TC::guard_max_data_skips));
     t->push_back(
         IntSetting("guard-recover-iters",
                    "roll back when the loss is not back at its pre-onset level after this many "

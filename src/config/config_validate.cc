@@ -675,6 +675,7 @@ Status ValidateGuard(const TrainConfig& c) {
         "a few values and cannot use more than the window holds",
         c.guard_min_history, c.guard_window));
   for (auto [flag, v] : {std::pair{"guard-max-skips", c.guard_max_skips},
+                         std::pair{"guard-max-data-skips", c.guard_max_data_skips},
                          std::pair{"guard-rollback-margin", c.guard_rollback_margin},
                          std::pair{"guard-skip-before", c.guard_skip_before},
                          std::pair{"guard-skip-after", c.guard_skip_after},

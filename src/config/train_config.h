@@ -187,6 +187,7 @@ struct TrainConfig {
   int guard_divergence_window = 50;     // iterations whose median loss is compared ...
   double guard_divergence_rel = 0.05;   // ... with the lowest level: diverging above (1 + this)
   int guard_max_skips = 3;              // anomalous updates skipped in a row before a rollback
+  int guard_max_data_skips = 50;        // ... when the batches are the anomaly, not the weights
   int guard_recover_iters = 50;         // not back at the pre-onset level after this: roll back
   int guard_rollback_margin = 1;        // roll back to a checkpoint at least this before the onset
   int guard_skip_before = 5;            // data window skipped: iterations before the onset ...

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/json_number.h"
 #include "core/json_reader.h"
@@ -58,6 +59,7 @@ void Guard::Emit(json event, const std::string& sentence) {
 
 void Guard::OnRestart(int64_t iteration) {
   restart_iter_ = iteration;
+  prev_loss_ = NAN;
 }
 
 void Guard::Close(const GuardSignals& s, const std::string& classification) {
@@ -101,7 +103,13 @@ GuardDecision Guard::Escalate(const GuardSignals& s, const std::string& why) {
   return d;
 }
 
-StepVerdict Guard::OnStep(const GuardSignals& s) {
+StepVerdict Guard::OnStep(const GuardSignals& s, const GuardProbes* probes) {
+  // The loss of the iteration before this one, for the probe; this one's for the next.
+  struct Remember {
+    double* slot;
+    double value;
+    ~Remember() { *slot = value; }
+  } remember{&prev_loss_, s.loss};
   StepVerdict v;
   if (cfg_.mode == GuardMode::kOff) return v;
   const bool act = cfg_.mode == GuardMode::kAct;
@@ -118,6 +126,29 @@ StepVerdict Guard::OnStep(const GuardSignals& s) {
       detector_.Accept(s);
       return v;
     }
+    // Rerun before acting: keel is deterministic, so the same state and batch give the same
+    // bits; a different loss means this process's arithmetic failed once, not the data.
+    if (a.kind != AnomalyKind::kDivergence && probes != nullptr && probes->rerun) {
+      const double again = probes->rerun();
+      if (std::memcmp(&again, &s.loss, sizeof(double)) != 0) {
+        ++transient_faults_;
+        Emit(
+            {{"event", "transient_fault"},
+             {"iteration", s.iteration},
+             {"lm_loss", JsonNumber(s.loss)},
+             {"rerun_lm_loss", JsonNumber(again)},
+             {"transient_faults", transient_faults_},
+             {"signals", SignalsJson(s)}},
+            fmt::format("iteration {}: {} {:.6g} (z={:.1f}); computed again from the same state it "
+                        "is {:.6g}: a transient fault in this process's arithmetic (silent data "
+                        "corruption), not the data; {} the update ({} such fault(s) in this "
+                        "process); if it repeats, check the machine",
+                        s.iteration, a.signal, a.value, a.z, again, act ? "skipped" : "would skip",
+                        transient_faults_));
+        v.apply_update = !act;
+        return v;
+      }
+    }
     event_.open = true;
     event_.kind = AnomalyKindName(a.kind);
     event_.signal = a.signal;
@@ -128,6 +159,28 @@ StepVerdict Guard::OnStep(const GuardSignals& s) {
             ? detector_.LossBaseline()
             : (a.kind == AnomalyKind::kDivergence ? a.baseline : detector_.LossBaseline());
     event_.resume = restart_iter_ >= 0 && s.iteration - restart_iter_ <= cfg_.resume_window;
+    // Batch or weights: the current weights on the previous (normal) batch.
+    std::string blame;
+    // A healthy update does not make the loss of the batch it learned from worse (beyond the
+    // noise); the last one did if the weights are the problem.
+    if (a.kind == AnomalyKind::kSpike && probes != nullptr && probes->previous_batch &&
+        std::isfinite(prev_loss_)) {
+      event_.probe_loss = probes->previous_batch();
+      const double worse = detector_.LossZ(event_.probe_loss) - detector_.LossZ(prev_loss_);
+      if (std::isfinite(worse)) {
+        event_.cause = worse < cfg_.detector.recover_z ? "data" : "weights";
+        blame = fmt::format(
+            "; on the previous batch the weights now score {:.4f} (before its update {:.4f}, "
+            "{:+.1f} noise units): {}",
+            event_.probe_loss, prev_loss_, worse,
+            event_.cause == "data"
+                ? "the weights are healthy, this batch is the anomaly"
+                : fmt::format("the last update made the weights worse, so the updates go on and "
+                              "the optimizer may recover (a rollback if the loss is not back "
+                              "within {} iterations)",
+                              cfg_.recover_iters));
+      }
+    }
     std::string what;
     if (a.kind == AnomalyKind::kNonFinite)
       what = fmt::format("non-finite {} ({})", a.signal, a.value);
@@ -150,12 +203,14 @@ StepVerdict Guard::OnStep(const GuardSignals& s) {
           {"z", JsonNumber(a.z)},
           {"onset", event_.onset},
           {"resume_spike", event_.resume},
+          {"cause", event_.cause.empty() ? json(nullptr) : json(event_.cause)},
+          {"probe_lm_loss", JsonNumber(event_.probe_loss)},
           {"signals", SignalsJson(s)}},
-         fmt::format("iteration {}: {}{}; {}", s.iteration, what,
+         fmt::format("iteration {}: {}{}; {}{}", s.iteration, what,
                      event_.resume ? fmt::format(" ({} iteration(s) after a restart)",
                                                  s.iteration - restart_iter_)
                                    : std::string(),
-                     Signals(s)));
+                     Signals(s), blame));
   }
   event_.peak = std::isfinite(event_.peak) ? std::max(event_.peak, s.loss) : s.loss;
 
@@ -183,12 +238,25 @@ StepVerdict Guard::OnStep(const GuardSignals& s) {
         event_.decided = true;
         v.decision = Escalate(s, "divergence");
       }
-    } else if (event_.consecutive <= cfg_.max_skips) {
+    } else if (event_.cause == "weights" && a.kind == AnomalyKind::kSpike) {
+      // Skipping would freeze the weights where they went wrong: the optimizer goes on, and
+      // the recovery rule below rolls back if the loss does not return.
+      if (!event_.decided && s.iteration - event_.onset >= cfg_.recover_iters) {
+        event_.decided = true;
+        v.decision = Escalate(
+            s, fmt::format("lm loss {:.4f} is still above the pre-onset level {:.4f} {} "
+                           "iterations after the onset at iteration {}",
+                           s.loss, event_.baseline, s.iteration - event_.onset, event_.onset));
+      }
+    } else if (event_.consecutive <=
+               (event_.cause == "data" ? cfg_.max_data_skips : cfg_.max_skips)) {
+      const int limit = event_.cause == "data" ? cfg_.max_data_skips : cfg_.max_skips;
       v.apply_update = false;
       ++event_.skipped;
       Emit({{"event", "skip_update"}, {"iteration", s.iteration}, {"onset", event_.onset}},
-           fmt::format("iteration {}: {} the update ({} of at most {} in a row)", s.iteration,
-                       act ? "skipped" : "would skip", event_.consecutive, cfg_.max_skips));
+           fmt::format("iteration {}: {} the update ({} of at most {} in a row{})", s.iteration,
+                       act ? "skipped" : "would skip", event_.consecutive, limit,
+                       event_.cause == "data" ? ", the batches anomalous, the weights not" : ""));
     } else if (!event_.decided) {
       event_.decided = true;
       v.apply_update = false;
@@ -218,6 +286,7 @@ StepVerdict Guard::OnStep(const GuardSignals& s) {
 }
 
 void Guard::OnRolledBack(const GuardDecision& d, int64_t iteration, const json& saved_state) {
+  prev_loss_ = NAN;  // the trainer's previous batch is from before the rollback
   InstabilityDetector restored(cfg_.detector);
   if (saved_state.is_object() && saved_state.contains("detector") &&
       restored.FromJson(saved_state["detector"], "guard.detector").ok())
@@ -244,7 +313,8 @@ json Guard::PolicyJson() const {
           {"last_rollback_onset", last_rollback_onset_},
           {"decisions", decisions_},
           {"watch_until", watch_until_},
-          {"watch_baseline", JsonNumber(watch_baseline_)}};
+          {"watch_baseline", JsonNumber(watch_baseline_)},
+          {"transient_faults", transient_faults_}};
 }
 
 Status Guard::PolicyFromJson(const json& j, const std::string& where) {
@@ -256,6 +326,7 @@ Status Guard::PolicyFromJson(const json& j, const std::string& where) {
   const int64_t decisions = p["decisions"].Get<int64_t>();
   const int64_t watch_until = p.Optional("watch_until").Get<int64_t>(-1);
   const double watch_baseline = p.Optional("watch_baseline").Number();
+  const int64_t transient = p.Optional("transient_faults").Get<int64_t>(0);
   KEEL_RETURN_IF_ERROR(r.status());
   rollbacks_ = rollbacks;
   level_ = level;
@@ -263,6 +334,7 @@ Status Guard::PolicyFromJson(const json& j, const std::string& where) {
   decisions_ = decisions;
   watch_until_ = watch_until;
   watch_baseline_ = watch_baseline;
+  transient_faults_ = transient;
   return Status::OK();
 }
 
@@ -278,7 +350,9 @@ json Guard::ToJson() const {
           {"consecutive", event_.consecutive},
           {"skipped", event_.skipped},
           {"resume", event_.resume},
-          {"decided", event_.decided}};
+          {"decided", event_.decided},
+          {"cause", event_.cause},
+          {"probe_loss", JsonNumber(event_.probe_loss)}};
   return {{"mode", GuardModeName(cfg_.mode)}, {"healthy", healthy()},
           {"detector", detector_.ToJson()},   {"event", ev},
           {"policy", PolicyJson()},           {"restart_iteration", restart_iter_}};
@@ -303,6 +377,8 @@ Status Guard::FromJson(const json& j, const std::string& where) {
     event_.skipped = ev["skipped"].Get<int>();
     event_.resume = ev["resume"].Get<bool>();
     event_.decided = ev["decided"].Get<bool>();
+    event_.cause = ev.Optional("cause").Get<std::string>("");
+    event_.probe_loss = ev.Optional("probe_loss").Number();
   } else if (ev.present() && !ev.is_null()) {
     r.Fail(ev.path(), "must be an object (or null), but is " + DescribeJson(ev.raw()));
   }

@@ -1,8 +1,14 @@
 // Guard: decides what to do about each iteration's signals, within limits the user sets.
 //
-// An anomalous iteration (InstabilityDetector) opens an event. The escalation ladder, in act mode:
-//   1. skip the update of an anomalous iteration (loss spike, gradient spike, NaN/Inf), at most
-//      `max_skips` in a row;
+// An anomalous iteration (InstabilityDetector) opens an event. Before acting, with the trainer's
+// probes (GuardProbes), the guard re-runs the iteration's forward from the same state: a loss
+// that differs in any bit is a transient fault, not the data (journaled, counted, the update
+// skipped). A spike is then blamed on the batch or on the weights by the loss of the current
+// weights on the previous, normal batch ("cause"). The escalation ladder, in act mode:
+//   1. skip the update of an anomalous iteration: a bad batch's (the weights are healthy) for as
+//      long as the batches stay anomalous, at most `max_data_skips` in a row; a NaN/Inf, or a
+//      spike of unknown cause, at most `max_skips` in a row. A spike of the weights themselves is
+//      not skipped (skipping would freeze them where they went wrong): the optimizer goes on;
 //   2. still anomalous after that, not back at the pre-onset level `recover_iters` after the
 //      onset, or a divergence: roll back to the newest healthy checkpoint at least `margin`
 //      iterations before the onset and skip the data window [onset - skip_before, onset +
@@ -30,7 +36,8 @@ const char* GuardModeName(GuardMode m);
 struct GuardConfig {
   GuardMode mode = GuardMode::kAct;
   DetectorConfig detector;
-  int max_skips = 3;
+  int max_skips = 3;        // non-finite values, or spikes of unknown cause (no probes)
+  int max_data_skips = 50;  // spikes of the batch (the weights probed healthy)
   int recover_iters = 50;
   int fast_recover_iters = 30;  // recovered within this: "recovered spike", else "slow-recovering"
   int margin = 1;
@@ -55,6 +62,13 @@ struct GuardDecision {
   std::string reason;      // one sentence
 };
 
+// What the guard may ask the trainer before it decides (each a collective in data parallel; the
+// trainer runs them only inside its update gate). Either may be empty.
+struct GuardProbes {
+  std::function<double()> rerun;           // this iteration's lm loss, computed again
+  std::function<double()> previous_batch;  // the current weights' lm loss on the last batch
+};
+
 struct StepVerdict {
   bool apply_update = true;
   GuardDecision decision;
@@ -66,8 +80,9 @@ class Guard {
   using Journal = std::function<void(const nlohmann::json& event, const std::string& sentence)>;
   Guard(const GuardConfig& cfg, Journal journal);
 
-  // Judges iteration s.iteration before its update is applied.
-  StepVerdict OnStep(const GuardSignals& s);
+  // Judges iteration s.iteration before its update is applied; `probes` (optional) are asked
+  // only when an anomaly is detected.
+  StepVerdict OnStep(const GuardSignals& s, const GuardProbes* probes = nullptr);
   // The controller rolled back to `iteration`; `saved_state` is that checkpoint's guard state
   // (null when it has none): its detector windows describe the run before the onset.
   void OnRolledBack(const GuardDecision& d, int64_t iteration, const nlohmann::json& saved_state);
@@ -83,6 +98,7 @@ class Guard {
   const GuardConfig& config() const { return cfg_; }
   int rollbacks() const { return rollbacks_; }
   int64_t decisions() const { return decisions_; }
+  int64_t transient_faults() const { return transient_faults_; }
 
   // Everything (detector windows, open event, ladder and budget): the checkpoint's guard slot.
   nlohmann::json ToJson() const;
@@ -102,6 +118,8 @@ class Guard {
     int skipped = 0;       // updates skipped in this event
     bool resume = false;   // within resume_window of a restart
     bool decided = false;  // a rollback/stop decision was issued (observe: would have been)
+    std::string cause;     // "data", "weights", or "" (not probed)
+    double probe_loss = NAN;
   };
   GuardDecision Escalate(const GuardSignals& s, const std::string& why);
   void Close(const GuardSignals& s, const std::string& classification);
@@ -115,6 +133,8 @@ class Guard {
   int level_ = 0;
   int64_t last_rollback_onset_ = -1;
   int64_t decisions_ = 0;
+  int64_t transient_faults_ = 0;
+  double prev_loss_ = NAN;  // the previous OnStep's lm loss (not saved: NaN after a restart)
   int64_t restart_iter_ = -1;
   int64_t watch_until_ = -1;  // after a rollback: report recovery once past this iteration
   double watch_baseline_ = NAN;

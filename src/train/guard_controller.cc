@@ -24,6 +24,7 @@ GuardConfig GuardConfigFrom(const TrainConfig& c) {
   g.detector.divergence_window = c.guard_divergence_window;
   g.detector.divergence_rel = c.guard_divergence_rel;
   g.max_skips = c.guard_max_skips;
+  g.max_data_skips = c.guard_max_data_skips;
   g.recover_iters = c.guard_recover_iters;
   g.margin = c.guard_rollback_margin;
   g.skip_before = c.guard_skip_before;
@@ -108,15 +109,17 @@ Status GuardController::Start(const SavedTrainState* saved) {
         "cannot roll back; a rollback decision will stop the run");
   log_(fmt::format(
       "guard: {} (spike: loss z > {}, grad-norm z > {} over {} iterations; divergence: median "
-      "of {} iterations {}% above its lowest; ladder: skip <= {} updates, roll back + skip "
-      "{}..+{} iterations, + LR x{}, + reseed; at most {} rollbacks)",
+      "of {} iterations {}% above its lowest; ladder: skip <= {} updates (<= {} of anomalous "
+      "batches), roll back + skip {}..+{} iterations, + LR x{}, + reseed; at most {} rollbacks)",
       GuardModeName(guard_.mode()), cfg_.guard_z_threshold, cfg_.guard_grad_z_threshold,
       cfg_.guard_window, cfg_.guard_divergence_window, 100 * cfg_.guard_divergence_rel,
-      cfg_.guard_max_skips, cfg_.guard_skip_before, cfg_.guard_skip_after, cfg_.guard_lr_cut,
-      cfg_.guard_max_rollbacks));
+      cfg_.guard_max_skips, cfg_.guard_max_data_skips, cfg_.guard_skip_before,
+      cfg_.guard_skip_after, cfg_.guard_lr_cut, cfg_.guard_max_rollbacks));
   if (ckpt_ != nullptr) ckpt_->set_after_save([this](int64_t it) { AfterSave(it); });
   trainer_->set_update_gate([this](const GuardSignals& s) {
-    StepVerdict v = guard_.OnStep(s);
+    const GuardProbes probes{[this] { return trainer_->RerunLoss(); },
+                             [this] { return trainer_->PreviousBatchLoss(); }};
+    StepVerdict v = guard_.OnStep(s, &probes);
     if (v.decision.kind != GuardDecision::Kind::kContinue) pending_ = v.decision;
     return v.apply_update;
   });

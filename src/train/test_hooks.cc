@@ -21,7 +21,8 @@ Status BadFaults(const std::string& text, const std::string& why) {
       "; expected comma-separated poison=A-B, nan-grad=A-B, overflow=A-B (iteration ranges), "
       "lr=A-B*X (X times the LR over a range), "
       "hang=N, kill=N, "
-      "bitflip=N, skip-collective=N (iterations), slow=F (a fraction), each optionally followed "
+      "bitflip=N, skip-collective=N, corrupt=N (iterations), slow=F (a fraction), each optionally "
+      "followed "
       "by :rank=R, :attempt=A and (skip-collective) :kind=K");
 }
 
@@ -80,6 +81,8 @@ Status ParseFaultItem(const std::string& text, const std::string& item, const st
       f.kind = RankFault::Kind::kBitFlip;
     else if (key == "skip-collective")
       f.kind = RankFault::Kind::kSkipCollective;
+    else if (key == "corrupt")
+      f.kind = RankFault::Kind::kCorrupt;
     else
       return BadFaults(text, "unknown fault '" + key + "'");
     if (!ParseInt(value, &n) || n < 1)
@@ -189,6 +192,23 @@ std::function<void(int64_t, double)> TestHooks::ComputeFault(int rank) const {
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
       }
     }
+  };
+}
+
+std::function<bool(int64_t)> TestHooks::CorruptFault(int rank) const {
+  std::vector<int64_t> at;
+  for (const RankFault& f : rank_faults)
+    if (f.kind == RankFault::Kind::kCorrupt && f.rank == rank) at.push_back(f.iteration);
+  if (at.empty()) return nullptr;
+  auto fired = std::make_shared<std::vector<bool>>(at.size(), false);
+  return [at, fired, rank](int64_t it) {
+    for (size_t i = 0; i < at.size(); ++i) {
+      if (at[i] != it || (*fired)[i]) continue;
+      (*fired)[i] = true;
+      LogError(fmt::format("fault: rank {} computes iteration {} on a corrupted weight", rank, it));
+      return true;
+    }
+    return false;
   };
 }
 

@@ -10,12 +10,14 @@
 //       iterations G..H use X times the scheduled LR (the guard's scenario benchmark: a spike
 //       that does not recover by itself)
 //   KEEL_TRAIN_FAULTS=hang=N:rank=R,kill=N:rank=R,slow=F:rank=R,bitflip=N:rank=R,
-//                     skip-collective=N:rank=R[:kind=K]
+//                     skip-collective=N:rank=R[:kind=K],corrupt=N:rank=R
 //       per-rank faults of data-parallel runs (rank 0 when no rank= is given): after the
 //       backward of iteration N the rank stops (sleeps for ever, no collective) or kills itself
 //       with SIGKILL; `slow` makes it sleep fraction F of its compute time every iteration;
 //       `bitflip` flips one bit of one weight after iteration N's update; `skip-collective`
-//       skips the first collective of kind K (default all-reduce-sum) of iteration N. Any item
+//       skips the first collective of kind K (default all-reduce-sum) of iteration N; `corrupt`
+//       runs iteration N's forward and backward once on a corrupted weight (a transient fault
+//       that leaves no trace in the state: what the guard's rerun must tell from data). Any item
 //       may end with :attempt=A: armed only when KEEL_LAUNCH_ATTEMPT is A (keel launch sets it),
 //       so a restarted job does not fail the same way again.
 //
@@ -38,10 +40,10 @@ namespace keel {
 class Backend;
 
 struct RankFault {
-  enum class Kind { kHang, kKill, kSlow, kBitFlip, kSkipCollective };
+  enum class Kind { kHang, kKill, kSlow, kBitFlip, kSkipCollective, kCorrupt };
   Kind kind = Kind::kHang;
   int rank = 0;
-  int64_t iteration = 0;                      // hang, kill, bitflip, skip-collective
+  int64_t iteration = 0;                      // hang, kill, bitflip, skip-collective, corrupt
   double fraction = 0;                        // slow
   std::string collective = "all-reduce-sum";  // skip-collective
 };
@@ -75,6 +77,9 @@ struct TestHooks {
   std::function<double(int64_t it)> LrFault() const;
   // The trainer's compute-fault seam for rank `rank`: hang, kill and slow; empty when none.
   std::function<void(int64_t, double)> ComputeFault(int rank) const;
+  // The trainer's transient-fault seam for rank `rank`: true the first time iteration N (of a
+  // corrupt=N item) is computed, never again; empty when none.
+  std::function<bool(int64_t)> CorruptFault(int rank) const;
   // Whether rank `rank` flips a weight bit after iteration `iteration`.
   bool BitFlipAt(int rank, int64_t iteration) const;
   // The communicator's skip seam for rank `rank` (`iteration` says which iteration is under

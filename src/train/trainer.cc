@@ -177,6 +177,23 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
   const size_t nd = data_.dataset_names.size();
   GradientAccumulation acc;
   std::vector<double> dataset_loss_sum(nd, 0.0), dataset_sequences(nd, 0.0);
+  if (gate_) {  // the guard's probes read the batches back
+    std::swap(prev_batch_, cur_batch_);
+    cur_batch_.tokens.clear();
+    cur_batch_.micro_batches = num_micro;
+  }
+  // Test-only: a transient fault, one weight every token reads (the final norm's first) scaled
+  // for this iteration's arithmetic only.
+  const int64_t this_iteration = state_.counters.iteration + 1;
+  const bool corrupt = corrupt_fault_ && corrupt_fault_(this_iteration);
+  const ParamInfo* corrupted = corrupt ? model_->FindParam("final_layernorm.weight") : nullptr;
+  float corrupted_weight = 0;
+  if (corrupted != nullptr) {
+    float* w = model_->param_data() + corrupted->offset;  // marks any 16-bit copy stale
+    backend_->CopyToHost(&corrupted_weight, w, 1);
+    const float bad = corrupted_weight * 1e3f + 10.0f;
+    backend_->CopyToDevice(w, &bad, 1);
+  }
   model_->StartGradAccumulation();  // the first micro-batch's backward writes the gradients
   float* grads = model_->grad_data();
   const size_t n = model_->num_params();
@@ -192,6 +209,7 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
                  "sample from an unknown dataset");
       std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
       std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
+      if (gate_) cur_batch_.tokens.insert(cur_batch_.tokens.end(), s, s + T + 1);
     }
     EnterPhase(Phase::kForward);
     acc.loss += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
@@ -216,6 +234,8 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
     model_->Backward();
   }
   model_->set_grad_ready(nullptr);
+  if (corrupted != nullptr)
+    backend_->CopyToDevice(model_->param_data() + corrupted->offset, &corrupted_weight, 1);
   if (compute_fault_) {
     const int64_t it = state_.counters.iteration + 1;
     compute_fault_(it, phases_ ? phases_->ComputeSeconds() : 0.0);
@@ -245,6 +265,27 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
     }
   }
   return acc;
+}
+
+double Trainer::ProbeLoss(const BatchRecord& b) {
+  const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length;
+  const size_t sample = static_cast<size_t>(T) + 1;
+  double sum = 0, micro = 0;
+  if (b.micro_batches > 0 &&
+      b.tokens.size() == static_cast<size_t>(b.micro_batches) * mbs * sample) {
+    for (int64_t m = 0; m < b.micro_batches; ++m) {
+      for (int i = 0; i < mbs; ++i) {
+        const int32_t* s = b.tokens.data() + (static_cast<size_t>(m) * mbs + i) * sample;
+        std::copy(s, s + T, inputs_.data() + static_cast<size_t>(i) * T);
+        std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(i) * T);
+      }
+      sum += model_->Forward(inputs_.data(), targets_.data(), mbs, T, 0.0f);
+      micro += 1;
+    }
+  }
+  double v[2] = {sum, micro};
+  comm_->AllReduceSumHost(v, 2);
+  return v[1] > 0 ? v[0] / v[1] : NAN;
 }
 
 void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, StepResult* r) {

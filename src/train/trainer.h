@@ -168,6 +168,13 @@ class Trainer {
 
   // Called before every update with the iteration's signals; false skips the update (the guard).
   void set_update_gate(UpdateGate g) { gate_ = std::move(g); }
+  // The guard's probes, valid only inside the update gate (every rank calls them together: a
+  // collective). The mean lm loss of the current weights on this iteration's batch again (the
+  // same bits as the iteration's own loss unless a transient fault struck one of the two), and
+  // on the previous trained iteration's batch (NaN when there is none): low when the weights
+  // are still healthy and only this batch is off.
+  double RerunLoss() { return ProbeLoss(cur_batch_); }
+  double PreviousBatchLoss() { return ProbeLoss(prev_batch_); }
   // Called with the all-reduced gradients of each iteration before their statistics: the seam
   // of the test-only fault hooks (train/test_hooks.h), e.g. to plant a NaN.
   void set_gradient_fault(std::function<void(int64_t iteration, float* grads, size_t n)> f) {
@@ -176,6 +183,11 @@ class Trainer {
   // The factor on each iteration's scheduled LR: the seam of the test-only LR fault
   // (train/test_hooks.h), which raises the LR over a window.
   void set_lr_fault(std::function<double(int64_t iteration)> f) { lr_fault_ = std::move(f); }
+  // Whether iteration N's forward and backward run on corrupted weights, once (a transient
+  // arithmetic fault: the seam of the test-only hook that the guard's rerun must catch).
+  void set_corrupt_fault(std::function<bool(int64_t iteration)> f) {
+    corrupt_fault_ = std::move(f);
+  }
   // Called on this rank after the backward of an iteration's last micro-batch, with the compute
   // seconds so far: the seam of the test-only per-rank faults (a hang, a slow rank, a crash).
   void set_compute_fault(std::function<void(int64_t iteration, double compute_seconds)> f) {
@@ -220,6 +232,16 @@ class Trainer {
   TrainState state_;
   int64_t total_iters_ = 0;
   std::vector<int32_t> batch_tokens_, inputs_, targets_;
+  // This rank's samples (seq_length + 1 tokens each) of the current and the previous trained
+  // iteration, for the guard's probes.
+  struct BatchRecord {
+    std::vector<int32_t> tokens;
+    int64_t micro_batches = 0;
+  };
+  BatchRecord cur_batch_, prev_batch_;
+  double ProbeLoss(const BatchRecord& b);
+  // Test-only (train/test_hooks.h): iteration N's first forward runs on corrupted weights.
+  std::function<bool(int64_t iteration)> corrupt_fault_;
   std::vector<int> dataset_of_;                     // dataset of each sequence of the micro-batch
   std::vector<IterationRange> config_skip_ranges_;  // --skip-train-iteration/samples-range
   UpdateGate gate_;

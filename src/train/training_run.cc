@@ -158,6 +158,7 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   if (r.test_hooks_ != nullptr) {
     r.trainer_->set_gradient_fault(r.test_hooks_->GradientFault(r.backend_.get()));
     r.trainer_->set_lr_fault(r.test_hooks_->LrFault());
+    r.trainer_->set_corrupt_fault(r.test_hooks_->CorruptFault(r.comm_->rank()));
   }
   const GptSpec& spec = r.trainer_->model().spec();
   const int64_t formula = GptModel::FormulaParamCount(spec);

@@ -246,8 +246,9 @@ TEST(DataParallelCliTest, CheckpointsResumeOnAnotherWorldSize) {
 TEST(DataParallelCliTest, GuardRollsBackEveryRankOnAPoisonedWindowOfOneRank) {
   const std::string dir = FreshTempDir("dp_guard");
   const std::string args =
-      "--guard act --train-iters 150 --save-interval 20 --log-interval 10 --lr 5e-3 --save " + dir +
-      "/run";
+      "--guard act --guard-max-data-skips 3 --train-iters 150 --save-interval 20 --log-interval 10 "
+      "--lr 5e-3 --save " +
+      dir + "/run";
   const KeelResult r = TrainWithRank1Env(2, "KEEL_TRAIN_FAULTS=poison=61-72", args);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("rolled back to iteration 60"), std::string::npos) << r.out;

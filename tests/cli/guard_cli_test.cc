@@ -23,7 +23,7 @@ const std::string kModel =
     "train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 32 "
     "--micro-batch-size 2 --global-batch-size 8 --lr-warmup-iters 3 --log-interval 10 "
     "--eval-interval 1000 --eval-iters 1 --sample-tokens 0 --threads 1 --save-interval 20 "
-    "--train-iters 150 --lr 5e-3";
+    "--train-iters 150 --lr 5e-3 --guard-max-data-skips 3";  // the rollback ladder, as before
 
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path);

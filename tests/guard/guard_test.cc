@@ -170,6 +170,83 @@ TEST(GuardTest, IsolatedSpikeIsSkippedAndClassifiedRecovered) {
       << rec.sentences[0];
 }
 
+// The probes decide who is to blame. Weights healthy (the previous batch scores as it did
+// before its update): the anomalous batches' updates are skipped for as long as they last, up
+// to max_data_skips. Weights worse on the previous batch: nothing is skipped (that would freeze
+// them), and the run rolls back only if the loss is not back within recover_iters.
+TEST(GuardTest, ProbesBlameTheBatchOrTheWeights) {
+  GuardConfig cfg;
+  cfg.max_data_skips = 20;
+  {
+    Recorder rec;
+    Guard g(cfg, rec.Fn());
+    Feed(g, 1, 100);
+    double previous = Clean(100).loss;
+    const GuardProbes probes{[&] { return 99.0; },  // never called unless bits differ: see below
+                             [&] { return previous - 0.01; }};
+    GuardProbes same = probes;
+    int64_t it = 101;
+    for (; it <= 120; ++it) {  // 20 bad batches: all skipped
+      GuardSignals s = Clean(it);
+      s.loss += 3;
+      same.rerun = [l = s.loss] { return l; };
+      EXPECT_FALSE(g.OnStep(s, &same).apply_update) << it;
+    }
+    GuardSignals s = Clean(it);  // the 21st: the ladder's next rung
+    s.loss += 3;
+    same.rerun = [l = s.loss] { return l; };
+    const StepVerdict v = g.OnStep(s, &same);
+    EXPECT_EQ(v.decision.kind, GuardDecision::Kind::kRollback);
+    EXPECT_EQ(rec.events.front()["cause"], "data");
+    EXPECT_EQ(rec.Count("skip_update"), 20);
+  }
+  {
+    Recorder rec;
+    Guard g(cfg, rec.Fn());
+    Feed(g, 1, 100);
+    GuardProbes probes;
+    probes.previous_batch = [] { return Clean(100).loss + 2; };  // the last update hurt
+    int64_t it = 101;
+    StepVerdict v;
+    for (; it <= 101 + cfg.recover_iters; ++it) {
+      GuardSignals s = Clean(it);
+      s.loss += 3;
+      probes.rerun = [l = s.loss] { return l; };
+      v = g.OnStep(s, &probes);
+      EXPECT_TRUE(v.apply_update) << it;  // the optimizer goes on
+      if (v.decision.kind != GuardDecision::Kind::kContinue) break;
+    }
+    EXPECT_EQ(rec.events.front()["cause"], "weights");
+    EXPECT_EQ(rec.Count("skip_update"), 0);
+    EXPECT_EQ(v.decision.kind, GuardDecision::Kind::kRollback);
+    EXPECT_EQ(it, 101 + cfg.recover_iters);
+    EXPECT_NE(rec.sentences.front().find("the last update made the weights worse"),
+              std::string::npos)
+        << rec.sentences.front();
+  }
+  {
+    // Rerun before acting: other bits from the same state are a transient fault, no event.
+    Recorder rec;
+    Guard g(cfg, rec.Fn());
+    Feed(g, 1, 100);
+    GuardSignals s = Clean(101);
+    s.loss += 3;
+    GuardProbes probes;
+    probes.rerun = [l = s.loss] { return std::nextafter(l, 0.0); };
+    const StepVerdict v = g.OnStep(s, &probes);
+    EXPECT_FALSE(v.apply_update);
+    EXPECT_TRUE(g.healthy());
+    EXPECT_EQ(g.transient_faults(), 1);
+    ASSERT_EQ(rec.events.size(), 1u);
+    EXPECT_EQ(rec.events[0]["event"], "transient_fault");
+    EXPECT_TRUE(g.OnStep(Clean(102), &probes).apply_update);
+    // Counted across checkpoints.
+    Guard restored(cfg, nullptr);
+    ASSERT_TRUE(restored.FromJson(g.ToJson(), "t").ok());
+    EXPECT_EQ(restored.transient_faults(), 1);
+  }
+}
+
 TEST(GuardTest, SlowRecoveryIsClassifiedAndNotRolledBack) {
   Recorder rec;
   Guard g(GuardConfig{}, rec.Fn());
