@@ -488,6 +488,12 @@ const std::vector<Setting>& Settings() {
                             "updates of anomalous batches skipped in a row (the weights probed "
                             "healthy on the previous batch) before rolling back",
                             &TC::guard_max_data_skips));
+    t->push_back(RealSetting("guard-attn-logit-max",
+                             "leading indicator: a max attention logit past this cuts the LR by "
+                             "guard-lr-cut in place (again at 10x the logit); 0: off",
+                             &TC::guard_attn_logit_max));
+    t->push_back(IntSetting("guard-max-lr-cuts", "leading-indicator LR cuts at most",
+                            &TC::guard_max_lr_cuts));
     t->push_back(
         IntSetting("guard-recover-iters",
                    "roll back when the loss is not back at its pre-onset level after this many "

@@ -666,6 +666,11 @@ Status ValidateGuard(const TrainConfig& c) {
         "--guard-lr-cut {} must be in (0, 1]: it multiplies the LR on an escalated rollback; "
         "try 0.5",
         c.guard_lr_cut));
+  if (!(c.guard_attn_logit_max >= 0) || !std::isfinite(c.guard_attn_logit_max))
+    return Invalid(fmt::format(
+        "--guard-attn-logit-max {} must be 0 (off) or positive: the max attention logit past "
+        "which the guard cuts the LR; the default is 100",
+        c.guard_attn_logit_max));
   KEEL_RETURN_IF_ERROR(Positive("guard-window", c.guard_window));
   KEEL_RETURN_IF_ERROR(Positive("guard-divergence-window", c.guard_divergence_window));
   KEEL_RETURN_IF_ERROR(Positive("guard-recover-iters", c.guard_recover_iters));
@@ -676,6 +681,7 @@ Status ValidateGuard(const TrainConfig& c) {
         c.guard_min_history, c.guard_window));
   for (auto [flag, v] : {std::pair{"guard-max-skips", c.guard_max_skips},
                          std::pair{"guard-max-data-skips", c.guard_max_data_skips},
+                         std::pair{"guard-max-lr-cuts", c.guard_max_lr_cuts},
                          std::pair{"guard-rollback-margin", c.guard_rollback_margin},
                          std::pair{"guard-skip-before", c.guard_skip_before},
                          std::pair{"guard-skip-after", c.guard_skip_after},

@@ -188,6 +188,8 @@ struct TrainConfig {
   double guard_divergence_rel = 0.05;   // ... with the lowest level: diverging above (1 + this)
   int guard_max_skips = 3;              // anomalous updates skipped in a row before a rollback
   int guard_max_data_skips = 50;        // ... when the batches are the anomaly, not the weights
+  double guard_attn_logit_max = 100;    // leading indicator: cut the LR past this (0: off)
+  int guard_max_lr_cuts = 3;            // ... at most this many times
   int guard_recover_iters = 50;         // not back at the pre-onset level after this: roll back
   int guard_rollback_margin = 1;        // roll back to a checkpoint at least this before the onset
   int guard_skip_before = 5;            // data window skipped: iterations before the onset ...

@@ -49,7 +49,10 @@ const char* GuardModeName(GuardMode m) {
 }
 
 Guard::Guard(const GuardConfig& cfg, Journal journal)
-    : cfg_(cfg), journal_(std::move(journal)), detector_(cfg.detector) {}
+    : cfg_(cfg),
+      journal_(std::move(journal)),
+      detector_(cfg.detector),
+      attn_armed_(cfg.attn_logit_max) {}
 
 void Guard::Emit(json event, const std::string& sentence) {
   ++decisions_;
@@ -167,12 +170,20 @@ StepVerdict Guard::OnStep(const GuardSignals& s, const GuardProbes* probes) {
         std::isfinite(prev_loss_)) {
       event_.probe_loss = probes->previous_batch();
       const double worse = detector_.LossZ(event_.probe_loss) - detector_.LossZ(prev_loss_);
+      // An update learns its own batch even when it harms the rest (a far too large step):
+      // so a previous update far larger than usual blames the weights too.
+      const double big = detector_.UpdateRatioZ(s.update_ratio);
+      const bool big_update = std::isfinite(big) && big > cfg_.detector.grad_z_threshold;
       if (std::isfinite(worse)) {
-        event_.cause = worse < cfg_.detector.recover_z ? "data" : "weights";
+        event_.cause = worse < cfg_.detector.recover_z && !big_update ? "data" : "weights";
         blame = fmt::format(
             "; on the previous batch the weights now score {:.4f} (before its update {:.4f}, "
-            "{:+.1f} noise units): {}",
+            "{:+.1f} noise units){}: {}",
             event_.probe_loss, prev_loss_, worse,
+            big_update ? fmt::format(", and that update was {:.0f} noise units larger than "
+                                     "usual (update/weight {:.3g})",
+                                     big, s.update_ratio)
+                       : std::string(),
             event_.cause == "data"
                 ? "the weights are healthy, this batch is the anomaly"
                 : fmt::format("the last update made the weights worse, so the updates go on and "
@@ -264,7 +275,40 @@ StepVerdict Guard::OnStep(const GuardSignals& s, const GuardProbes* probes) {
                                            event_.consecutive, event_.first));
     }
   }
+  // Leading indicator: attention logits that grew past the threshold saturate the softmax, the
+  // precursor of attention-entropy collapse and of the loss climbing back (Wortsman et al.
+  // 2023); a smaller LR slows their growth. Acted on before the loss moves.
+  if (v.decision.kind == GuardDecision::Kind::kContinue && cfg_.attn_logit_max > 0 &&
+      lr_cuts_ < cfg_.max_lr_cuts && std::isfinite(s.max_attn_logit) &&
+      std::isfinite(attn_armed_) && s.max_attn_logit > attn_armed_) {
+    ++lr_cuts_;
+    const double armed = attn_armed_;
+    attn_armed_ = 10 * s.max_attn_logit;
+    v.decision.kind = GuardDecision::Kind::kCutLr;
+    v.decision.lr_factor = cfg_.lr_cut;
+    v.decision.onset = s.iteration;
+    v.decision.reason =
+        fmt::format("the max attention logit is {:.1f}, past {:.0f}", s.max_attn_logit, armed);
+    Emit({{"event", "leading_indicator"},
+          {"iteration", s.iteration},
+          {"signal", "max attention logit"},
+          {"value", JsonNumber(s.max_attn_logit)},
+          {"threshold", JsonNumber(armed)},
+          {"action", act ? "lr_cut" : "would_cut_lr"},
+          {"lr_factor", cfg_.lr_cut},
+          {"lr_cuts", lr_cuts_},
+          {"next_threshold", JsonNumber(attn_armed_)},
+          {"recommendation", "enable --qk-layernorm (and --z-loss 1e-4) on the next run"},
+          {"signals", SignalsJson(s)}},
+         fmt::format("iteration {}: {} (lm loss {:.4f}, not yet moving): attention softmax "
+                     "saturating, the precursor of attention-entropy collapse; {} the LR by x{} "
+                     "in place ({} of at most {}; the next at a logit of {:.0f}). Recommended: "
+                     "enable --qk-layernorm (and --z-loss 1e-4) on the next run",
+                     s.iteration, v.decision.reason, s.loss, act ? "cut" : "would cut", cfg_.lr_cut,
+                     lr_cuts_, cfg_.max_lr_cuts, attn_armed_));
+  }
   if (!act) {
+    if (v.decision.kind == GuardDecision::Kind::kCutLr) v.decision = GuardDecision{};
     if (v.decision.kind != GuardDecision::Kind::kContinue) {
       Emit({{"event", "would_act"},
             {"iteration", s.iteration},
@@ -314,7 +358,9 @@ json Guard::PolicyJson() const {
           {"decisions", decisions_},
           {"watch_until", watch_until_},
           {"watch_baseline", JsonNumber(watch_baseline_)},
-          {"transient_faults", transient_faults_}};
+          {"transient_faults", transient_faults_},
+          {"lr_cuts", lr_cuts_},
+          {"attn_armed", JsonNumber(attn_armed_)}};
 }
 
 Status Guard::PolicyFromJson(const json& j, const std::string& where) {
@@ -327,6 +373,8 @@ Status Guard::PolicyFromJson(const json& j, const std::string& where) {
   const int64_t watch_until = p.Optional("watch_until").Get<int64_t>(-1);
   const double watch_baseline = p.Optional("watch_baseline").Number();
   const int64_t transient = p.Optional("transient_faults").Get<int64_t>(0);
+  const int lr_cuts = p.Optional("lr_cuts").Get<int>(0);
+  const JsonValue armed = p.Optional("attn_armed");
   KEEL_RETURN_IF_ERROR(r.status());
   rollbacks_ = rollbacks;
   level_ = level;
@@ -335,6 +383,8 @@ Status Guard::PolicyFromJson(const json& j, const std::string& where) {
   watch_until_ = watch_until;
   watch_baseline_ = watch_baseline;
   transient_faults_ = transient;
+  lr_cuts_ = lr_cuts;
+  if (armed.present()) attn_armed_ = armed.Number();
   return Status::OK();
 }
 

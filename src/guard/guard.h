@@ -47,10 +47,14 @@ struct GuardConfig {
   int max_rollbacks = 4;
   int escalation_window = 500;
   int resume_window = 20;  // events this soon after a restart are "resume spikes"
+  // Leading indicator: the max attention logit past this (0: off) cuts the LR by lr_cut in
+  // place, before the loss moves; again each time it grows 10x more, at most max_lr_cuts times.
+  double attn_logit_max = 100;
+  int max_lr_cuts = 3;
 };
 
 struct GuardDecision {
-  enum class Kind { kContinue, kRollback, kStop };
+  enum class Kind { kContinue, kRollback, kStop, kCutLr };  // kCutLr: in place, no rollback
   Kind kind = Kind::kContinue;
   int64_t onset = 0;          // first anomalous iteration of the event
   int64_t latest_target = 0;  // roll back to a checkpoint at or before this iteration
@@ -134,7 +138,9 @@ class Guard {
   int64_t last_rollback_onset_ = -1;
   int64_t decisions_ = 0;
   int64_t transient_faults_ = 0;
-  double prev_loss_ = NAN;  // the previous OnStep's lm loss (not saved: NaN after a restart)
+  int lr_cuts_ = 0;          // leading-indicator LR cuts so far
+  double attn_armed_ = NAN;  // the next cut when the max attention logit passes this
+  double prev_loss_ = NAN;   // the previous OnStep's lm loss (not saved: NaN after a restart)
   int64_t restart_iter_ = -1;
   int64_t watch_until_ = -1;  // after a rollback: report recovery once past this iteration
   double watch_baseline_ = NAN;

@@ -35,6 +35,11 @@ double InstabilityDetector::GradZ(double grad_norm) const {
   return grad_.Z(grad_norm, cfg_.grad_rel_floor, 1e-6);
 }
 
+double InstabilityDetector::UpdateRatioZ(double ratio) const {
+  if (ratio_.size() < static_cast<size_t>(cfg_.min_history)) return NAN;
+  return ratio_.Z(ratio, cfg_.grad_rel_floor, 1e-12);
+}
+
 Anomaly InstabilityDetector::Check(const GuardSignals& s) const {
   Anomaly a;
   if (s.nonfinite || !std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
@@ -82,6 +87,7 @@ void InstabilityDetector::Accept(const GuardSignals& s) {
   if (s.nonfinite || !std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) return;
   loss_.Add(s.loss);
   grad_.Add(s.grad_norm);
+  ratio_.Add(s.update_ratio);  // NaN (not measured) is refused
   recent_.Add(s.loss);
   if (recent_.size() >= static_cast<size_t>(cfg_.divergence_window)) {
     const double level = recent_.Median();
@@ -102,6 +108,7 @@ nlohmann::json InstabilityDetector::ToJson() const {
   return {{"loss", loss_.ToJson()},
           {"grad_norm", grad_.ToJson()},
           {"recent_loss", recent_.ToJson()},
+          {"update_ratio", ratio_.ToJson()},
           {"best_level", JsonNumber(best_level_)},
           {"best_level_iteration", best_level_iter_}};
 }
@@ -113,6 +120,9 @@ Status InstabilityDetector::FromJson(const nlohmann::json& j, const std::string&
       grad_.FromJson(j.value("grad_norm", nlohmann::json()), where + ".grad_norm"));
   KEEL_RETURN_IF_ERROR(
       recent_.FromJson(j.value("recent_loss", nlohmann::json()), where + ".recent_loss"));
+  ratio_.Clear();  // absent in checkpoints saved before keel measured it: starts empty
+  if (j.contains("update_ratio"))
+    KEEL_RETURN_IF_ERROR(ratio_.FromJson(j["update_ratio"], where + ".update_ratio"));
   JsonReader r(where, j);
   best_level_ = r.root().Optional("best_level").Number();
   best_level_iter_ = r.root().Optional("best_level_iteration").Get<int64_t>(0);

@@ -72,6 +72,9 @@ class InstabilityDetector {
   double LossZ(double loss) const;
   // Robust z of the gradient norm against its window (for recovery checks of grad-norm spikes).
   double GradZ(double grad_norm) const;
+  // Robust z of the previous update's ||delta w|| / ||w|| against its window; NaN before
+  // min_history values (the guard's blame: an update far larger than usual hurt the weights).
+  double UpdateRatioZ(double ratio) const;
   double LossBaseline() const { return loss_.RecentMedian(20); }
   // After a divergence was handled: forget the level so the rolled-back run starts afresh.
   void ResetDivergence();
@@ -84,6 +87,7 @@ class InstabilityDetector {
  private:
   DetectorConfig cfg_;
   RobustWindow loss_, grad_, recent_;  // recent_: the last divergence_window losses
+  RobustWindow ratio_;                 // update/weight ratios of accepted iterations
   double best_level_ = NAN;            // lowest median of recent_ seen
   int64_t best_level_iter_ = 0;
 };

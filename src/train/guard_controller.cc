@@ -25,6 +25,8 @@ GuardConfig GuardConfigFrom(const TrainConfig& c) {
   g.detector.divergence_rel = c.guard_divergence_rel;
   g.max_skips = c.guard_max_skips;
   g.max_data_skips = c.guard_max_data_skips;
+  g.attn_logit_max = c.guard_attn_logit_max;
+  g.max_lr_cuts = c.guard_max_lr_cuts;
   g.recover_iters = c.guard_recover_iters;
   g.margin = c.guard_rollback_margin;
   g.skip_before = c.guard_skip_before;
@@ -276,6 +278,18 @@ bool GuardController::AfterIteration() {
   if (pending_.kind == GuardDecision::Kind::kContinue) return true;
   const GuardDecision d = pending_;
   pending_ = GuardDecision{};
+  if (d.kind == GuardDecision::Kind::kCutLr) {
+    // In place: the weights are healthy, only the LR from here on is smaller.
+    TrainState state = trainer_->state();
+    const double before = state.lr_scale;
+    state.lr_scale *= d.lr_factor;
+    trainer_->Restore(state);
+    log_(fmt::format("guard: iteration {}: {}; LR scale {} -> {}", d.onset, d.reason, before,
+                     state.lr_scale));
+    Status st = WritePolicyFile();  // a crash before the next checkpoint keeps the cut
+    if (!st.ok()) log_("WARNING: guard: could not write its policy file: " + st.message());
+    return true;
+  }
   if (d.kind == GuardDecision::Kind::kStop) {
     guard_.OnRollbackImpossible(d, d.reason);
     stopped_ = true;
