@@ -106,7 +106,7 @@ GuardDecision Guard::Escalate(const GuardSignals& s, const std::string& why) {
   return d;
 }
 
-StepVerdict Guard::OnStep(const GuardSignals& s, const GuardProbes* probes) {
+StepVerdict Guard::OnStepLadder(const GuardSignals& s, const GuardProbes* probes) {
   // The loss of the iteration before this one, for the probe; this one's for the next.
   struct Remember {
     double* slot;
@@ -275,6 +275,31 @@ StepVerdict Guard::OnStep(const GuardSignals& s, const GuardProbes* probes) {
                                            event_.consecutive, event_.first));
     }
   }
+  if (!act) {
+    if (v.decision.kind != GuardDecision::Kind::kContinue) {
+      Emit({{"event", "would_act"},
+            {"iteration", s.iteration},
+            {"onset", event_.onset},
+            {"action", v.decision.kind == GuardDecision::Kind::kStop ? "stop" : "rollback"},
+            {"reason", v.decision.reason}},
+           fmt::format(
+               "iteration {}: {}; would {} (observe mode: nothing changed)", s.iteration,
+               v.decision.reason,
+               v.decision.kind == GuardDecision::Kind::kStop
+                   ? "stop"
+                   : fmt::format("roll back before iteration {} and skip iterations "
+                                 "{}..{}",
+                                 v.decision.onset, v.decision.skip_first, v.decision.skip_last)));
+    }
+    v = StepVerdict{};
+  }
+  return v;
+}
+
+StepVerdict Guard::OnStep(const GuardSignals& s, const GuardProbes* probes) {
+  StepVerdict v = OnStepLadder(s, probes);
+  if (cfg_.mode == GuardMode::kOff) return v;
+  const bool act = cfg_.mode == GuardMode::kAct;
   // Leading indicator: attention logits that grew past the threshold saturate the softmax, the
   // precursor of attention-entropy collapse and of the loss climbing back (Wortsman et al.
   // 2023); a smaller LR slows their growth. Acted on before the loss moves.
@@ -307,25 +332,7 @@ StepVerdict Guard::OnStep(const GuardSignals& s, const GuardProbes* probes) {
                      s.iteration, v.decision.reason, s.loss, act ? "cut" : "would cut", cfg_.lr_cut,
                      lr_cuts_, cfg_.max_lr_cuts, attn_armed_));
   }
-  if (!act) {
-    if (v.decision.kind == GuardDecision::Kind::kCutLr) v.decision = GuardDecision{};
-    if (v.decision.kind != GuardDecision::Kind::kContinue) {
-      Emit({{"event", "would_act"},
-            {"iteration", s.iteration},
-            {"onset", event_.onset},
-            {"action", v.decision.kind == GuardDecision::Kind::kStop ? "stop" : "rollback"},
-            {"reason", v.decision.reason}},
-           fmt::format(
-               "iteration {}: {}; would {} (observe mode: nothing changed)", s.iteration,
-               v.decision.reason,
-               v.decision.kind == GuardDecision::Kind::kStop
-                   ? "stop"
-                   : fmt::format("roll back before iteration {} and skip iterations "
-                                 "{}..{}",
-                                 v.decision.onset, v.decision.skip_first, v.decision.skip_last)));
-    }
-    v = StepVerdict{};
-  }
+  if (!act && v.decision.kind == GuardDecision::Kind::kCutLr) v.decision = GuardDecision{};
   return v;
 }
 

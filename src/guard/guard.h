@@ -125,6 +125,8 @@ class Guard {
     std::string cause;     // "data", "weights", or "" (not probed)
     double probe_loss = NAN;
   };
+  // The spike/divergence ladder; OnStep adds the leading indicators.
+  StepVerdict OnStepLadder(const GuardSignals& s, const GuardProbes* probes);
   GuardDecision Escalate(const GuardSignals& s, const std::string& why);
   void Close(const GuardSignals& s, const std::string& classification);
   void Emit(nlohmann::json event, const std::string& sentence);

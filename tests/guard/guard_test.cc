@@ -247,6 +247,51 @@ TEST(GuardTest, ProbesBlameTheBatchOrTheWeights) {
   }
 }
 
+// Leading indicator: the max attention logit past the threshold cuts the LR in place (no
+// rollback, no skip), again only when it has grown 10x further, at most max_lr_cuts times; the
+// journal recommends QK-LayerNorm; observe mode only says what it would do; the arming survives
+// a checkpoint.
+TEST(GuardTest, AttentionLogitGrowthCutsTheLrBeforeTheLossMoves) {
+  GuardConfig cfg;
+  cfg.attn_logit_max = 100;
+  cfg.max_lr_cuts = 2;
+  Recorder rec;
+  Guard g(cfg, rec.Fn());
+  auto step = [&](Guard& guard, int64_t it, double logit) {
+    GuardSignals s = Clean(it);
+    s.max_attn_logit = logit;
+    return guard.OnStep(s);
+  };
+  EXPECT_EQ(step(g, 1, 99).decision.kind, GuardDecision::Kind::kContinue);
+  StepVerdict v = step(g, 2, 150);
+  EXPECT_EQ(v.decision.kind, GuardDecision::Kind::kCutLr);
+  EXPECT_EQ(v.decision.lr_factor, cfg.lr_cut);
+  EXPECT_TRUE(v.apply_update);
+  EXPECT_TRUE(g.healthy());  // no event: the loss has not moved
+  EXPECT_EQ(step(g, 3, 1400).decision.kind, GuardDecision::Kind::kContinue);  // < 10 x 150
+  Guard restored(cfg, nullptr);
+  ASSERT_TRUE(restored.FromJson(g.ToJson(), "t").ok());
+  EXPECT_EQ(step(restored, 4, 1400).decision.kind, GuardDecision::Kind::kContinue);
+  EXPECT_EQ(step(g, 4, 1600).decision.kind, GuardDecision::Kind::kCutLr);
+  EXPECT_EQ(step(g, 5, 1e9).decision.kind, GuardDecision::Kind::kContinue);  // budget spent
+  ASSERT_EQ(rec.Count("leading_indicator"), 2);
+  EXPECT_EQ(rec.events[0]["recommendation"],
+            "enable --qk-layernorm (and --z-loss 1e-4) on the next run");
+  EXPECT_NE(rec.sentences[0].find("iteration 2: the max attention logit is 150.0, past 100"),
+            std::string::npos)
+      << rec.sentences[0];
+  GuardConfig observe = cfg;
+  observe.mode = GuardMode::kObserve;
+  Recorder orec;
+  Guard o(observe, orec.Fn());
+  EXPECT_EQ(step(o, 1, 500).decision.kind, GuardDecision::Kind::kContinue);
+  ASSERT_EQ(orec.Count("leading_indicator"), 1);
+  EXPECT_EQ(orec.events[0]["action"], "would_cut_lr");
+  cfg.attn_logit_max = 0;  // off
+  Guard off(cfg, nullptr);
+  EXPECT_EQ(step(off, 1, 1e9).decision.kind, GuardDecision::Kind::kContinue);
+}
+
 TEST(GuardTest, SlowRecoveryIsClassifiedAndNotRolledBack) {
   Recorder rec;
   Guard g(GuardConfig{}, rec.Fn());

@@ -306,6 +306,27 @@ TEST(GuardControllerTest, TransientFaultIsToldFromDataByRerunning) {
   fs::remove_all(root_nan);
 }
 
+// The leading indicator in a run: with a threshold the tiny model's logits pass early, the LR
+// scale is halved in place (no rollback, nothing skipped), again when the logits grow 10x
+// more, within the budget; the journal says so and the run goes on to its end.
+TEST(GuardControllerTest, AttentionLogitPastTheThresholdCutsTheLrInPlace) {
+  TrainConfig c = GuardTiny();
+  c.guard_attn_logit_max = 0.5;
+  c.guard_max_lr_cuts = 1;
+  const std::string root = FreshRoot("attn");
+  const Outcome o = RunGuarded(c, root, {});
+  ASSERT_FALSE(o.stopped) << o.stop_message;
+  EXPECT_EQ(o.lr_scale, 0.5);
+  EXPECT_EQ(o.counters.iteration, 160);
+  EXPECT_EQ(o.counters.skipped_iterations, 0);
+  const std::vector<json> ev = Events(root);
+  ASSERT_EQ(std::count_if(ev.begin(), ev.end(),
+                          [](const json& e) { return e["event"] == "leading_indicator"; }),
+            1);
+  for (const json& e : ev) EXPECT_NE(e["event"], "rollback") << e.dump();
+  fs::remove_all(root);
+}
+
 TEST(GuardControllerTest, SingleNanGradientIsSkippedAndWindowOfNansRolledBack) {
   const std::string root = FreshRoot("nan1");
   Outcome o = RunGuarded(GuardTiny(), root, {}, {50});
