@@ -71,6 +71,7 @@ run() {  # dir, model flags, faults, guard mode
   echo "$rc $(((t1 - t0) / 1000000))" >"$dir.run"  # exit code, wall milliseconds
 }
 
+: >"$WORK/scenarios.txt"
 want=" ${SCENARIOS:-} "
 while IFS='|' read -r name model faults what; do
   [ -n "$name" ] || continue
