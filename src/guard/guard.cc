@@ -135,19 +135,26 @@ StepVerdict Guard::OnStepLadder(const GuardSignals& s, const GuardProbes* probes
       const double again = probes->rerun();
       if (std::memcmp(&again, &s.loss, sizeof(double)) != 0) {
         ++transient_faults_;
+        const std::vector<int> ranks =
+            probes->rerun_ranks ? probes->rerun_ranks() : std::vector<int>{};
+        const std::string on =
+            ranks.empty()
+                ? std::string()
+                : fmt::format(" on rank{} {}", ranks.size() > 1 ? "s" : "", fmt::join(ranks, ", "));
         Emit(
             {{"event", "transient_fault"},
              {"iteration", s.iteration},
              {"lm_loss", JsonNumber(s.loss)},
              {"rerun_lm_loss", JsonNumber(again)},
              {"transient_faults", transient_faults_},
+             {"ranks", ranks},
              {"signals", SignalsJson(s)}},
             fmt::format("iteration {}: {} {:.6g} (z={:.1f}); computed again from the same state it "
-                        "is {:.6g}: a transient fault in this process's arithmetic (silent data "
+                        "is {:.6g}: a transient fault in the arithmetic{} (silent data "
                         "corruption), not the data; {} the update ({} such fault(s) in this "
-                        "process); if it repeats, check the machine",
-                        s.iteration, a.signal, a.value, a.z, again, act ? "skipped" : "would skip",
-                        transient_faults_));
+                        "run); if it repeats, check the machine",
+                        s.iteration, a.signal, a.value, a.z, again, on,
+                        act ? "skipped" : "would skip", transient_faults_));
         v.apply_update = !act;
         return v;
       }

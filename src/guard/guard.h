@@ -24,6 +24,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "guard/instability_detector.h"
@@ -71,6 +72,8 @@ struct GuardDecision {
 struct GuardProbes {
   std::function<double()> rerun;           // this iteration's lm loss, computed again
   std::function<double()> previous_batch;  // the current weights' lm loss on the last batch
+  // After `rerun`: the data-parallel ranks whose own part differed (empty: not known).
+  std::function<std::vector<int>()> rerun_ranks;
 };
 
 struct StepVerdict {

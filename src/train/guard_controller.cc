@@ -119,8 +119,10 @@ Status GuardController::Start(const SavedTrainState* saved) {
       cfg_.guard_skip_after, cfg_.guard_lr_cut, cfg_.guard_max_rollbacks));
   if (ckpt_ != nullptr) ckpt_->set_after_save([this](int64_t it) { AfterSave(it); });
   trainer_->set_update_gate([this](const GuardSignals& s) {
-    const GuardProbes probes{[this] { return trainer_->RerunLoss(); },
-                             [this] { return trainer_->PreviousBatchLoss(); }};
+    std::vector<int> ranks;  // filled by the rerun
+    const GuardProbes probes{[this, &ranks] { return trainer_->RerunLoss(&ranks); },
+                             [this] { return trainer_->PreviousBatchLoss(); },
+                             [&ranks] { return ranks; }};
     StepVerdict v = guard_.OnStep(s, &probes);
     if (v.decision.kind != GuardDecision::Kind::kContinue) pending_ = v.decision;
     return v.apply_update;

@@ -248,6 +248,7 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
   if (gate_ && dp > 1) comm_->AllReduceMaxHost(&acc.max_attn_logit, 1);
   // One host all-reduce for the scalars: loss and log Z (sums of micro-batch means), then the
   // per-dataset sums and counts.
+  local_loss_sum_ = acc.loss;  // this rank's, for the guard's rerun
   std::vector<double> sums = {acc.loss, acc.log_z};
   sums.insert(sums.end(), dataset_loss_sum.begin(), dataset_loss_sum.end());
   sums.insert(sums.end(), dataset_sequences.begin(), dataset_sequences.end());
@@ -265,6 +266,36 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
     }
   }
   return acc;
+}
+
+double Trainer::RerunLoss(std::vector<int>* differing_ranks) {
+  // The same forward sums again; each rank says whether its own differs, so a transient fault
+  // is pinned on the rank whose arithmetic failed.
+  const int dp = comm_->world_size();
+  const BatchRecord& b = cur_batch_;
+  const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length;
+  const size_t sample = static_cast<size_t>(T) + 1;
+  double sum = 0;
+  for (int64_t m = 0; m < b.micro_batches; ++m) {
+    for (int i = 0; i < mbs; ++i) {
+      const int32_t* s = b.tokens.data() + (static_cast<size_t>(m) * mbs + i) * sample;
+      std::copy(s, s + T, inputs_.data() + static_cast<size_t>(i) * T);
+      std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(i) * T);
+    }
+    sum += model_->Forward(inputs_.data(), targets_.data(), mbs, T, 0.0f);
+  }
+  std::vector<double> v(2 + static_cast<size_t>(dp), 0.0);
+  v[0] = sum;
+  v[1] = static_cast<double>(b.micro_batches);
+  v[2 + static_cast<size_t>(comm_->rank())] =
+      std::memcmp(&sum, &local_loss_sum_, sizeof(double)) != 0 ? 1.0 : 0.0;
+  comm_->AllReduceSumHost(v.data(), v.size());
+  if (differing_ranks != nullptr) {
+    differing_ranks->clear();
+    for (int r = 0; r < dp; ++r)
+      if (v[2 + static_cast<size_t>(r)] != 0) differing_ranks->push_back(r);
+  }
+  return v[1] > 0 ? v[0] / v[1] : NAN;
 }
 
 double Trainer::ProbeLoss(const BatchRecord& b) {

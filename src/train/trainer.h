@@ -173,7 +173,8 @@ class Trainer {
   // same bits as the iteration's own loss unless a transient fault struck one of the two), and
   // on the previous trained iteration's batch (NaN when there is none): low when the weights
   // are still healthy and only this batch is off.
-  double RerunLoss() { return ProbeLoss(cur_batch_); }
+  // `differing_ranks` (optional): the ranks whose own sum differed from their first pass.
+  double RerunLoss(std::vector<int>* differing_ranks = nullptr);
   double PreviousBatchLoss() { return ProbeLoss(prev_batch_); }
   // Called with the all-reduced gradients of each iteration before their statistics: the seam
   // of the test-only fault hooks (train/test_hooks.h), e.g. to plant a NaN.
@@ -239,6 +240,7 @@ class Trainer {
     int64_t micro_batches = 0;
   };
   BatchRecord cur_batch_, prev_batch_;
+  double local_loss_sum_ = 0;  // this rank's sum of its micro-batch losses, this iteration
   double ProbeLoss(const BatchRecord& b);
   // Test-only (train/test_hooks.h): iteration N's first forward runs on corrupted weights.
   std::function<bool(int64_t iteration)> corrupt_fault_;

@@ -263,4 +263,35 @@ TEST(DataParallelCliTest, GuardRollsBackEveryRankOnAPoisonedWindowOfOneRank) {
   EXPECT_NE(rank1.find("rolled back to iteration 60"), std::string::npos) << rank1;
 }
 
+// Rerun before acting, across ranks: rank 1 computes iteration 70 once on a corrupted weight.
+// The all-reduced loss spikes; every rank computes its part again, and the one whose own sum
+// differs is named: a transient fault on rank 1, its update skipped on every rank, no rollback.
+TEST(DataParallelCliTest, TransientFaultIsPinnedOnTheRankWhoseArithmeticFailed) {
+  const std::string dir = FreshTempDir("dp_transient");
+  const KeelResult r =
+      TrainWithRank1Env(2, "KEEL_TRAIN_FAULTS=corrupt=70:rank=1",
+                        "--guard act --train-iters 100 --save-interval 50 --log-interval 10 "
+                        "--lr 5e-3 --save " +
+                            dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::istringstream events(ReadText(dir + "/run/events.jsonl"));
+  int transient = 0, other = 0;
+  for (std::string line; std::getline(events, line);) {
+    const nlohmann::json e = nlohmann::json::parse(line);
+    if (e["event"] == "transient_fault") {
+      ++transient;
+      EXPECT_EQ(e["iteration"], 70);
+      EXPECT_EQ(e["ranks"], nlohmann::json({1}));
+    } else if (e["event"] == "detected" || e["event"] == "skip_update" ||
+               e["event"] == "rollback" || e["event"] == "stop") {
+      ++other;  // the guard's other decisions: none (stragglers and throughput may be noted)
+    }
+  }
+  EXPECT_EQ(transient, 1) << ReadText(dir + "/run/events.jsonl");
+  EXPECT_EQ(other, 0) << ReadText(dir + "/run/events.jsonl");
+  EXPECT_NE(
+      ReadText(dir + "/run/CHRONICLE.md").find("a transient fault in the arithmetic on rank 1"),
+      std::string::npos);
+}
+
 }  // namespace
