@@ -179,13 +179,15 @@ const std::string kStragglerModel =
     "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 "
     "--micro-batch-size 2 --global-batch-size 8 --straggler-threshold 0.25";
 
-// Rank 1 sleeps 50% of its compute time every iteration: named within 100 iterations, once,
-// in the log, events.jsonl and CHRONICLE.md.
+// Rank 1 sleeps 50% of its compute time every iteration: named once, in the log, events.jsonl
+// and CHRONICLE.md, after 5 slow windows of 10 iterations (at iteration 70 in quiet runs: the
+// first windows are warm-up); within 150, so one window disturbed by the shared machine (which
+// restarts the streak) does not fail the test.
 TEST(NoLimboCliTest, SlowRankIsNamedAStraggler) {
   SKIP_TIMING_UNDER_SANITIZERS();
   const std::string save = FreshTempDir("slow");
   const KeelResult r = Train(2, "slow=0.5:rank=1",
-                             kStragglerModel + " --train-iters 120 --save " + save +
+                             kStragglerModel + " --train-iters 160 --save " + save +
                                  " --save-interval 0 --log-interval 20",
                              kBound);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -194,7 +196,7 @@ TEST(NoLimboCliTest, SlowRankIsNamedAStraggler) {
   ASSERT_TRUE(std::regex_search(
       events, m, std::regex(R"(\{[^\n]*"event":"straggler"[^\n]*"iteration":(\d+)[^\n]*)")))
       << events;
-  EXPECT_LE(std::stoi(m[1]), 100) << m[0];
+  EXPECT_LE(std::stoi(m[1]), 150) << m[0];
   EXPECT_NE(m[0].str().find("\"rank\":1"), std::string::npos) << m[0];
   EXPECT_EQ(CountOf(events, "\"event\":\"straggler\""), 1) << events;
   EXPECT_NE(ReadText(save + "/CHRONICLE.md").find("rank 1 (host"), std::string::npos);
