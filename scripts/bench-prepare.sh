@@ -14,6 +14,7 @@ rounds=${1:-5}
 shift $(($# > 0 ? 1 : 0))
 workers=("$@")
 ((${#workers[@]})) || workers=(2 $(nproc))
+mapfile -t workers < <(printf '%s\n' "${workers[@]}" | sort -nu)  # 2 cores: 2 once
 keel=$PWD/build/keel
 assets=$PWD/third_party/npm/node_modules
 tmp=$(mktemp -d)
