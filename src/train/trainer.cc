@@ -268,14 +268,13 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
   return acc;
 }
 
-double Trainer::RerunLoss(std::vector<int>* differing_ranks) {
-  // The same forward sums again; each rank says whether its own differs, so a transient fault
-  // is pinned on the rank whose arithmetic failed.
-  const int dp = comm_->world_size();
-  const BatchRecord& b = cur_batch_;
+// This rank's sum of micro-batch losses of the current weights on a recorded batch, summed in
+// the order the iteration summed them (so a rerun of a healthy pass gives the same bits).
+double Trainer::ReplayLocalLoss(const BatchRecord& b) {
   const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length;
   const size_t sample = static_cast<size_t>(T) + 1;
   double sum = 0;
+  if (b.tokens.size() != static_cast<size_t>(b.micro_batches) * mbs * sample) return NAN;
   for (int64_t m = 0; m < b.micro_batches; ++m) {
     for (int i = 0; i < mbs; ++i) {
       const int32_t* s = b.tokens.data() + (static_cast<size_t>(m) * mbs + i) * sample;
@@ -284,9 +283,17 @@ double Trainer::RerunLoss(std::vector<int>* differing_ranks) {
     }
     sum += model_->Forward(inputs_.data(), targets_.data(), mbs, T, 0.0f);
   }
+  return sum;
+}
+
+double Trainer::RerunLoss(std::vector<int>* differing_ranks) {
+  // The same forward sums again; each rank says whether its own differs, so a transient fault
+  // is pinned on the rank whose arithmetic failed.
+  const int dp = comm_->world_size();
+  const double sum = ReplayLocalLoss(cur_batch_);
   std::vector<double> v(2 + static_cast<size_t>(dp), 0.0);
   v[0] = sum;
-  v[1] = static_cast<double>(b.micro_batches);
+  v[1] = static_cast<double>(cur_batch_.micro_batches);
   v[2 + static_cast<size_t>(comm_->rank())] =
       std::memcmp(&sum, &local_loss_sum_, sizeof(double)) != 0 ? 1.0 : 0.0;
   comm_->AllReduceSumHost(v.data(), v.size());
@@ -298,23 +305,10 @@ double Trainer::RerunLoss(std::vector<int>* differing_ranks) {
   return v[1] > 0 ? v[0] / v[1] : NAN;
 }
 
-double Trainer::ProbeLoss(const BatchRecord& b) {
-  const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length;
-  const size_t sample = static_cast<size_t>(T) + 1;
-  double sum = 0, micro = 0;
-  if (b.micro_batches > 0 &&
-      b.tokens.size() == static_cast<size_t>(b.micro_batches) * mbs * sample) {
-    for (int64_t m = 0; m < b.micro_batches; ++m) {
-      for (int i = 0; i < mbs; ++i) {
-        const int32_t* s = b.tokens.data() + (static_cast<size_t>(m) * mbs + i) * sample;
-        std::copy(s, s + T, inputs_.data() + static_cast<size_t>(i) * T);
-        std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(i) * T);
-      }
-      sum += model_->Forward(inputs_.data(), targets_.data(), mbs, T, 0.0f);
-      micro += 1;
-    }
-  }
-  double v[2] = {sum, micro};
+double Trainer::PreviousBatchLoss() {
+  const double sum = ReplayLocalLoss(prev_batch_);
+  const bool ok = std::isfinite(sum) && prev_batch_.micro_batches > 0;
+  double v[2] = {ok ? sum : 0.0, ok ? static_cast<double>(prev_batch_.micro_batches) : 0.0};
   comm_->AllReduceSumHost(v, 2);
   return v[1] > 0 ? v[0] / v[1] : NAN;
 }

@@ -175,7 +175,7 @@ class Trainer {
   // are still healthy and only this batch is off.
   // `differing_ranks` (optional): the ranks whose own sum differed from their first pass.
   double RerunLoss(std::vector<int>* differing_ranks = nullptr);
-  double PreviousBatchLoss() { return ProbeLoss(prev_batch_); }
+  double PreviousBatchLoss();
   // Called with the all-reduced gradients of each iteration before their statistics: the seam
   // of the test-only fault hooks (train/test_hooks.h), e.g. to plant a NaN.
   void set_gradient_fault(std::function<void(int64_t iteration, float* grads, size_t n)> f) {
@@ -241,7 +241,7 @@ class Trainer {
   };
   BatchRecord cur_batch_, prev_batch_;
   double local_loss_sum_ = 0;  // this rank's sum of its micro-batch losses, this iteration
-  double ProbeLoss(const BatchRecord& b);
+  double ReplayLocalLoss(const BatchRecord& b);
   // Test-only (train/test_hooks.h): iteration N's first forward runs on corrupted weights.
   std::function<bool(int64_t iteration)> corrupt_fault_;
   std::vector<int> dataset_of_;                     // dataset of each sequence of the micro-batch
