@@ -15,28 +15,16 @@ SECONDS_PER_TARGET=${1:-60}
 shift $(($# > 0 ? 1 : 0))
 BUILD_DIR=${FUZZ_BUILD_DIR:-build-fuzz}
 
-# Test-only dependencies of the fuzz build, kept apart from scripts/setup.sh's: clang with
-# libFuzzer and the sanitizer runtimes (Debian ships them in libclang-rt-14-dev), clang's OpenMP.
-FUZZ_PACKAGES=(clang libclang-rt-14-dev libomp-dev python3)
-missing=()
-for p in "${FUZZ_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "fuzz: installing Debian packages: ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-# keel's own libraries and the npm assets (the GPT-2 seed is cut from them) are scripts/setup.sh's.
-if ! dpkg-query -W -f='${Status}' libtomlplusplus-dev 2>/dev/null | grep -q "install ok installed"; then
-  echo "fuzz: keel's dependencies are missing: run scripts/setup.sh first" >&2
-  exit 2
-fi
+scripts/install-clang.sh
 
-cmake -S . -B "$BUILD_DIR" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DKEEL_BUILD_FUZZ=ON -DKEEL_BUILD_TESTS=OFF -DKEEL_BUILD_BENCH=OFF >/dev/null
+# A new build directory leaves the tests out (no GoogleTest needed); one that scripts/sanitizers.sh
+# configured keeps them, and shares its instrumented keel_lib with the fuzz targets.
+# shellcheck source=scripts/compiler-cache.sh
+source scripts/compiler-cache.sh
+CMAKE_ARGS=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKEEL_BUILD_FUZZ=ON
+  "${COMPILER_CACHE_ARGS[@]}")
+[ -f "$BUILD_DIR/CMakeCache.txt" ] || CMAKE_ARGS+=(-DKEEL_BUILD_TESTS=OFF -DKEEL_BUILD_BENCH=OFF)
+cmake -S . -B "$BUILD_DIR" "${CMAKE_ARGS[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j"${FUZZ_JOBS:-$(nproc)}" --target keel_fuzz
 python3 fuzz/make_seeds.py "$BUILD_DIR/seeds"
 

@@ -45,6 +45,7 @@ TRAIN_PACKAGES=(
 # is hundreds of MB).
 TEST_PACKAGES=(
   libgtest-dev libbenchmark-dev # the GoogleTest suite and the Google Benchmark programs
+  ccache                        # rebuilds of the same sources (a new clone, CI) compile nothing again
   python3 python3-numpy         # independent reader of `keel ckpt export --hf`
   protobuf-compiler             # protoc --decode_raw reads keel's TensorBoard events
   chromium                      # loads `keel report` pages headless, screenshots
@@ -108,6 +109,10 @@ else
   echo "setup: npm assets present"
 fi
 
+# ccache, when installed (just above with --with-tests; scripts/compiler-cache.sh).
+# shellcheck source=scripts/compiler-cache.sh
+source scripts/compiler-cache.sh
+CMAKE_ARGS+=("${COMPILER_CACHE_ARGS[@]}")
 cmake -S . -B "$BUILD_DIR" "${CMAKE_ARGS[@]}" >/dev/null
 cmake --build "$BUILD_DIR" "${BUILD_ARGS[@]}" -j"$(nproc)"
 if ((with_tests)); then

@@ -827,6 +827,31 @@ TEST_P(BackendOpsTest, GeluLongAndExtreme) {
   ExpectAllNear(dinp.vec(), want_grad, Tol(1e-5), "dgelu");
 }
 
+// A NaN activation stays NaN through GELU and SwiGLU (their exp), forward and backward, so the
+// non-finite gradient check sees it; its neighbours are untouched. Under UBSan this also runs
+// the exp's NaN path, which once converted NaN to an integer.
+TEST_P(BackendOpsTest, NanPropagatesThroughGeluAndSwiglu) {
+  const int N = 3, F = 40;
+  std::vector<float> x = RandomVec(N * 2 * F, -3, 3, 43);
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  Floats inp(be(), x), out(be(), N * 2 * F), dinp(be(), N * 2 * F);
+  Floats dout(be(), std::vector<float>(N * 2 * F, 1.0f));
+  be_->GeluForward(out.data(), inp.data(), x.size());
+  be_->GeluBackward(dinp.data(), inp.data(), dout.data(), x.size());
+  for (const auto& [name, v] : {std::pair{"gelu", out.vec()}, std::pair{"dgelu", dinp.vec()}}) {
+    for (size_t i = 0; i < v.size(); i++) EXPECT_EQ(std::isnan(v[i]), i == 5) << name << " " << i;
+  }
+  // SwiGLU's row r reads gate x[r][0..F) and up x[r][F..2F): x[5] is row 0's gate 5.
+  Floats sout(be(), N * F), sdinp(be(), N * 2 * F);
+  be_->SwigluForward(sout.data(), inp.data(), N, F);
+  be_->SwigluBackward(sdinp.data(), inp.data(), dout.data(), N, F);
+  const std::vector<float> so = sout.vec(), sd = sdinp.vec();
+  for (int i = 0; i < N * F; i++) EXPECT_EQ(std::isnan(so[i]), i == 5) << "swiglu " << i;
+  EXPECT_TRUE(std::isnan(sd[5]));       // d gate 5 of row 0
+  EXPECT_TRUE(std::isnan(sd[F + 5]));   // d up 5 of row 0 (times silu(NaN))
+  EXPECT_FALSE(std::isnan(sd[2 * F]));  // row 1 untouched
+}
+
 // ---- loss -----------------------------------------------------------------------------------
 
 TEST_P(BackendOpsTest, CrossEntropy) {

@@ -223,7 +223,7 @@ TEST(CliTest, ModelThatCannotFitIsRefusedBeforeAnyAllocation) {
 }
 
 TEST(CliTest, OutOfMemoryIsAMessageNamingWhatKeelWasDoing) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KEEL_SANITIZED_BUILD)
   GTEST_SKIP() << "AddressSanitizer reserves terabytes of shadow memory and cannot start under "
                   "`ulimit -v`; the Release suite runs this test";
 #endif

@@ -178,7 +178,7 @@ namespace {
 // guard must take no action at all. The whole 400-iteration default job was checked by hand (no
 // guard event; docs/guard.md). Skipped under the sanitizers, where it would take many minutes.
 TEST(GuardCliTest, DefaultJobRaisesNoFalseAlarm) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KEEL_SANITIZED_BUILD)
   GTEST_SKIP()
       << "the full default job is too slow under AddressSanitizer; the release run covers it";
 #endif

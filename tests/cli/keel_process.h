@@ -66,7 +66,7 @@ inline const std::string kDataParallelModel =
 // mpirun as CI runs it: as root, more ranks than cores, no single-copy shared memory (not
 // allowed in many containers), and a time limit, so a hang fails the test instead of CI.
 inline std::string Mpirun(int np, const std::string& prefix = "", int timeout_s = 120) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KEEL_SANITIZED_BUILD)
   // LeakSanitizer reports Open MPI's own allocations at exit (about 120 kB per rank that the
   // library never frees, measured with a 10-line MPI program): the ranks run without leak
   // checking; addressing and UB checks stay on.

@@ -166,7 +166,7 @@ const std::string kBound = "--bind-to core ";
 
 // Sanitizers slow the ranks unevenly (rank 0, which writes the run's files, ran 15-20% slower for
 // 50 iterations at a time under ASan, measured): straggler timings mean nothing there.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KEEL_SANITIZED_BUILD)
 #define SKIP_TIMING_UNDER_SANITIZERS() \
   GTEST_SKIP() << "timing test: sanitizers slow the ranks unevenly"
 #else

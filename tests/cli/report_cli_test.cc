@@ -52,7 +52,7 @@ TEST(ReportCliTest, ConvertedLogReportLoadsInChromiumAndShowsThePlots) {
   // The screenshot: pixels of the rolling-mean loss, the grad norm, the TFLOPs curve, the
   // divergence marker (red) and the throughput-drop marker (brown). A page whose script failed
   // has none of them.
-  r = keel_test::RunShell("python3 " KEEL_SOURCE_DIR "/tests/metrics/png_color_count.py " + shot +
+  r = keel_test::RunShell("python3 " + std::string(KEEL_SOURCE_DIR) + "/tests/metrics/png_color_count.py " + shot +
                           " 0b3d91 2ca02c e377c2 d62728 8c564b");
   ASSERT_EQ(r.code, 0) << r.out;
   std::istringstream counts(r.out);

@@ -47,7 +47,7 @@ TEST(StragglerDetectorTest, SlowRankIsNamedOnceAmong2And3And8) {
     SCOPED_TRACE(testing::Message() << n << " ranks, rank " << slow << " 5% slower");
     StragglerDetector d(n, {});
     const auto events =
-        Feed(&d, n, 1, 400, 11, 0.01, [&](int r, int64_t) { return r == slow ? 1.05 : 1.0; });
+        Feed(&d, n, 1, 400, 11, 0.01, [s = slow](int r, int64_t) { return r == s ? 1.05 : 1.0; });
     ASSERT_EQ(events.size(), 1u);  // named once, not every window after
     EXPECT_TRUE(events[0].named);
     EXPECT_EQ(events[0].rank, slow);

@@ -59,7 +59,7 @@ size_t HeapBytes() {
 }
 
 TEST(GptMemoryTest, ActivationBytesIsWhatTheFirstForwardAllocates) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KEEL_SANITIZED_BUILD)
   GTEST_SKIP() << "AddressSanitizer replaces malloc, so mallinfo2 counts nothing; the Release "
                   "suite runs this test";
 #endif
@@ -102,7 +102,7 @@ TEST(GptMemoryTest, ActivationBytesIsWhatTheFirstForwardAllocates) {
 // layer's input only, so its activations grow by one residual stream per layer; selective keeps
 // one layer's attention probabilities.
 TEST(GptMemoryTest, RecomputationAllocatesWhatItCountsAndLess) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KEEL_SANITIZED_BUILD)
   GTEST_SKIP() << "AddressSanitizer replaces malloc, so mallinfo2 counts nothing; the Release "
                   "suite runs this test";
 #endif

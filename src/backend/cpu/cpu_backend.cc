@@ -78,7 +78,10 @@ inline float VecExp(float x) {
   poly = poly * r + 1.6666665459e-1f;
   poly = poly * r + 5.0000001201e-1f;
   const float er = poly * r * r + r + 1.0f;
-  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  // n is an integer in [-126, 127], or NaN when x is: converting NaN to int is undefined (UBSan
+  // caught it), so it becomes 0 there and the NaN reaches the result through er.
+  const float n_int = n == n ? n : 0.0f;
+  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n_int) + 127) << 23);
   return x < -87.0f ? 0.0f : er * two_n;
 }
 
