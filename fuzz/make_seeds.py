@@ -124,7 +124,13 @@ def main():
             "n_positions": 8, "n_inner": None, "activation_function": "gelu_new"}
     bloom = {"model_type": "bloom", "vocab_size": 4, "n_embed": 2, "n_layer": 1,
              "num_attention_heads": 1, "seq_length": 8}
-    for name, cfg in [("llama", llama), ("gpt2", gpt2), ("bloom", bloom)]:
+    llama3 = dict(llama, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 8192})
+    linear = dict(llama, rope_scaling=None,
+                  rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    for name, cfg in [("llama", llama), ("llama3-rope-scaling", llama3),
+                      ("llama-linear-rope-parameters", linear), ("gpt2", gpt2), ("bloom", bloom)]:
         put(out, "hf_import_fuzz", name, json.dumps(cfg).encode() + SEP + index + SEP + shard)
 
     # MMIDIDX datasets in every integer dtype, with and without keel's metadata.

@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
 #include <optional>
+#include <vector>
 
 namespace keel {
 namespace {
@@ -183,6 +185,83 @@ void ReadGpt2(ConfigReader& r, const HfConfigOptions& options, HfModelConfig* ou
   s.untie_embeddings = !r.Bool("tie_word_embeddings", true);
 }
 
+// RoPE scaling, from config.json's rope_scaling or the scaling keys of transformers 5's
+// rope_parameters (`where` names which): Llama 3.x's "llama3" and "linear" interpolation, the
+// kinds keel computes; any other kind or key is refused by name.
+void ReadRopeScaling(ConfigReader& r, const json& scaling, const std::string& where, GptSpec* s) {
+  if (!scaling.is_object())
+    return r.Fail(where + " must be an object, but is " + ConfigReader::Describe(scaling));
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {  // "type" is the older spelling
+    auto it = scaling.find(key);
+    if (it == scaling.end()) continue;
+    if (!it->is_string() || (!type.empty() && type != it->get<std::string>()))
+      return r.Fail(where + "." + key + " " + ConfigReader::Describe(*it) +
+                    " is not a name, or differs from the other spelling of the type");
+    type = it->get<std::string>();
+  }
+  if (type == "default" || type.empty()) {
+    if (scaling.size() > (scaling.contains("rope_type") ? 1u : 0u) + scaling.contains("type"))
+      return r.Refuse(where + " " + ConfigReader::Describe(scaling) +
+                      ": settings without a rope_type, or for the default (unscaled) RoPE");
+    return;
+  }
+  if (type != "llama3" && type != "linear")
+    return r.Refuse(where + " type '" + type +
+                    "': keel's RoPE scales as Llama 3.x (llama3) or by linear interpolation "
+                    "(linear) only; keel cannot represent this model");
+  // Each key once, a finite number; what HF checks of it, checked here.
+  auto number = [&](const char* key) -> std::optional<double> {
+    auto it = scaling.find(key);
+    if (it == scaling.end() || !it->is_number() || !std::isfinite(it->get<double>())) {
+      r.Fail(fmt::format("{}.{} must be a number for rope type {}, but is {}", where, key, type,
+                         it == scaling.end() ? "absent" : ConfigReader::Describe(*it)));
+      return std::nullopt;
+    }
+    return it->get<double>();
+  };
+  const std::vector<std::string> known =
+      type == "linear"
+          ? std::vector<std::string>{"rope_type", "type", "factor"}
+          : std::vector<std::string>{"rope_type",        "type",
+                                     "factor",           "low_freq_factor",
+                                     "high_freq_factor", "original_max_position_embeddings"};
+  for (const auto& [key, value] : scaling.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      return r.Refuse(where + "." + key + " " + ConfigReader::Describe(value) + ": keel's " + type +
+                      " RoPE scaling has no such setting");
+  }
+  const std::optional<double> factor = number("factor");
+  if (!factor) return;
+  if (!(*factor >= 1))
+    return r.Fail(fmt::format("{}.factor {} must be at least 1", where, *factor));
+  if (type == "linear") {
+    if (*factor != std::floor(*factor) || *factor > std::numeric_limits<int32_t>::max())
+      return r.Refuse(fmt::format(
+          "{}.factor {}: keel's linear interpolation (--rotary-seq-len-interpolation-factor, "
+          "Megatron-LM's) takes a whole factor",
+          where, *factor));
+    s->rope_linear_factor = *factor;
+    return;
+  }
+  const std::optional<double> low = number("low_freq_factor");
+  const std::optional<double> high = number("high_freq_factor");
+  const std::optional<double> original = number("original_max_position_embeddings");
+  if (!low || !high || !original) return;
+  if (!(*low > 0 && *high > *low))
+    return r.Fail(fmt::format("{}: low_freq_factor {} and high_freq_factor {} need 0 < low < high",
+                              where, *low, *high));
+  if (!(*original >= 1 && *original <= std::numeric_limits<int32_t>::max() &&
+        *original == std::floor(*original)))
+    return r.Fail(fmt::format("{}.original_max_position_embeddings {} must be a positive integer",
+                              where, *original));
+  s->rope_llama3 = true;
+  s->rope_llama3_factor = *factor;
+  s->rope_low_freq_factor = *low;
+  s->rope_high_freq_factor = *high;
+  s->rope_original_max_positions = static_cast<int>(*original);
+}
+
 void ReadLlama(ConfigReader& r, const HfConfigOptions& options, HfModelConfig* out) {
   GptSpec& s = out->spec;
   s.rope = true;
@@ -225,22 +304,25 @@ void ReadLlama(ConfigReader& r, const HfConfigOptions& options, HfModelConfig* o
     return r.Refuse("hidden_act '" + act +
                     "' is not silu, the gate activation of keel's SwiGLU (--swiglu)");
   s.layernorm_eps = static_cast<float>(r.Number("rms_norm_eps", 1e-6));
-  // RoPE: the plain rotate-half scheme only, with an integer base (--rotary-base is an integer).
-  if (const json* scaling = r.Find({"rope_scaling"}); scaling != nullptr)
-    return r.Refuse("rope_scaling " + ConfigReader::Describe(*scaling) +
-                    ": keel's RoPE has no scaling (linear, dynamic, yarn, llama3); keel cannot "
-                    "represent this model");
+  // RoPE: the rotate-half scheme with an integer base (--rotary-base is an integer), unscaled or
+  // scaled as Llama 3.x or linearly.
+  const json* rope_scaling = r.Find({"rope_scaling"});
+  if (rope_scaling != nullptr) ReadRopeScaling(r, *rope_scaling, "rope_scaling", &s);
   std::optional<double> params_theta;
   if (const json* params = r.Find({"rope_parameters"}); params != nullptr) {
-    // transformers 5 keeps RoPE's settings in one object.
+    // transformers 5 keeps RoPE's settings in one object: its base and its scaling.
     if (!params->is_object())
       return r.Fail("rope_parameters must be an object, but is " + ConfigReader::Describe(*params));
+    json scaling = json::object();
     for (const auto& [key, value] : params->items()) {
-      if (key == "rope_type") {
-        if (value != "default")
-          return r.Refuse("rope_parameters.rope_type " + ConfigReader::Describe(value) +
-                          ": keel's RoPE is the default (unscaled) one only");
-      } else if (key == "rope_theta") {
+      if (key == "rope_theta" || key == "partial_rotary_factor") continue;
+      scaling[key] = value;
+    }
+    if (rope_scaling != nullptr && !scaling.empty() && scaling != *rope_scaling)
+      return r.Refuse("rope_scaling and rope_parameters scale RoPE differently");
+    if (rope_scaling == nullptr) ReadRopeScaling(r, scaling, "rope_parameters", &s);
+    for (const auto& [key, value] : params->items()) {
+      if (key == "rope_theta") {
         if (!value.is_number())
           return r.Fail("rope_parameters.rope_theta must be a number, but is " +
                         ConfigReader::Describe(value));
@@ -249,10 +331,7 @@ void ReadLlama(ConfigReader& r, const HfConfigOptions& options, HfModelConfig* o
         if (!value.is_number() || value.get<double>() != 1.0)
           return r.Refuse("rope_parameters.partial_rotary_factor " + ConfigReader::Describe(value) +
                           ": Llama export and import rotate every dimension of each head");
-      } else {
-        return r.Refuse("rope_parameters." + key + " " + ConfigReader::Describe(value) +
-                        ": keel's RoPE has no such setting");
-      }
+      }  // the scaling keys were read above
     }
   }
   double theta = 10000;
@@ -378,7 +457,18 @@ ojson HfConfigJson(HfArch arch, const GptSpec& spec, int32_t eod_id) {
       c["max_position_embeddings"] = spec.max_positions;
       c["rms_norm_eps"] = ShortestDouble(spec.layernorm_eps);
       c["rope_theta"] = spec.rotary_base;
-      c["rope_scaling"] = nullptr;
+      if (spec.rope_llama3) {
+        c["rope_scaling"] = {
+            {"rope_type", "llama3"},
+            {"factor", spec.rope_llama3_factor},
+            {"low_freq_factor", spec.rope_low_freq_factor},
+            {"high_freq_factor", spec.rope_high_freq_factor},
+            {"original_max_position_embeddings", spec.rope_original_max_positions}};
+      } else if (spec.rope_linear_factor != 1) {
+        c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", spec.rope_linear_factor}};
+      } else {
+        c["rope_scaling"] = nullptr;
+      }
       c["attention_bias"] = spec.bias;  // keel's bias switch covers every linear layer
       c["mlp_bias"] = spec.bias;
       c["attention_dropout"] = 0.0;

@@ -85,6 +85,15 @@ Status TrainConfigForSpec(const GptSpec& spec, const CheckpointTokenizer& tok, T
   if (spec.rope) {
     c.rotary_base = static_cast<int>(spec.rotary_base);
     c.rotary_percent = spec.rotary_percent;
+    c.use_rope_scaling = spec.rope_llama3;
+    if (spec.rope_llama3) {
+      c.rope_scaling_factor = spec.rope_llama3_factor;
+      c.rope_scaling_low_freq_factor = spec.rope_low_freq_factor;
+      c.rope_scaling_high_freq_factor = spec.rope_high_freq_factor;
+      c.rope_scaling_original_max_position_embeddings = spec.rope_original_max_positions;
+    }
+    if (spec.rope_linear_factor != 1)
+      c.rotary_seq_len_interpolation_factor = static_cast<int>(spec.rope_linear_factor);
   }
   c.normalization = spec.rmsnorm ? Normalization::kRmsNorm : Normalization::kLayerNorm;
   c.swiglu = spec.swiglu;

@@ -43,29 +43,38 @@ std::string SiblingPath(const std::string& prefix, const std::string& file) {
 }  // namespace
 
 json SpecToJson(const GptSpec& s) {
-  return json{{"num_layers", s.num_layers},
-              {"hidden", s.hidden},
-              {"ffn_hidden", s.ffn_hidden},
-              {"heads", s.heads},
-              {"max_positions", s.max_positions},
-              {"vocab", s.vocab},
-              {"padded_vocab", s.padded_vocab},
-              {"alibi", s.alibi},
-              {"embed_layernorm", s.embed_layernorm},
-              {"layernorm_eps", s.layernorm_eps},
-              {"qk_layernorm", s.qk_layernorm},
-              {"z_loss", s.z_loss},
-              {"reset_position_ids", s.reset_position_ids},
-              {"reset_attention_mask", s.reset_attention_mask},
-              {"eod_id", s.eod_id},
-              {"rope", s.rope},
-              {"rotary_base", s.rotary_base},
-              {"rotary_percent", s.rotary_percent},
-              {"rmsnorm", s.rmsnorm},
-              {"swiglu", s.swiglu},
-              {"kv_heads", s.kv_heads},
-              {"untie_embeddings", s.untie_embeddings},
-              {"bias", s.bias}};
+  json j{{"num_layers", s.num_layers},
+         {"hidden", s.hidden},
+         {"ffn_hidden", s.ffn_hidden},
+         {"heads", s.heads},
+         {"max_positions", s.max_positions},
+         {"vocab", s.vocab},
+         {"padded_vocab", s.padded_vocab},
+         {"alibi", s.alibi},
+         {"embed_layernorm", s.embed_layernorm},
+         {"layernorm_eps", s.layernorm_eps},
+         {"qk_layernorm", s.qk_layernorm},
+         {"z_loss", s.z_loss},
+         {"reset_position_ids", s.reset_position_ids},
+         {"reset_attention_mask", s.reset_attention_mask},
+         {"eod_id", s.eod_id},
+         {"rope", s.rope},
+         {"rotary_base", s.rotary_base},
+         {"rotary_percent", s.rotary_percent},
+         {"rmsnorm", s.rmsnorm},
+         {"swiglu", s.swiglu},
+         {"kv_heads", s.kv_heads},
+         {"untie_embeddings", s.untie_embeddings},
+         {"bias", s.bias}};
+  // RoPE scaling only where it is on, so that the files of unscaled models stay as they were.
+  if (s.rope_linear_factor != 1) j["rope_linear_factor"] = s.rope_linear_factor;
+  if (s.rope_llama3) {
+    j["rope_llama3"] = {{"factor", s.rope_llama3_factor},
+                        {"low_freq_factor", s.rope_low_freq_factor},
+                        {"high_freq_factor", s.rope_high_freq_factor},
+                        {"original_max_positions", s.rope_original_max_positions}};
+  }
+  return j;
 }
 
 Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
@@ -97,6 +106,14 @@ Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
   s.kv_heads = j.Optional("kv_heads").Get<int>(0);
   s.untie_embeddings = j.Optional("untie_embeddings").Get<bool>(false);
   s.bias = j.Optional("bias").Get<bool>(true);
+  s.rope_linear_factor = j.Optional("rope_linear_factor").Get<double>(1.0);
+  if (const JsonValue l3 = j.Optional("rope_llama3"); l3.present()) {
+    s.rope_llama3 = true;
+    s.rope_llama3_factor = l3["factor"].Get<double>();
+    s.rope_low_freq_factor = l3["low_freq_factor"].Get<double>();
+    s.rope_high_freq_factor = l3["high_freq_factor"].Get<double>();
+    s.rope_original_max_positions = l3["original_max_positions"].Get<int>();
+  }
   KEEL_RETURN_IF_ERROR(r.status());
   // A model keel cannot build (edited by hand): the sizes its constructor and kernels rely on.
   constexpr int kMaxWidth = std::numeric_limits<int32_t>::max() / 4;  // as config validation
@@ -105,7 +122,11 @@ Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
       s.hidden > kMaxWidth || s.ffn_hidden > kMaxWidth || s.kv_heads < 0 || s.kv_heads > s.heads ||
       (s.kv_heads > 0 && s.heads % s.kv_heads != 0) || (s.rope && s.alibi) ||
       (s.rope && !(s.rotary_percent > 0 && s.rotary_percent <= 1 && s.rotary_base >= 1 &&
-                   s.RotaryDim() >= 2)))
+                   s.RotaryDim() >= 2)) ||
+      !(s.rope_linear_factor >= 1) ||
+      (s.rope_llama3 &&
+       !(s.rope_llama3_factor >= 1 && s.rope_low_freq_factor > 0 &&
+         s.rope_high_freq_factor > s.rope_low_freq_factor && s.rope_original_max_positions > 0)))
     return Status::Corruption(where + ": key 'model' describes no model keel can build (" +
                               m.dump() + "); " + kDamagedCheckpointFix);
   *out = s;

@@ -207,6 +207,23 @@ const std::vector<Setting>& Settings() {
         IntSetting("rotary-base", "RoPE base: angle p * base^(-2i/dims)", &TC::rotary_base));
     t->push_back(RealSetting("rotary-percent", "RoPE: share of each head's dims that turn (0, 1]",
                              &TC::rotary_percent));
+    t->push_back(BoolSetting("use-rope-scaling",
+                             "RoPE: Llama 3.x's frequency scaling (long wavelengths / factor)",
+                             &TC::use_rope_scaling));
+    t->push_back(RealSetting("rope-scaling-factor", "Llama 3.x RoPE scaling: the factor (>= 1)",
+                             &TC::rope_scaling_factor));
+    t->push_back(RealSetting("rope-scaling-low-freq-factor",
+                             "Llama 3.x RoPE scaling: wavelengths past original/this are scaled",
+                             &TC::rope_scaling_low_freq_factor));
+    t->push_back(RealSetting("rope-scaling-high-freq-factor",
+                             "Llama 3.x RoPE scaling: wavelengths below original/this are kept",
+                             &TC::rope_scaling_high_freq_factor));
+    t->push_back(IntSetting("rope-scaling-original-max-position-embeddings",
+                            "Llama 3.x RoPE scaling: the context the model was pretrained on",
+                            &TC::rope_scaling_original_max_position_embeddings));
+    t->push_back(IntSetting("rotary-seq-len-interpolation-factor",
+                            "RoPE: positions divided by this (linear interpolation; 0: none)",
+                            &TC::rotary_seq_len_interpolation_factor));
     t->push_back(EnumSetting(
         "normalization", "the model's norms (QK-LayerNorm stays LayerNorm)", &TC::normalization,
         {{Normalization::kLayerNorm, "LayerNorm"}, {Normalization::kRmsNorm, "RMSNorm"}}));

@@ -88,6 +88,38 @@ Status CheckSplit(const std::string& split) {
       split));
 }
 
+// RoPE's frequency scaling: Llama 3.x's bands or linear interpolation, one at a time (Hugging
+// Face's rope_scaling holds one), each with the bounds Hugging Face checks.
+Status ValidateRopeScaling(const TrainConfig& c) {
+  if (c.rotary_seq_len_interpolation_factor < 0) {
+    return Invalid(
+        fmt::format("--rotary-seq-len-interpolation-factor {} must be at least 1 (or 0 for none)",
+                    c.rotary_seq_len_interpolation_factor));
+  }
+  if (!c.use_rope_scaling) return Status::OK();
+  if (c.rotary_seq_len_interpolation_factor > 1) {
+    return Invalid(fmt::format(
+        "--use-rope-scaling and --rotary-seq-len-interpolation-factor {} both scale RoPE; choose "
+        "one (Llama 3.x checkpoints use --use-rope-scaling alone)",
+        c.rotary_seq_len_interpolation_factor));
+  }
+  if (!(c.rope_scaling_factor >= 1)) {
+    return Invalid(fmt::format(
+        "--rope-scaling-factor {} must be at least 1: it stretches the context the model was "
+        "pretrained on; Llama 3.1 uses 8, Llama 3.2 32",
+        c.rope_scaling_factor));
+  }
+  if (!(c.rope_scaling_low_freq_factor > 0 &&
+        c.rope_scaling_high_freq_factor > c.rope_scaling_low_freq_factor)) {
+    return Invalid(fmt::format(
+        "--rope-scaling-low-freq-factor {} and --rope-scaling-high-freq-factor {}: need 0 < low < "
+        "high (Llama 3.x: 1 and 4)",
+        c.rope_scaling_low_freq_factor, c.rope_scaling_high_freq_factor));
+  }
+  return Positive("rope-scaling-original-max-position-embeddings",
+                  c.rope_scaling_original_max_position_embeddings);
+}
+
 Status ValidateModel(TrainConfig* c, std::vector<std::string>* notes) {
   KEEL_RETURN_IF_ERROR(Positive("num-layers", c->num_layers));
   KEEL_RETURN_IF_ERROR(Positive("hidden-size", c->hidden_size));
@@ -182,9 +214,13 @@ Status ValidateModel(TrainConfig* c, std::vector<std::string>* notes) {
       return Invalid(fmt::format("--rotary-base {} must be at least 1; try --rotary-base 10000",
                                  c->rotary_base));
     }
-  } else if (c->rotary_base != 10000 || c->rotary_percent != 1.0) {
+    KEEL_RETURN_IF_ERROR(ValidateRopeScaling(*c));
+  } else if (c->rotary_base != 10000 || c->rotary_percent != 1.0 || c->use_rope_scaling ||
+             c->rotary_seq_len_interpolation_factor != 0) {
     notes->push_back(
-        "--rotary-base / --rotary-percent given without --position-embedding-type rope: ignored");
+        "--rotary-base / --rotary-percent / --use-rope-scaling / "
+        "--rotary-seq-len-interpolation-factor given without --position-embedding-type rope: "
+        "ignored");
   }
   KEEL_RETURN_IF_ERROR(NonNegative("max-position-embeddings", c->max_position_embeddings,
                                    "set it to 0 to use --seq-length"));

@@ -53,6 +53,15 @@ struct TrainConfig {
   // Llama family (docs/llama.md), Megatron-LM's flags:
   int rotary_base = 10000;      // RoPE: w_i = base^(-2i/rot)
   double rotary_percent = 1.0;  // RoPE: the share of each head's dims that turn
+  // RoPE frequency scaling for contexts longer than pretraining's (docs/llama.md): Llama 3.x's
+  // (--use-rope-scaling; Megatron-LM's defaults for the band edges) or linear position
+  // interpolation (--rotary-seq-len-interpolation-factor; 0: none).
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8.0;
+  double rope_scaling_low_freq_factor = 1.0;
+  double rope_scaling_high_freq_factor = 4.0;
+  int rope_scaling_original_max_position_embeddings = 8192;
+  int rotary_seq_len_interpolation_factor = 0;
   Normalization normalization = Normalization::kLayerNorm;  // of every norm but QK-LayerNorm
   bool swiglu = false;  // gated FFN silu(x Wg) * (x Wu); FFN default 2/3 of 4h
   bool group_query_attention = false;

@@ -1,7 +1,10 @@
 #include "model/gpt.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "core/rng.h"
 #include "core/status.h"
@@ -134,13 +137,46 @@ std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec) {
   return params;
 }
 
+std::vector<double> RopeFrequencies(const GptSpec& spec) {
+  const int rot = spec.RotaryDim();
+  std::vector<double> w(rot / 2);
+  for (int i = 0; i < rot / 2; ++i) {
+    w[i] = std::pow(spec.rotary_base, -2.0 * i / rot) / spec.rope_linear_factor;
+    if (!spec.rope_llama3) continue;
+    const double wavelength = 2 * std::numbers::pi / w[i];
+    const double original = spec.rope_original_max_positions;
+    if (wavelength < original / spec.rope_high_freq_factor) continue;  // fast: kept
+    if (wavelength > original / spec.rope_low_freq_factor) {           // slow: stretched
+      w[i] /= spec.rope_llama3_factor;
+      continue;
+    }
+    const double s = (original / wavelength - spec.rope_low_freq_factor) /
+                     (spec.rope_high_freq_factor - spec.rope_low_freq_factor);
+    w[i] = (1 - s) * w[i] / spec.rope_llama3_factor + s * w[i];
+  }
+  return w;
+}
+
+std::string DescribeRope(const GptSpec& spec) {
+  std::string scaling;
+  if (spec.rope_llama3)
+    scaling = fmt::format(", Llama 3 scaling x{} of {} positions, bands {}-{}",
+                          spec.rope_llama3_factor, spec.rope_original_max_positions,
+                          spec.rope_low_freq_factor, spec.rope_high_freq_factor);
+  if (spec.rope_linear_factor != 1)
+    scaling += fmt::format(", positions / {}", spec.rope_linear_factor);
+  return fmt::format("RoPE (base {}, {} of {} dims{})", spec.rotary_base, spec.RotaryDim(),
+                     spec.HeadDim(), scaling);
+}
+
 std::vector<float> RopeCosSin(const GptSpec& spec) {
   const int rot = spec.RotaryDim(), half = rot / 2;
+  const std::vector<double> w = RopeFrequencies(spec);
   std::vector<float> table(static_cast<size_t>(spec.max_positions) * rot);
   for (int p = 0; p < spec.max_positions; ++p) {
     for (int i = 0; i < half; ++i) {
-      // w_i = base^(-2i/rot), in double: the angle keeps its precision at long positions.
-      const double angle = p * std::pow(spec.rotary_base, -2.0 * i / rot);
+      // In double: the angle keeps its precision at long positions.
+      const double angle = p * w[i];
       table[static_cast<size_t>(p) * rot + i] = static_cast<float>(std::cos(angle));
       table[static_cast<size_t>(p) * rot + half + i] = static_cast<float>(std::sin(angle));
     }
@@ -857,6 +893,15 @@ GptSpec SpecFromConfig(const TrainConfig& cfg) {
   s.rope = cfg.position_embedding_type == PositionEmbedding::kRope;
   s.rotary_base = cfg.rotary_base;
   s.rotary_percent = cfg.rotary_percent;
+  if (s.rope && cfg.rotary_seq_len_interpolation_factor > 1)
+    s.rope_linear_factor = cfg.rotary_seq_len_interpolation_factor;
+  if (s.rope && cfg.use_rope_scaling) {
+    s.rope_llama3 = true;
+    s.rope_llama3_factor = cfg.rope_scaling_factor;
+    s.rope_low_freq_factor = cfg.rope_scaling_low_freq_factor;
+    s.rope_high_freq_factor = cfg.rope_scaling_high_freq_factor;
+    s.rope_original_max_positions = cfg.rope_scaling_original_max_position_embeddings;
+  }
   s.rmsnorm = cfg.normalization == Normalization::kRmsNorm;
   s.swiglu = cfg.swiglu;
   s.kv_heads = cfg.group_query_attention ? cfg.num_query_groups : 0;

@@ -49,9 +49,18 @@ struct GptSpec {
   bool reset_attention_mask = false;
   int32_t eod_id = -1;
   // The Llama family (Megatron-LM's flags in parentheses).
-  bool rope = false;              // rotary positions (--position-embedding-type rope), no table
-  double rotary_base = 10000;     // (--rotary-base)
-  double rotary_percent = 1.0;    // share of each head's dims that turn (--rotary-percent)
+  bool rope = false;            // rotary positions (--position-embedding-type rope), no table
+  double rotary_base = 10000;   // (--rotary-base)
+  double rotary_percent = 1.0;  // share of each head's dims that turn (--rotary-percent)
+  // RoPE frequency scaling (one at most): Llama 3.x's bands (--use-rope-scaling; Hugging Face's
+  // rope_type "llama3"), or positions divided by rope_linear_factor (Megatron-LM's
+  // --rotary-seq-len-interpolation-factor; Hugging Face's "linear"). Factor 1: none.
+  double rope_linear_factor = 1;
+  bool rope_llama3 = false;
+  double rope_llama3_factor = 8;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  int rope_original_max_positions = 8192;
   bool rmsnorm = false;           // RMSNorm instead of LayerNorm (--normalization RMSNorm)
   bool swiglu = false;            // gated FFN: W1 is (2F, C), [gate | up] (--swiglu)
   int kv_heads = 0;               // key/value heads G; 0 = heads (--num-query-groups)
@@ -237,8 +246,17 @@ struct NonFiniteParams {
 };
 NonFiniteParams FindNonFiniteParams(GptModel& model);
 
+// RoPE's frequencies w_i = rotary_base^(-2i/rot), i < rot/2, after the spec's scaling:
+// Llama 3.x's keeps wavelengths 2pi/w below original/high_freq_factor, divides those above
+// original/low_freq_factor by the factor, and blends in between with
+// s = (original/wavelength - low) / (high - low): w (1 - s) / factor + w s. Linear: w / factor.
+std::vector<double> RopeFrequencies(const GptSpec& spec);
+
+// "RoPE (base 10000, 64 of 64 dims)", with its scaling when there is one; for the start-up log.
+std::string DescribeRope(const GptSpec& spec);
+
 // RoPE's angle table for `spec`: per position p < max_positions, cos(p w_i) for i < rot/2, then
-// sin(p w_i), with w_i = rotary_base^(-2i/rot) (computed in double, stored fp32).
+// sin(p w_i), with RopeFrequencies' w_i (computed in double, stored fp32).
 std::vector<float> RopeCosSin(const GptSpec& spec);
 
 // ALiBi head slopes (Press et al.): geometric sequence 2^(-8/n * (i+1)) for n a power of two,

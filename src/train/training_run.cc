@@ -166,8 +166,7 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
       spec.num_layers, spec.hidden, spec.ffn_hidden, spec.swiglu ? " SwiGLU" : " GELU", spec.heads,
       spec.KvHeads() != spec.heads ? fmt::format(" ({} key/value)", spec.KvHeads()) : "",
       spec.alibi  ? std::string("ALiBi")
-      : spec.rope ? fmt::format("RoPE (base {}, {} of {} dims)", spec.rotary_base, spec.RotaryDim(),
-                                spec.HeadDim())
+      : spec.rope ? DescribeRope(spec)
                   : fmt::format("learned {}", spec.max_positions),
       spec.rmsnorm ? "RMSNorm" : "LayerNorm", spec.vocab, spec.padded_vocab,
       std::string(spec.untie_embeddings ? ", untied output layer" : "") +

@@ -172,6 +172,44 @@ TEST(HfArchReferenceTest, LlamaTiedWithBiasesMatchesIndependentReader) {
   fs::remove_all(e.base);
 }
 
+// Llama 3.x's RoPE scaling: pretraining context 64, so this model's 8 frequencies per head fall
+// in all three bands (wavelengths 6.3 kept, 20 and 63 blended, 199 and longer divided by 8).
+// Then linear interpolation (positions / 4). Without the scaling the reader is off.
+TEST(HfArchReferenceTest, LlamaRopeScalingMatchesIndependentReader) {
+  REQUIRE_PYTHON_NUMPY(python);
+  GptSpec s = LlamaGqaUntied();
+  s.rope_llama3 = true;
+  s.rope_llama3_factor = 8;
+  s.rope_low_freq_factor = 1;
+  s.rope_high_freq_factor = 4;
+  s.rope_original_max_positions = 64;
+  Exported e = Export("llama3_scaling", s);
+  const json cfg = json::parse(Slurp(e.hf + "/config.json"));
+  EXPECT_EQ(cfg["rope_scaling"], json({{"rope_type", "llama3"},
+                                       {"factor", 8.0},
+                                       {"low_freq_factor", 1.0},
+                                       {"high_freq_factor", 4.0},
+                                       {"original_max_position_embeddings", 64}}));
+  Check(python, "hf_llama_reference.py", e, "llama, Llama 3 RoPE scaling x8");
+  const json unscaled =
+      Reference(python, "hf_llama_reference.py", AlteredConfig(e.hf, "rope_scaling", nullptr),
+                kTokens, kPositions);
+  ASSERT_FALSE(unscaled.is_null());
+  const double ratio =
+      CompareLogits(Logits(e.model.get(), kTokens, kPositions), unscaled, 300).max_ratio;
+  EXPECT_GT(ratio, kTolerance) << "the Llama 3 scaling went unnoticed";
+  std::printf("[ measured ] without rope_scaling the reference is off by %.3g\n", ratio);
+  fs::remove_all(e.base);
+
+  GptSpec lin = LlamaGqaUntied();
+  lin.rope_linear_factor = 4;
+  Exported el = Export("linear_scaling", lin);
+  EXPECT_EQ(json::parse(Slurp(el.hf + "/config.json"))["rope_scaling"],
+            json({{"rope_type", "linear"}, {"factor", 4.0}}));
+  Check(python, "hf_llama_reference.py", el, "llama, linear RoPE scaling x4");
+  fs::remove_all(el.base);
+}
+
 TEST(HfArchReferenceTest, BloomMatchesIndependentReader) {
   REQUIRE_PYTHON_NUMPY(python);
   Exported e = Export("bloom", BloomSpec());

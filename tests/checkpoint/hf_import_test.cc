@@ -49,6 +49,21 @@ GptSpec Llama(bool gqa, bool tied, bool bias) {
   return s;
 }
 
+// Llama 3.x's RoPE scaling, with a pretraining context short enough that this small model's
+// frequencies fall in all three bands; or linear interpolation.
+GptSpec ScaledLlama(bool llama3) {
+  GptSpec s = Llama(true, false, false);
+  s.rotary_base = 10000;
+  if (llama3) {
+    s.rope_llama3 = true;
+    s.rope_llama3_factor = 8;
+    s.rope_original_max_positions = 64;
+  } else {
+    s.rope_linear_factor = 4;
+  }
+  return s;
+}
+
 GptSpec Bloom() {
   GptSpec s = Base(48, 6);
   s.alibi = s.embed_layernorm = true;
@@ -168,6 +183,8 @@ struct Case {
 std::vector<Case> Cases() {
   return {{"llama_gqa_untied", Llama(true, false, false)},
           {"llama_tied_bias", Llama(false, true, true)},
+          {"llama3_rope_scaling", ScaledLlama(true)},
+          {"llama_linear_rope_scaling", ScaledLlama(false)},
           {"bloom", Bloom()},
           {"gpt2_tied", Gpt2(true)},
           {"gpt2_untied", Gpt2(false)}};
@@ -414,16 +431,45 @@ TEST(HfImportTest, ConfigKeelCannotRepresentIsRefusedNamingTheKey) {
     const char* message;
   };
   const std::vector<Refusal> refusals = {
-      {"rope_scaling",
+      {"dynamic rope_scaling",
        [](json& c) {
-         c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+         c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
        },
-       "rope_scaling"},
-      {"llama3 rope_parameters",
+       "rope_scaling type 'dynamic'"},
+      {"llama3 rope_parameters without its factors",
        [](json& c) {
          c["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 1e4}};
        },
-       "rope_parameters.rope_type"},
+       "rope_parameters.factor must be a number for rope type llama3, but is absent"},
+      {"llama3 rope_scaling with a setting keel lacks",
+       [](json& c) {
+         c["rope_scaling"] = {{"rope_type", "llama3"},
+                              {"factor", 8.0},
+                              {"low_freq_factor", 1.0},
+                              {"high_freq_factor", 4.0},
+                              {"original_max_position_embeddings", 8192},
+                              {"mscale", 1.0}};
+       },
+       "rope_scaling.mscale"},
+      {"llama3 bands the wrong way round",
+       [](json& c) {
+         c["rope_scaling"] = {{"rope_type", "llama3"},
+                              {"factor", 8.0},
+                              {"low_freq_factor", 4.0},
+                              {"high_freq_factor", 1.0},
+                              {"original_max_position_embeddings", 8192}};
+       },
+       "need 0 < low < high"},
+      {"linear interpolation by a fraction",
+       [](json& c) {
+         c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.5}};
+       },
+       "takes a whole factor"},
+      {"two spellings of the type that differ",
+       [](json& c) {
+         c["rope_scaling"] = {{"rope_type", "linear"}, {"type", "llama3"}, {"factor", 2.0}};
+       },
+       "differs from the other spelling"},
       {"sliding window", [](json& c) { c["sliding_window"] = 4096; }, "sliding_window"},
       {"head_dim", [](json& c) { c["head_dim"] = 32; }, "head_dim 32 differs"},
       {"activation", [](json& c) { c["hidden_act"] = "gelu"; }, "hidden_act 'gelu'"},

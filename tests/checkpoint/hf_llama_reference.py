@@ -65,10 +65,32 @@ def rotate_half(x):
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def scale_inv_freq(inv_freq, scaling):
+    # transformers' modeling_rope_utils: "linear" divides every frequency by the factor;
+    # "llama3" (_compute_llama3_parameters) leaves short wavelengths, divides long ones by the
+    # factor, and interpolates between the two band edges.
+    kind = scaling.get("rope_type", scaling.get("type"))
+    factor = scaling["factor"]
+    if kind == "linear":
+        return inv_freq / factor
+    if kind != "llama3":
+        raise SystemExit(f"rope_scaling type {kind!r} is not modelled by this reader")
+    old_len = scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return np.where(medium, smoothed, scaled)
+
+
 def rope_cos_sin(cfg, head_dim, T):
     # LlamaRotaryEmbedding: inv_freq = 1 / theta^(arange(0, dim, 2) / dim); emb = cat(freqs, freqs).
     theta = cfg.get("rope_theta", 10000.0)
     inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if cfg.get("rope_scaling") is not None:
+        inv_freq = scale_inv_freq(inv_freq, cfg["rope_scaling"])
     freqs = np.outer(np.arange(T, dtype=np.float64), inv_freq)
     emb = np.concatenate([freqs, freqs], axis=-1)
     return np.cos(emb), np.sin(emb)
@@ -82,8 +104,6 @@ def forward(cfg, t, ids):
     attn_bias, mlp_bias = cfg.get("attention_bias", False), cfg.get("mlp_bias", False)
     if cfg.get("hidden_act", "silu") != "silu":
         raise SystemExit(f"unsupported hidden_act {cfg.get('hidden_act')!r}")
-    if cfg.get("rope_scaling") is not None:
-        raise SystemExit("rope_scaling is not modelled by this reader")
     T = len(ids)
     if T > cfg["max_position_embeddings"]:
         raise SystemExit(f"{T} tokens exceed max_position_embeddings")

@@ -272,6 +272,17 @@ TEST(TrainCheckpointTest, ConfigChangesAreClassifiedAndNeedTheRightFlag) {
   EXPECT_EQ(kinds.at("z-loss"), ConfigChange::Kind::kScheduler);
   EXPECT_EQ(kinds.at("guard-lr-cut"), ConfigChange::Kind::kFree);
   EXPECT_EQ(kinds.at("skip-train-iteration-range"), ConfigChange::Kind::kFree);
+
+  // RoPE's scaling changes what every angle is: refused on resume like the base.
+  TrainConfig scaled = saved;
+  scaled.use_rope_scaling = true;
+  scaled.rope_scaling_factor = 32;
+  scaled.rotary_seq_len_interpolation_factor = 2;
+  kinds.clear();
+  for (const auto& ch : DiffConfigForResume(saved, scaled)) kinds[ch.key] = ch.kind;
+  for (const char* key :
+       {"use-rope-scaling", "rope-scaling-factor", "rotary-seq-len-interpolation-factor"})
+    EXPECT_EQ(kinds.at(key), ConfigChange::Kind::kShape) << key;
 }
 
 TEST(TrainCheckpointTest, LongerRunWithTheSameDecayIsAFreeChange) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
+#include "model/gpt.h"
 
 namespace keel {
 namespace {
@@ -864,6 +865,37 @@ TEST(ConfigLlamaTest, MegatronFlagsSetTheShape) {
   EXPECT_EQ(back.normalization, Normalization::kRmsNorm);
 }
 
+// Llama 3.x's RoPE scaling by Megatron-LM's flags (its defaults for the band edges), and linear
+// interpolation; both reach the model's frequencies, and the scaling flags without RoPE are noted.
+TEST(ConfigLlamaTest, RopeScalingFlagsReachTheModel) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--position-embedding-type", "rope", "--use-rope-scaling",
+                     "--rope-scaling-factor", "32", "--rotary-base", "500000"},
+                    &p)
+                  .ok());
+  GptSpec s = SpecFromConfig(p.config);
+  EXPECT_TRUE(s.rope_llama3);
+  EXPECT_EQ(s.rope_llama3_factor, 32);
+  EXPECT_EQ(s.rope_low_freq_factor, 1);
+  EXPECT_EQ(s.rope_high_freq_factor, 4);
+  EXPECT_EQ(s.rope_original_max_positions, 8192);
+  EXPECT_EQ(s.rope_linear_factor, 1);
+  TrainConfig back;
+  ASSERT_TRUE(ApplyToml(FormatConfig(p.config), "formatted.toml", &back).ok());
+  EXPECT_EQ(FormatConfig(back), FormatConfig(p.config));
+
+  ASSERT_TRUE(
+      Parse({"--position-embedding-type", "rope", "--rotary-seq-len-interpolation-factor", "4"}, &p)
+          .ok());
+  s = SpecFromConfig(p.config);
+  EXPECT_FALSE(s.rope_llama3);
+  EXPECT_EQ(s.rope_linear_factor, 4);
+
+  ASSERT_TRUE(Parse({"--use-rope-scaling"}, &p).ok());
+  EXPECT_TRUE(HasNote(p, "--use-rope-scaling"));
+  EXPECT_FALSE(SpecFromConfig(p.config).rope_llama3);
+}
+
 // Megatron-LM's SwiGLU rule int(4h * 2/3 / 64) * 64, said in a note; a given size is kept.
 TEST(ConfigLlamaTest, SwigluFfnSizeFollowsMegatronsRule) {
   ParsedConfig p;
@@ -897,6 +929,19 @@ TEST(ConfigLlamaTest, InconsistentShapesAreRefusedWithTheFix) {
        {"gives 1 rotary dimensions", "an even number >= 2"}},
       {{"--position-embedding-type", "rope", "--rotary-base", "0"},
        {"--rotary-base 0 must be at least 1"}},
+      {{"--position-embedding-type", "rope", "--use-rope-scaling", "--rope-scaling-factor", "0.5"},
+       {"--rope-scaling-factor 0.5 must be at least 1", "Llama 3.1 uses 8"}},
+      {{"--position-embedding-type", "rope", "--use-rope-scaling", "--rope-scaling-low-freq-factor",
+        "4", "--rope-scaling-high-freq-factor", "1"},
+       {"need 0 < low < high", "Llama 3.x: 1 and 4"}},
+      {{"--position-embedding-type", "rope", "--use-rope-scaling",
+        "--rope-scaling-original-max-position-embeddings", "0"},
+       {"--rope-scaling-original-max-position-embeddings 0 must be positive"}},
+      {{"--position-embedding-type", "rope", "--use-rope-scaling",
+        "--rotary-seq-len-interpolation-factor", "4"},
+       {"both scale RoPE; choose one"}},
+      {{"--position-embedding-type", "rope", "--rotary-seq-len-interpolation-factor", "-2"},
+       {"--rotary-seq-len-interpolation-factor -2 must be at least 1"}},
       {{"--swiglu", "--hidden-size", "16"},
        {"--swiglu with --hidden-size 16", "gives 0", "give --ffn-hidden-size"}},
       {{"--normalization", "LayerNorm2"}, {"--normalization", "LayerNorm,RMSNorm"}},

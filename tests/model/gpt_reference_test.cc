@@ -563,6 +563,53 @@ TEST_P(GptModelBackendTest, RecomputationGivesTheSameBits) {
 INSTANTIATE_TEST_SUITE_P(Backends, GptModelBackendTest, ::testing::ValuesIn(TestBackends()),
                          [](const auto& info) { return info.param.name; });
 
+// Llama 3.1 8B's RoPE (head 128, base 500000, scaling x8 of 8192 positions, bands 1 and 4):
+// wavelengths 2 pi / w below 8192/4 are kept, above 8192/1 divided by 8, and in between blended
+// by s = (8192 / wavelength - 1) / 3 (w (1 - s) / 8 + w s); the frequencies still fall strictly.
+TEST(GptModelTest, RopeFrequenciesFollowLlama3ScalingAndLinearInterpolation) {
+  GptSpec s;
+  s.hidden = 4096;
+  s.heads = 32;
+  s.rope = true;
+  s.rotary_base = 500000;
+  const std::vector<double> plain = RopeFrequencies(s);
+  ASSERT_EQ(plain.size(), 64u);
+  for (int i = 0; i < 64; ++i) EXPECT_DOUBLE_EQ(plain[i], std::pow(500000.0, -i / 64.0));
+  s.rope_llama3 = true;
+  const std::vector<double> scaled = RopeFrequencies(s);
+  int kept = 0, blended = 0, divided = 0;
+  for (int i = 0; i < 64; ++i) {
+    const double wavelength = 2 * M_PI / plain[i];
+    if (wavelength < 2048) {
+      EXPECT_EQ(scaled[i], plain[i]) << i;
+      ++kept;
+    } else if (wavelength > 8192) {
+      EXPECT_DOUBLE_EQ(scaled[i], plain[i] / 8) << i;
+      ++divided;
+    } else {
+      const double blend = (8192 / wavelength - 1) / 3;
+      EXPECT_NEAR(scaled[i], plain[i] * ((1 - blend) / 8 + blend), 1e-12 * plain[i]) << i;
+      ++blended;
+    }
+    if (i > 0) {
+      EXPECT_LT(scaled[i], scaled[i - 1]) << i;
+    }
+  }
+  EXPECT_EQ(kept, 29);
+  EXPECT_EQ(blended, 6);
+  EXPECT_EQ(divided, 29);
+  // The table turns by the scaled frequencies.
+  s.max_positions = 3;
+  const std::vector<float> table = RopeCosSin(s);
+  EXPECT_FLOAT_EQ(table[2 * 128 + 40], static_cast<float>(std::cos(2 * scaled[40])));
+  EXPECT_FLOAT_EQ(table[2 * 128 + 64 + 40], static_cast<float>(std::sin(2 * scaled[40])));
+  // Linear interpolation: every frequency over the factor (positions / factor).
+  s.rope_llama3 = false;
+  s.rope_linear_factor = 4;
+  const std::vector<double> linear = RopeFrequencies(s);
+  for (int i = 0; i < 64; ++i) EXPECT_DOUBLE_EQ(linear[i], plain[i] / 4) << i;
+}
+
 TEST(GptModelTest, AlibiSlopesMatchPaper) {
   std::vector<float> s8 = AlibiSlopes(8);
   for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(s8[i], std::pow(2.0f, -(i + 1.0f)));
