@@ -247,6 +247,15 @@ const std::vector<Setting>& Settings() {
                              {{Recompute::kNone, "none"},
                               {Recompute::kSelective, "selective"},
                               {Recompute::kFull, "full"}}));
+    t->push_back(
+        EnumSetting("recompute-method",
+                    "with full: block recomputes the first recompute-num-layers layers "
+                    "only; uniform every layer",
+                    &TC::recompute_method,
+                    {{RecomputeMethod::kUniform, "uniform"}, {RecomputeMethod::kBlock, "block"}}));
+    t->push_back(IntSetting("recompute-num-layers",
+                            "with full: block's count of recomputed layers (uniform's chunk size)",
+                            &TC::recompute_num_layers));
     t->push_back(BoolSetting("embed-layernorm", "LayerNorm after the word embedding (BLOOM)",
                              &TC::embed_layernorm));
     t->push_back(IntSetting("make-vocab-size-divisible-by",

@@ -120,6 +120,48 @@ Status ValidateRopeScaling(const TrainConfig& c) {
                   c.rope_scaling_original_max_position_embeddings);
 }
 
+// Megatron-LM's --recompute-method and --recompute-num-layers refine full recomputation only.
+Status ValidateRecompute(const TrainConfig& c, std::vector<std::string>* notes) {
+  const bool block = c.recompute_method == RecomputeMethod::kBlock;
+  const int n = c.recompute_num_layers;
+  if (c.recompute_granularity != Recompute::kFull) {
+    if (block || n != 1) {
+      return Invalid(fmt::format(
+          "--recompute-method {} --recompute-num-layers {} refine --recompute-granularity full, "
+          "but it is {}: add --recompute-granularity full (or --checkpoint-activations), or drop "
+          "them",
+          block ? "block" : "uniform", n,
+          c.recompute_granularity == Recompute::kSelective ? "selective" : "none"));
+    }
+    return Status::OK();
+  }
+  if (block) {
+    if (n < 0 || n > c.num_layers) {
+      return Invalid(fmt::format(
+          "--recompute-num-layers {} with --recompute-method block must be from 0 to "
+          "--num-layers {}: the first N layers recompute their forward, the rest keep their "
+          "activations",
+          n, c.num_layers));
+    }
+    if (n == 0)
+      notes->push_back("--recompute-method block --recompute-num-layers 0: no layer recomputes");
+    return Status::OK();
+  }
+  if (n < 1) {
+    return Invalid(fmt::format(
+        "--recompute-num-layers {} must be at least 1 with --recompute-method uniform", n));
+  }
+  if (n > 1) {
+    notes->push_back(fmt::format(
+        "--recompute-method uniform --recompute-num-layers {}: keel keeps every layer's input, "
+        "so it recomputes one layer at a time: the same compute and bits as chunks of {}, with "
+        "activations of every layer's input plus one layer's instead of every {}th input plus "
+        "{} layers'",
+        n, n, n, n));
+  }
+  return Status::OK();
+}
+
 Status ValidateModel(TrainConfig* c, std::vector<std::string>* notes) {
   KEEL_RETURN_IF_ERROR(Positive("num-layers", c->num_layers));
   KEEL_RETURN_IF_ERROR(Positive("hidden-size", c->hidden_size));
@@ -222,6 +264,7 @@ Status ValidateModel(TrainConfig* c, std::vector<std::string>* notes) {
         "--rotary-seq-len-interpolation-factor given without --position-embedding-type rope: "
         "ignored");
   }
+  KEEL_RETURN_IF_ERROR(ValidateRecompute(*c, notes));
   KEEL_RETURN_IF_ERROR(NonNegative("max-position-embeddings", c->max_position_embeddings,
                                    "set it to 0 to use --seq-length"));
   if (c->max_position_embeddings == 0) {

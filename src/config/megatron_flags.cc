@@ -139,6 +139,8 @@ const std::vector<Entry>& Entries() {
     add(Alias("override-lr-scheduler", "override-scheduler", true));         // Megatron-DeepSpeed
     add(Alias("override-opt_param-scheduler", "override-scheduler", true));  // Megatron-LM
     add(Alias("model-parallel-size", "tensor-model-parallel-size"));         // Megatron's old name
+    // Megatron-DeepSpeed: --checkpoint-activations' chunk of layers (Megatron-LM's uniform method).
+    add(Alias("checkpoint-num-layers", "recompute-num-layers"));
     // Parallelism keel does not have yet (size 1: what keel does).
     add(Value("tensor-model-parallel-size", Kind::kNotYet, "tensor-parallel size; keel: 1"),
         ParallelSize("tensor parallelism"));

@@ -17,6 +17,7 @@ enum class PositionEmbedding { kLearnedAbsolute, kAlibi, kRope };
 enum class Normalization { kLayerNorm, kRmsNorm };
 // Activation recomputation (model/gpt.h): none, the attention probabilities, or whole layers.
 enum class Recompute { kNone, kSelective, kFull };
+enum class RecomputeMethod { kUniform, kBlock };
 enum class LrDecayStyle { kConstant, kLinear, kCosine };
 enum class InitMethod { kNormal, kSmallInit, kMegatron530B };
 enum class TokenizerKind { kGpt2, kSentencePiece };
@@ -73,6 +74,15 @@ struct TrainConfig {
   // selective; Megatron-DeepSpeed's --checkpoint-activations is full). Not part of the model's
   // shape: free to change on resume.
   Recompute recompute_granularity = Recompute::kNone;
+  // With full: Megatron-LM's --recompute-method and --recompute-num-layers. block N recomputes
+  // the first N layers only (less compute, more memory); uniform recomputes every layer (keel
+  // keeps each layer's input, so any uniform chunk size recomputes one layer at a time).
+  RecomputeMethod recompute_method = RecomputeMethod::kUniform;
+  int recompute_num_layers = 1;
+  // The model's count of layers that recompute their forward (GptModel::set_recompute): -1 all.
+  int full_recompute_layers() const {
+    return recompute_method == RecomputeMethod::kBlock ? recompute_num_layers : -1;
+  }
 
   // ---- batch and length ----
   int micro_batch_size = 8;

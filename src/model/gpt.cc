@@ -33,6 +33,7 @@ struct GptModel::Activations {
   };
   std::vector<Layer> layers;  // under recomputation the layers share buffers (see Layout...)
   Recompute recompute = Recompute::kNone;
+  int full_layers = 0;  // layers 1..full_layers-1 use layer 0's buffers
   float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr,
         *losses = nullptr, *logz = nullptr;
   int32_t *tokens = nullptr, *targets = nullptr;
@@ -284,7 +285,7 @@ void GptModel::Initialize(uint64_t seed, float std) {
 // The one list of a micro-batch's buffers: the forward's activations that the backward reads, and
 // the gradient scratch; the buffers outside the layers, then `layers` layers' own.
 void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, Recompute recompute,
-                                 Activations* acts, BufferSource* src) {
+                                 int full_layers, Activations* acts, BufferSource* src) {
   const size_t N = static_cast<size_t>(B) * T, C = spec.hidden, F = spec.ffn_hidden;
   const size_t NH = spec.heads, Vp = spec.padded_vocab;
   const size_t W = spec.QkvWidth(), F1 = spec.Fc1Width();
@@ -292,14 +293,15 @@ void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, 
   auto mean = [&]() { return spec.rmsnorm ? nullptr : src->Floats(N); };
   Activations& a = *acts;
   a.recompute = recompute;
+  a.full_layers = full_layers;
   a.emb = src->Floats(N * C);
   a.emb_mean = mean();
   a.emb_rstd = src->Floats(N);
   a.res.push_back(src->Floats(N * C));
   for (int l = 0; l < layers; ++l) {
     Activations::Layer y;
-    if (l > 0 && recompute == Recompute::kFull) {
-      y = a.layers[0];  // every layer's activations in layer 0's buffers
+    if (l > 0 && l < full_layers) {
+      y = a.layers[0];  // the recomputed layers' activations in layer 0's buffers
     } else {
       y.ln1 = src->Floats(N * C);
       y.ln1_mean = mean();
@@ -350,30 +352,39 @@ void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, 
   src->Host(&a.host_losses, N);
 }
 
-uint64_t GptModel::LowpInputElements(const GptSpec& spec, int B, int T, Recompute recompute) {
+uint64_t GptModel::LowpInputElements(const GptSpec& spec, int B, int T, int full_layers) {
   const uint64_t N = static_cast<uint64_t>(B) * static_cast<uint64_t>(T);
   const uint64_t NC = N * static_cast<uint64_t>(spec.hidden);
   const uint64_t NF = N * static_cast<uint64_t>(spec.ffn_hidden);
-  // Full recomputation rebuilds a layer's copies with its forward: one layer's slots serve all.
-  const uint64_t slots = recompute == Recompute::kFull ? 1 : static_cast<uint64_t>(spec.num_layers);
+  // Full recomputation rebuilds a layer's copies with its forward: the recomputed layers share
+  // one layer's slots.
+  const uint64_t slots = static_cast<uint64_t>(spec.num_layers - std::max(full_layers - 1, 0));
   return slots * (3 * NC + NF) + NC;
 }
 
+int GptModel::FullRecomputeLayers(const GptSpec& spec, Recompute r, int full_layers) {
+  if (r != Recompute::kFull) return 0;
+  return full_layers < 0 ? spec.num_layers : std::min(full_layers, spec.num_layers);
+}
+
 uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T, Precision precision,
-                                   Recompute recompute) {
-  const uint64_t lowp = precision == Precision::kFp32
-                            ? 0
-                            : LowpInputElements(spec, B, T, recompute) * sizeof(uint16_t);
-  // Layers after the first are alike (under recomputation they add only what each keeps): the
-  // layouts of one and two layers give the rest.
-  auto bytes = [&](int layers) {
+                                   Recompute recompute, int full_layers) {
+  const int full = FullRecomputeLayers(spec, recompute, full_layers);
+  const uint64_t lowp =
+      precision == Precision::kFp32 ? 0 : LowpInputElements(spec, B, T, full) * sizeof(uint16_t);
+  // Layers after the first are of two kinds, recomputed (they add only what each keeps) or not:
+  // the layouts of one and two layers give each kind's share.
+  auto bytes = [&](int layers, int shared) {
     Activations a;
     BufferSource count;
-    LayoutActivations(spec, B, T, layers, recompute, &a, &count);
+    LayoutActivations(spec, B, T, layers, recompute, shared, &a, &count);
     return count.bytes;
   };
-  const uint64_t one = bytes(1), per_layer = bytes(2) - one;
-  return one + per_layer * static_cast<uint64_t>(spec.num_layers - 1) + lowp;
+  const uint64_t one = bytes(1, 0);
+  const uint64_t recomputed = bytes(2, 2) - one, kept = bytes(2, 0) - one;
+  const int n_recomputed = std::max(full - 1, 0), n_kept = spec.num_layers - 1 - n_recomputed;
+  return one + recomputed * static_cast<uint64_t>(n_recomputed) +
+         kept * static_cast<uint64_t>(n_kept) + lowp;
 }
 
 uint64_t GptModel::ParamCount(const GptSpec& spec) {
@@ -415,7 +426,8 @@ uint16_t* GptModel::LowpInputOf(int layer, LowpInput which) const {
   if (lowp_acts_ == nullptr) return nullptr;
   const size_t NC = static_cast<size_t>(cur_B_) * cur_T_ * spec_.hidden;
   const size_t NF = static_cast<size_t>(cur_B_) * cur_T_ * spec_.ffn_hidden;
-  const size_t slot = recompute_ == Recompute::kFull ? 0 : static_cast<size_t>(layer);
+  const size_t slot =
+      layer < full_layers_ ? 0 : static_cast<size_t>(layer - std::max(full_layers_ - 1, 0));
   return lowp_acts_ + slot * (3 * NC + NF) + static_cast<size_t>(which) * NC;
 }
 
@@ -423,14 +435,16 @@ uint16_t* GptModel::LowpLnfInput() const {
   if (lowp_acts_ == nullptr) return nullptr;
   const size_t NC = static_cast<size_t>(cur_B_) * cur_T_ * spec_.hidden;
   const size_t NF = static_cast<size_t>(cur_B_) * cur_T_ * spec_.ffn_hidden;
-  const size_t slots = recompute_ == Recompute::kFull ? 1 : static_cast<size_t>(spec_.num_layers);
+  const size_t slots = static_cast<size_t>(spec_.num_layers - std::max(full_layers_ - 1, 0));
   return lowp_acts_ + slots * (3 * NC + NF);
 }
 
-void GptModel::set_recompute(Recompute r) {
-  if (r == recompute_) return;
+void GptModel::set_recompute(Recompute r, int full_layers) {
+  const int full = FullRecomputeLayers(spec_, r, full_layers);
+  if (r == recompute_ && full == full_layers_) return;
   FreeActivations();  // laid out again by the next Forward
   recompute_ = r;
+  full_layers_ = full;
 }
 
 const char* RecomputeName(Recompute r) {
@@ -452,7 +466,7 @@ void GptModel::AllocateActivations(int B, int T) {
   acts_ = new Activations();
   BufferSource alloc;
   alloc.backend = backend_;
-  LayoutActivations(spec_, B, T, spec_.num_layers, recompute_, acts_, &alloc);
+  LayoutActivations(spec_, B, T, spec_.num_layers, recompute_, full_layers_, acts_, &alloc);
   cur_B_ = B;
   cur_T_ = T;
 }
@@ -469,7 +483,7 @@ void GptModel::FreeActivations() {
   for (size_t l = 0; l < a.layers.size(); ++l) {
     Activations::Layer& y = a.layers[l];
     be->Free(y.max_logit);
-    if (l > 0 && a.recompute == Recompute::kFull) continue;  // layer 0's buffers
+    if (l > 0 && static_cast<int>(l) < a.full_layers) continue;  // layer 0's buffers
     for (float* p : {y.ln1, y.ln1_mean, y.ln1_rstd, y.qkv, y.atty, y.res2, y.ln2, y.ln2_mean,
                      y.ln2_rstd, y.fch, y.fch_gelu, y.qkv_raw, y.qk_mean, y.qk_rstd})
       if (p) be->Free(p);
@@ -597,7 +611,7 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
     if (lowp_acts_ != nullptr) be->Free(lowp_acts_);
     lowp_acts_ = nullptr;
   } else if (lowp_acts_ == nullptr) {
-    lowp_acts_ = be->AllocHalves(LowpInputElements(spec_, B, T, recompute_));
+    lowp_acts_ = be->AllocHalves(LowpInputElements(spec_, B, T, full_layers_));
   }
   // A matmul input in the products' 16-bit format, kept for the backward (nullptr in fp32).
   auto lowp_input = [&](uint16_t* dst, const float* x, size_t n) -> const uint16_t* {
@@ -751,9 +765,9 @@ void GptModel::Backward() {
     const float* qkvw = prev(&dqkvw, kMatmul);
     prev_norm_bias(&dln1b);
     const float* ln1w = prev(&dln1w);
-    // Full recomputation: the layer's activations again, from its kept input (the last layer's
-    // are still in the shared buffers from the forward).
-    if (recompute_ == Recompute::kFull && l + 1 < spec_.num_layers) LayerForward(l, WeightsOf(l));
+    // Full recomputation: the layer's activations again, from its kept input (the last
+    // recomputed layer's are still in the shared buffers from the forward).
+    if (l + 1 < full_layers_) LayerForward(l, WeightsOf(l));
 
     // res[l+1] = res2 + fcproj(act(fc(ln2(res2))))
     be->Copy(a.dres2, dres, NC);  // skip connection

@@ -85,6 +85,8 @@ struct GptSpec {
 //               live in one buffer shared by the layers; the backward recomputes each layer's;
 //   kFull       each layer keeps only its input (the residual stream); the backward reruns the
 //               layer's forward into one set of buffers shared by all layers, then its backward.
+//               With a count (Megatron-LM's --recompute-method block --recompute-num-layers N)
+//               only the first N layers do; the rest keep their activations as under kNone.
 const char* RecomputeName(Recompute r);
 
 struct ParamInfo {
@@ -171,11 +173,14 @@ class GptModel {
   // fp16 add the 16-bit copies of the matmul inputs.
   static uint64_t ActivationBytes(const GptSpec& spec, int B, int T,
                                   Precision precision = Precision::kFp32,
-                                  Recompute recompute = Recompute::kNone);
+                                  Recompute recompute = Recompute::kNone, int full_layers = -1);
   // Activation recomputation for the next Forward/Backward pairs (the buffers are laid out again
-  // when it changes).
-  void set_recompute(Recompute r);
+  // when it changes). `full_layers`: under kFull, how many leading layers recompute (-1: all).
+  void set_recompute(Recompute r, int full_layers = -1);
   Recompute recompute() const { return recompute_; }
+  // The layers that rerun their forward in the backward: kFull's count (all, or at most
+  // `full_layers`), 0 otherwise.
+  static int FullRecomputeLayers(const GptSpec& spec, Recompute r, int full_layers);
   // ParamLayout's total, without listing every layer's tensors (so a config of a billion layers
   // is counted, not allocated).
   static uint64_t ParamCount(const GptSpec& spec);
@@ -184,8 +189,9 @@ class GptModel {
   struct LayerParams;
   struct Activations;
   struct BufferSource;
+  // Layers 1..full_layers-1 share layer 0's buffers (FullRecomputeLayers' count).
   static void LayoutActivations(const GptSpec& spec, int B, int T, int layers, Recompute recompute,
-                                Activations* acts, BufferSource* src);
+                                int full_layers, Activations* acts, BufferSource* src);
   // One layer's weights (null for the tensors the shape lacks), found from its first parameter.
   struct LayerWeights {
     const float *ln1w, *ln1b, *qkvw, *qkvb, *qlnw, *qlnb, *klnw, *klnb, *projw, *projb, *ln2w,
@@ -221,13 +227,14 @@ class GptModel {
   // lnf), converted once by Forward and read again by Backward's products; nullptr in fp32.
   enum LowpInput { kLn1, kAtty, kLn2, kFchGelu };
   uint16_t* LowpInputOf(int layer, LowpInput which) const;
-  static uint64_t LowpInputElements(const GptSpec& spec, int B, int T, Recompute recompute);
+  static uint64_t LowpInputElements(const GptSpec& spec, int B, int T, int full_layers);
   uint16_t* LowpLnfInput() const;
   uint16_t* lowp_acts_ = nullptr;
   Precision lowp_precision_ = Precision::kFp32;
   bool lowp_stale_ = true;
   bool overwrite_grads_ = false;  // see StartGradAccumulation
   Recompute recompute_ = Recompute::kNone;
+  int full_layers_ = 0;  // FullRecomputeLayers of recompute_ and the count asked for
   std::vector<size_t> layer_first_param_;  // index into params_ of each layer's first tensor
   Activations* acts_ = nullptr;
   int cur_B_ = 0, cur_T_ = 0;

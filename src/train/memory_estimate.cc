@@ -28,8 +28,9 @@ MemoryEstimate EstimateRunMemory(const TrainConfig& cfg) {
   e.moments = 2 * (zero ? (e.params + dp - 1) / dp : e.params) * sizeof(float);
   // The data-parallel reduction receives one bucket from every rank.
   if (dp > 1) e.gradients += static_cast<uint64_t>(cfg.ddp_bucket_size) * dp * sizeof(float);
-  e.activations = GptModel::ActivationBytes(spec, cfg.micro_batch_size, cfg.seq_length,
-                                            cfg.precision, cfg.recompute_granularity);
+  e.activations =
+      GptModel::ActivationBytes(spec, cfg.micro_batch_size, cfg.seq_length, cfg.precision,
+                                cfg.recompute_granularity, cfg.full_recompute_layers());
   // The read-ahead ring, and the loop's own buffers of one micro-batch (the tokens read, the
   // inputs and the targets: Trainer's batch_tokens_, inputs_ and targets_).
   const uint64_t mb_tokens =

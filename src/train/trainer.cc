@@ -25,7 +25,7 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, T
   // The products' precision is the backend's; the model follows it (and keeps 16-bit weights).
   backend_->SetPrecision(cfg_.precision);
   model_ = std::make_unique<GptModel>(backend_, SpecFromConfig(cfg_));
-  model_->set_recompute(cfg_.recompute_granularity);
+  model_->set_recompute(cfg_.recompute_granularity, cfg_.full_recompute_layers());
   ResetLossScaler();
   AdamWConfig oc;
   oc.beta1 = cfg_.adam_beta1;
@@ -105,9 +105,12 @@ void Trainer::InitializeWeights() {
 }
 
 double Trainer::FlopsPerIteration(int64_t global_batch) const {
-  // Full recomputation runs every layer's forward twice: 4 forwards' worth instead of 3, as
-  // Megatron-DeepSpeed counts its TFLOPs with --checkpoint-activations.
-  const double recompute = cfg_.recompute_granularity == Recompute::kFull ? 4.0 / 3.0 : 1.0;
+  // Full recomputation runs the recomputed layers' forward twice: 4 forwards' worth instead of 3
+  // when all are, as Megatron-DeepSpeed counts its TFLOPs with --checkpoint-activations.
+  const GptSpec& spec = model_->spec();
+  const int full =
+      GptModel::FullRecomputeLayers(spec, cfg_.recompute_granularity, cfg_.full_recompute_layers());
+  const double recompute = 1.0 + static_cast<double>(full) / spec.num_layers / 3.0;
   return TrainingFlopsPerToken(model_->spec(), cfg_.seq_length) * recompute *
          static_cast<double>(global_batch) * cfg_.seq_length;
 }

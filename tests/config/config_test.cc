@@ -982,6 +982,50 @@ TEST(ConfigTest, RecomputeGranularityParsesAndIsFreeOnResume) {
   EXPECT_EQ(c.recompute_granularity, Recompute::kFull);
 }
 
+// Megatron-LM's --recompute-method / --recompute-num-layers: block N recomputes the first N
+// layers (FullRecomputeLayers gives the model that count); uniform every layer, a chunk size over 1
+// noted; both only refine full recomputation.
+TEST(ConfigTest, RecomputeMethodAndLayersRefineFullRecomputation) {
+  ParsedConfig p;
+  ASSERT_TRUE(Parse({"--num-layers", "6", "--recompute-granularity", "full", "--recompute-method",
+                     "block", "--recompute-num-layers", "2"},
+                    &p)
+                  .ok());
+  EXPECT_EQ(p.config.recompute_method, RecomputeMethod::kBlock);
+  EXPECT_EQ(p.config.full_recompute_layers(), 2);
+  const GptSpec spec = SpecFromConfig(p.config);
+  EXPECT_EQ(GptModel::FullRecomputeLayers(spec, Recompute::kFull, p.config.full_recompute_layers()),
+            2);
+  ASSERT_TRUE(Parse({"--checkpoint-activations", "--recompute-method", "uniform",
+                     "--recompute-num-layers", "3"},
+                    &p)
+                  .ok());
+  EXPECT_EQ(p.config.full_recompute_layers(), -1);
+  EXPECT_EQ(GptModel::FullRecomputeLayers(SpecFromConfig(p.config), Recompute::kFull, -1), 4);
+  EXPECT_TRUE(HasNote(p, "recomputes one layer at a time"));
+  // Megatron-DeepSpeed's spelling of the chunk size.
+  ASSERT_TRUE(Parse({"--checkpoint-activations", "--checkpoint-num-layers", "1"}, &p).ok());
+  EXPECT_EQ(p.config.recompute_num_layers, 1);
+  const std::vector<Rule> rules = {
+      {{"--recompute-method", "block", "--recompute-num-layers", "2"},
+       {"refine --recompute-granularity full, but it is none", "add --recompute-granularity full"}},
+      {{"--recompute-granularity", "selective", "--recompute-num-layers", "2"},
+       {"but it is selective"}},
+      {{"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+        "5"},
+       {"--recompute-num-layers 5 with --recompute-method block must be from 0 to --num-layers 4"}},
+      {{"--recompute-granularity", "full", "--recompute-num-layers", "0"},
+       {"--recompute-num-layers 0 must be at least 1 with --recompute-method uniform"}},
+      {{"--recompute-granularity", "full", "--recompute-method", "chunks"}, {"uniform,block"}},
+  };
+  for (const Rule& r : rules) {
+    SCOPED_TRACE(testing::PrintToString(r.args));
+    const Status st = Parse(r.args, &p);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+    for (const std::string& want : r.expect) EXPECT_CONTAINS(st.message(), want);
+  }
+}
+
 // Megatron-DeepSpeed's --checkpoint-activations is full recomputation, Megatron-LM's
 // --recompute-activations selective; each noted, and a granularity given beside one must agree.
 TEST(ConfigTest, MegatronRecomputationFlagsAreTheGranularity) {

@@ -132,6 +132,22 @@ TEST(GptMemoryTest, RecomputationAllocatesWhatItCountsAndLess) {
       GptModel::ActivationBytes(Llama(3, true), B, T, Precision::kFp32, Recompute::kNone);
   const uint64_t kept = uint64_t{B} * T * s.hidden * sizeof(float) + B * s.heads * sizeof(float);
   EXPECT_EQ(counted[0] - counted[2], 3 * (one - kept));
+  // --recompute-method block 2: layer 1 shares layer 0's buffers, layers 2 and 3 keep their own.
+  GptModel m(be.get(), s);
+  m.set_recompute(Recompute::kFull, 2);
+  m.Initialize(1, 0.02f);
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) tokens[i] = targets[i] = i % s.vocab;
+  const size_t before = HeapBytes();
+  m.Forward(tokens.data(), targets.data(), B, T, 1.0f);
+  const double allocated = static_cast<double>(HeapBytes() - before);
+  const uint64_t block = GptModel::ActivationBytes(s, B, T, Precision::kFp32, Recompute::kFull, 2);
+  EXPECT_NEAR(allocated, static_cast<double>(block), 0.01 * block + 64 * 1024);
+  EXPECT_EQ(counted[0] - block, one - kept);
+  // And its 16-bit matmul inputs: three layers' slots instead of four (bf16).
+  EXPECT_EQ(GptModel::ActivationBytes(s, B, T, Precision::kBf16, Recompute::kFull, 2) - block,
+            GptModel::ActivationBytes(s, B, T, Precision::kBf16, Recompute::kNone) - counted[0] -
+                uint64_t{B} * T * (3 * s.hidden + s.ffn_hidden) * sizeof(uint16_t));
 }
 
 }  // namespace

@@ -532,10 +532,17 @@ TEST_P(GptModelBackendTest, RecomputationGivesTheSameBits) {
     }
     std::vector<float> want;
     double want_loss = 0, want_logit = 0;
-    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-      SCOPED_TRACE(RecomputeName(r));
+    // Full recomputation of every layer (-1), and of the first 1 or 2 only (--recompute-method
+    // block): the layers after them keep their own buffers.
+    const std::vector<std::pair<Recompute, int>> modes = {{Recompute::kNone, -1},
+                                                          {Recompute::kSelective, -1},
+                                                          {Recompute::kFull, -1},
+                                                          {Recompute::kFull, 1},
+                                                          {Recompute::kFull, 2}};
+    for (const auto& [r, full_layers] : modes) {
+      SCOPED_TRACE(testing::Message() << RecomputeName(r) << " " << full_layers);
       GptModel model(be.get(), run.spec);
-      model.set_recompute(r);
+      model.set_recompute(r, full_layers);
       model.Initialize(3, 0.3f);
       model.StartGradAccumulation();
       run.Run(model);
