@@ -119,6 +119,17 @@ Comparison Check(const std::string& python, const std::string& script, Exported&
   return c;
 }
 
+// How far `script`'s logits on `folder` (e's export made wrong on purpose) are from keel's: the
+// largest difference over the largest |logit|.
+double OffBy(const std::string& python, const std::string& script, Exported& e,
+             const std::string& folder) {
+  const json ref = Reference(python, script, folder, kTokens, kPositions);
+  EXPECT_FALSE(ref.is_null()) << folder;
+  if (ref.is_null()) return 0;
+  return CompareLogits(Logits(e.model.get(), kTokens, kPositions), ref, e.model->spec().vocab)
+      .max_ratio;
+}
+
 TEST(HfArchReferenceTest, LlamaGqaUntiedMatchesIndependentReader) {
   REQUIRE_PYTHON_NUMPY(python);
   Exported e = Export("llama_gqa", LlamaGqaUntied());
@@ -144,11 +155,8 @@ TEST(HfArchReferenceTest, LlamaGqaUntiedMatchesIndependentReader) {
   EXPECT_EQ(t.count("model.layers.0.self_attn.q_proj.bias"), 0u);
   Check(python, "hf_llama_reference.py", e, "llama, GQA 4/2, untied, no biases");
   // The comparison tells RoPE's base apart (a wrong base turns every q and k differently).
-  const json wrong = Reference(python, "hf_llama_reference.py",
-                               AlteredConfig(e.hf, "rope_theta", 20000.0), kTokens, kPositions);
-  ASSERT_FALSE(wrong.is_null());
   const double ratio =
-      CompareLogits(Logits(e.model.get(), kTokens, kPositions), wrong, 300).max_ratio;
+      OffBy(python, "hf_llama_reference.py", e, AlteredConfig(e.hf, "rope_theta", 20000.0));
   EXPECT_GT(ratio, kTolerance) << "a wrong rope_theta went unnoticed";
   std::printf("[ measured ] with rope_theta 20000 the reference is off by %.3g\n", ratio);
   fs::remove_all(e.base);
@@ -191,12 +199,8 @@ TEST(HfArchReferenceTest, LlamaRopeScalingMatchesIndependentReader) {
                                        {"high_freq_factor", 4.0},
                                        {"original_max_position_embeddings", 64}}));
   Check(python, "hf_llama_reference.py", e, "llama, Llama 3 RoPE scaling x8");
-  const json unscaled =
-      Reference(python, "hf_llama_reference.py", AlteredConfig(e.hf, "rope_scaling", nullptr),
-                kTokens, kPositions);
-  ASSERT_FALSE(unscaled.is_null());
   const double ratio =
-      CompareLogits(Logits(e.model.get(), kTokens, kPositions), unscaled, 300).max_ratio;
+      OffBy(python, "hf_llama_reference.py", e, AlteredConfig(e.hf, "rope_scaling", nullptr));
   EXPECT_GT(ratio, kTolerance) << "the Llama 3 scaling went unnoticed";
   std::printf("[ measured ] without rope_scaling the reference is off by %.3g\n", ratio);
   fs::remove_all(e.base);
@@ -244,10 +248,7 @@ TEST(HfArchReferenceTest, BloomMatchesIndependentReader) {
   fs::create_directories(wrong);
   fs::copy_file(e.hf + "/config.json", wrong + "/config.json");
   ASSERT_TRUE(WriteSafetensors(Env::Default(), wrong + "/model.safetensors", views, {}).ok());
-  const json ref = Reference(python, "hf_bloom_reference.py", wrong, kTokens, kPositions);
-  ASSERT_FALSE(ref.is_null());
-  const double ratio =
-      CompareLogits(Logits(e.model.get(), kTokens, kPositions), ref, 300).max_ratio;
+  const double ratio = OffBy(python, "hf_bloom_reference.py", e, wrong);
   EXPECT_GT(ratio, kTolerance) << "keel's QKV row order went unnoticed";
   std::printf("[ measured ] with keel's [q | k | v] rows the reference is off by %.3g\n", ratio);
   fs::remove_all(e.base);
