@@ -123,7 +123,9 @@ Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
       (s.kv_heads > 0 && s.heads % s.kv_heads != 0) || (s.rope && s.alibi) ||
       (s.rope && !(s.rotary_percent > 0 && s.rotary_percent <= 1 && s.rotary_base >= 1 &&
                    s.RotaryDim() >= 2)) ||
-      !(s.rope_linear_factor >= 1) ||
+      // one scaling at a time, linear by a whole factor (--rotary-seq-len-interpolation-factor)
+      !(s.rope_linear_factor >= 1 && s.rope_linear_factor == std::floor(s.rope_linear_factor)) ||
+      (s.rope_llama3 && s.rope_linear_factor != 1) ||
       (s.rope_llama3 &&
        !(s.rope_llama3_factor >= 1 && s.rope_low_freq_factor > 0 &&
          s.rope_high_freq_factor > s.rope_low_freq_factor && s.rope_original_max_positions > 0)))

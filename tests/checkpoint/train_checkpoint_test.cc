@@ -413,6 +413,17 @@ TEST(TrainCheckpointTest, MalformedCheckpointJsonNamesTheFileTheKeyAndTheFix) {
        "key 'model.hidden' must be an integer, but is the number 32.5"},
       {[](nlohmann::json& s) { s["model"]["num_layers"] = 0; },
        "key 'model' describes no model keel can build"},
+      // RoPE scaling edited by hand: a fractional linear factor, or both kinds at once.
+      {[](nlohmann::json& s) { s["model"]["rope_linear_factor"] = 2.5; },
+       "key 'model' describes no model keel can build"},
+      {[](nlohmann::json& s) {
+         s["model"]["rope_linear_factor"] = 2;
+         s["model"]["rope_llama3"] = {{"factor", 8.0},
+                                      {"low_freq_factor", 1.0},
+                                      {"high_freq_factor", 4.0},
+                                      {"original_max_positions", 8192}};
+       },
+       "key 'model' describes no model keel can build"},
       {[](nlohmann::json& s) { s["model"]["num_layers"] = 1 << 30; },
        "bytes of weights) but model.safetensors holds"},  // refused before it is allocated
       {[](nlohmann::json& s) { s["guard"] = 7; }, "key 'guard' must be an object (or null)"},
