@@ -129,8 +129,33 @@ class MemEnv : public Env {
   }
   uint64_t NowMicros() override { return now_ += 1000; }
   void SleepForMicros(uint64_t micros) override { now_ += micros; }
+  // As flock: one holder at a time, the file holds the holder's description, emptied on release.
+  Status LockFile(const std::string& path, const std::string& me, std::unique_ptr<FileLock>* lock,
+                  std::string* previous) override {
+    lock->reset();
+    auto& file = files_[path];
+    if (!file) file = std::make_shared<std::string>();
+    *previous = *file;
+    if (locked_.count(path)) return Status::OK();
+    *file = me;
+    locked_.insert(path);
+    *lock = std::make_unique<Lock>(this, path);
+    return Status::OK();
+  }
 
  private:
+  class Lock : public FileLock {
+   public:
+    Lock(MemEnv* env, std::string path) : env_(env), path_(std::move(path)) {}
+    ~Lock() override {
+      env_->locked_.erase(path_);
+      if (auto it = env_->files_.find(path_); it != env_->files_.end()) it->second->clear();
+    }
+
+   private:
+    MemEnv* env_;
+    std::string path_;
+  };
   class Region : public ReadOnlyRegion {
    public:
     explicit Region(const std::string& s) : bytes_(new char[s.size()]), size_(s.size()) {
@@ -175,6 +200,7 @@ class MemEnv : public Env {
 
   std::map<std::string, std::shared_ptr<std::string>> files_;
   std::set<std::string> dirs_;
+  std::set<std::string> locked_;  // paths a Lock holds
   uint64_t now_ = 0;
 };
 

@@ -153,7 +153,7 @@ void RecordingCommunicator::AllGatherBytes(const std::string& mine, std::vector<
   }
   // The header travels with the payload: the check costs no extra collective. A host reduction
   // sends the same size from every rank; a plain gather (file lists, host names) need not.
-  const bool same_size = host_kind_ != nullptr;
+  const bool same_size = host_kind_ != nullptr && host_same_size_;
   const std::string header = MakeHeader(kind, same_size ? mine.size() : 0);
   Recorded rec(&recorder_, kind, mine.size(), same_size);
   std::vector<std::string> raw;
@@ -180,9 +180,13 @@ void RecordingCommunicator::AllReduceMaxHost(double* data, size_t n) {
 }
 
 Status RecordingCommunicator::AgreeOnStatus(const Status& st) {
+  // An error's message travels with the status, so the ranks send different sizes: only the
+  // kind enters the check, or a rank's error would be reported as the ranks being out of step.
   host_kind_ = "agree-on-status";
+  host_same_size_ = false;
   Status out = Communicator::AgreeOnStatus(st);
   host_kind_ = nullptr;
+  host_same_size_ = true;
   return out;
 }
 

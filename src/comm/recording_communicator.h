@@ -66,6 +66,7 @@ class RecordingCommunicator : public Communicator {
   CollectiveRecorder recorder_;
   bool check_every_ = false;
   const char* host_kind_ = nullptr;  // set while a named host collective runs on AllGatherBytes
+  bool host_same_size_ = true;       // whether every rank sends the same size in that collective
   std::function<void(const std::string&)> on_out_of_step_;
   std::function<bool(const std::string&)> skip_;
 };

@@ -31,6 +31,13 @@ class ReadOnlyRegion {
   virtual size_t size() const = 0;
 };
 
+// An advisory lock on a file (flock), held until this object goes. The kernel drops it when its
+// process ends, however it ends, so a lock never outlives a crashed holder.
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+
 // Memory this process can still allocate, and where that figure comes from.
 struct MemoryAvailable {
   uint64_t bytes = 0;
@@ -76,6 +83,14 @@ class Env {
   // its cgroup (memory.max; memory.limit_in_bytes in cgroup v1) leaves when that is less. NotFound
   // where neither can be read. Tests substitute a figure.
   virtual Status AvailableMemory(MemoryAvailable* out);
+
+  // Takes an exclusive advisory lock on `path` (created if missing) without waiting. `*previous`
+  // gets what the file held: the holder's description when another process holds the lock (then
+  // `*lock` is null and the status OK), else what a holder that ended without releasing left
+  // (empty after a clean release). Once taken, the file holds `me` until the lock is released,
+  // when it is emptied.
+  virtual Status LockFile(const std::string& path, const std::string& me,
+                          std::unique_ptr<FileLock>* lock, std::string* previous) = 0;
 };
 
 // AvailableMemory computed from the files it reads through `read` (false: unreadable).

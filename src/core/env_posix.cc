@@ -1,6 +1,7 @@
 // The default Env: POSIX files, mmap, and the monotonic clock.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -149,6 +150,19 @@ class MmapRegion : public ReadOnlyRegion {
   size_t size_;
 };
 
+// Emptied on release, so the next holder can tell a clean release from a holder that died.
+class PosixFileLock : public FileLock {
+ public:
+  explicit PosixFileLock(int fd) : fd_(fd) {}
+  ~PosixFileLock() override {
+    (void)::ftruncate(fd_, 0);
+    ::close(fd_);  // releases the flock
+  }
+
+ private:
+  int fd_;
+};
+
 class PosixEnv : public Env {
  public:
   Status NewWritableFile(const std::string& path, std::unique_ptr<WritableFile>* out) override {
@@ -294,6 +308,32 @@ class PosixEnv : public Env {
   }
   void SleepForMicros(uint64_t micros) override {
     std::this_thread::sleep_for(std::chrono::microseconds(micros));
+  }
+  Status LockFile(const std::string& path, const std::string& me, std::unique_ptr<FileLock>* lock,
+                  std::string* previous) override {
+    lock->reset();
+    previous->clear();
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return PosixError("cannot open the lock file", path, errno);
+    const bool held_elsewhere = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
+    const int lock_err = errno;
+    char buf[4096];  // a holder's description is one short line
+    const ssize_t n = ::pread(fd, buf, sizeof(buf), 0);
+    if (n > 0) previous->assign(buf, static_cast<size_t>(n));
+    if (held_elsewhere) {
+      ::close(fd);
+      if (lock_err == EWOULDBLOCK) return Status::OK();
+      return PosixError("cannot lock", path, lock_err);
+    }
+    if (::ftruncate(fd, 0) != 0 ||
+        ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+      const int err = errno;
+      ::close(fd);
+      return PosixError("cannot write the lock file", path, err);
+    }
+    (void)::fsync(fd);
+    *lock = std::make_unique<PosixFileLock>(fd);
+    return Status::OK();
   }
 
  private:

@@ -65,6 +65,10 @@ class FaultInjectionEnv : public Env {
   int64_t NowUnixMicros() override { return base_->NowUnixMicros(); }
   void SleepForMicros(uint64_t micros) override { base_->SleepForMicros(micros); }
   Status AvailableMemory(MemoryAvailable* out) override { return base_->AvailableMemory(out); }
+  Status LockFile(const std::string& path, const std::string& me, std::unique_ptr<FileLock>* lock,
+                  std::string* previous) override {
+    return base_->LockFile(path, me, lock, previous);
+  }
 
  private:
   friend class FaultInjectionFile;

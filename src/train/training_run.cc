@@ -18,6 +18,7 @@
 #include "model/flops.h"
 #include "model/generate.h"
 #include "train/memory_estimate.h"
+#include "train/rank_agreement.h"
 
 namespace keel {
 
@@ -91,8 +92,16 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   // Defaults that depend on the data-parallel size and the vocabulary (global batch, padded
   // vocab) are derived once both are known, from the config as the user gave it.
   r.cfg_.data_parallel_size = r.comm_->world_size();
-  // The run directory is checked before any work, so a long run never fails at its end.
+  // The ranks run one job (the same settings, one directory, no other job in it), and the run
+  // directory is checked before any work, so a long run never fails at its end.
+  KEEL_RETURN_IF_ERROR(AgreeOnConfig(r.comm_, r.cfg_));
   KEEL_RETURN_IF_ERROR(r.comm_->AgreeOnStatus(r.PrepareRunDirectory()));
+  if (!r.cfg_.save.empty()) {
+    std::vector<std::string> lock_notes;
+    KEEL_RETURN_IF_ERROR(
+        RunDirectoryLock::Acquire(r.env_, r.comm_, r.cfg_.save, &r.dir_lock_, &lock_notes));
+    for (const std::string& n : lock_notes) Log("note: {}", n);
+  }
   KEEL_RETURN_IF_ERROR(r.OpenRankLog());
   // Every rank takes the same decision (one of them may see the file appear first).
   double kill_switch =

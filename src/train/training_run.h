@@ -28,6 +28,7 @@
 #include "metrics/run_metrics.h"
 #include "train/checkpoint_controller.h"
 #include "train/guard_controller.h"
+#include "train/rank_agreement.h"
 #include "train/run_health.h"
 #include "train/test_hooks.h"
 #include "train/trainer.h"
@@ -112,6 +113,8 @@ class TrainingRun {
   int64_t start_iteration_ = 0;  // the iteration Train started from
   bool data_error_ = false;      // CheckTokens threw: a sample held a token outside the vocabulary
 
+  // One run per --save directory: released after every member below that writes into it.
+  std::unique_ptr<RunDirectoryLock> dir_lock_;
   std::unique_ptr<WritableFile> rank_log_;  // data parallel: SAVE/logs/rank-NNN.log
   std::unique_ptr<TrainData> data_;
   std::string prefix_;  // the dataset whose tokenizer is the run's

@@ -137,6 +137,37 @@ TEST(RecordingCommunicatorTest, GathersOfDifferentSizesAreInStep) {
   EXPECT_EQ(comm.recorder().digest().hash, other.recorder().digest().hash);
 }
 
+// One rank's error, with a message of any length, reaches every rank as that error: it is not
+// mistaken for the ranks being out of step (the message makes that rank's payload longer).
+TEST(RecordingCommunicatorTest, AnErrorOnOneRankKeepsItsCodeAndMessage) {
+  // What rank 1 sends: recorded from a communicator of its own that fails with a long message.
+  FakeComm rank1_inner(3);
+  std::string rank1_bytes;
+  rank1_inner.other = [&](int r, const std::string& mine) {
+    if (r == 1) rank1_bytes = mine;
+    return mine;
+  };
+  RecordingCommunicator rank1(&rank1_inner, Env::Default());
+  const std::string message(300, 'x');
+  EXPECT_FALSE(rank1.AgreeOnStatus(Status::InvalidArgument(message)).ok());
+  ASSERT_FALSE(rank1_bytes.empty());
+
+  FakeComm fake(3);
+  RecordingCommunicator comm(&fake, Env::Default());
+  std::string report;
+  comm.set_on_out_of_step([&](const std::string& r) { report = r; });
+  fake.other = [&](int r, const std::string& mine) { return r == 1 ? rank1_bytes : mine; };
+  Status st;
+  try {
+    st = comm.AgreeOnStatus(Status::OK());
+  } catch (const Aborted& a) {
+    FAIL() << "aborted with " << a.code << ": " << report;
+  }
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), "rank 1: " + message);
+  EXPECT_TRUE(report.empty()) << report;
+}
+
 TEST(RecordingCommunicatorTest, CheckEveryAgreesBeforeGradientCollectives) {
   FakeComm fake(3);
   RecordingCommunicator comm(&fake, Env::Default());
