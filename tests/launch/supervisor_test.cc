@@ -496,6 +496,7 @@ TEST_F(SupervisorTest, TheStallBackstopAsksTheRanksToSaveFirst) {
   LaunchOptions o = Options("");
   o.stall_minutes = 1;
   o.max_restarts = 0;
+  o.term_grace_seconds = 120;
   Supervisor s(o, &env, &job, nullptr);
   LaunchResult r;
   ASSERT_TRUE(s.Run(&r).ok());
