@@ -329,6 +329,8 @@ TEST_F(LaunchCliTest, SigtermToLaunchLetsEveryMpiRankSaveAndExitsZero) {
   EXPECT_EQ(code, 0) << out;
   // Rank 0 speaks for the job; mpirun's exit 0 says every rank exited 0 after the save.
   EXPECT_EQ(Count(out, "saving and exiting"), 1u) << out;
+  for (const char* log : {"/logs/rank-000.log", "/logs/rank-001.log"})
+    EXPECT_NE(ReadText(run_ + log).find("saving and exiting"), std::string::npos) << log;
   EXPECT_NE(out.find("SIGTERM to the keel train ranks on this host"), std::string::npos) << out;
   EXPECT_NE(out.find("SIGUSR1 to mpirun/srun"), std::string::npos) << out;
   std::vector<std::string> iters;
