@@ -35,7 +35,12 @@ The child's exit code decides (keel's codes):
   4                 the watchdog ended a hung job                           -> restart
   any other, or killed by a signal                                          -> restart
 Budget spent: launch gives up and exits with the last child's code (1 for a signal).
-SIGTERM or SIGINT to launch: SIGTERM to the child's process group, wait, no restart.
+SIGTERM, SIGINT or SIGUSR1 to launch: the job is asked to save and exit (SIGTERM to each keel
+train rank on this host, SIGUSR1 to mpirun or srun, which pass it on to every rank without
+killing any), no restart, exit 0 after a clean save; whatever still runs after
+--term-grace-seconds gets SIGTERM, then SIGKILL, and launch exits non-zero.
+Without launch, stop a job with `kill -USR1 <mpirun pid>` (SIGTERM to mpirun kills the ranks
+1 s after passing it on, in their save); in Slurm, `#SBATCH --signal=USR1@180`.
 
 examples:
   keel launch --max-restarts 5 -- mpirun -np 8 keel train --save runs/x ...
@@ -91,7 +96,8 @@ int LaunchCommand(int argc, const char* const* argv) {
                  "the longest wait before a restart (default 600)")
       ->check(kNonNegative);
   app.add_option("--term-grace-seconds", o.term_grace_seconds,
-                 "after SIGTERM to the job, how long until SIGKILL (default 120)")
+                 "after the job is asked to save and exit, how long until it is ended (SIGTERM, "
+                 "SIGKILL 5 s later); give more than the longest save (default 120)")
       ->check(kNonNegative);
   app.add_option("--stall-minutes", o.stall_minutes,
                  "restart a job whose SAVE/metrics.jsonl has not changed this long (default 0: "
@@ -138,9 +144,10 @@ int LaunchCommand(int argc, const char* const* argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);  // Slurm's --signal=B:USR1@N, sent ahead of the time limit
   signal(SIGPIPE, SIG_IGN);  // a log reader gone (`| tee` ended) must not end the supervisor
   Log("keel {} - launch", KEEL_VERSION);
-  std::unique_ptr<ChildProcess> child = NewPosixChildProcess();
+  std::unique_ptr<ChildProcess> child = NewPosixChildProcess(o.term_grace_seconds);
   Supervisor supervisor(o, Env::Default(), child.get(), [] { return static_cast<int>(g_signal); });
   LaunchResult result;
   const Status st = supervisor.Run(&result);

@@ -102,6 +102,7 @@ struct Supervisor::Attempt {
   uint64_t progress_us = 0;   // when metrics.jsonl last changed (or the attempt started)
   bool stalled = false;       // launch ended it: no progress
   int stopped_by = 0;         // launch ended it: this signal came to launch
+  bool escalated = false;     // it outlived --term-grace-seconds and was killed
 };
 
 Supervisor::Supervisor(LaunchOptions options, Env* env, ChildProcess* child,
@@ -167,38 +168,50 @@ void Supervisor::Stop(LaunchEnd end, int code, nlohmann::json event, const std::
 
 ChildExit Supervisor::Watch(Attempt* a) {
   const std::string metrics = JoinPath(opt_.save_dir, kMetricsFile);
-  uint64_t term_sent_us = 0;
+  uint64_t stop_sent_us = 0, term_sent_us = 0;
   bool killed = false;
+  const double kill_delay = std::min(5.0, opt_.term_grace_seconds);
   ChildExit exit;
   while (!child_->Poll(&exit)) {
     const uint64_t now = env_->NowMicros();
     const int sig = pending_signal_ ? pending_signal_() : 0;
-    if (sig != 0 && term_sent_us == 0) {
+    if (sig != 0 && stop_sent_us == 0) {
       a->stopped_by = sig;
-      Log("launch: received {}: sending SIGTERM to the job (process group {}) so it saves a "
-          "checkpoint and exits; no restart",
-          SignalName(sig), pid_);
-      child_->SignalGroup(SIGTERM);
-      term_sent_us = now;
+      const std::string said = AskJobToStop(child_);
+      Log("launch: received {}: asking the job to save a checkpoint and exit: {}; no restart; "
+          "what is left after --term-grace-seconds {} is ended",
+          SignalName(sig), said, opt_.term_grace_seconds);
+      stop_sent_us = now;
     }
     uint64_t size = 0;
     if (!env_->FileExists(metrics) || !env_->GetFileSize(metrics, &size).ok()) size = 0;
     if (size != a->metrics_size) {  // grown, or replaced by a rewind: either is progress
       a->metrics_size = size;
       a->progress_us = now;
-    } else if (opt_.stall_minutes > 0 && term_sent_us == 0 &&
+    } else if (opt_.stall_minutes > 0 && stop_sent_us == 0 &&
                now - a->progress_us >= opt_.stall_minutes * 60e6) {
       a->stalled = true;
-      Log("launch: {} has not changed for {} minutes: ending the job (SIGTERM to process group "
-          "{}, SIGKILL after {} s), then restarting it",
-          metrics, opt_.stall_minutes, pid_, opt_.term_grace_seconds);
+      // Ranks that still answer save what they have; hung ones are ended after the grace.
+      const std::string said = AskJobToStop(child_);
+      Log("launch: {} has not changed for {} minutes: asking the job to save and exit ({}), "
+          "ending it after --term-grace-seconds {}, then restarting it",
+          metrics, opt_.stall_minutes, said, opt_.term_grace_seconds);
+      stop_sent_us = now;
+    }
+    if (stop_sent_us != 0 && term_sent_us == 0 &&
+        now - stop_sent_us >= opt_.term_grace_seconds * 1e6) {
+      a->escalated = true;
+      Log("launch: the job did not exit within --term-grace-seconds {} of the request to save "
+          "and exit: sending SIGTERM to all its processes (process group {} and its ranks), "
+          "SIGKILL after {} s",
+          opt_.term_grace_seconds, pid_, kill_delay);
       child_->SignalGroup(SIGTERM);
       term_sent_us = now;
     }
-    if (term_sent_us != 0 && !killed && now - term_sent_us >= opt_.term_grace_seconds * 1e6) {
-      Log("launch: the job did not exit within {} s of SIGTERM: sending SIGKILL to process group "
-          "{}",
-          opt_.term_grace_seconds, pid_);
+    if (term_sent_us != 0 && !killed && now - term_sent_us >= kill_delay * 1e6) {
+      Log("launch: the job is still running {} s after SIGTERM: sending SIGKILL to all its "
+          "processes",
+          kill_delay);
       child_->SignalGroup(SIGKILL);
       killed = true;
     }
@@ -236,6 +249,23 @@ bool Supervisor::Backoff(double seconds, const ChildExit& last, LaunchResult* re
 
 bool Supervisor::EndsWithoutRestart(const Attempt& a, const ChildExit& exit, LaunchResult* result) {
   const std::string how = DescribeExit(exit);
+  if (a.stopped_by != 0 && a.escalated) {
+    // Killed: whatever it exited with, its save may not have been made.
+    const int code = ExitCodeOf(exit) != 0 ? ExitCodeOf(exit) : 1;
+    Stop(LaunchEnd::kStopped, code,
+         {{"event", "launch_stop"},
+          {"reason", SignalName(a.stopped_by)},
+          {"child", how},
+          {"term_grace_seconds", opt_.term_grace_seconds}},
+         fmt::format("launch: stopped by {}: attempt {} did not save and exit within "
+                     "--term-grace-seconds {} and was killed ({}); its newest checkpoint is {}; "
+                     "give a longer --term-grace-seconds if its save takes longer; not "
+                     "restarting",
+                     SignalName(a.stopped_by), a.number, opt_.term_grace_seconds, how,
+                     CheckpointText(ReadCheckpointMarker(env_, opt_.save_dir))),
+         result);
+    return true;
+  }
   if (a.stopped_by != 0) {
     Stop(LaunchEnd::kStopped, ExitCodeOf(exit),
          {{"event", "launch_stop"}, {"reason", SignalName(a.stopped_by)}, {"child", how}},

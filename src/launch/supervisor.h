@@ -43,8 +43,11 @@ struct LaunchOptions {
   double max_hours = 0;  // total wall time after which no restart is begun (0: no limit)
   double backoff_seconds = 30;
   double max_backoff_seconds = 600;
-  double term_grace_seconds = 120;  // after SIGTERM to the child's group, until SIGKILL
-  double stall_minutes = 0;         // metrics.jsonl unchanged this long: kill, restart (0: off)
+  // After the job is asked to save and exit (a signal to launch, the stall backstop), how long
+  // until all its processes get SIGTERM, then SIGKILL 5 s later (or
+  // after the grace, when it is shorter).
+  double term_grace_seconds = 120;
+  double stall_minutes = 0;  // metrics.jsonl unchanged this long: kill, restart (0: off)
   double status_interval_seconds = 10;
   double poll_seconds = 0.1;  // how often the child is looked at
 };
@@ -78,7 +81,8 @@ struct LaunchResult {
 
 class Supervisor {
  public:
-  // `pending_signal` returns the stop signal this process received (SIGTERM, SIGINT) or 0.
+  // `pending_signal` returns the stop signal this process received (SIGTERM, SIGINT,
+  // SIGUSR1) or 0.
   Supervisor(LaunchOptions options, Env* env, ChildProcess* child,
              std::function<int()> pending_signal);
 

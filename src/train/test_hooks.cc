@@ -19,7 +19,7 @@ Status BadFaults(const std::string& text, const std::string& why) {
   return Status::InvalidArgument(
       "KEEL_TRAIN_FAULTS=" + text + ": " + why +
       "; expected comma-separated poison=A-B, nan-grad=A-B, overflow=A-B (iteration ranges), "
-      "lr=A-B*X (X times the LR over a range), "
+      "lr=A-B*X (X times the LR over a range), save-delay=S (seconds), "
       "hang=N, kill=N, "
       "bitflip=N, skip-collective=N, corrupt=N (iterations), slow=F (a fraction), each optionally "
       "followed "
@@ -62,6 +62,14 @@ Status ParseFaultItem(const std::string& text, const std::string& item, const st
         !ParseIterationRanges({value.substr(0, star)}, &r).ok())
       return BadFaults(text, "'" + item + "' is not lr=A-B*X with a positive factor X");
     out->lr.push_back({{r[0].first, r[0].second}, x});
+    return Status::OK();
+  }
+  if (key == "save-delay") {
+    char* end = nullptr;
+    const double d = std::strtod(value.c_str(), &end);
+    if (parts.size() != 1 || value.empty() || *end != '\0' || !(d > 0 && d < 3600))
+      return BadFaults(text, "'" + item + "' needs a number of seconds (above 0, below 3600)");
+    out->save_delay_seconds = d;
     return Status::OK();
   }
   RankFault f;
@@ -108,6 +116,21 @@ Status ParseFaultItem(const std::string& text, const std::string& item, const st
   return Status::OK();
 }
 
+// An Env whose checkpoint commits (the rename of .tmp.iter_N into place) first wait: a save
+// that takes seconds without a model that takes minutes to train.
+class SaveDelayEnv : public FaultInjectionEnv {
+ public:
+  SaveDelayEnv(Env* base, double seconds) : FaultInjectionEnv(base), seconds_(seconds) {}
+  Status RenameFile(const std::string& from, const std::string& to) override {
+    if (from.find(".tmp.iter_") != std::string::npos)
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds_));
+    return FaultInjectionEnv::RenameFile(from, to);
+  }
+
+ private:
+  double seconds_;
+};
+
 }  // namespace
 
 Status TestHooks::FromEnvironment(Env* base, TestHooks* out) {
@@ -127,6 +150,13 @@ Status TestHooks::FromEnvironment(Env* base, TestHooks* out) {
       pos = comma + 1;
     }
     Warn("training faults injected (KEEL_TRAIN_FAULTS={}): for testing only", text);
+  }
+  if (out->save_delay_seconds > 0) {
+    if (out->fault_env)
+      return Status::InvalidArgument(
+          "KEEL_TRAIN_FAULTS save-delay= and KEEL_FAULT_INJECTION cannot be armed together; "
+          "arm one of them");
+    out->fault_env = std::make_unique<SaveDelayEnv>(base, out->save_delay_seconds);
   }
   return Status::OK();
 }

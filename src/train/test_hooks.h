@@ -20,6 +20,9 @@
 //       that leaves no trace in the state: what the guard's rerun must tell from data). Any item
 //       may end with :attempt=A: armed only when KEEL_LAUNCH_ATTEMPT is A (keel launch sets it),
 //       so a restarted job does not fail the same way again.
+//   KEEL_TRAIN_FAULTS=save-delay=S
+//       each checkpoint commit (the rename of .tmp.iter_N) waits S seconds first: a save that
+//       takes seconds, for the tests of stopping a job by signal
 //
 // keel warns on stderr whenever one is set. A run receives the parsed hooks (TrainingRun's
 // options), never the environment variables.
@@ -58,7 +61,8 @@ struct TestHooks {
     IterationRange range;
     double factor = 1;
   };
-  std::vector<LrFactor> lr;  // KEEL_TRAIN_FAULTS lr=A-B*X
+  std::vector<LrFactor> lr;       // KEEL_TRAIN_FAULTS lr=A-B*X
+  double save_delay_seconds = 0;  // KEEL_TRAIN_FAULTS save-delay=S (applied through fault_env)
 
   // Reads KEEL_FAULT_INJECTION and KEEL_TRAIN_FAULTS; InvalidArgument for a malformed value.
   static Status FromEnvironment(Env* base, TestHooks* out);

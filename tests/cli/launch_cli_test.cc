@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +38,62 @@ std::vector<json> Events(const std::string& run, const std::string& kind) {
   while (std::getline(in, line))
     if (const json e = json::parse(line); e.value("event", "") == kind) out.push_back(e);
   return out;
+}
+
+// `keel launch ARGS...` started in the background with its output in `out_path` and `env`
+// ("NAME=value") added to its environment.
+pid_t StartLaunch(const std::vector<std::string>& args, const std::string& out_path,
+                  const std::vector<std::string>& env = {}) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+    std::vector<const char*> argv = {KEEL_BINARY, "launch"};
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    argv.push_back(nullptr);
+    execv(KEEL_BINARY, const_cast<char* const*>(argv.data()));
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits up to `seconds` for `pid` to exit; kills it (SIGKILL) and returns -1 when it does not.
+int WaitExit(pid_t pid, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Whether `pid` still runs (a zombie has ended: only its parent's wait is missing).
+bool Alive(int pid) {
+  const std::string stat = ReadText("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
+}
+
+// The number of train records in RUN/metrics.jsonl.
+int TrainRecords(const std::string& run) {
+  std::istringstream in(ReadText(run + "/metrics.jsonl"));
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) n += line.find("\"train\"") != std::string::npos;
+  return n;
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
 }
 
 class LaunchCliTest : public ::testing::Test {
@@ -172,7 +229,9 @@ exit 1
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;
   EXPECT_EQ(ReadText(run_ + "/term"), "saved\n");
   EXPECT_EQ(ReadText(run_ + "/attempts.txt"), "1\n");
-  EXPECT_NE(out.find("launch: received SIGTERM: sending SIGTERM to the job"), std::string::npos)
+  EXPECT_NE(out.find("launch: received SIGTERM: asking the job to save a checkpoint and exit: "
+                     "SIGTERM to the job's process group"),
+            std::string::npos)
       << out;
   EXPECT_NE(ReadText(run_ + "/launch.status").find(" keel launch: stopped | attempt 1"),
             std::string::npos);
@@ -203,6 +262,151 @@ TEST_F(LaunchCliTest, AKeelTrainKilledInsideASaveIsRestartedAndResumes) {
   EXPECT_EQ(ReadText(run_ + "/latest_checkpointed_iteration.txt"), "24\n");  // it finished
   EXPECT_NE(ReadText(run_ + "/launch.status").find("finished | attempt 2 | restarts 1 of 3"),
             std::string::npos);
+}
+
+// Two ranks under mpirun, training until stopped; each checkpoint commit takes 4 s.
+std::vector<std::string> MpiTrainArgs(const std::string& run, const std::string& grace) {
+  return {"--backoff-seconds",
+          "0",
+          "--max-restarts",
+          "0",
+          "--term-grace-seconds",
+          grace,
+          "--",
+          "mpirun",
+          "--allow-run-as-root",
+          "--oversubscribe",
+          "-np",
+          "2",
+          KEEL_BINARY,
+          "train",
+          "--num-layers",
+          "1",
+          "--hidden-size",
+          "32",
+          "--num-attention-heads",
+          "2",
+          "--seq-length",
+          "32",
+          "--micro-batch-size",
+          "2",
+          "--global-batch-size",
+          "4",
+          "--lr-warmup-iters",
+          "1",
+          "--threads",
+          "1",
+          "--sample-tokens",
+          "0",
+          "--log-interval",
+          "1",
+          "--eval-interval",
+          "100000",
+          "--eval-iters",
+          "0",
+          "--save-interval",
+          "100000",
+          "--train-iters",
+          "100000",
+          "--save",
+          run};
+}
+
+// Issue 35: SIGTERM to `keel launch -- mpirun ...` reached mpirun, which passed it on and killed
+// the ranks about 2 s later, in their save: no iter_* and exit 1. Now every rank saves and exits,
+// the checkpoint verifies, and launch exits 0.
+TEST_F(LaunchCliTest, SigtermToLaunchLetsEveryMpiRankSaveAndExitsZero) {
+  const std::string out_path = dir_ + "/out.txt";
+  const pid_t pid =
+      StartLaunch(MpiTrainArgs(run_, "60"), out_path, {"KEEL_TRAIN_FAULTS=save-delay=4"});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (TrainRecords(run_) < 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_GE(TrainRecords(run_), 3) << ReadText(out_path);
+  kill(pid, SIGTERM);
+  const int code = WaitExit(pid, 90);
+  const std::string out = ReadText(out_path);
+  EXPECT_EQ(code, 0) << out;
+  // Rank 0 speaks for the job; mpirun's exit 0 says every rank exited 0 after the save.
+  EXPECT_EQ(Count(out, "saving and exiting"), 1u) << out;
+  for (const char* log : {"/logs/rank-000.log", "/logs/rank-001.log"})
+    EXPECT_NE(ReadText(run_ + log).find("saving and exiting"), std::string::npos) << log;
+  EXPECT_NE(out.find("SIGTERM to the keel train ranks on this host"), std::string::npos) << out;
+  EXPECT_NE(out.find("SIGUSR1 to mpirun/srun"), std::string::npos) << out;
+  std::vector<std::string> iters;
+  for (const auto& e : fs::directory_iterator(run_))
+    if (e.path().filename().string().rfind("iter_", 0) == 0)
+      iters.push_back(e.path().filename().string());
+  ASSERT_EQ(iters.size(), 1u) << out;
+  const keel_test::KeelResult verify = keel_test::RunShell(
+      std::string("timeout 60 ") + KEEL_BINARY + " ckpt verify " + run_ + "/" + iters[0]);
+  EXPECT_EQ(verify.code, 0) << verify.out;
+  const std::vector<json> stops = Events(run_, "launch_stop");
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stops[0]["exit_code"], 0);
+}
+
+// Ranks that do not answer (rank 1 hangs, rank 0 waits for it in a collective) are ended after
+// --term-grace-seconds, and launch says so and exits non-zero.
+TEST_F(LaunchCliTest, RanksThatDoNotStopAreKilledAfterTheGracePeriod) {
+  const std::string out_path = dir_ + "/out.txt";
+  const pid_t pid =
+      StartLaunch(MpiTrainArgs(run_, "3"), out_path, {"KEEL_TRAIN_FAULTS=hang=3:rank=1"});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (TrainRecords(run_) < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_GE(TrainRecords(run_), 2) << ReadText(out_path);
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // past iteration 3: rank 1 hangs
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(pid, SIGTERM);
+  const int code = WaitExit(pid, 60);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string out = ReadText(out_path);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(code, -1) << out;
+  EXPECT_GE(took, 3.0) << out;
+  EXPECT_LT(took, 30.0) << out;
+  EXPECT_NE(out.find("did not exit within --term-grace-seconds 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("did not save and exit within --term-grace-seconds 3 and was killed"),
+            std::string::npos)
+      << out;
+}
+
+// Issue 35: kill -9 of `keel launch` left a grandchild running. Its guardian now ends the job:
+// the child, a grandchild in its process group and one in a session of its own.
+TEST_F(LaunchCliTest, KillNineOfLaunchLeavesNoGrandchildRunning) {
+  const std::string script = Script(R"(
+echo $$ > "$RUN/child.pid"
+sleep 300 & echo $! > "$RUN/grandchild.pid"
+setsid sleep 301 & echo $! > "$RUN/detached.pid"
+touch "$RUN/ready"
+wait
+)");
+  const std::string out_path = dir_ + "/out.txt";
+  const pid_t pid =
+      StartLaunch({"--term-grace-seconds", "2", "--save", run_, "--", "/bin/sh", script}, out_path);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!fs::exists(run_ + "/ready") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(fs::exists(run_ + "/ready")) << ReadText(out_path);
+  std::vector<int> pids;
+  for (const char* f : {"child.pid", "grandchild.pid", "detached.pid"})
+    pids.push_back(std::stoi(ReadText(run_ + "/" + f)));
+  for (int p : pids) ASSERT_TRUE(Alive(p)) << p;
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto any_alive = [&] {
+    for (int p : pids)
+      if (Alive(p)) return true;
+    return false;
+  };
+  while (any_alive() && std::chrono::steady_clock::now() < gone_by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int p : pids) {
+    EXPECT_FALSE(Alive(p)) << p << "\n" << ReadText(out_path);
+    if (Alive(p)) kill(p, SIGKILL);  // leave nothing behind either way
+  }
 }
 
 }  // namespace

@@ -346,6 +346,8 @@ class ScriptedChild : public ChildProcess {
     *exit = exits_.at(starts_.size() - 1);
     return true;
   }
+  JobProcesses FindJob() override { return {}; }
+  void SignalProcess(int, int) override {}
   void SignalGroup(int) override {}
   // Seconds from the end of each attempt to the start of the next.
   std::vector<double> Waits() const {
@@ -408,6 +410,99 @@ TEST_F(SupervisorTest, NoRestartBeginsOnceMaxHoursAreSpent) {
   EXPECT_NE(
       ReadText(run_ + "/CHRONICLE.md").find("--max-hours 2.5 would be spent before a restart"),
       std::string::npos);
+}
+
+// A job as Open MPI runs it: mpirun (pid 10) and two ranks (11, 12), each in a group of its own.
+// It exits 0 `save_s` after a rank is asked to stop (never when negative), and dies of the first
+// SIGKILL; every signal is recorded.
+class MpiJob : public ChildProcess {
+ public:
+  MpiJob(FakeClockEnv* env, double save_s) : env_(env), save_s_(save_s) {}
+  Status Start(const std::vector<std::string>&, const std::vector<std::string>&,
+               int* pid) override {
+    *pid = 10;
+    return Status::OK();
+  }
+  bool Poll(ChildExit* exit) override {
+    if (killed_) {
+      *exit = ChildExit{true, 0, SIGKILL};
+      return true;
+    }
+    if (asked_us_ > 0 && save_s_ >= 0 && env_->NowMicros() >= asked_us_ + save_s_ * 1e6) {
+      *exit = ChildExit{};
+      return true;
+    }
+    return false;
+  }
+  JobProcesses FindJob() override { return {{11, 12}, {10}, {10, 11, 12}}; }
+  void SignalProcess(int pid, int sig) override {
+    sent.push_back(std::to_string(pid) + " " + SignalName(sig));
+    if (pid != 10 && asked_us_ == 0) asked_us_ = env_->NowMicros();
+  }
+  void SignalGroup(int sig) override {
+    sent.push_back("all " + SignalName(sig) + " at " +
+                   std::to_string((env_->NowMicros() - asked_us_) / 1000000));
+    killed_ = killed_ || sig == SIGKILL;
+  }
+  std::vector<std::string> sent;
+
+ private:
+  FakeClockEnv* env_;
+  double save_s_;
+  uint64_t asked_us_ = 0;
+  bool killed_ = false;
+};
+
+// Issue 35: a signal to launch went to mpirun's process group, and mpirun killed the ranks in
+// their save. The ranks are asked themselves, mpirun only with SIGUSR1 (which it passes on and
+// does not kill for), and a save that takes 30 s of a 120 s grace ends launch with 0.
+TEST_F(SupervisorTest, ASignalAsksTheRanksToSaveAndNeverSignalsMpirunWithSigterm) {
+  FakeClockEnv env;
+  MpiJob job(&env, 30);
+  LaunchOptions o = Options("");
+  o.term_grace_seconds = 120;
+  Supervisor s(o, &env, &job, [&] { return SIGTERM; });
+  LaunchResult r;
+  ASSERT_TRUE(s.Run(&r).ok());
+  EXPECT_EQ(r.end, LaunchEnd::kStopped);
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(job.sent, (std::vector<std::string>{"11 SIGTERM", "12 SIGTERM", "10 SIGUSR1"}));
+}
+
+TEST_F(SupervisorTest, AJobThatOutlivesTheGraceIsKilledAndLaunchExitsNonZero) {
+  FakeClockEnv env;
+  MpiJob job(&env, -1);
+  LaunchOptions o = Options("");
+  o.term_grace_seconds = 60;
+  Supervisor s(o, &env, &job, [&] { return SIGTERM; });
+  LaunchResult r;
+  ASSERT_TRUE(s.Run(&r).ok());
+  EXPECT_EQ(r.end, LaunchEnd::kStopped);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(job.sent, (std::vector<std::string>{"11 SIGTERM", "12 SIGTERM", "10 SIGUSR1",
+                                                "all SIGTERM at 60", "all SIGKILL at 65"}));
+  const std::vector<json> stops = Events(run_, "launch_stop");
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stops[0]["term_grace_seconds"], 60.0);
+  EXPECT_NE(ReadText(run_ + "/CHRONICLE.md")
+                .find("did not save and exit within --term-grace-seconds 60 and was killed"),
+            std::string::npos);
+}
+
+// The stall backstop asks the same way: ranks that still answer save before the restart.
+TEST_F(SupervisorTest, TheStallBackstopAsksTheRanksToSaveFirst) {
+  FakeClockEnv env;
+  MpiJob job(&env, 10);
+  LaunchOptions o = Options("");
+  o.stall_minutes = 1;
+  o.max_restarts = 0;
+  o.term_grace_seconds = 120;
+  Supervisor s(o, &env, &job, nullptr);
+  LaunchResult r;
+  ASSERT_TRUE(s.Run(&r).ok());
+  EXPECT_EQ(r.end, LaunchEnd::kGaveUp);
+  EXPECT_EQ(job.sent, (std::vector<std::string>{"11 SIGTERM", "12 SIGTERM", "10 SIGUSR1",
+                                                "all SIGKILL at 10"}));  // before a restart
 }
 
 TEST(SupervisorTableTest, ExitCodesDecideRestarts) {
