@@ -16,6 +16,7 @@
 
 #include "cli/commands.h"
 #include "cli/exit_code.h"
+#include "cli/usage_exit.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "metrics/event_command.h"
@@ -265,7 +266,7 @@ int LogsCommand(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return UsageExit(app, e);
   }
   const bool watching = watch->parsed();
   const std::string bad = CheckDetectorOptions(watching ? wopt.analysis : opt);
