@@ -228,7 +228,7 @@ std::string CrashLoopLog(int restarts) {
 // `--on-event 'sleep 8'` took a machine from 80 to 1,579 processes). Now at most
 // --max-running-hooks commands run at once, --max-queued-hooks wait, the rest are not run and
 // counted in the journal. Each hook writes its start and end; the most running at once is read
-// from them. Bounded: the hooks sleep 2 s, the watch ends after 7 quiet seconds.
+// from them. Bounded: the hooks sleep 2 s, the watch ends after 8 quiet seconds.
 TEST(LogsWatchCliTest, OnEventCommandsAreCappedAndTheDroppedJournaled) {
   const std::string dir = keel_test::FreshTempDir("logs_watch_hooks");
   std::ofstream(dir + "/log.txt") << CrashLoopLog(30);
@@ -237,7 +237,7 @@ TEST(LogsWatchCliTest, OnEventCommandsAreCappedAndTheDroppedJournaled) {
                                   << "/hooks.txt\n";
   auto r = RunKeelShell("", fmt::format("logs watch {0}/log.txt --out {0}/w --on-event 'sh "
                                         "{0}/hook.sh' --max-running-hooks 2 --max-queued-hooks 3 "
-                                        "--poll-seconds 0.1 --until-idle 7",
+                                        "--poll-seconds 0.1 --until-idle 8",
                                         dir));
   ASSERT_EQ(r.code, 0) << r.out;
   // The commands outlive the watcher: wait for the last one to end.
