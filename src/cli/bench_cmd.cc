@@ -11,6 +11,7 @@
 #include "backend/profiling_backend.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
+#include "cli/usage_exit.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/log.h"
@@ -153,7 +154,7 @@ int BenchCommand(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return UsageExit(app, e);
   }
   if (Status st = ValidateThreads(threads); !st.ok()) return Fail(st);
   if (checkpoint) return BenchCheckpoint(ckpt_dir, repeats, threads);

@@ -17,6 +17,7 @@
 #include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
+#include "cli/usage_exit.h"
 #include "config/config.h"
 #include "core/json_reader.h"
 #include "core/log.h"
@@ -514,7 +515,7 @@ int CkptCommand(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return UsageExit(app, e);
   }
   if (list->parsed()) return List(path, verify);
   if (inspect->parsed()) return Inspect(path, names, tensors);

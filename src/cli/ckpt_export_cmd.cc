@@ -9,6 +9,7 @@
 #include "checkpoint/hf_export.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
+#include "cli/usage_exit.h"
 #include "core/log.h"
 
 namespace keel::cli {
@@ -29,8 +30,7 @@ int CkptExportCommand(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);  // prints help, or the error with a hint
-    return rc == 0 ? 0 : 2;
+    return UsageExit(app, e);
   }
   HfExportReport report;
   Status st = ExportHf(

@@ -9,6 +9,7 @@
 #include "checkpoint/hf_import.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
+#include "cli/usage_exit.h"
 #include "core/log.h"
 
 namespace keel::cli {
@@ -35,8 +36,7 @@ int CkptImportCommand(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);  // prints help, or the error with a hint
-    return rc == 0 ? 0 : 2;
+    return UsageExit(app, e);
   }
   HfImportReport r;
   Status st = ImportHf(

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/exit_code.h"
+#include "cli/usage_exit.h"
 #include "core/log.h"
 #include "data/dataset_check.h"
 #include "data/default_corpus.h"
@@ -107,7 +108,7 @@ int DataCommand(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return UsageExit(app, e);
   }
   if (inspect->parsed() || verify->parsed()) {
     std::unique_ptr<IndexedDataset> data;

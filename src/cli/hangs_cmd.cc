@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/exit_code.h"
+#include "cli/usage_exit.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "watchdog/hang_analysis.h"
@@ -28,7 +29,7 @@ int HangsCommand(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return UsageExit(app, e);
   }
   std::vector<HangDump> dumps;
   const Status st = ReadHangDumps(Env::Default(), dir, &dumps);

@@ -16,6 +16,7 @@
 
 #include "cli/commands.h"
 #include "cli/exit_code.h"
+#include "cli/usage_exit.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "metrics/event_command.h"
@@ -120,6 +121,13 @@ int Watch(LogWatchOptions opt, bool from_start, bool from_end, const std::string
     LogError(
         "error: --poll-seconds and --on-event-timeout must be > 0 and --until-idle >= 0 "
         "(0: until SIGINT or SIGTERM)");
+    return 2;
+  }
+  if (opt.max_running_hooks < 1 || opt.max_queued_hooks < 0) {
+    LogError(fmt::format(
+        "error: --max-running-hooks {} must be at least 1 and --max-queued-hooks {} at least 0 "
+        "(0: an entry that finds every command slot taken runs none)",
+        opt.max_running_hooks, opt.max_queued_hooks));
     return 2;
   }
   if (from_start && from_end) {
@@ -248,7 +256,18 @@ int LogsCommand(int argc, const char* const* argv) {
                     "shell command run for every journal entry, with KEEL_EVENT, "
                     "KEEL_EVENT_KIND, KEEL_EVENT_OPEN, KEEL_EVENT_START, KEEL_EVENT_END, "
                     "KEEL_EVENT_ITERATION, KEEL_EVENT_SENTENCE, KEEL_EVENT_LOG, KEEL_EVENT_JSON "
-                    "set and the entry's JSON on stdin; never waited for, in a session of its own");
+                    "set and the entry's JSON on stdin (the log's text reaches it only there, "
+                    "never in CMD); never waited for, in a session of its own");
+  watch
+      ->add_option("--max-running-hooks", wopt.max_running_hooks,
+                   "at most this many --on-event commands at once; an entry beyond them waits "
+                   "in the queue (--max-queued-hooks)")
+      ->capture_default_str();
+  watch
+      ->add_option("--max-queued-hooks", wopt.max_queued_hooks,
+                   "entries waiting for a --on-event slot; beyond this many their commands are "
+                   "not run, and the count is journaled (\"event\": \"hooks_dropped\")")
+      ->capture_default_str();
   watch
       ->add_option("--on-event-timeout", wopt.on_event_timeout_s,
                    "seconds after which a --on-event command is ended (SIGTERM, SIGKILL 5 s later)")
@@ -265,7 +284,7 @@ int LogsCommand(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return UsageExit(app, e);
   }
   const bool watching = watch->parsed();
   const std::string bad = CheckDetectorOptions(watching ? wopt.analysis : opt);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/usage_exit.h"
 #include "config/config.h"
 #include "core/log.h"
 #include "plan/run_plan.h"
@@ -62,7 +63,7 @@ int PlanCommand(int argc, const char* const* argv) {
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return UsageExit(app, e);
   }
   auto usage_error = [](const std::string& msg) {
     LogError("error: " + msg);

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/exit_code.h"
+#include "cli/usage_exit.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "metrics/run_report.h"
@@ -27,7 +28,7 @@ int ReportCommand(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return UsageExit(app, e);
   }
   Env* env = Env::Default();
   if (!env->IsDirectory(dir)) {

@@ -7,6 +7,7 @@
 #include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
+#include "cli/usage_exit.h"
 #include "config/config.h"
 #include "core/log.h"
 #include "model/generate.h"
@@ -34,7 +35,7 @@ int SampleCommand(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return UsageExit(app, e);
   }
   if (Status st = ValidateThreads(threads); !st.ok()) return Fail(st);
   Env* env = Env::Default();

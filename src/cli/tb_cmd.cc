@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/exit_code.h"
+#include "cli/usage_exit.h"
 #include "core/log.h"
 #include "metrics/tb_tools.h"
 
@@ -32,7 +33,7 @@ int TbCommand(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return UsageExit(app, e);
   }
   Env* env = Env::Default();
   auto fail = [](const Status& st) { return Fail(st, NotFoundIs::kUsageError); };

@@ -362,6 +362,66 @@ Status ReadWeightedSplitPathFiles(const std::set<std::string>& given, TrainConfi
   return Status::OK();
 }
 
+// How many values `--name` takes on the command line: 0 (a switch), 1, or any (a list); -1 for a
+// name that is no flag.
+int ValuesTaken(const std::string& name) {
+  if (name == "config") return 1;
+  if (name == "help") return 0;
+  if (const Setting* s = FindSetting(name)) return s->is_flag ? 0 : s->is_list ? 1 << 20 : 1;
+  if (const ForeignFlag* f = FindForeignFlag(name))
+    return f->is_flag ? 0 : f->is_list ? 1 << 20 : 1;
+  return -1;
+}
+
+// The message for a word no flag took (`stray`, the first such): it is blamed on the flag before
+// it, as CLI11 read the line: a flag that takes one value and was given more, or a switch.
+std::string StrayArgument(int argc, const char* const* argv, const std::string& stray) {
+  // "-1" and "-.5" are values (CLI11 reads them so); "-h" and "--name" are flags.
+  auto is_flag = [](const std::string& a) {
+    return a.size() > 1 && a[0] == '-' &&
+           !(std::isdigit(static_cast<unsigned char>(a[1])) || a[1] == '.');
+  };
+  std::string written, flag, name;  // the last flag as written, without any "=value", its name
+  int takes = -1;
+  std::vector<std::string> values;  // what follows it, up to the next flag
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (is_flag(a)) {
+      const size_t eq = a.find('=');
+      written = a;
+      flag = a.substr(0, eq);
+      const size_t at = flag.find_first_not_of('-');
+      name = at == std::string::npos ? "" : flag.substr(at);
+      takes = flag.rfind("--", 0) == 0 ? ValuesTaken(name) : 0;
+      values.clear();
+      if (eq != std::string::npos) values.push_back(a.substr(eq + 1));
+      continue;
+    }
+    values.push_back(a);
+    if (static_cast<int>(values.size()) <= takes || a != stray) continue;
+    for (int j = i + 1; j < argc && !is_flag(argv[j]) && std::string(argv[j]) != "--"; ++j)
+      values.push_back(argv[j]);
+    const std::string fix =
+        "remove the extra word, or give it the flag it belongs to (see keel train --help)";
+    if (takes == 0)
+      return fmt::format(
+          "unexpected argument '{}' after {}: {} is a switch and takes no value ({}=false turns "
+          "it off); {}",
+          stray, written, flag, flag, fix);
+    if (takes == 1) {
+      std::string given;
+      for (const std::string& v : values) given += " " + v;
+      return fmt::format(
+          "unexpected argument '{}' after {} {}: {} takes one value and was given {}:{}; {}", stray,
+          flag, values.front(), flag, values.size(), given, fix);
+    }
+    break;
+  }
+  return fmt::format(
+      "unexpected argument '{}': keel train takes only --flag value pairs; see --help", stray);
+}
+
 }  // namespace
 
 namespace config_internal {
@@ -436,7 +496,13 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
       // Takes any count so that Validate can say what was wrong with the values.
       opts[i] = app.add_option(flag, raw[i], help)->type_name(s.type)->expected(1, 1 << 20);
     } else {
-      opts[i] = app.add_option(flag, raw[i], help)->type_name(s.type)->expected(1)->take_last();
+      // One value per use (a vector's extra values would be taken and all but the last dropped:
+      // `--num-layers 1 3` trained 3 layers); a word after it is a stray, blamed below.
+      opts[i] = app.add_option(flag, raw[i], help)
+                    ->type_name(s.type)
+                    ->expected(1)
+                    ->allow_extra_args(false)
+                    ->take_last();
     }
   }
   // Megatron's flags that are not settings (config_internal.h: ForeignFlag).
@@ -452,7 +518,11 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
     } else if (f.is_list) {
       fopts[i] = app.add_option(flag, fraw[i], f.help)->expected(1, 1 << 20)->group(group);
     } else {
-      fopts[i] = app.add_option(flag, fraw[i], f.help)->expected(1)->take_last()->group(group);
+      fopts[i] = app.add_option(flag, fraw[i], f.help)
+                     ->expected(1)
+                     ->allow_extra_args(false)
+                     ->take_last()
+                     ->group(group);
     }
   }
 
@@ -469,14 +539,16 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
   if (!extras.empty()) {
     const std::string& arg = extras.front();
     const size_t name_at = arg.find_first_not_of('-');
-    if (arg.rfind("-", 0) == 0 && name_at != std::string::npos) {  // not "---": no name in it
+    // Not "---" (no name in it), nor "-1" (a number: a value no flag took).
+    const bool number =
+        arg.size() > 1 && (std::isdigit(static_cast<unsigned char>(arg[1])) || arg[1] == '.');
+    if (arg.rfind("-", 0) == 0 && name_at != std::string::npos && !number) {
       std::string name = arg.substr(name_at);
       name = name.substr(0, name.find('='));
       return Status::InvalidArgument(
           fmt::format("unknown flag '{}': {}", arg, Suggest(name, "--")));
     }
-    return Status::InvalidArgument(fmt::format(
-        "unexpected argument '{}': keel train takes only --flag value pairs; see --help", arg));
+    return Status::InvalidArgument(StrayArgument(argc, argv, arg));
   }
 
   TrainConfig cfg;

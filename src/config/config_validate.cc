@@ -36,6 +36,8 @@ constexpr Wide kMaxFloats = Wide{1} << 59;
 // Tokens of any length of the run (iterations x global batch x sequence): consumed samples and
 // tokens are int64 counters, and 2^62 leaves room for the sums made with them.
 constexpr Wide kMaxRunTokens = Wide{1} << 62;
+// The shortest watchdog limit: one second, in minutes.
+constexpr double kMinTimeoutMinutes = 1.0 / 60;
 
 // `v` exactly when it fits in int64, else in scientific notation.
 std::string Count(Wide v) {
@@ -659,6 +661,13 @@ Status ValidateOptimizerAndRun(TrainConfig* c) {
       return Invalid(fmt::format(
           "--{} {} must be between 0 and 10080 (a week); e.g. --{} 10{}", flag, v, flag,
           std::string(flag) == "distributed-timeout-minutes" ? " (0 turns the watchdog off)" : ""));
+    // Under a second a watchdog would end every healthy collective (1e-9 is 60 ns).
+    if (v > 0 && v < kMinTimeoutMinutes)
+      return Invalid(fmt::format(
+          "--{} {} is under a second: give {}{:.4g} (one second) to 10080 (a week); e.g. --{} 10",
+          flag, v,
+          std::string(flag) == "distributed-timeout-minutes" ? "0 (the watchdog off) or " : "",
+          kMinTimeoutMinutes, flag));
   }
   if (c->distributed_timeout_minutes > 0) {
     for (auto [flag, v] : {std::pair<const char*, double>{"first-iteration-timeout-minutes",

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "config/config.h"
 #include "config/config_internal.h"
@@ -55,17 +56,15 @@ struct Context {
     auto it = given.find(name);
     return it == given.end() ? nullptr : it->second;
   }
-  // The integer value of a flag that takes one (`fallback` when not given); -1 after an error.
-  int64_t Int(const std::string& name, int64_t fallback, Outcome* out) const {
+  // The integer value of a flag that takes one (`fallback` when not given); none after an error
+  // (not -1, which is a value a user can give).
+  std::optional<int64_t> Int(const std::string& name, int64_t fallback, Outcome* out) const {
     const ForeignGiven* g = Get(name);
     if (g == nullptr) return fallback;
     std::optional<int64_t> v;
     if (g->values.size() == 1) v = ParseCliInt(g->values[0]);
-    if (!v) {
-      out->errors.push_back(fmt::format("{}: expected an integer", g->where));
-      return -1;
-    }
-    return *v;
+    if (!v) out->errors.push_back(fmt::format("{}: expected an integer", g->where));
+    return v;
   }
 };
 
@@ -78,11 +77,13 @@ void Note(Outcome* out, const ForeignGiven& g, const std::string& why) {
 // A parallel size: 1 is what keel does, more is a feature it does not have yet.
 Resolver ParallelSize(const char* what) {
   return [what](const ForeignGiven& g, const Context& c, Outcome* out) {
-    const int64_t v = c.Int(g.flag->name, 1, out);
-    if (v == -1) return;
-    if (v < 1) {
-      out->errors.push_back(fmt::format("{}: must be at least 1", g.where));
-    } else if (v > 1) {
+    const std::optional<int64_t> v = c.Int(g.flag->name, 1, out);
+    if (!v) return;
+    if (*v < 1) {
+      out->errors.push_back(fmt::format(
+          "{}: a parallel size must be at least 1 (keel trains with 1: data parallel only)",
+          g.where));
+    } else if (*v > 1) {
       out->not_yet.push_back(
           fmt::format("{} ({}: keel trains data parallel only; give it 1, and the processes become "
                       "data-parallel ranks)",
@@ -95,8 +96,8 @@ Resolver ParallelSize(const char* what) {
 Resolver NeedsParallel(const char* size_flag, const char* feature, const char* why_nothing) {
   return [=](const ForeignGiven& g, const Context& c, Outcome* out) {
     Outcome scratch{out->notes, {}, {}};
-    const int64_t size = c.Int(size_flag, 1, &scratch);
-    if (size > 1)
+    const std::optional<int64_t> size = c.Int(size_flag, 1, &scratch);
+    if (size.value_or(1) > 1)
       out->not_yet.push_back(fmt::format("{} ({})", g.where, feature));
     else
       Note(out, g, why_nothing);
@@ -105,6 +106,19 @@ Resolver NeedsParallel(const char* size_flag, const char* feature, const char* w
 
 Resolver Accepted(std::string why) {
   return [why](const ForeignGiven& g, const Context&, Outcome* out) { Note(out, g, why); };
+}
+
+// An integer of at least `min` (argparse's type=int, and a count or interval that cannot be
+// negative), with nothing to do here beyond `why`.
+Resolver AcceptedInt(int64_t min, std::string why) {
+  return [min, why](const ForeignGiven& g, const Context& c, Outcome* out) {
+    const std::optional<int64_t> v = c.Int(g.flag->name, min, out);
+    if (!v) return;
+    if (*v < min)
+      out->errors.push_back(fmt::format("{}: must be at least {}", g.where, min));
+    else
+      Note(out, g, why);
+  };
 }
 
 // One of `choices` (each with its note, or a not-yet reason when the note starts with "!").
@@ -184,8 +198,9 @@ const std::vector<Entry>& Entries() {
                  "!reading the cached IndexedDataset format: keel reads the mmap format "
                  "(MMIDIDX) only; rebuild the data with --dataset-impl mmap"}}));
     add(Value("valid-num-workers", Kind::kAccepted, "validation reads on the loop's thread"),
-        Accepted("keel reads validation samples on the loop's own thread (an evaluation reads "
-                 "--eval-iters batches; there is no loader to parallelise)"));
+        AcceptedInt(0,
+                    "keel reads validation samples on the loop's own thread (an evaluation reads "
+                    "--eval-iters batches; there is no loader to parallelise)"));
     add(Value("test-weighted-split-paths", Kind::kAccepted, "keel runs no test evaluation", true),
         Accepted("keel runs no test evaluation (nor of --split's test share), so the groups are "
                  "not read"));
@@ -215,10 +230,11 @@ const std::vector<Entry>& Entries() {
                  "it in fp16; the fp32 loss is the more accurate)"));
     // Output and process.
     add(Value("tensorboard-queue-size", Kind::kAccepted, "keel flushes every event"),
-        Accepted("keel writes and flushes each TensorBoard event as it is made: there is no "
-                 "queue"));
+        AcceptedInt(1,
+                    "keel writes and flushes each TensorBoard event as it is made: there is no "
+                    "queue"));
     add(Value("tensorboard-log-interval", Kind::kAccepted, "keel writes every iteration"),
-        Accepted("keel writes the training scalars of every iteration to TensorBoard"));
+        AcceptedInt(1, "keel writes the training scalars of every iteration to TensorBoard"));
     add(Switch("log-num-zeros-in-grad", Kind::kAccepted, "keel always logs it"),
         Accepted("keel logs the number of zeros in the gradients always (iteration line, "
                  "TensorBoard num-zeros/)"));

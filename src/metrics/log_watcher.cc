@@ -190,11 +190,11 @@ void LogWatcher::Journal(const LogEventUpdate& u, const std::string& suffix) {
                      iteration, opt_.kill_switch, e.kind, opt_.kill_switch));
 }
 
-void LogWatcher::Record(nlohmann::json entry, const std::string& sentence) {
+void LogWatcher::Record(nlohmann::json entry, const std::string& sentence, bool run_hook) {
   entry["at"] = UtcTimestamp();
   if (journal_) journal_->Append(entry, sentence);
   ++entries_;
-  if (!runner_ || opt_.on_event.empty()) return;
+  if (!run_hook || !runner_ || opt_.on_event.empty()) return;
   auto field = [&](const char* key) {
     if (!entry.contains(key)) return std::string();
     const nlohmann::json& v = entry[key];
@@ -212,8 +212,19 @@ void LogWatcher::Record(nlohmann::json entry, const std::string& sentence) {
       {"KEEL_EVENT_JSON", entry.dump()}};
   const std::string label = fmt::format("--on-event for {} {} at iteration {}", field("kind"),
                                         field("event"), field("iteration"));
-  Status st =
-      runner_->Start(label, opt_.on_event, vars, entry.dump() + "\n", opt_.on_event_timeout_s);
+  if (queued_hooks_.empty() && runner_->running() < opt_.max_running_hooks) {
+    StartHook(label, vars, entry.dump() + "\n");
+  } else if (static_cast<int64_t>(queued_hooks_.size()) < opt_.max_queued_hooks) {
+    queued_hooks_.push_back({label, vars, entry.dump() + "\n"});
+  } else {
+    ++hooks_dropped_;
+  }
+}
+
+void LogWatcher::StartHook(const std::string& label,
+                           const std::vector<std::pair<std::string, std::string>>& vars,
+                           const std::string& stdin_text) {
+  Status st = runner_->Start(label, opt_.on_event, vars, stdin_text, opt_.on_event_timeout_s);
   if (!st.ok()) out_(fmt::format("WARNING: {}: {}", label, st.message()));
 }
 
@@ -221,6 +232,32 @@ void LogWatcher::ReapCommands() {
   if (!runner_) return;
   for (const CommandEnd& end : runner_->Reap())
     if (!end.ok) out_(fmt::format("WARNING: {} {}", end.label, end.what));
+  while (!queued_hooks_.empty() && runner_->running() < opt_.max_running_hooks) {
+    const QueuedHook h = std::move(queued_hooks_.front());
+    queued_hooks_.pop_front();
+    StartHook(h.label, h.vars, h.stdin_text);
+  }
+  JournalDroppedHooks(
+      fmt::format("{} were running and {} waiting to start, the most --max-running-hooks and "
+                  "--max-queued-hooks allow",
+                  opt_.max_running_hooks, opt_.max_queued_hooks));
+}
+
+void LogWatcher::JournalDroppedHooks(const std::string& reason) {
+  const int64_t n = hooks_dropped_ - hooks_dropped_journaled_;
+  if (n == 0) return;
+  hooks_dropped_journaled_ = hooks_dropped_;
+  Record({{"event", "hooks_dropped"},
+          {"count", n},
+          {"total", hooks_dropped_},
+          {"max_running_hooks", opt_.max_running_hooks},
+          {"max_queued_hooks", opt_.max_queued_hooks},
+          {"reason", reason},
+          {"source", kLogWatchSource},
+          {"log", opt_.log}},
+         fmt::format("--on-event: {} command{} not run ({} this watch): {}", n, n == 1 ? "" : "s",
+                     hooks_dropped_, reason),
+         /*run_hook=*/false);
 }
 
 void LogWatcher::Take() {
@@ -320,6 +357,10 @@ void LogWatcher::Finish(const std::string& why) {
   if (priming_) EndPriming();
   scanner_->Finish("the end of the watch");
   ReapCommands();
+  // Commands still queued would start after the watcher is gone, past any limit: not run.
+  hooks_dropped_ += static_cast<int64_t>(queued_hooks_.size());
+  queued_hooks_.clear();
+  JournalDroppedHooks("the watch ended before they could start");
   out_("watch: stopped: " + why);
   out_(fmt::format(
       "watch: read {} lines of {} ({} file{}): {} iteration records{}, {} validation lines{}",

@@ -10,11 +10,13 @@
 //
 // events.jsonl entries: {"event": "detected" | "ended" | "kill_switch", "kind", "open", "start",
 // "end", "iteration", "signal", "value", "baseline", "detail", "source": "keel logs watch", "log",
-// "at"}. A finding that opens (a spike, a divergence, a NaN, ...) is "detected" with "open": true
-// and its provisional kind; its "ended" entry ("open": false) has the kind, start and end
-// `keel logs analyze` reports. A restart is complete when seen: one "detected" entry, "open":
-// false. A divergence that rises again within a divergence window opens again: its next "ended"
-// entry replaces the earlier one.
+// "at"}; and {"event": "hooks_dropped", "count", "total", "max_running_hooks",
+// "max_queued_hooks", "reason", "source", "log", "at"} when --on-event commands were dropped. A
+// finding that opens (a spike, a divergence, a NaN, ...) is "detected" with "open": true and its
+// provisional kind; its "ended" entry ("open": false) has the kind, start and end `keel logs
+// analyze` reports. A restart is complete when seen: one "detected" entry, "open": false. A
+// divergence that rises again within a divergence window opens again: its next "ended" entry
+// replaces the earlier one.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,8 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/env.h"
 #include "core/status.h"
@@ -50,6 +54,12 @@ struct LogWatchOptions {
   std::set<std::string> kill_on;
   std::string on_event;  // a shell command for every journal entry
   double on_event_timeout_s = 30;
+  // At most this many --on-event commands run at once (each is three processes: its guardian,
+  // sh and the command), so a burst of findings cannot fill the process table. An entry beyond
+  // them waits in a queue of at most max_queued_hooks; beyond that its command is dropped, and
+  // the count journaled ("hooks_dropped").
+  int max_running_hooks = 4;
+  int max_queued_hooks = 16;
   double poll_seconds = 1;
   double until_idle_seconds = 0;  // stop once the file has been quiet this long (0: never)
 };
@@ -86,10 +96,16 @@ class LogWatcher {
   void OnUpdate(const LogEventUpdate& u);
   // Journals a finding's update (and creates the kill switch when it is the first of its kind).
   void Journal(const LogEventUpdate& u, const std::string& suffix);
-  // Appends an entry to the journal and runs --on-event for it.
-  void Record(nlohmann::json entry, const std::string& sentence);
+  // Appends an entry to the journal and runs --on-event for it (`run_hook`).
+  void Record(nlohmann::json entry, const std::string& sentence, bool run_hook = true);
   void EndPriming();
+  // Reaps the commands that ended, starts queued ones in their place, journals any dropped.
   void ReapCommands();
+  void StartHook(const std::string& label,
+                 const std::vector<std::pair<std::string, std::string>>& vars,
+                 const std::string& stdin_text);
+  // A "hooks_dropped" entry for the commands dropped since the last one (none: nothing).
+  void JournalDroppedHooks(const std::string& reason);
 
   Env* env_;
   LogWatchOptions opt_;
@@ -109,6 +125,13 @@ class LogWatcher {
   int64_t first_iteration_ = -1, last_iteration_ = -1, max_iteration_ = 0, train_iters_ = 0;
   std::map<int64_t, std::string> closed_;  // the kind each finding last closed as, by id
   std::deque<double> recent_seconds_;      // time per iteration of the last records
+  struct QueuedHook {
+    std::string label;
+    std::vector<std::pair<std::string, std::string>> vars;
+    std::string stdin_text;
+  };
+  std::deque<QueuedHook> queued_hooks_;  // waiting for one of max_running_hooks to end
+  int64_t hooks_dropped_ = 0, hooks_dropped_journaled_ = 0;
 };
 
 }  // namespace keel

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "keel_process.h"
 
@@ -37,6 +38,47 @@ TEST(CliTest, HelpAndUnknownCommand) {
   r = RunKeel("train --help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("--rampup-batch-size"), std::string::npos);
+}
+
+// Every command's usage error exits 2 (keel launch restarts nothing on 2) with the parser's
+// message and the command's --help to read; --help exits 0. Before, CLI11's own codes came
+// through: 105 (a validation), 106 (a required option or subcommand missing), 109 (an extra
+// argument) from data, ckpt, logs, tb, hangs, report, sample and bench.
+TEST(CliTest, EveryCommandsUsageErrorExitsTwoAndHelpZero) {
+  const std::vector<std::string> commands = {
+      "train",      "sample",       "data prepare", "data inspect", "data verify", "bench",
+      "ckpt list",  "ckpt inspect", "ckpt verify",  "ckpt diff",    "ckpt edit",   "ckpt pin",
+      "ckpt unpin", "ckpt export",  "ckpt import",  "logs analyze", "logs watch",  "report",
+      "plan",       "tb rename",    "tb truncate",  "hangs analyze"};
+  for (const std::string& c : commands) {
+    Result r = RunKeel(c + " --help");
+    EXPECT_EQ(r.code, 0) << c << ": " << r.out;
+    EXPECT_NE(r.out.find("--help"), std::string::npos) << c << ": " << r.out;
+    r = RunKeel(c + " --no-such-flag-xyz 1 < /dev/null");
+    EXPECT_EQ(r.code, 2) << c << ": " << r.out;
+    EXPECT_NE(r.out.find("error: "), std::string::npos) << c << ": " << r.out;
+    EXPECT_NE(r.out.find("--help"), std::string::npos) << c << ": " << r.out;
+  }
+  // Each group without its subcommand, and the cases the issue found.
+  for (const char* c :
+       {"data", "ckpt", "logs", "tb", "hangs", "data prepare", "ckpt verify a b", "logs watch",
+        "hangs analyze", "hangs analyze a b", "report", "ckpt pin x notanumber",
+        "data prepare --input /no/such/file --output-prefix x", "logs analyze x --json=maybe",
+        "launch --no-such-flag-xyz -- true"}) {
+    Result r = RunKeel(std::string(c) + " < /dev/null");
+    EXPECT_EQ(r.code, 2) << c << ": " << r.out;
+    EXPECT_NE(r.out.find("--help"), std::string::npos) << c << ": " << r.out;
+  }
+  Result r = RunKeel("data prepare");
+  EXPECT_NE(r.out.find("error: --output-prefix is required; run `keel data prepare --help` for "
+                       "its options"),
+            std::string::npos)
+      << r.out;
+  r = RunKeel("ckpt verify a b");
+  EXPECT_NE(r.out.find("error: The following argument was not expected: b; run `keel ckpt "
+                       "verify --help` for its options"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(CliTest, InvalidShapeIsRefusedBeforeAnyWorkWithFlagAndFix) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using keel_test::ReadText;
 using keel_test::RunKeelShell;
+using keel_test::RunShell;
 using Finding = std::tuple<std::string, int64_t, int64_t>;
 
 void Append(const std::string& path, const std::string& text) {
@@ -209,6 +211,89 @@ TEST(LogsWatchCliTest, RefusalsAndStoppingWhenQuiet) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("0 iteration records"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+// A crash loop's log: iterations 1-3, then `restarts` times back to 2 and on to 3: one restart
+// entry each.
+std::string CrashLoopLog(int restarts) {
+  std::string text;
+  auto line = [&](int64_t it) { text += keel_test::MegatronLogLine(it, 3.0, 0.3, 150, 0) + "\n"; };
+  for (int64_t it = 1; it <= 3; ++it) line(it);
+  for (int i = 0; i < restarts; ++i) line(2), line(3);
+  return text;
+}
+
+// Before: every entry started its command at once (a 1,500-line log with 499 restarts and
+// `--on-event 'sleep 8'` took a machine from 80 to 1,579 processes). Now at most
+// --max-running-hooks commands run at once, --max-queued-hooks wait, the rest are not run and
+// counted in the journal. Each hook writes its start and end; the most running at once is read
+// from them. Bounded: the hooks sleep 2 s, the watch ends after 8 quiet seconds.
+TEST(LogsWatchCliTest, OnEventCommandsAreCappedAndTheDroppedJournaled) {
+  const std::string dir = keel_test::FreshTempDir("logs_watch_hooks");
+  std::ofstream(dir + "/log.txt") << CrashLoopLog(30);
+  std::ofstream(dir + "/hook.sh") << "echo \"+ $(date +%s%N)\" >> " << dir
+                                  << "/hooks.txt\nsleep 2\necho \"- $(date +%s%N)\" >> " << dir
+                                  << "/hooks.txt\n";
+  auto r = RunKeelShell("", fmt::format("logs watch {0}/log.txt --out {0}/w --on-event 'sh "
+                                        "{0}/hook.sh' --max-running-hooks 2 --max-queued-hooks 3 "
+                                        "--poll-seconds 0.1 --until-idle 8",
+                                        dir));
+  ASSERT_EQ(r.code, 0) << r.out;
+  // The commands outlive the watcher: wait for the last one to end.
+  auto ends = [&] {
+    const std::string h = ReadText(dir + "/hooks.txt");
+    return std::count(h.begin(), h.end(), '-');
+  };
+  ASSERT_TRUE(WaitFor([&] { return ends() >= 5; }, 30)) << ReadText(dir + "/hooks.txt");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // no sixth one
+  std::vector<std::pair<int64_t, int>> marks;                   // time, +1 start / -1 end
+  std::istringstream in(ReadText(dir + "/hooks.txt"));
+  for (std::string sign, t; in >> sign >> t;)
+    marks.push_back({std::stoll(t), sign == "+" ? 1 : -1});
+  std::sort(marks.begin(), marks.end());
+  int running = 0, most = 0;
+  for (const auto& [t, d] : marks) most = std::max(most, running += d);
+  EXPECT_EQ(most, 2) << ReadText(dir + "/hooks.txt");
+  EXPECT_EQ(marks.size(), 10u) << ReadText(dir + "/hooks.txt");  // 2 at once, then the 3 queued
+  int64_t restarts = 0, dropped = 0;
+  for (const auto& e : Entries(dir + "/w/events.jsonl")) {
+    if (e["event"] == "detected" && e["kind"] == "restart") ++restarts;
+    if (e["event"] == "hooks_dropped") dropped += e["count"].get<int64_t>();
+  }
+  EXPECT_EQ(restarts, 30);
+  EXPECT_EQ(dropped, 25) << ReadText(dir + "/w/events.jsonl");
+  EXPECT_NE(r.out.find("watch: --on-event: 25 commands not run (25 this watch): 2 were running "
+                       "and 3 waiting to start"),
+            std::string::npos)
+      << r.out;
+  // Limits are checked.
+  r = RunKeelShell("", "logs watch " + dir + "/log.txt --max-running-hooks 0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--max-running-hooks 0 must be at least 1"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+// What the log holds (its name, its lines) reaches --on-event as data, never as shell text: a
+// file name with $(...), backticks and ';' creates no file, and the command sees it literally.
+TEST(LogsWatchCliTest, LogTextNeverReachesAShell) {
+  const std::string dir = keel_test::FreshTempDir("logs_watch_inject");
+  const std::string name = "l$(touch PWNED1);`touch PWNED2`;touch PWNED3;.log";
+  std::ofstream(dir + "/" + name) << "$(touch PWNED4); `touch PWNED5`\n" << CrashLoopLog(1);
+  std::ofstream(dir + "/hook.sh") << "printf '%s\\n' \"$KEEL_EVENT_LOG\" >> seen-log.txt\n"
+                                  << "printf '%s\\n' \"$KEEL_EVENT_SENTENCE\" >> seen.txt\n";
+  auto r =
+      RunShell(fmt::format("cd {} && {} logs watch './{}' --out w --on-event 'sh hook.sh' "
+                           "--poll-seconds 0.1 --until-idle 1",
+                           dir, KEEL_BINARY, name));
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_TRUE(WaitFor([&] { return !ReadText(dir + "/seen.txt").empty(); }, 20)) << r.out;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(ReadText(dir + "/seen-log.txt"), "./" + name + "\n");
+  EXPECT_NE(ReadText(dir + "/seen.txt").find("(./" + name + ":"), std::string::npos)
+      << ReadText(dir + "/seen.txt");
+  for (const auto& f : fs::directory_iterator(dir))
+    EXPECT_EQ(f.path().filename().string().rfind("PWNED", 0), std::string::npos) << f.path();
   fs::remove_all(dir);
 }
 

@@ -228,6 +228,82 @@ TEST(ConfigTest, UnknownFlagSuggestsTheClosestName) {
   EXPECT_CONTAINS(st.message(), "stray");
 }
 
+// A flag that takes one value, given more: refused, naming the flag and every value (before,
+// CLI11 took them all and kept the last: `--num-layers 1 3` trained 3 layers, `--lr 1e-3 2e-3`
+// used 2e-3); a stray word is blamed on the flag it follows, a switch's too.
+TEST(ConfigTest, AFlagGivenMoreValuesThanItTakesIsRefused) {
+  ParsedConfig p;
+  Status st = Parse({"--num-layers", "1", "3"}, &p);
+  ASSERT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "unexpected argument '3' after --num-layers 1: --num-layers takes one value and was "
+            "given 2: 1 3; remove the extra word, or give it the flag it belongs to (see keel "
+            "train --help)");
+  st = Parse({"--hidden-size", "64", "--lr", "1e-3", "2e-3", "--seed", "3"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(),
+                  "unexpected argument '2e-3' after --lr 1e-3: --lr takes one value and was "
+                  "given 2: 1e-3 2e-3;");
+  st = Parse({"--lr=1e-3", "x", "y", "--seed", "3"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(),
+                  "unexpected argument 'x' after --lr 1e-3: --lr takes one value and was given "
+                  "3: 1e-3 x y;");
+  // A Megatron flag that is not a keel setting, and a negative number (a value, not a flag).
+  st = Parse({"--tensorboard-queue-size", "1", "5"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(),
+                  "after --tensorboard-queue-size 1: --tensorboard-queue-size takes "
+                  "one value and was given 2: 1 5");
+  st = Parse({"--seed", "3", "-1"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(), "unexpected argument '-1' after --seed 3");
+  st = Parse({"--fp16", "x"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(),
+                  "unexpected argument 'x' after --fp16: --fp16 is a switch and takes no value "
+                  "(--fp16=false turns it off)");
+  st = Parse({"x", "--lr", "1e-3"}, &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_CONTAINS(st.message(),
+                  "unexpected argument 'x': keel train takes only --flag value pairs");
+  // Flags that take several values keep them; a flag given twice still takes the last (scripts
+  // override a default that way, as with Megatron's argparse).
+  st = Parse({"--data-path", "0.5", "a", "0.5", "b", "--split", "98,2,0", "--lr", "1e-3", "--lr",
+              "2e-3", "--train-weighted-split-paths", "X: 1 0:1 a", "Y: 1 0:1 b"},
+             &p);
+  ASSERT_EQ(st.code(), Status::Code::kInvalidArgument) << st.ToString();  // the groups' names
+  EXPECT_EQ(st.message().find("unexpected argument"), std::string::npos) << st.message();
+  ASSERT_TRUE(Parse({"--rampup-batch-size", "16", "16", "5859375", "--global-batch-size", "2048",
+                     "--micro-batch-size", "16", "--train-samples", "300000000", "--lr", "1e-3",
+                     "--lr", "2e-3"},
+                    &p)
+                  .ok());
+  EXPECT_EQ(p.config.lr, 2e-3);
+  EXPECT_EQ(p.config.rampup_batch_size, (std::vector<int64_t>{16, 16, 5859375}));
+}
+
+// A watchdog limit under a second is refused (before, --distributed-timeout-minutes 1e-9, 60 ns,
+// was accepted), naming the flag, the value and the range; 0 still turns the watchdog off.
+TEST(ConfigTest, WatchdogLimitsUnderASecondAreRefused) {
+  ParsedConfig p;
+  for (const char* flag : {"--distributed-timeout-minutes", "--first-iteration-timeout-minutes",
+                           "--save-timeout-minutes", "--eval-timeout-minutes"}) {
+    for (const char* v : {"1e-9", "0.01"}) {
+      Status st = Parse({flag, v}, &p);
+      ASSERT_EQ(st.code(), Status::Code::kInvalidArgument) << flag << " " << v;
+      EXPECT_CONTAINS(st.message(), std::string(flag) + " " + (v[1] == 'e' ? "1e-09" : v) +
+                                        " is under a second: give ");
+      EXPECT_CONTAINS(st.message(), "0.01667 (one second) to 10080 (a week)");
+    }
+    ASSERT_TRUE(Parse({flag, "0.02"}, &p).ok()) << flag;
+    EXPECT_EQ(Parse({flag, "-1"}, &p).code(), Status::Code::kInvalidArgument) << flag;
+  }
+  Status st = Parse({"--distributed-timeout-minutes", "1e-9"}, &p);
+  EXPECT_CONTAINS(st.message(), "give 0 (the watchdog off) or 0.01667");
+  ASSERT_TRUE(Parse({"--distributed-timeout-minutes", "0"}, &p).ok());
+}
+
 TEST(ConfigTest, TypeErrorsNameTheFlagValueAndType) {
   ParsedConfig p;
   Status st = Parse({"--num-layers", "four"}, &p);

@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "config/config.h"
@@ -153,6 +154,32 @@ TEST(MegatronFlagsTest, FeaturesKeelLacksExitTwoNamingEveryOneAtOnce) {
   EXPECT_CONTAINS(st.message(), "ZeRO stage 2 (gradients sharded over the ranks)");
   st = Parse({"--zero-stage", "7"}, &p);
   EXPECT_CONTAINS(st.message(), "expected a ZeRO stage, 0 to 3");
+}
+
+// Sizes and counts below their range are refused naming the flag, the value and the range.
+// Before, `--pipeline-model-parallel-size -1` was taken for the parse error's own -1 and passed.
+TEST(MegatronFlagsTest, SizesAndCountsBelowTheirRangeAreRefused) {
+  ParsedConfig p;
+  for (const char* flag : {"--pipeline-model-parallel-size", "--tensor-model-parallel-size",
+                           "--model-parallel-size"}) {
+    for (const char* v : {"-1", "0"}) {
+      Status st = Parse(With({flag, v}), &p);
+      ASSERT_EQ(st.code(), Status::Code::kInvalidArgument) << flag << " " << v;
+      EXPECT_CONTAINS(st.message(),
+                      std::string(flag) + " " + v + ": a parallel size must be at least 1");
+    }
+  }
+  ASSERT_TRUE(Parse(With({"--pipeline-model-parallel-size", "1"}), &p).ok());
+  for (auto [flag, v, min] : {std::tuple{"--valid-num-workers", "-2", "0"},
+                              {"--tensorboard-queue-size", "0", "1"},
+                              {"--tensorboard-log-interval", "-5", "1"}}) {
+    Status st = Parse(With({flag, v}), &p);
+    ASSERT_EQ(st.code(), Status::Code::kInvalidArgument) << flag;
+    EXPECT_CONTAINS(st.message(), std::string(flag) + " " + v + ": must be at least " + min);
+    st = Parse(With({flag, "two"}), &p);
+    EXPECT_CONTAINS(st.message(), std::string(flag) + " two: expected an integer");
+    ASSERT_TRUE(Parse(With({flag, "2"}), &p).ok()) << flag;
+  }
 }
 
 TEST(MegatronFlagsTest, ZeroStageIsTheDistributedOptimizer) {

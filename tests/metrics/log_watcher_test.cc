@@ -369,5 +369,94 @@ TEST_F(LogWatcherTest, AKillSwitchInADirectoryThatDoesNotExistIsRefused) {
   EXPECT_FALSE(fs::exists(opt_.out_dir));
 }
 
+// Commands that run until the test ends them: how many run at once, and the most ever.
+class SlotRunner : public EventCommandRunner {
+ public:
+  Status Start(const std::string& label, const std::string&,
+               const std::vector<std::pair<std::string, std::string>>&, const std::string&,
+               double) override {
+    labels.push_back(label);
+    most = std::max(most, ++running_);
+    return Status::OK();
+  }
+  std::vector<CommandEnd> Reap() override {
+    std::vector<CommandEnd> out(static_cast<size_t>(finish), CommandEnd{"", true, ""});
+    running_ -= finish;
+    finish = 0;
+    return out;
+  }
+  int running() const override { return running_; }
+  int finish = 0;  // commands to end at the next Reap
+  int most = 0;
+  std::vector<std::string> labels;
+
+ private:
+  int running_ = 0;
+};
+
+// A burst of findings with --on-event: at most max_running_hooks commands run at once, the
+// next max_queued_hooks wait and start as slots free up, the rest are not run and their count is
+// journaled; the ones still queued when the watch ends are not started either, and counted.
+// (Before: every entry started its command at once, three processes each.)
+TEST_F(LogWatcherTest, HooksAreCappedQueuedAndTheDroppedCounted) {
+  opt_.on_event = "notify";
+  opt_.max_running_hooks = 2;
+  opt_.max_queued_hooks = 1;
+  SlotRunner runner;
+  LogWatcher w(Env::Default(), opt_, &runner, Say());
+  ASSERT_TRUE(w.Open().ok());
+  const std::string text = keel_test::GenerateMegatronLog({});
+  Append(opt_.log, text.substr(0, EndOfIteration(text, 300, text.find("srun: error"))));
+  PollAll(&w);
+  EXPECT_EQ(runner.labels.size(), 2u);
+  EXPECT_EQ(runner.most, 2);
+  auto count = [&](const std::string& event) {
+    int64_t n = 0, dropped = 0;
+    for (const auto& e : Entries(opt_.out_dir)) {
+      if (e["event"] == event) ++n;
+      if (e["event"] == "hooks_dropped") dropped += e["count"].get<int64_t>();
+    }
+    return std::pair{n, dropped};
+  };
+  const int64_t findings = w.entries() - count("hooks_dropped").first;
+  ASSERT_GE(findings, 5);  // spike (2), nan, restart, resume spike ...
+  EXPECT_EQ(count("hooks_dropped").second, findings - 3);  // 2 running, 1 queued
+  // Two commands end: the queued one starts in a slot; the next entry finds the other free.
+  runner.finish = 2;
+  bool more = false, read = false;
+  ASSERT_TRUE(w.Poll(&more, &read).ok());
+  EXPECT_EQ(runner.labels.size(), 3u);
+  Append(opt_.log, text.substr(EndOfIteration(text, 300, text.find("srun: error"))));
+  PollAll(&w);
+  w.Finish("the test is over");
+  EXPECT_EQ(runner.most, 2);
+  const auto entries = Entries(opt_.out_dir);
+  int64_t dropped = 0, ended_early = 0;
+  for (const auto& e : entries) {
+    if (e["event"] != "hooks_dropped") continue;
+    dropped += e["count"].get<int64_t>();
+    EXPECT_EQ(e["total"], dropped);
+    EXPECT_EQ(e["max_running_hooks"], 2);
+    EXPECT_EQ(e["max_queued_hooks"], 1);
+    EXPECT_EQ(e["source"], "keel logs watch");
+    if (e["reason"] == "the watch ended before they could start") ended_early = e["count"];
+  }
+  // Every finding's command either ran or was counted as not run.
+  const int64_t all_findings = static_cast<int64_t>(entries.size()) - count("hooks_dropped").first;
+  EXPECT_EQ(static_cast<int64_t>(runner.labels.size()) + dropped, all_findings);
+  EXPECT_EQ(ended_early, 1);  // the one waiting when the watch ended
+  std::string all;
+  for (const std::string& s : said_) all += s + "\n";
+  EXPECT_NE(all.find("--on-event: " + std::to_string(findings - 3) + " commands not run (" +
+                     std::to_string(findings - 3) +
+                     " this watch): 2 were running and 1 waiting to start, the most "
+                     "--max-running-hooks and --max-queued-hooks allow"),
+            std::string::npos)
+      << all;
+  const std::string chronicle = keel_test::ReadText(opt_.out_dir + "/CHRONICLE.md");
+  EXPECT_NE(chronicle.find("the watch ended before they could start"), std::string::npos)
+      << chronicle;
+}
+
 }  // namespace
 }  // namespace keel
