@@ -25,6 +25,8 @@
 namespace keel {
 
 constexpr const char* kMarkerFile = "latest_checkpointed_iteration.txt";
+// Where each rank of a run holds its lock on the run directory (train/rank_agreement.h).
+constexpr const char* kLocksDir = "locks";
 constexpr const char* kPinsFile = "pinned_checkpoints.json";
 
 // One file of a checkpoint to write: raw bytes, or a safetensors image of host fp32 tensors.

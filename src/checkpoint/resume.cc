@@ -96,6 +96,8 @@ std::string NoCheckpointIn(Env* env, const std::string& dir) {
   if (!env->IsDirectory(dir)) return "";  // a file: ResolveCheckpointDir names the problem
   std::vector<std::string> children;
   if (!env->GetChildren(dir, &children).ok()) return "";
+  // The locks a run takes before it looks for a checkpoint do not make a directory less empty.
+  std::erase(children, std::string(kLocksDir));
   for (const std::string& c : children) {
     int64_t it = 0;
     if (c == kManifestFile || c == kMarkerFile || ParseCheckpointDirName(c, &it)) return "";

@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint_store.h"
 #include "config/config.h"
 #include "core/timestamp.h"
 
@@ -119,7 +120,7 @@ Status AgreeOnConfig(Communicator* comm, const TrainConfig& cfg) {
 }
 
 std::string RunDirectoryLock::LockPath(const std::string& save_dir, int rank) {
-  return JoinPath(JoinPath(save_dir, "locks"), fmt::format("rank-{:03d}.lock", rank));
+  return JoinPath(JoinPath(save_dir, kLocksDir), fmt::format("rank-{:03d}.lock", rank));
 }
 
 Status RunDirectoryLock::Acquire(Env* env, Communicator* comm, const std::string& save_dir,
@@ -140,7 +141,7 @@ Status RunDirectoryLock::Acquire(Env* env, Communicator* comm, const std::string
                          "\n";
   std::unique_ptr<FileLock> lock;
   std::string previous;
-  Status st = env->CreateDirs(JoinPath(save_dir, "locks"));
+  Status st = env->CreateDirs(JoinPath(save_dir, kLocksDir));
   if (st.ok()) st = env->LockFile(path, me, &lock, &previous);
   if (st.ok() && lock == nullptr)
     st = Status::InvalidArgument(fmt::format(
