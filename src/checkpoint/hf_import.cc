@@ -210,7 +210,7 @@ Status ImportHf(Env* env, const std::string& hf_dir, const std::string& out_dir,
   try {
     return ImportSteps(env, hf_dir, out_dir, options, log, report);
   } catch (const std::bad_alloc&) {
-    return Status::IOError(fmt::format(
+    return Status::OutOfMemory(fmt::format(
         "out of memory while importing {}: the model is built in memory with its optimizer "
         "state (about 16 bytes per parameter), as training needs; import on a machine with more "
         "memory",

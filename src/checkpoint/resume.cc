@@ -238,8 +238,10 @@ Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStor
           out->saved->dir, out->saved->train.counters.iteration));
     return Status::OK();
   }
-  Status st = CheckResumeChanges(changes, cfg, &out->accepted, &out->notes);
+  Status st = CheckResumeChanges(changes, cfg, &out->accepted, &out->free_changes);
   if (!st.ok()) return Status::InvalidArgument(out->saved->dir + ": " + st.message());
+  for (const ConfigChange& c : out->free_changes)
+    out->notes.push_back("changed on resume: " + DescribeChange(c));
   return Status::OK();
 }
 
@@ -332,12 +334,17 @@ std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const Tr
   return out;
 }
 
+std::string DescribeChange(const ConfigChange& c) {
+  return fmt::format("{}: {} -> {}", c.key, c.old_value, c.new_value);
+}
+
 Status CheckResumeChanges(const std::vector<ConfigChange>& changes, const TrainConfig& now,
-                          std::vector<ConfigChange>* accepted, std::vector<std::string>* notes) {
+                          std::vector<ConfigChange>* accepted, std::vector<ConfigChange>* free) {
   using K = ConfigChange::Kind;
   std::string refused;
   bool shape = false, sched = false, data = false;
   accepted->clear();
+  free->clear();
   for (const ConfigChange& c : changes) {
     const std::string line = fmt::format("\n  {}: {} -> {}", c.key, c.old_value, c.new_value);
     switch (c.kind) {
@@ -362,8 +369,7 @@ Status CheckResumeChanges(const std::vector<ConfigChange>& changes, const TrainC
         }
         break;
       case K::kFree:
-        notes->push_back(
-            fmt::format("changed on resume: {}: {} -> {}", c.key, c.old_value, c.new_value));
+        free->push_back(c);
         break;
     }
   }

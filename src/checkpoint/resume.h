@@ -33,9 +33,11 @@ ConfigChange::Kind ResumeKindOfKey(const std::string& key);
 
 // Applies the resume rules to `changes`: an error with the full diff and the accepting flag when
 // a change needs a flag that was not given; otherwise `accepted` lists the changes a flag
-// accepted and `notes` the free ones.
+// accepted and `free` those that need none.
 Status CheckResumeChanges(const std::vector<ConfigChange>& changes, const TrainConfig& now,
-                          std::vector<ConfigChange>* accepted, std::vector<std::string>* notes);
+                          std::vector<ConfigChange>* accepted, std::vector<ConfigChange>* free);
+// "KEY: OLD -> NEW".
+std::string DescribeChange(const ConfigChange& c);
 
 struct ResumePoint {
   enum class Kind {
@@ -49,7 +51,8 @@ struct ResumePoint {
   Kind kind = Kind::kFresh;
   std::unique_ptr<SavedTrainState> saved;  // verified and read; null for kFresh
   std::vector<ConfigChange> accepted;      // changes an override flag accepted
-  std::vector<std::string> notes;          // changes that need no flag
+  std::vector<ConfigChange> free_changes;  // changes that need no flag (a precision, ...)
+  std::vector<std::string> notes;          // for the log: free changes, what --load means
   // The checkpoint lies in --save (a resume or a rollback): later saves continue its numbering.
   bool in_save_dir() const { return kind == Kind::kResume || kind == Kind::kRollback; }
   // The run continues the checkpoint's (its counters, optimizer, schedule position, guard); a

@@ -32,7 +32,7 @@ The child's exit code decides (keel's codes):
   0                 finished, or stopped on purpose (kill switch, SIGTERM)  -> launch exits 0
   2                 usage or configuration error: not restarted             -> launch exits 2
   3                 the guard stopped the run (unhealthy): not restarted    -> launch exits 3
-  4                 the watchdog ended a hung job                           -> restart
+  4                 the ranks could not go on (a hang, out of step)         -> restart
   any other, or killed by a signal                                          -> restart
 Budget spent: launch gives up and exits with the last child's code (1 for a signal).
 SIGTERM, SIGINT or SIGUSR1 to launch: the job is asked to save and exit (SIGTERM to each keel

@@ -33,7 +33,8 @@ int Train(const ParsedConfig& parsed, Communicator* comm) {
   if (!st.ok()) return Fail(st);
   // Exit 3: the guard stopped the run (its rollback budget was spent, or no checkpoint to return
   // to); the state was not saved, the chronicle says why.
-  return outcome == TrainingRun::Outcome::kGuardStopped ? 3 : 0;
+  return ToInt(outcome == TrainingRun::Outcome::kGuardStopped ? ExitCode::kGuardStopped
+                                                              : ExitCode::kSuccess);
 }
 
 }  // namespace
@@ -59,7 +60,7 @@ int TrainCommand(int argc, const char* const* argv) {
 
   // Every rank reaches the same outcome through collectives; a rank that fails alone (an error,
   // an exception, no memory) would leave the others waiting in one, so it ends the whole job.
-  int rc = 1;
+  int rc = ToInt(ExitCode::kRuntimeFailure);
   try {
     rc = Train(parsed, comm.get());
   } catch (const std::bad_alloc&) {
@@ -67,7 +68,8 @@ int TrainCommand(int argc, const char* const* argv) {
   } catch (const std::exception& e) {
     LogError(std::string("error: ") + e.what());
   }
-  if (rc != 0 && rc != 3) {
+  // A guard stop is reached by every rank together (its decisions are agreed): no abort.
+  if (rc != ToInt(ExitCode::kSuccess) && rc != ToInt(ExitCode::kGuardStopped)) {
     LogError(fmt::format("error: rank {} failed (exit {}); ending every rank of the job",
                          comm->rank(), rc));
     comm->Abort(rc);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "core/exit_code.h"
 #include "core/log.h"
 
 namespace keel {
@@ -128,7 +129,7 @@ class MpiCommunicator : public Communicator {
     int len = 0;
     MPI_Error_string(rc, msg, &len);
     LogError(fmt::format("error: rank {}: {} failed: {}; aborting every rank", rank_, what, msg));
-    Abort(1);
+    Abort(ToInt(ExitCode::kRuntimeFailure));
   }
 
   std::string launcher_;

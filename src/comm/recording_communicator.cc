@@ -115,7 +115,7 @@ void RecordingCommunicator::CheckHeaders(const std::vector<std::string>& headers
 void RecordingCommunicator::OutOfStep(const std::string& report) {
   LogError("error: " + report);
   if (on_out_of_step_) on_out_of_step_(report);
-  RecordingCommunicator::Abort(kOutOfStepExitCode);
+  RecordingCommunicator::Abort(ToInt(ExitCode::kRanksCannotGoOn));
 }
 
 void RecordingCommunicator::Abort(int exit_code) {

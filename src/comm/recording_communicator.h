@@ -7,7 +7,7 @@
 //     named at the next host collective instead of hanging; with `check_every` (--debug-
 //     collectives) the ranks also agree on the header before each gradient collective.
 // Ranks out of step cannot continue: every rank logs the same report and the job ends with
-// kOutOfStepExitCode, the watchdog's hang exit code.
+// ExitCode::kRanksCannotGoOn, the watchdog's hang exit code.
 #pragma once
 
 #include <functional>
@@ -17,10 +17,9 @@
 #include "comm/collective_recorder.h"
 #include "comm/communicator.h"
 #include "core/env.h"
+#include "core/exit_code.h"
 
 namespace keel {
-
-constexpr int kOutOfStepExitCode = 4;
 
 class RecordingCommunicator : public Communicator {
  public:

@@ -16,6 +16,8 @@ std::string Status::ToString() const {
       return "corruption: " + msg_;
     case Code::kInternal:
       return "internal error: " + msg_;
+    case Code::kOutOfMemory:
+      return "out of memory: " + msg_;
   }
   return msg_;
 }

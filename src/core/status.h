@@ -9,7 +9,16 @@ namespace keel {
 
 class Status {
  public:
-  enum class Code { kOk = 0, kInvalidArgument, kNotFound, kIOError, kCorruption, kInternal };
+  // Sent between ranks as one byte (comm/communicator.h): new codes go at the end.
+  enum class Code {
+    kOk = 0,
+    kInvalidArgument,
+    kNotFound,
+    kIOError,
+    kCorruption,
+    kInternal,
+    kOutOfMemory,  // an allocation failed: the message says what was being built and what to cut
+  };
 
   Status() = default;
   static Status OK() { return Status(); }
@@ -20,6 +29,7 @@ class Status {
   static Status IOError(std::string msg) { return Status(Code::kIOError, std::move(msg)); }
   static Status Corruption(std::string msg) { return Status(Code::kCorruption, std::move(msg)); }
   static Status Internal(std::string msg) { return Status(Code::kInternal, std::move(msg)); }
+  static Status OutOfMemory(std::string msg) { return Status(Code::kOutOfMemory, std::move(msg)); }
   // A status of `code` (sent between ranks as a code and a message).
   static Status FromCode(Code code, std::string msg) { return Status(code, std::move(msg)); }
 

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "checkpoint/manifest.h"
+#include "core/exit_code.h"
 #include "core/log.h"
 #include "core/timestamp.h"
 #include "launch/run_progress.h"
@@ -29,33 +30,25 @@ std::string CommandFlagValue(const std::vector<std::string>& command, const std:
 
 ChildVerdict JudgeExit(const ChildExit& exit) {
   if (exit.signaled) return ChildVerdict::kRestart;
-  switch (exit.code) {
-    case 0:
+  switch (static_cast<ExitCode>(exit.code)) {
+    case ExitCode::kSuccess:
       return ChildVerdict::kFinished;
-    case 2:
+    case ExitCode::kUsageError:
       return ChildVerdict::kConfigError;
-    case 3:
+    case ExitCode::kGuardStopped:
       return ChildVerdict::kGuardStopped;
-    default:
-      return ChildVerdict::kRestart;
+    case ExitCode::kRuntimeFailure:
+    case ExitCode::kRanksCannotGoOn:
+      break;
   }
+  return ChildVerdict::kRestart;  // 1, 4, and whatever else a launcher or a signal made of it
 }
 
 std::string DescribeExit(const ChildExit& exit) {
   if (exit.signaled)
     return fmt::format("killed by {} ({})", SignalName(exit.signal), strsignal(exit.signal));
-  switch (exit.code) {
-    case 0:
-      return "exit 0 (finished)";
-    case 1:
-      return "exit 1 (a runtime failure)";
-    case 2:
-      return "exit 2 (a usage or configuration error)";
-    case 3:
-      return "exit 3 (the guard stopped the run: unhealthy state)";
-    case 4:
-      return "exit 4 (the watchdog ended a hung job)";
-  }
+  if (const char* meaning = ExitCodeMeaning(exit.code))
+    return fmt::format("exit {} ({})", exit.code, meaning);
   // mpirun, srun and shells report a process killed by signal N as 128 + N.
   if (exit.code > 128 && exit.code < 128 + 65)
     return fmt::format("exit {} (a process of the job was killed by {})", exit.code,

@@ -4,12 +4,12 @@
 // costs the iterations since the last checkpoint rather than the night (the 176B run's
 // "training crashes, but SLURM doesn't quit").
 //
-// What the child's end means (keel's exit codes):
+// What the child's end means (keel's exit codes, core/exit_code.h):
 //
 //   exit 0            finished, or stopped on purpose (kill switch, SIGTERM)  -> launch exits 0
 //   exit 2            usage or configuration error: would fail the same way   -> no restart, 2
 //   exit 3            the guard stopped the run (unhealthy state)             -> no restart, 3
-//   exit 4            the watchdog ended a hung job                           -> restart
+//   exit 4            the ranks could not go on (a hang, collectives out of step) -> restart
 //   any other code    a failure (1: runtime error; 137: a rank was killed)    -> restart
 //   killed by signal  SIGKILL (the OOM killer), SIGSEGV, ...                  -> restart
 //
@@ -59,7 +59,7 @@ std::string CommandFlagValue(const std::vector<std::string>& command, const std:
 // What one end of the child means (the table above).
 enum class ChildVerdict { kFinished, kConfigError, kGuardStopped, kRestart };
 ChildVerdict JudgeExit(const ChildExit& exit);
-// "exit 4 (the watchdog ended a hung job)", "SIGKILL (Killed)".
+// "exit 4 (the ranks could not go on together: ...)", "killed by SIGKILL (Killed)".
 std::string DescribeExit(const ChildExit& exit);
 // keel launch's exit code for a child that ended so: its code, or 1 for a signal.
 int ExitCodeOf(const ChildExit& exit);

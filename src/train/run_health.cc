@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/exit_code.h"
 #include "core/log.h"
 #include "core/timestamp.h"
 #include "train/replica_check.h"
@@ -66,7 +67,7 @@ Status RunHealth::Start(const TrainConfig& cfg) {
           j->Append({{"event", "hang"},
                      {"iteration", phases_.Snapshot().iteration},
                      {"dir", dir},
-                     {"exit_code", 4}},
+                     {"exit_code", ToInt(ExitCode::kRanksCannotGoOn)}},
                     line, "");
       };
     watchdog_ = std::make_unique<Watchdog>(env_, &phases_, &comm_.recorder(), o);
@@ -109,7 +110,7 @@ void RunHealth::Attach(Trainer* trainer, RunJournal* journal, RunMetrics* metric
   comm_.set_on_out_of_step([this](const std::string& report) {
     Journal({{"event", "collectives_out_of_step"},
              {"iteration", phases_.Snapshot().iteration},
-             {"exit_code", kOutOfStepExitCode}},
+             {"exit_code", ToInt(ExitCode::kRanksCannotGoOn)}},
             report);
   });
   if (hooks_ == nullptr) return;

@@ -65,7 +65,7 @@ namespace {
 
 // std::bad_alloc as the user reads it: what keel was doing and what to change.
 Status OutOfMemory(const std::string& doing) {
-  return Status::IOError(
+  return Status::OutOfMemory(
       "out of memory while " + doing +
       ": reduce --micro-batch-size, --seq-length or the model (--num-layers, --hidden-size), or "
       "free memory on this machine (the memory estimate above counts what keel allocates for "
@@ -152,8 +152,8 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
           {{"key", c.key}, {"old", c.old_value}, {"new", c.new_value}});
     }
     // Free changes (a precision, the log interval, ...) need no flag but go into the chronicle.
-    for (const std::string& n : r.resume_.notes)
-      if (n.rfind("changed on resume: ", 0) == 0) event["free_changes"].push_back(n.substr(19));
+    for (const ConfigChange& c : r.resume_.free_changes)
+      event["free_changes"].push_back(DescribeChange(c));
     r.history_.push_back(event);
   }
 

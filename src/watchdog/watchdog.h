@@ -16,6 +16,7 @@
 
 #include "comm/collective_recorder.h"
 #include "core/env.h"
+#include "core/exit_code.h"
 #include "watchdog/phase_tracker.h"
 
 namespace keel {
@@ -34,7 +35,7 @@ struct WatchdogOptions {
   uint64_t poll_us = 0;                     // 0: min(1 s, the smallest limit / 10)
   uint64_t join_grace_us = 0;  // 0: min(30 s, max(5 s, timeout_us / 2)): how long a dumping
                                // rank waits for the other ranks' dumps before it exits
-  int exit_code = 4;
+  int exit_code = ToInt(ExitCode::kRanksCannotGoOn);
   std::function<void(int)> exit;  // default: flush stdout/stderr and _exit(code) (never returns)
   // Called from the watchdog's thread with the line it logged and the dump's directory, before
   // it waits for the other ranks (the run journals the hang). May be empty.

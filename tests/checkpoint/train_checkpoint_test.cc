@@ -231,30 +231,31 @@ TEST(TrainCheckpointTest, ConfigChangesAreClassifiedAndNeedTheRightFlag) {
   EXPECT_EQ(kinds.at("log-interval"), ConfigChange::Kind::kFree);
   EXPECT_EQ(kinds.at("lr decay (samples)"), ConfigChange::Kind::kScheduler);
 
-  std::vector<ConfigChange> accepted;
-  notes.clear();
-  Status st = CheckResumeChanges(changes, now, &accepted, &notes);
+  std::vector<ConfigChange> accepted, free;
+  Status st = CheckResumeChanges(changes, now, &accepted, &free);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("lr: 0.003 -> 0.001"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("--override-scheduler"), std::string::npos);
   EXPECT_NE(st.message().find("--override-data-order"), std::string::npos);
 
   now.override_scheduler = true;
-  st = CheckResumeChanges(changes, now, &accepted, &notes);
+  st = CheckResumeChanges(changes, now, &accepted, &free);
   ASSERT_FALSE(st.ok());  // the seed still needs its own flag
   EXPECT_EQ(st.message().find("(accept with --override-scheduler)"), std::string::npos);
   now.override_data_order = true;
-  notes.clear();
-  ASSERT_TRUE(CheckResumeChanges(changes, now, &accepted, &notes).ok());
+  ASSERT_TRUE(CheckResumeChanges(changes, now, &accepted, &free).ok());
   EXPECT_EQ(accepted.size(), 3u);  // lr, decay, seed
-  ASSERT_FALSE(notes.empty());
-  EXPECT_NE(notes[0].find("changed on resume"), std::string::npos);
+  ASSERT_FALSE(free.empty());
+  std::map<std::string, std::string> described;
+  for (const ConfigChange& c : free) described[c.key] = DescribeChange(c);
+  ASSERT_TRUE(described.count("log-interval"));
+  EXPECT_EQ(described["log-interval"], "log-interval: 4 -> 1");
 
   // A shape change is refused whatever the flags.
   TrainConfig bigger = saved;
   bigger.num_layers = 3;
   bigger.override_scheduler = bigger.override_data_order = true;
-  st = CheckResumeChanges(DiffConfigForResume(saved, bigger), bigger, &accepted, &notes);
+  st = CheckResumeChanges(DiffConfigForResume(saved, bigger), bigger, &accepted, &free);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("num-layers: 2 -> 3"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("cannot change on resume"), std::string::npos);

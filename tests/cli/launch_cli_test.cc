@@ -146,7 +146,7 @@ TEST_F(LaunchCliTest, HelpShowsTheOptionsAndTheExitCodeTable) {
   EXPECT_EQ(r.code, 0);
   for (const char* s : {"--max-restarts", "--max-hours", "--backoff-seconds",
                         "--max-backoff-seconds", "--term-grace-seconds", "--stall-minutes",
-                        "--status-file", "--kill-switch-path", "the watchdog ended a hung job"})
+                        "--status-file", "--kill-switch-path", "the ranks could not go on (a hang, out of step)"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   EXPECT_NE(keel_test::RunShell(std::string(KEEL_BINARY) + " --help").out.find("  launch "),
             std::string::npos);

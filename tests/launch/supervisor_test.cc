@@ -134,7 +134,8 @@ esac
   EXPECT_EQ(restarts[0]["restart"], 1);
   EXPECT_EQ(restarts[0]["attempt"], 1);  // the one that failed
   EXPECT_FALSE(restarts[0].contains("hang_dump"));
-  EXPECT_EQ(restarts[1]["cause"], "exit 4 (the watchdog ended a hung job)");
+  EXPECT_EQ(restarts[1]["cause"],
+            "exit 4 (the ranks could not go on together: a hang or collectives out of step)");
   EXPECT_EQ(restarts[1]["iteration"], 11);
   EXPECT_EQ(restarts[1]["checkpoint_iteration"], 10);
   EXPECT_EQ(restarts[1]["lost_iterations"], 1);
@@ -150,8 +151,9 @@ esac
                            "(3 iterations lost); continuing from iter_0000004; lost "),
             std::string::npos)
       << chronicle;
-  EXPECT_NE(chronicle.find("- launch: restart 2 of 3: attempt 2 failed: exit 4 (the watchdog "
-                           "ended a hung job); it had reached iteration 11, newest checkpoint "
+  EXPECT_NE(chronicle.find("- launch: restart 2 of 3: attempt 2 failed: exit 4 (the ranks could "
+                           "not go on together: a hang or collectives out of step); it had reached "
+                           "iteration 11, newest checkpoint "
                            "iter_0000010 (1 iteration lost); the watchdog's stack dump is " +
                            run_ + "/hangs/iter_0000011: run `keel hangs analyze " + run_ +
                            "/hangs/iter_0000011`"),
