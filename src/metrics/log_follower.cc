@@ -32,10 +32,11 @@ Status LogFollower::CheckFollowable(Env* env, const std::string& path) {
         fmt::format("{} is a directory, not a log file: give the file the training run writes "
                     "(e.g. its main_log.txt)",
                     path));
-  return Status::InvalidArgument(
-      NotRegularFile(path, type).message() +
-      " (logs watch follows a log file by its offsets, through rotations; have the run write its "
-      "log to a file, e.g. `... 2>&1 | tee main_log.txt`, and watch that file)");
+  return Status::InvalidArgument(fmt::format(
+      "'{}' is {}, not a regular file: logs watch follows a log file by its offsets, through "
+      "rotations, and opening a pipe would block it; have the run write its log to a file (e.g. "
+      "`... 2>&1 | tee main_log.txt`) and watch that file",
+      path, DescribeFileType(type)));
 }
 
 Status LogFollower::Read(const std::string& file, uint64_t from, size_t n, std::string* out) {
