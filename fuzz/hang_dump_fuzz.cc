@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fuzz_input.h"
+#include "mem_env.h"
 #include "watchdog/hang_analysis.h"
 #include "watchdog/hang_dump.h"
 
@@ -22,6 +23,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!dumps.empty() && (d.rank == dumps[0].rank || d.world_size != dumps[0].world_size))
       continue;
     dumps.push_back(std::move(d));
+  }
+  // As `keel hangs analyze` reads them: the files of a directory, through the Env's capped read.
+  {
+    keel::fuzz::MemEnv env;
+    const std::vector<std::string> parts = keel::fuzz::SplitInput(data, size, 2);
+    env.Put("/hang/rank-000.txt", parts[0]);
+    env.Put("/hang/rank-001.txt", parts[1]);
+    std::vector<keel::HangDump> read;
+    (void)keel::ReadHangDumps(&env, "/hang", &read);
   }
   if (dumps.empty()) return 0;
   const keel::HangAnalysis a = keel::AnalyzeHangs(dumps);

@@ -104,6 +104,13 @@ def main():
         [("a", "BF16", [2, 2], b"\x80\x3f" * 4), ("b", "I64", [1], struct.pack("<q", 7)),
          ("c", "F32", [], f32(1))]))
     put(out, "safetensors_fuzz", "empty", safetensors([]))
+    # Refused by name (issue 35): two tensors over the same bytes, a key given twice.
+    hdr = (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+           b'"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}')
+    put(out, "safetensors_fuzz", "overlap", struct.pack("<Q", len(hdr)) + hdr + f32(4))
+    hdr = (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+           b'"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}')
+    put(out, "safetensors_fuzz", "duplicate-key", struct.pack("<Q", len(hdr)) + hdr + f32(4))
 
     # Hugging Face folders as `keel ckpt import` reads them: config.json, the sharded index, and
     # the one shard it names (F32, F16 and BF16 tensors).
@@ -166,6 +173,8 @@ def main():
     put(out, "loose_json_fuzz", "oscar",
         json.dumps({"id": 1, "text": "Call me Ishmael.\n", "title": "Moby-Dick"}).encode())
     put(out, "loose_json_fuzz", "no-text", b'{"content": "x"}')
+    put(out, "loose_json_fuzz", "latin1", b'{"text": "caf\xe9"}')  # not UTF-8: named by offset
+    put(out, "loose_json_fuzz", "surrogate", b'{"text": "\xed\xa0\x80"}')
 
     vocab = gpt2_vocab(assets)
     if vocab is not None:

@@ -31,9 +31,12 @@ class MemEnv : public Env {
   Status NewAppendableFile(const std::string& path, std::unique_ptr<WritableFile>* out) override {
     return Open(path, /*truncate=*/false, out);
   }
-  Status ReadFileToString(const std::string& path, std::string* out) override {
+  using Env::ReadFileToString;
+  // The cap is the real Env's: a reader's limit is fuzzed with the reader.
+  Status ReadFileToString(const std::string& path, std::string* out, uint64_t max_bytes) override {
     auto it = files_.find(path);
     if (it == files_.end()) return Status::IOError("cannot open '" + path + "': no such file");
+    if (it->second->size() > max_bytes) return FileTooLarge(path, max_bytes);
     *out = *it->second;
     return Status::OK();
   }

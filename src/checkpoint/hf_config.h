@@ -10,10 +10,15 @@
 #include <vector>
 
 #include "checkpoint/hf_arch.h"
+#include "core/env.h"
 #include "core/status.h"
 #include "model/gpt.h"
 
 namespace keel {
+
+// The most keel reads of a Hugging Face folder's config.json or model.safetensors.index.json
+// (real ones are a few KiB to a few hundred KiB).
+inline constexpr uint64_t kMaxHfJsonBytes = 16 * kMiB;
 
 // config.json for `spec` exported as `arch` (see the .cc for every field): the real vocabulary,
 // fp32, and `eod_id` (the tokenizer's document separator) as bos and eos.

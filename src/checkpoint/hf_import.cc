@@ -238,7 +238,7 @@ Status ImportSteps(Env* env, const std::string& hf_dir, const std::string& out_d
                                    " has no config.json: it is not a Hugging Face model "
                                    "folder");
   std::string text;
-  KEEL_RETURN_IF_ERROR(env->ReadFileToString(config_path, &text));
+  KEEL_RETURN_IF_ERROR(env->ReadFileToString(config_path, &text, kMaxHfJsonBytes));
   HfModelConfig mc;
   KEEL_RETURN_IF_ERROR(ParseHfConfig(text, config_path, options.config, &mc));
   report->arch = mc.arch;

@@ -141,8 +141,8 @@ Status RecognizeHfTokenizer(Env* env, const std::string& dir, int vocab, int32_t
                     ") are not installed, so vocab.json and merges.txt could not be compared with "
                     "them (scripts/setup.sh installs them)");
     } else {
-      KEEL_RETURN_IF_ERROR(env->ReadFileToString(vocab_json, &a));
-      KEEL_RETURN_IF_ERROR(env->ReadFileToString(merges, &b));
+      KEEL_RETURN_IF_ERROR(env->ReadFileToString(vocab_json, &a, kMaxTokenizerFileBytes));
+      KEEL_RETURN_IF_ERROR(env->ReadFileToString(merges, &b, kMaxTokenizerFileBytes));
       const json theirs = json::parse(a, nullptr, false), ours = json::parse(c, nullptr, false);
       if (!theirs.is_discarded() && theirs == ours && MergeLines(b) == MergeLines(d) &&
           ours.is_object() && ours.contains("<|endoftext|>") &&

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/hf_config.h"
+
 namespace keel {
 namespace {
 
@@ -78,7 +80,7 @@ Status HfWeights::Open(Env* env, const std::string& dir, HfWeights* out) {
     shards.push_back(kHfWeightsFile);
   } else if (env->FileExists(index)) {
     std::string text;
-    KEEL_RETURN_IF_ERROR(env->ReadFileToString(index, &text));
+    KEEL_RETURN_IF_ERROR(env->ReadFileToString(index, &text, kMaxHfJsonBytes));
     KEEL_RETURN_IF_ERROR(ParseHfWeightsIndex(text, index, &weight_map));
     std::set<std::string> seen;
     for (const auto& [name, file] : weight_map)

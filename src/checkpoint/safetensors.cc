@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -80,9 +81,36 @@ Status ParseSafetensors(const char* data, size_t size, const std::string& path,
   for (int i = 0; i < 8; ++i)
     hlen |= static_cast<uint64_t>(static_cast<unsigned char>(data[i])) << (8 * i);
   if (hlen > size - 8) return Status::Corruption(path + ": header length exceeds file size");
-  nlohmann::json header = nlohmann::json::parse(data + 8, data + 8 + hlen, nullptr, false);
+  if (hlen > kMaxSafetensorsHeaderBytes)
+    return Status::Corruption(fmt::format(
+        "{}: the header is {} bytes, more than the {} bytes safetensors allows (and keel reads)",
+        path, hlen, kMaxSafetensorsHeaderBytes));
+  // Keys seen in each object open at the moment, to find one given twice.
+  std::vector<std::set<std::string>> keys;
+  std::string duplicate;
+  bool nested = false;  // the key given twice is inside a tensor's entry
+  const nlohmann::json::parser_callback_t note_keys = [&](int /*depth*/,
+                                                          nlohmann::json::parse_event_t event,
+                                                          nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (event == nlohmann::json::parse_event_t::object_end) {
+      if (!keys.empty()) keys.pop_back();
+    } else if (event == nlohmann::json::parse_event_t::key && !keys.empty() && parsed.is_string() &&
+               !keys.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
+      duplicate = parsed.get<std::string>();
+      nested = keys.size() > 1;
+    }
+    return true;
+  };
+  nlohmann::json header = nlohmann::json::parse(data + 8, data + 8 + hlen, note_keys, false);
   if (header.is_discarded() || !header.is_object())
     return Status::Corruption(path + ": header is not a JSON object");
+  if (!duplicate.empty())
+    return Status::Corruption(fmt::format(
+        "{}: the header gives the key \"{}\"{} twice: JSON readers keep one of them, so what "
+        "the file holds is ambiguous; re-save the model",
+        path, duplicate, nested ? " (inside an entry)" : ""));
   const uint64_t data_start = 8 + hlen;
   out->clear();
   JsonReader r(path + " (safetensors header)", header, kDamagedCheckpointFix);
@@ -130,6 +158,26 @@ Status ParseSafetensors(const char* data, size_t size, const std::string& path,
     ref.data = data + data_start + b;
     ref.bytes = e - b;
     (*out)[it.key()] = std::move(ref);
+  }
+  // No byte belongs to two tensors: writing one would change the other.
+  std::vector<std::pair<const char*, std::string>> starts;  // by offset, then name
+  for (const auto& [name, ref] : *out)
+    if (ref.bytes > 0) starts.emplace_back(ref.data, name);
+  std::sort(starts.begin(), starts.end());
+  for (size_t i = 1; i < starts.size(); ++i) {
+    const TensorRef& prev = out->at(starts[i - 1].second);
+    if (starts[i].first < prev.data + prev.bytes) {
+      const TensorRef& next = out->at(starts[i].second);
+      const char* base = data + data_start;
+      const Status st = Status::Corruption(fmt::format(
+          "{}: tensors '{}' and '{}' overlap (bytes {}-{} and {}-{} of the data): each tensor "
+          "needs bytes of its own; the file is damaged or was not written by a safetensors "
+          "writer",
+          path, starts[i - 1].second, starts[i].second, prev.data - base,
+          prev.data + prev.bytes - base, next.data - base, next.data + next.bytes - base));
+      out->clear();
+      return st;
+    }
   }
   return Status::OK();
 }

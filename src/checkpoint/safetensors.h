@@ -41,8 +41,13 @@ struct TensorRef {
   const char* data = nullptr;
   uint64_t bytes = 0;
 };
+// The largest header keel parses: the safetensors library's own limit (100 MB), with it in the
+// message; a real header is a few hundred KiB.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
 // Parses the header of an image and checks every tensor's offsets lie inside it and match its
-// shape and dtype size. `path` names the file in errors.
+// shape and dtype size, that no two tensors' bytes overlap and that no key is given twice (JSON
+// would keep the last silently). `path` names the file in errors.
 Status ParseSafetensors(const char* data, size_t size, const std::string& path,
                         std::map<std::string, TensorRef>* out,
                         std::map<std::string, std::string>* metadata);

@@ -54,6 +54,8 @@ int DataCommand(int argc, const char* const* argv) {
   prep->add_option("--seed", opt.seed, "seed for sentencepiece training");
   bool quiet = false;
   prep->add_flag("--quiet", quiet, "no progress bar");
+  prep->add_flag("--allow-empty", opt.allow_empty,
+                 "write the dataset even when the input holds no document (refused otherwise)");
   prep->add_option("--workers", opt.workers,
                    "threads tokenizing in parallel (default: all cores; the output is the same "
                    "for any number)")
@@ -160,6 +162,15 @@ int DataCommand(int argc, const char* const* argv) {
       return 0;
     }
     bool ok = true;
+    if (r.documents == 0 || r.tokens == 0) {
+      // Nothing to train on is not OK: almost always an empty input prepared by mistake.
+      LogError(fmt::format(
+          "error: {} holds no {}: training on it has nothing to read; prepare it again from "
+          "the right input",
+          prefix, r.documents == 0 ? "documents" : "tokens (every document is empty)"));
+      Log("verify: FAILED ({} documents, {} tokens)", r.documents, r.tokens);
+      return 1;
+    }
     if (vocab_size <= 0) {
       LogError("error: the vocabulary size is unknown (no PREFIX.meta.json): pass --vocab-size N");
       return 2;

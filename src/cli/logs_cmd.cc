@@ -79,15 +79,10 @@ int Analyze(const std::vector<std::string>& files, const std::string& to_metrics
   Env* env = Env::Default();
   ParsedLog log;
   for (const std::string& f : files) {
-    std::string text;
-    Status st = env->ReadFileToString(f, &text);
+    // Streamed: a log of any length is read in pieces, its lines capped (kMaxLogLineBytes).
+    Status st = ReadMegatronLog(env, f, &log);
     if (!st.ok()) {
       LogError(fmt::format("error: cannot read the log {}: {}", f, st.message()));
-      return 2;
-    }
-    st = ParseMegatronLog(text, f, &log);
-    if (!st.ok()) {
-      LogError("error: " + st.message());
       return 2;
     }
   }

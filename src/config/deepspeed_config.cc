@@ -207,6 +207,8 @@ class Reader {
 Status ParseDeepSpeedConfig(const std::string& text, const std::string& origin,
                             DeepSpeedConfig* out) {
   *out = DeepSpeedConfig();
+  if (text.size() > kMaxDeepSpeedConfigBytes)  // what the read refuses, for text from elsewhere
+    return FileTooLarge(origin, kMaxDeepSpeedConfigBytes);
   const json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded())
     return Status::InvalidArgument(fmt::format(
@@ -241,7 +243,7 @@ Status ApplyDeepSpeedConfig(const std::set<std::string>& given, int* zero_stage,
     return Status::OK();
   }
   std::string text;
-  Status rs = Env::Default()->ReadFileToString(path, &text);
+  Status rs = Env::Default()->ReadFileToString(path, &text, kMaxDeepSpeedConfigBytes);
   if (!rs.ok())
     return Status::InvalidArgument(
         fmt::format("--deepspeed_config {}: cannot read the file ({})", path, rs.message()));

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "core/status.h"
 
 namespace keel {
@@ -32,6 +33,10 @@ struct DeepSpeedConfig {
   // "KEY (why it changes nothing here)", for the note.
   std::vector<std::string> ignored;
 };
+
+// The most keel reads of a DeepSpeed config (real ones are a few KiB): a larger file is refused
+// with this cap in the message, before it is parsed.
+inline constexpr uint64_t kMaxDeepSpeedConfigBytes = 16 * kMiB;
 
 // Parses the JSON text of `origin`. InvalidArgument naming the file, the key, the value and the
 // fix for a wrong type or value, or for a key keel cannot honour.

@@ -38,6 +38,27 @@ class FileLock {
   virtual ~FileLock() = default;
 };
 
+// What a path is (stat(2), following symbolic links).
+enum class FileType { kRegular, kDirectory, kFifo, kCharDevice, kBlockDevice, kSocket, kOther };
+
+// "a FIFO (named pipe)", "a character device", ...: for messages.
+const char* DescribeFileType(FileType type);
+
+inline constexpr uint64_t kMiB = uint64_t{1} << 20;
+// The most a whole-file read takes into memory when its caller names no cap of its own (each
+// reader of outside input names a smaller one: docs/config.md lists them).
+inline constexpr uint64_t kDefaultReadCap = uint64_t{1} << 30;
+
+// "16 MiB", "1 GiB", "512 bytes": a cap as messages state it.
+std::string FormatByteCap(uint64_t bytes);
+
+// InvalidArgument: `path` is a FIFO, device or socket where a regular file is expected, and what
+// to pass instead. keel never opens such a file for reading: it would block (a FIFO with no
+// writer) or never end (/dev/zero).
+Status NotRegularFile(const std::string& path, FileType type);
+// InvalidArgument: `path` holds more than `max_bytes`, the cap of this read.
+Status FileTooLarge(const std::string& path, uint64_t max_bytes);
+
 // Memory this process can still allocate, and where that figure comes from.
 struct MemoryAvailable {
   uint64_t bytes = 0;
@@ -51,16 +72,30 @@ class Env {
 
   virtual Status NewWritableFile(const std::string& path, std::unique_ptr<WritableFile>* out) = 0;
   virtual Status NewAppendableFile(const std::string& path, std::unique_ptr<WritableFile>* out) = 0;
-  virtual Status ReadFileToString(const std::string& path, std::string* out) = 0;
+  // The whole of `path`, at most `max_bytes` of it. Only a regular file is read: a FIFO, device
+  // or socket is refused by name (NotRegularFile) without blocking on it, and a longer file with
+  // the cap in the message (FileTooLarge), having taken no more than the cap into memory. (/proc
+  // files are regular: their size reads 0, their content is read up to the cap.)
+  virtual Status ReadFileToString(const std::string& path, std::string* out,
+                                  uint64_t max_bytes) = 0;
+  Status ReadFileToString(const std::string& path, std::string* out) {
+    return ReadFileToString(path, out, kDefaultReadCap);
+  }
+  // Regular files only, as ReadFileToString.
   virtual Status MapReadOnly(const std::string& path, std::unique_ptr<ReadOnlyRegion>* out) = 0;
   // Up to `n` bytes of `path` from byte `offset`, as the file is now (fewer at its end, none past
-  // it): for a file another process appends to or truncates (a log being followed), where a
-  // mapping would fault on pages cut off under it. The default copies them out of MapReadOnly.
+  // it): for a file another process appends to or truncates (a log being followed, an input read
+  // in pieces), where a mapping would fault (SIGBUS) on pages cut off under it. Regular files
+  // only, as ReadFileToString. The default copies them out of MapReadOnly.
   virtual Status ReadFileRange(const std::string& path, uint64_t offset, size_t n,
                                std::string* out);
   virtual bool FileExists(const std::string& path) = 0;
   virtual bool IsDirectory(const std::string& path) = 0;
   virtual Status GetFileSize(const std::string& path, uint64_t* size) = 0;
+  // What `path` is, without opening it. NotFound when nothing is there; InvalidArgument naming a
+  // symbolic link loop (ELOOP), which FileExists cannot tell from a missing file. The default
+  // knows regular files and directories only (FileExists, IsDirectory).
+  virtual Status GetFileType(const std::string& path, FileType* type);
   virtual Status GetChildren(const std::string& dir, std::vector<std::string>* names) = 0;
   virtual Status CreateDirs(const std::string& dir) = 0;  // mkdir -p
   virtual Status RenameFile(const std::string& from, const std::string& to) = 0;

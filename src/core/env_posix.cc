@@ -171,10 +171,15 @@ class PosixEnv : public Env {
   Status NewAppendableFile(const std::string& path, std::unique_ptr<WritableFile>* out) override {
     return Open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, out);
   }
-  Status ReadFileToString(const std::string& path, std::string* out) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return PosixError("cannot open", path, errno);
+  Status ReadFileToString(const std::string& path, std::string* out, uint64_t max_bytes) override {
     out->clear();
+    int fd = -1;
+    struct stat st;
+    KEEL_RETURN_IF_ERROR(OpenRegular(path, &fd, &st));
+    if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+      ::close(fd);
+      return FileTooLarge(path, max_bytes);
+    }
     char buf[1 << 16];
     while (true) {
       ssize_t n = ::read(fd, buf, sizeof(buf));
@@ -182,9 +187,15 @@ class PosixEnv : public Env {
         if (errno == EINTR) continue;
         int err = errno;
         ::close(fd);
+        out->clear();
         return PosixError("cannot read", path, err);
       }
       if (n == 0) break;
+      if (out->size() + static_cast<size_t>(n) > max_bytes) {  // grew while read, or /proc
+        ::close(fd);
+        out->clear();
+        return FileTooLarge(path, max_bytes);
+      }
       out->append(buf, static_cast<size_t>(n));
     }
     ::close(fd);
@@ -192,8 +203,9 @@ class PosixEnv : public Env {
   }
   Status ReadFileRange(const std::string& path, uint64_t offset, size_t n,
                        std::string* out) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return PosixError("cannot open", path, errno);
+    int fd = -1;
+    struct stat st;
+    KEEL_RETURN_IF_ERROR(OpenRegular(path, &fd, &st));
     out->resize(n);
     size_t got = 0;
     while (got < n) {
@@ -213,18 +225,9 @@ class PosixEnv : public Env {
     return Status::OK();
   }
   Status MapReadOnly(const std::string& path, std::unique_ptr<ReadOnlyRegion>* out) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return PosixError("cannot open", path, errno);
+    int fd = -1;
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      int err = errno;
-      ::close(fd);
-      return PosixError("cannot stat", path, err);
-    }
-    if (S_ISDIR(st.st_mode)) {  // mmap would say "No such device"
-      ::close(fd);
-      return Status::IOError("cannot map '" + path + "': it is a directory, not a file");
-    }
+    KEEL_RETURN_IF_ERROR(OpenRegular(path, &fd, &st, "map"));
     size_t size = static_cast<size_t>(st.st_size);
     void* base = nullptr;
     if (size > 0) {
@@ -237,6 +240,21 @@ class PosixEnv : public Env {
     }
     ::close(fd);
     *out = std::make_unique<MmapRegion>(base, size);
+    return Status::OK();
+  }
+  Status GetFileType(const std::string& path, FileType* type) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      const int err = errno;
+      if (err == ENOENT || err == ENOTDIR) return Status::NotFound("no such file '" + path + "'");
+      if (err == ELOOP)
+        return Status::InvalidArgument(
+            "'" + path + "' is a symbolic link loop (ELOOP: " + std::strerror(err) +
+            "): a link in it points, directly or through others, back at itself; point it at "
+            "the file");
+      return PosixError("cannot stat", path, err);
+    }
+    *type = TypeOf(st.st_mode);
     return Status::OK();
   }
   bool FileExists(const std::string& path) override { return ::access(path.c_str(), F_OK) == 0; }
@@ -337,6 +355,43 @@ class PosixEnv : public Env {
   }
 
  private:
+  static FileType TypeOf(mode_t mode) {
+    if (S_ISREG(mode)) return FileType::kRegular;
+    if (S_ISDIR(mode)) return FileType::kDirectory;
+    if (S_ISFIFO(mode)) return FileType::kFifo;
+    if (S_ISCHR(mode)) return FileType::kCharDevice;
+    if (S_ISBLK(mode)) return FileType::kBlockDevice;
+    if (S_ISSOCK(mode)) return FileType::kSocket;
+    return FileType::kOther;
+  }
+  // Opens `path` for reading only if it is a regular file. It is stat'ed first, so a device is
+  // never opened (an open can have effects, or block: a FIFO with no writer blocks open(2) for
+  // good, deaf to SIGINT); the open is non-blocking and re-checked with fstat, so a FIFO put
+  // there in between is refused too.
+  static Status OpenRegular(const std::string& path, int* fd, struct stat* st,
+                            const char* verb = "read") {
+    auto refuse = [&](mode_t mode) {
+      if (S_ISDIR(mode))
+        return Status::IOError(std::string("cannot ") + verb + " '" + path +
+                               "': it is a directory, not a file");
+      return NotRegularFile(path, TypeOf(mode));
+    };
+    if (::stat(path.c_str(), st) != 0) return PosixError("cannot open", path, errno);
+    if (!S_ISREG(st->st_mode)) return refuse(st->st_mode);
+    const int f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (f < 0) return PosixError("cannot open", path, errno);
+    if (::fstat(f, st) != 0) {
+      const int err = errno;
+      ::close(f);
+      return PosixError("cannot stat", path, err);
+    }
+    if (!S_ISREG(st->st_mode)) {
+      ::close(f);
+      return refuse(st->st_mode);
+    }
+    *fd = f;
+    return Status::OK();
+  }
   Status Open(const std::string& path, int flags, std::unique_ptr<WritableFile>* out) {
     int fd = ::open(path.c_str(), flags, 0644);
     if (fd < 0) return PosixError("cannot open for writing", path, errno);
@@ -359,6 +414,56 @@ Status Env::ReadFileRange(const std::string& path, uint64_t offset, size_t n, st
   if (offset < region->size())
     out->assign(region->data() + offset, std::min<uint64_t>(n, region->size() - offset));
   return Status::OK();
+}
+
+Status Env::GetFileType(const std::string& path, FileType* type) {
+  if (IsDirectory(path)) {
+    *type = FileType::kDirectory;
+  } else if (FileExists(path)) {
+    *type = FileType::kRegular;
+  } else {
+    return Status::NotFound("no such file '" + path + "'");
+  }
+  return Status::OK();
+}
+
+const char* DescribeFileType(FileType type) {
+  switch (type) {
+    case FileType::kRegular:
+      return "a regular file";
+    case FileType::kDirectory:
+      return "a directory";
+    case FileType::kFifo:
+      return "a FIFO (a named pipe, or a shell's <(...))";
+    case FileType::kCharDevice:
+      return "a character device";
+    case FileType::kBlockDevice:
+      return "a block device";
+    case FileType::kSocket:
+      return "a socket";
+    case FileType::kOther:
+      break;
+  }
+  return "not a regular file";
+}
+
+std::string FormatByteCap(uint64_t bytes) {
+  if (bytes >= (uint64_t{1} << 30) && bytes % (uint64_t{1} << 30) == 0)
+    return std::to_string(bytes >> 30) + " GiB";
+  if (bytes >= kMiB && bytes % kMiB == 0) return std::to_string(bytes >> 20) + " MiB";
+  return std::to_string(bytes) + " bytes";
+}
+
+Status NotRegularFile(const std::string& path, FileType type) {
+  return Status::InvalidArgument(
+      "'" + path + "' is " + DescribeFileType(type) +
+      ", not a regular file: keel reads only regular files here (a pipe or device would block "
+      "it or never end); write the data to a file first and pass that file");
+}
+
+Status FileTooLarge(const std::string& path, uint64_t max_bytes) {
+  return Status::InvalidArgument("'" + path + "' is larger than " + FormatByteCap(max_bytes) +
+                                 ", the most keel reads of such a file: is it the right file?");
 }
 
 int64_t Env::NowUnixMicros() {

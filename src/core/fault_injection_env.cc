@@ -150,9 +150,10 @@ Status FaultInjectionEnv::NewAppendableFile(const std::string& path,
   *out = std::make_unique<FaultInjectionFile>(this, path, std::move(f));
   return Status::OK();
 }
-Status FaultInjectionEnv::ReadFileToString(const std::string& path, std::string* out) {
+Status FaultInjectionEnv::ReadFileToString(const std::string& path, std::string* out,
+                                           uint64_t max_bytes) {
   if (dead_) return Dead(path);
-  return base_->ReadFileToString(path, out);
+  return base_->ReadFileToString(path, out, max_bytes);
 }
 Status FaultInjectionEnv::MapReadOnly(const std::string& path,
                                       std::unique_ptr<ReadOnlyRegion>* out) {
@@ -173,6 +174,10 @@ bool FaultInjectionEnv::IsDirectory(const std::string& path) {
 Status FaultInjectionEnv::GetFileSize(const std::string& path, uint64_t* size) {
   if (dead_) return Dead(path);
   return base_->GetFileSize(path, size);
+}
+Status FaultInjectionEnv::GetFileType(const std::string& path, FileType* type) {
+  if (dead_) return Dead(path);
+  return base_->GetFileType(path, type);
 }
 Status FaultInjectionEnv::GetChildren(const std::string& dir, std::vector<std::string>* names) {
   if (dead_) return Dead(dir);

@@ -46,13 +46,15 @@ class FaultInjectionEnv : public Env {
 
   Status NewWritableFile(const std::string& path, std::unique_ptr<WritableFile>* out) override;
   Status NewAppendableFile(const std::string& path, std::unique_ptr<WritableFile>* out) override;
-  Status ReadFileToString(const std::string& path, std::string* out) override;
+  using Env::ReadFileToString;
+  Status ReadFileToString(const std::string& path, std::string* out, uint64_t max_bytes) override;
   Status MapReadOnly(const std::string& path, std::unique_ptr<ReadOnlyRegion>* out) override;
   Status ReadFileRange(const std::string& path, uint64_t offset, size_t n,
                        std::string* out) override;
   bool FileExists(const std::string& path) override;
   bool IsDirectory(const std::string& path) override;
   Status GetFileSize(const std::string& path, uint64_t* size) override;
+  Status GetFileType(const std::string& path, FileType* type) override;
   Status GetChildren(const std::string& dir, std::vector<std::string>* names) override;
   Status CreateDirs(const std::string& dir) override;
   Status RenameFile(const std::string& from, const std::string& to) override;

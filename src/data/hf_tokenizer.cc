@@ -542,11 +542,12 @@ Status LoadHfTokenizer(Env* env, const std::string& path, std::unique_ptr<Tokeni
                     path, file));
   }
   std::string text, config, map;
-  KEEL_RETURN_IF_ERROR(env->ReadFileToString(file, &text));
+  KEEL_RETURN_IF_ERROR(env->ReadFileToString(file, &text, kMaxTokenizerFileBytes));
   for (auto [name, dest] :
        {std::pair{"tokenizer_config.json", &config}, std::pair{"special_tokens_map.json", &map}}) {
     const std::string p = JoinPath(folder, name);
-    if (env->FileExists(p)) KEEL_RETURN_IF_ERROR(env->ReadFileToString(p, dest));
+    if (env->FileExists(p))
+      KEEL_RETURN_IF_ERROR(env->ReadFileToString(p, dest, kMaxTokenizerConfigBytes));
   }
   return ParseHfTokenizer(text, config, map, file, out);
 }

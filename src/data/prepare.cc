@@ -1,6 +1,7 @@
 #include "data/prepare.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <omp.h>
 
 #include <cstdio>
@@ -75,6 +76,58 @@ class ProgressBar {
 Status PrepareMegatron(Env* env, const PrepareOptions& options, int workers, uint64_t t0,
                        PrepareStats* stats);
 
+// OK when `input` is a regular file; names what it is otherwise (`flag`: how the user gave it).
+Status CheckInputFile(Env* env, const std::string& flag, const std::string& input) {
+  FileType type = FileType::kOther;
+  const Status st = env->GetFileType(input, &type);
+  if (st.code() == Status::Code::kNotFound)
+    return Status::NotFound("data prepare: " + flag + " '" + input + "' not found");
+  if (!st.ok()) return Status::InvalidArgument("data prepare: " + flag + " " + st.message());
+  if (type == FileType::kDirectory)
+    return Status::InvalidArgument("data prepare: " + flag + " '" + input +
+                                   "' is a directory, not a file");
+  if (type != FileType::kRegular)
+    return Status::InvalidArgument("data prepare: " + flag + " " +
+                                   NotRegularFile(input, type).message() +
+                                   " (e.g. `cat a.jsonl b.jsonl > all.jsonl`, then --input "
+                                   "all.jsonl); nothing was written");
+  return Status::OK();
+}
+
+// The offset of the first byte of `text` that does not belong to a well-formed UTF-8 sequence
+// (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF), or npos.
+size_t FirstInvalidUtf8(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return i;
+    }
+    if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k)
+      if (p[i + k] < 0x80 || p[i + k] > 0xbf) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
 }  // namespace
 
 Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* stats) {
@@ -103,12 +156,20 @@ Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* sta
   int64_t total_bytes = 0;
   for (const std::string& input : options.inputs) {
     uint64_t size = 0;
-    if (!env->FileExists(input) || env->IsDirectory(input)) {
+    const Status cs = CheckInputFile(env, "input file", input);
+    if (cs.code() == Status::Code::kInvalidArgument && env->IsDirectory(input))
       return Status::NotFound("data prepare: input file '" + input + "' not found");
-    }
+    KEEL_RETURN_IF_ERROR(cs);
     KEEL_RETURN_IF_ERROR(env->GetFileSize(input, &size));
     total_bytes += static_cast<int64_t>(size);
   }
+  if (total_bytes == 0 && !options.allow_empty)
+    return Status::InvalidArgument(fmt::format(
+        "data prepare: the input{} hold{} no text (0 bytes): a dataset of empty documents "
+        "trains nothing; give the right files, or pass --allow-empty to write it anyway; "
+        "nothing was written",
+        options.inputs.size() == 1 ? " " + options.inputs[0] : "s",
+        options.inputs.size() == 1 ? "s" : ""));
   const std::string& prefix = options.output_prefix;
   KEEL_RETURN_IF_ERROR(env->CreateDirs(DirName(prefix)));
 
@@ -205,6 +266,14 @@ Status ExtractJsonDocument(std::string_view line, const std::vector<std::string>
                            const std::string& where, std::vector<std::string>* texts) {
   texts->clear();
   const nlohmann::json doc = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    const size_t bad = FirstInvalidUtf8(line);
+    if (bad != std::string_view::npos)
+      return Status::InvalidArgument(fmt::format(
+          "{}: invalid UTF-8 at byte offset {} of the line (byte 0x{:02x}): JSON text is UTF-8; "
+          "re-encode the file (e.g. `iconv -f latin1 -t utf-8`)",
+          where, bad, static_cast<unsigned char>(line[bad])));
+  }
   if (!doc.is_object())
     return Status::InvalidArgument(
         where +
@@ -244,8 +313,10 @@ Status PrepareMegatron(Env* env, const PrepareOptions& options, int workers, uin
   int64_t total_bytes = 0;
   for (const std::string& input : options.inputs) {
     uint64_t size = 0;
-    if (!env->FileExists(input) || env->IsDirectory(input))
+    const Status cs = CheckInputFile(env, "--input", input);
+    if (cs.code() == Status::Code::kNotFound || env->IsDirectory(input))
       return Status::InvalidArgument("data prepare: --input '" + input + "' is not a file");
+    KEEL_RETURN_IF_ERROR(cs);
     KEEL_RETURN_IF_ERROR(env->GetFileSize(input, &size));
     total_bytes += static_cast<int64_t>(size);
   }
@@ -271,14 +342,10 @@ Status PrepareMegatron(Env* env, const PrepareOptions& options, int workers, uin
   std::vector<std::string> where;
   std::vector<std::vector<std::vector<int32_t>>> ids;  // [line][key]
   std::vector<std::string> errors;
-  for (const std::string& input : options.inputs) {
-    std::unique_ptr<ReadOnlyRegion> file;
-    uint64_t size = 0;
-    KEEL_RETURN_IF_ERROR(env->GetFileSize(input, &size));
-    if (size == 0) continue;
-    KEEL_RETURN_IF_ERROR(env->MapReadOnly(input, &file));
-    std::string_view rest(file->data(), file->size());
-    int64_t line_no = 0;
+  std::string input;
+  int64_t line_no = 0;
+  // Tokenizes and appends the complete lines of `rest`.
+  auto add_lines = [&](std::string_view rest) -> Status {
     while (!rest.empty()) {
       // A batch of lines, read in order, tokenized in parallel, appended in order: the output
       // is the same for any number of workers.
@@ -329,7 +396,51 @@ Status PrepareMegatron(Env* env, const PrepareOptions& options, int workers, uin
         bar.Update(stats->bytes, stats->documents, stats->tokens, /*force=*/false);
       }
     }
+    return Status::OK();
+  };
+  std::string text, piece;
+  for (const std::string& file : options.inputs) {
+    input = file;
+    line_no = 0;
+    uint64_t size = 0;
+    KEEL_RETURN_IF_ERROR(env->GetFileSize(input, &size));
+    // Read in pieces with read(2), not mapped: a file truncated under the reader ends early
+    // (and is named) where a mapping would kill the process with SIGBUS.
+    uint64_t offset = 0;
+    text.clear();  // what was read and not yet tokenized: the start of a line, then a piece
+    for (bool end = false; !end;) {
+      KEEL_RETURN_IF_ERROR(env->ReadFileRange(input, offset, kBatchBytes, &piece));
+      end = piece.empty();
+      if (end && offset < size)  // before its cut-off last line is taken for a document
+        return Status::IOError(fmt::format(
+            "data prepare: {} shrank from {} to {} bytes while it was read (truncated or "
+            "rewritten by another process): nothing was written; run it again once the file is "
+            "complete",
+            input, size, offset));
+      offset += piece.size();
+      text += piece;
+      // Up to the last newline, or all of it at the end of the file.
+      const size_t last_nl = text.rfind('\n');
+      const size_t complete = end ? text.size() : last_nl == std::string::npos ? 0 : last_nl + 1;
+      if (text.size() - complete > kMaxJsonLineBytes)
+        return Status::InvalidArgument(fmt::format(
+            "data prepare: {}:{}: a line longer than {} (the most keel reads as one document): "
+            "is it loose JSON, one object per line?",
+            input, line_no + 1, FormatByteCap(kMaxJsonLineBytes)));
+      KEEL_RETURN_IF_ERROR(add_lines(std::string_view(text).substr(0, complete)));
+      text.erase(0, complete);
+    }
   }
+  if (stats->tokens == 0 && !options.allow_empty)
+    return Status::InvalidArgument(fmt::format(
+        "data prepare: {}: nothing to write: {}; an empty dataset trains nothing (an empty "
+        "file, or a pipe read as empty?); give the right input, or pass --allow-empty to write "
+        "it anyway; nothing was written",
+        fmt::join(options.inputs, ", "),
+        stats->documents == 0
+            ? std::string("no JSON lines (the input holds only blank lines, or "
+                          "nothing)")
+            : fmt::format("its {} documents all tokenized to nothing", stats->documents)));
   for (auto& w : writers) KEEL_RETURN_IF_ERROR(w->Finish(meta));
   bar.Update(stats->bytes, stats->documents, stats->tokens, /*force=*/true);
   bar.Finish();

@@ -35,6 +35,10 @@ struct PrepareOptions {
   TokenizerSpec megatron;
   std::vector<std::string> json_keys{"text"};
   bool append_eod = false;
+  // Write a dataset even when the input holds no document (no text in keel's mode, no JSON
+  // line in Megatron's, or every document tokenized to nothing): refused otherwise, as an empty
+  // dataset is almost always a wrong input (an empty file, a pipe read as nothing).
+  bool allow_empty = false;
 };
 
 struct PrepareStats {
@@ -53,8 +57,16 @@ struct PrepareStats {
 
 Status PrepareDataset(Env* env, const PrepareOptions& options, PrepareStats* stats);
 
+// The longest line of loose JSON input (one document) keel reads: a longer one is refused by name.
+inline constexpr size_t kMaxJsonLineBytes = size_t{256} << 20;
+
+// The inputs of a preparation are read with read(2) in pieces (Env::ReadFileRange), never
+// mapped: a file truncated while it is read is an error naming it, not a SIGBUS. Only regular
+// files: a FIFO, device or socket (a shell's <(...)) is refused by name before anything is read.
+
 // One line of loose JSON input: the text of each of `keys` (Megatron's preprocess_data.py reads
-// data[key] of json.loads(line)). InvalidArgument naming `where` (FILE:LINE) and the key.
+// data[key] of json.loads(line)). InvalidArgument naming `where` (FILE:LINE) and the key, or the
+// byte offset of the first byte that is not UTF-8 (JSON text is UTF-8).
 Status ExtractJsonDocument(std::string_view line, const std::vector<std::string>& keys,
                            const std::string& where, std::vector<std::string>* texts);
 

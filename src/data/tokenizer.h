@@ -14,6 +14,12 @@
 
 namespace keel {
 
+// The most keel reads of one tokenizer file (tokenizer.json, vocab.json, merges.txt, a
+// SentencePiece model): the largest real ones are a few tens of MiB.
+inline constexpr uint64_t kMaxTokenizerFileBytes = 256 * kMiB;
+// ... and of a small JSON file beside it (tokenizer_config.json, special_tokens_map.json).
+inline constexpr uint64_t kMaxTokenizerConfigBytes = 16 * kMiB;
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;

@@ -32,7 +32,9 @@ void RunJournal::Append(nlohmann::json event, const std::string& sentence,
 
 void RunJournal::Record(nlohmann::json event, const std::string& sentence) {
   event["at"] = UtcTimestamp();
-  Write(kEventsFile, event.dump() + "\n");
+  // A path or log text need not be UTF-8 (a file name with byte 0xff): such bytes become U+FFFD
+  // rather than an exception that would end the writer (and a watch before its kill switch).
+  Write(kEventsFile, event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   Write(kChronicleFile, "- " + sentence + "\n");
   if (observer_) observer_(event, sentence);
 }

@@ -21,6 +21,24 @@ bool Compressed(const std::string& name) {
 
 LogFollower::LogFollower(Env* env, std::string path) : env_(env), path_(std::move(path)) {}
 
+Status LogFollower::CheckFollowable(Env* env, const std::string& path) {
+  FileType type = FileType::kRegular;
+  const Status st = env->GetFileType(path, &type);
+  if (st.code() == Status::Code::kNotFound) return Status::OK();  // not yet: waited for
+  if (!st.ok()) return st;
+  if (type == FileType::kRegular) return Status::OK();
+  if (type == FileType::kDirectory)
+    return Status::InvalidArgument(
+        fmt::format("{} is a directory, not a log file: give the file the training run writes "
+                    "(e.g. its main_log.txt)",
+                    path));
+  return Status::InvalidArgument(fmt::format(
+      "'{}' is {}, not a regular file: logs watch follows a log file by its offsets, through "
+      "rotations, and opening a pipe would block it; have the run write its log to a file (e.g. "
+      "`... 2>&1 | tee main_log.txt`) and watch that file",
+      path, DescribeFileType(type)));
+}
+
 Status LogFollower::Read(const std::string& file, uint64_t from, size_t n, std::string* out) {
   return env_->ReadFileRange(file, from, n, out);
 }
@@ -130,6 +148,8 @@ Status LogFollower::Poll(std::vector<FollowedItem>* items, bool* more) {
     items->push_back({FollowedItem::Kind::kLine, std::move(partial_)});
     partial_.clear();
   };
+  // A symbolic link loop or a FIFO is not a file that is not there yet: it ends the watch.
+  KEEL_RETURN_IF_ERROR(CheckFollowable(env_, path_));
   if (!env_->FileExists(path_)) {
     if (state_ == State::kReading) {
       KEEL_RETURN_IF_ERROR(DrainRotated(items));
@@ -147,11 +167,6 @@ Status LogFollower::Poll(std::vector<FollowedItem>* items, bool* more) {
     }
     return Status::OK();
   }
-  if (env_->IsDirectory(path_))
-    return Status::InvalidArgument(
-        fmt::format("{} is a directory, not a log file: give the file the training run writes "
-                    "(e.g. its main_log.txt)",
-                    path_));
   uint64_t size = 0;
   Status st = env_->GetFileSize(path_, &size);
   if (!st.ok()) return env_->FileExists(path_) ? st : Status::OK();  // gone: the next Poll says

@@ -9,6 +9,8 @@
 //     the old file got after the last Poll is taken from its rotated copy (a file beside it named
 //     PATH.1, PATH-20240501, ... that holds the same bytes), then the new file is read from its
 //     start
+//   - a FIFO, device or socket at the path, or a symbolic link loop, is an error (CheckFollowable):
+//     neither is a file being written that waiting could turn into one
 //   - NUL bytes (the hole a writer without O_APPEND leaves after a copytruncate) are dropped
 // A file is recognised by its content, not its inode: the Env has no inodes, and the check works
 // on any file system. Lines a writer adds to the old file after the rotation was seen are not read
@@ -38,6 +40,11 @@ struct FollowedItem {
 class LogFollower {
  public:
   LogFollower(Env* env, std::string path);
+
+  // OK when `path` is a regular file or nothing (yet); InvalidArgument naming what it is
+  // otherwise: a directory, a FIFO, device or socket (a follower reads by offset, and opening a
+  // FIFO blocks), or a symbolic link loop (which is not a file that will appear).
+  static Status CheckFollowable(Env* env, const std::string& path);
 
   // What was written since the last call. Never blocks. At most kMaxReadBytes of the file are
   // read per call; `more` says there is more to read now. An error only for what waiting cannot

@@ -15,6 +15,12 @@ namespace {
 
 constexpr int kDefaultDropWindow = 20;
 
+// JSON text of `j`, bytes that are not UTF-8 (a log path with byte 0xff) as U+FFFD: dump()
+// would throw and end the watch.
+std::string Dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::string Parent(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -83,6 +89,8 @@ LogWatcher::~LogWatcher() = default;
 Status LogWatcher::Open() {
   const std::string& dir = opt_.out_dir;
   if (dir.empty()) return Status::InvalidArgument("no output directory for the journal (--out)");
+  // Before anything is written: a FIFO, device, socket or symlink loop as the log is refused now.
+  KEEL_RETURN_IF_ERROR(LogFollower::CheckFollowable(env_, opt_.log));
   if (env_->FileExists(dir) && !env_->IsDirectory(dir))
     return Status::InvalidArgument(
         fmt::format("--out {}: not a directory; give a directory for events.jsonl and "
@@ -198,7 +206,7 @@ void LogWatcher::Record(nlohmann::json entry, const std::string& sentence, bool 
   auto field = [&](const char* key) {
     if (!entry.contains(key)) return std::string();
     const nlohmann::json& v = entry[key];
-    return v.is_string() ? v.get<std::string>() : v.dump();
+    return v.is_string() ? v.get<std::string>() : Dump(v);
   };
   const std::vector<std::pair<std::string, std::string>> vars = {
       {"KEEL_EVENT", field("event")},
@@ -209,13 +217,13 @@ void LogWatcher::Record(nlohmann::json entry, const std::string& sentence, bool 
       {"KEEL_EVENT_ITERATION", field("iteration")},
       {"KEEL_EVENT_SENTENCE", sentence},
       {"KEEL_EVENT_LOG", opt_.log},
-      {"KEEL_EVENT_JSON", entry.dump()}};
+      {"KEEL_EVENT_JSON", Dump(entry)}};
   const std::string label = fmt::format("--on-event for {} {} at iteration {}", field("kind"),
                                         field("event"), field("iteration"));
   if (queued_hooks_.empty() && runner_->running() < opt_.max_running_hooks) {
-    StartHook(label, vars, entry.dump() + "\n");
+    StartHook(label, vars, Dump(entry) + "\n");
   } else if (static_cast<int64_t>(queued_hooks_.size()) < opt_.max_queued_hooks) {
-    queued_hooks_.push_back({label, vars, entry.dump() + "\n"});
+    queued_hooks_.push_back({label, vars, Dump(entry) + "\n"});
   } else {
     ++hooks_dropped_;
   }

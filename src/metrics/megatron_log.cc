@@ -240,6 +240,45 @@ Status ParseMegatronLog(const std::string& text, const std::string& file, Parsed
   return Status::OK();
 }
 
+Status ReadMegatronLog(Env* env, const std::string& path, ParsedLog* out) {
+  FileType type = FileType::kOther;
+  KEEL_RETURN_IF_ERROR(env->GetFileType(path, &type));
+  if (type == FileType::kDirectory)
+    return Status::InvalidArgument(
+        fmt::format("{} is a directory, not a log file: give the file the training run writes "
+                    "(e.g. its main_log.txt)",
+                    path));
+  if (type != FileType::kRegular) return NotRegularFile(path, type);
+  constexpr size_t kPiece = size_t{8} << 20;
+  MegatronLogParser parser(out);
+  parser.BeginFile(path);
+  std::string piece, line;
+  bool cut = false;  // the line passed kMaxLogLineBytes: the rest of it is skipped
+  for (uint64_t offset = 0;;) {
+    KEEL_RETURN_IF_ERROR(env->ReadFileRange(path, offset, kPiece, &piece));
+    if (piece.empty()) break;
+    offset += piece.size();
+    std::string_view rest(piece);
+    while (!rest.empty()) {
+      const size_t nl = rest.find('\n');
+      const std::string_view part = rest.substr(0, nl);
+      if (!cut) {
+        const size_t room = kMaxLogLineBytes - line.size();
+        line.append(part.substr(0, room));
+        cut = part.size() > room;
+      }
+      if (nl == std::string_view::npos) break;
+      parser.AddLine(line);
+      line.clear();
+      cut = false;
+      rest.remove_prefix(nl + 1);
+    }
+  }
+  if (!line.empty()) parser.AddLine(line);
+  parser.Flush();
+  return Status::OK();
+}
+
 void MegatronLogParser::BeginFile(const std::string& file) {
   Flush();
   out_->files.push_back(file);
@@ -255,6 +294,7 @@ void MegatronLogParser::ContinueInFile(const std::string& file) {
 }
 
 void MegatronLogParser::AddLine(std::string_view line) {
+  if (line.size() > kMaxLogLineBytes) line = line.substr(0, kMaxLogLineBytes);
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
   ++line_;
   ++out_->lines;

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/env.h"
 #include "core/status.h"
 
 namespace keel {
@@ -77,6 +78,16 @@ struct ParsedLog {
 // not a record but a RejectedLine. A file without any iteration line is not an error here (the
 // caller says so).
 Status ParseMegatronLog(const std::string& text, const std::string& file, ParsedLog* out);
+
+// A line longer than this is no log line (a file without newlines, binary data): only its first
+// kMaxLogLineBytes are parsed (MegatronLogParser::AddLine cuts it).
+constexpr size_t kMaxLogLineBytes = size_t{1} << 20;
+
+// ParseMegatronLog of the file `path`, streamed: read in pieces (Env::ReadFileRange) and parsed a
+// line at a time, so memory grows with the records found, not with the file, and no line takes
+// more than kMaxLogLineBytes. Only a regular file: a FIFO, device or socket is refused by name
+// without being opened (InvalidArgument, as is a directory); NotFound when there is no file.
+Status ReadMegatronLog(Env* env, const std::string& path, ParsedLog* out);
 
 // The same parser, a line at a time, for a log that is still being written (`keel logs watch`):
 // ParseMegatronLog is BeginFile, AddLine for every line, Flush. A record waits for its

@@ -691,8 +691,14 @@ Status TrainingRun::Train(Outcome* outcome) {
     hooks.metrics = [&](const nlohmann::json& m) {
       Status ms = metrics_->Append(m);
       if (!ms.ok() && !metrics_failed) {  // metrics must never stop training; said once
-        Warn("metrics: cannot write to {}: {}; training goes on without them", cfg_.save,
-             ms.message());
+        // Named by where they go: with --tensorboard-dir and no --save, cfg_.save is empty.
+        const std::string where =
+            !cfg_.save.empty() && !metrics_->tensorboard_dir().empty() &&
+                    metrics_->tensorboard_dir() != JoinPath(cfg_.save, kTensorBoardDir)
+                ? fmt::format("{} and {}", cfg_.save, metrics_->tensorboard_dir())
+            : !cfg_.save.empty() ? cfg_.save
+                                 : metrics_->tensorboard_dir();
+        Warn("metrics: cannot write to {}: {}; training goes on without them", where, ms.message());
         metrics_failed = true;
       }
     };

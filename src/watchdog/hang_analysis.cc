@@ -195,8 +195,11 @@ Status ReadHangDumps(Env* env, const std::string& dir, std::vector<HangDump>* du
     if (rank < 0) continue;
     const std::string path = JoinPath(dir, n);
     std::string text;
-    Status st = env->ReadFileToString(path, &text);
-    if (!st.ok()) return Status::IOError(fmt::format("cannot read {}: {}", path, st.message()));
+    Status st = env->ReadFileToString(path, &text, kMaxHangDumpBytes);
+    if (!st.ok())  // a FIFO or an oversized file is the caller's to fix: its code is kept
+      return Status::FromCode(
+          st.code() == Status::Code::kInvalidArgument ? st.code() : Status::Code::kIOError,
+          fmt::format("cannot read {}: {}", path, st.message()));
     HangDump d;
     st = ParseHangDump(text, &d);
     if (!st.ok()) return Status::InvalidArgument(fmt::format("{}: {}", path, st.message()));

@@ -46,8 +46,12 @@ struct HangAnalysis {
   std::string mismatch;  // the first disagreement of the flight recorders; empty: none
 };
 
+// The most keel reads of one rank's hang dump (a dump of a thousand threads' stacks is a few MiB).
+inline constexpr uint64_t kMaxHangDumpBytes = 64 * kMiB;
+
 // The dumps of `dir` (every rank-RRR.txt), by rank. NotFound: no such path; InvalidArgument: not
-// a hang directory, or a dump that does not parse (the message names the file and its line).
+// a hang directory, a dump that is not a regular file or is over kMaxHangDumpBytes, or one that
+// does not parse (the message names the file and its line).
 Status ReadHangDumps(Env* env, const std::string& dir, std::vector<HangDump>* dumps);
 
 // The main thread of a dump: the thread whose TID is the process ID (Linux gives the first

@@ -76,8 +76,8 @@ TEST(SafetensorsTest, DimensionsAndOffsetsMustBeIntegersThatFitTheFile) {
   // What fits is read: an empty tensor, a scalar, and a [2, 2] F32 tensor.
   const std::string image = Image(R"({"e":{"dtype":"F32","shape":[0,5],"data_offsets":[0,0]},)"
                                   R"("s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},)"
-                                  R"("w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})",
-                                  data);
+                                  R"("w":{"dtype":"F32","shape":[2,2],"data_offsets":[4,20]}})",
+                                  data + std::string(4, '\0'));
   std::map<std::string, TensorRef> out;
   Status st = ParseSafetensors(image.data(), image.size(), "m.safetensors", &out, nullptr);
   ASSERT_TRUE(st.ok()) << st.ToString();
@@ -166,6 +166,67 @@ TEST(MappedSafetensorsTest, ErrorsNameTheFileTheTensorAndWhatWasExpectedAndFound
 
   EXPECT_FALSE(MappedSafetensors::Open(env, path + ".absent", &f).ok());
   env->RemoveFile(path);
+}
+
+// Issue 35: tensors whose bytes overlap (writing one changes the other) and a header that gives a
+// key twice (JSON readers keep one silently) were accepted; both are Corruption naming the file
+// and the tensors or the key.
+TEST(SafetensorsTest, OverlappingTensorsAndDuplicateKeysAreRefusedByName) {
+  const std::string data(16, '\0');
+  std::map<std::string, TensorRef> out;
+  std::string image = Image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                            data);
+  Status st = ParseSafetensors(image.data(), image.size(), "m.safetensors", &out, nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_NE(st.message().find("m.safetensors: tensors 'a' and 'b' overlap (bytes 0-8 and 4-12"),
+            std::string::npos)
+      << st.message();
+  // The same bytes twice (an alias) overlap too; empty tensors hold no bytes and overlap nothing.
+  image = Image(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                R"("e":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)"
+                R"("z":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+                data);
+  st = ParseSafetensors(image.data(), image.size(), "m.safetensors", &out, nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("tensors 'a' and 'z' overlap"), std::string::npos) << st.message();
+  image = Image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                R"("a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                data);
+  st = ParseSafetensors(image.data(), image.size(), "m.safetensors", &out, nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_NE(st.message().find("m.safetensors: the header gives the key \"a\" twice"),
+            std::string::npos)
+      << st.message();
+  image = Image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"dtype":"F16"}})", data);
+  st = ParseSafetensors(image.data(), image.size(), "m.safetensors", &out, nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("the key \"dtype\" (inside an entry) twice"), std::string::npos)
+      << st.message();
+  // The same key in two entries is no duplicate.
+  image = Image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                data);
+  st = ParseSafetensors(image.data(), image.size(), "m.safetensors", &out, nullptr);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// A header over the 100 MB safetensors allows is refused with the cap in the message, before it
+// is parsed.
+TEST(SafetensorsTest, HeaderOverTheCapIsRefusedWithTheCap) {
+  const uint64_t hlen = kMaxSafetensorsHeaderBytes + 1;
+  std::string image(8 + hlen, ' ');
+  for (int i = 0; i < 8; ++i) image[i] = static_cast<char>((hlen >> (8 * i)) & 0xff);
+  image[8] = '{';
+  image.back() = '}';
+  std::map<std::string, TensorRef> out;
+  const Status st = ParseSafetensors(image.data(), image.size(), "m.safetensors", &out, nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("more than the 100000000 bytes safetensors allows"),
+            std::string::npos)
+      << st.message();
 }
 
 }  // namespace

