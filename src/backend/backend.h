@@ -9,16 +9,91 @@
 //   gradients alike). Callers zero gradient buffers before a backward pass; this makes gradient
 //   accumulation over micro-batches and residual fan-out free.
 // - Ops are deterministic: the same inputs give the same bits for the same thread count.
+// - Ops may run asynchronously, in the order they were issued (a CUDA stream). The host sees their
+//   results only through CopyToHost, CopyIntsToHost and ViewOnHost, which wait for every op issued
+//   before them, or after Synchronize(). Call Synchronize() before handing backend memory to
+//   anything outside the backend (a collective, a checkpoint writer) and before timing a step.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/precision.h"
 
 namespace keel {
+
+// Every op of Backend, for Backend::Supports (ggml's supports_op): a backend that lacks one says
+// so, and a run whose config needs it stops at open naming the op and the setting.
+enum class Op {
+  kToLowPrecision,
+  kRoundToStorage,
+  kEmbeddingForward,
+  kEmbeddingBackward,
+  kLayerNormForward,
+  kLayerNormBackward,
+  kRmsNormForward,
+  kRmsNormBackward,
+  kMatmulForward,
+  kMatmulBackward,
+  kAttentionForward,
+  kAttentionBackward,
+  kQkLayerNormForward,
+  kQkLayerNormBackward,
+  kRopeForward,
+  kRopeBackward,
+  kGeluForward,
+  kGeluBackward,
+  kSwigluForward,
+  kSwigluBackward,
+  kAdd,
+  kAccumulate,
+  kScale,
+  kCrossEntropyForwardBackward,
+  kSoftmax,
+  kSumSquaresAndZeros,
+  kCountNonFinite,
+  kAdamWUpdate,
+};
+inline constexpr int kNumOps = static_cast<int>(Op::kAdamWUpdate) + 1;
+// The op's method name ("RopeForward").
+const char* OpName(Op op);
+
+// A read-only host copy of n floats of backend memory (Backend::ViewOnHost). A backend whose
+// memory is host memory may hand out the memory itself (zero_copy()): then the view is valid only
+// while no op writes there. Otherwise the view owns a staging copy.
+class HostView {
+ public:
+  HostView() = default;
+  static HostView ZeroCopy(const float* p, size_t n) {
+    HostView h;
+    h.data_ = p, h.size_ = n, h.zero_copy_ = true;
+    return h;
+  }
+  static HostView Owned(std::vector<float> v) {
+    HostView h;
+    h.owned_ = std::move(v);  // a vector's move keeps its buffer, so data_ stays valid
+    h.data_ = h.owned_.data(), h.size_ = h.owned_.size();
+    return h;
+  }
+  HostView(HostView&&) = default;
+  HostView& operator=(HostView&&) = default;
+  HostView(const HostView&) = delete;
+  HostView& operator=(const HostView&) = delete;
+
+  const float* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool zero_copy() const { return zero_copy_; }
+
+ private:
+  std::vector<float> owned_;
+  const float* data_ = nullptr;
+  size_t size_ = 0;
+  bool zero_copy_ = false;
+};
 
 class Backend {
  public:
@@ -26,6 +101,11 @@ class Backend {
   virtual std::string Name() const = 0;
   // One-line description for the start-up log (BLAS library, kernel family, threads...).
   virtual std::string Describe() const = 0;
+  // Whether this backend implements `op` in precision `p` (the precision SetPrecision would set).
+  virtual bool Supports(Op op, Precision p) const = 0;
+  // Waits until every op issued so far has finished (see Conventions). A no-op on the CPU, whose
+  // ops finish before they return.
+  virtual void Synchronize() = 0;
 
   // ---- memory -----------------------------------------------------------------------------
   virtual float* AllocFloats(size_t n) = 0;  // zero-initialised
@@ -36,12 +116,13 @@ class Backend {
   virtual void CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) = 0;
   // Device ints back to the host (the backend-generic tests read index buffers back with it).
   virtual void CopyIntsToHost(int32_t* host_dst, const int32_t* src, size_t n) = 0;
-  // `p` itself when the backend's memory is host memory the caller may read directly (the CPU
-  // backend), so host-side consumers such as checkpoint saves can skip a CopyToHost staging copy;
-  // nullptr otherwise (device memory). The pointer is valid only while no op writes to it.
-  virtual const float* HostReadable(const float* p) const {
-    (void)p;
-    return nullptr;
+  // The n floats at `src` as host memory, after every op issued before (as CopyToHost). The
+  // default copies; a backend whose memory is host memory returns HostView::ZeroCopy(src, n), so
+  // a checkpoint save writes the weights without a staging copy of the whole model.
+  virtual HostView ViewOnHost(const float* src, size_t n) {
+    std::vector<float> v(n);
+    CopyToHost(v.data(), src, n);
+    return HostView::Owned(std::move(v));
   }
   virtual void Zero(float* x, size_t n) = 0;
   virtual void Copy(float* dst, const float* src, size_t n) = 0;  // device to device
@@ -229,7 +310,9 @@ class Backend {
                            uint16_t* param_lowp = nullptr) = 0;
 };
 
-// The CPU backend: fp32, OpenMP and OpenBLAS. `threads` <= 0 means all available cores.
+// The CPU backend: fp32, OpenMP and OpenBLAS. `threads` <= 0 means all available cores. Code that
+// runs on any backend makes it by name (backend/registry.h); tests and benches of the CPU backend
+// itself call this.
 std::unique_ptr<Backend> MakeCpuBackend(int threads = 0);
 
 }  // namespace keel

@@ -38,6 +38,14 @@ void ProfilingBackend::CopyToDevice(float* dst, const float* src, size_t n) {
 void ProfilingBackend::CopyToHost(float* dst, const float* src, size_t n) {
   Timed("CopyToHost", [&] { inner_->CopyToHost(dst, src, n); });
 }
+HostView ProfilingBackend::ViewOnHost(const float* src, size_t n) {
+  HostView v;
+  Timed("ViewOnHost", [&] { v = inner_->ViewOnHost(src, n); });
+  return v;
+}
+void ProfilingBackend::Synchronize() {
+  Timed("Synchronize", [&] { inner_->Synchronize(); });
+}
 void ProfilingBackend::CopyIntsToDevice(int32_t* dst, const int32_t* src, size_t n) {
   Timed("CopyIntsToDevice", [&] { inner_->CopyIntsToDevice(dst, src, n); });
 }

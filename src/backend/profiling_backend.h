@@ -24,6 +24,8 @@ class ProfilingBackend : public Backend {
 
   std::string Name() const override { return inner_->Name(); }
   std::string Describe() const override { return inner_->Describe(); }
+  bool Supports(Op op, Precision p) const override { return inner_->Supports(op, p); }
+  void Synchronize() override;
   float* AllocFloats(size_t n) override;
   int32_t* AllocInts(size_t n) override;
   void Free(void* p) override;
@@ -31,7 +33,7 @@ class ProfilingBackend : public Backend {
   void CopyToHost(float* host_dst, const float* src, size_t n) override;
   void CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) override;
   void CopyIntsToHost(int32_t* host_dst, const int32_t* src, size_t n) override;
-  const float* HostReadable(const float* p) const override { return inner_->HostReadable(p); }
+  HostView ViewOnHost(const float* src, size_t n) override;
   void Zero(float* x, size_t n) override;
   void Copy(float* dst, const float* src, size_t n) override;
   void SetPrecision(Precision p) override { inner_->SetPrecision(p); }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <new>
 
+#include "backend/registry.h"
 #include "checkpoint/hf_export.h"
 #include "checkpoint/hf_weights.h"
 #include "checkpoint/manifest.h"
@@ -168,7 +169,7 @@ Status WriteImportedCheckpoint(Env* env, const std::string& out_dir, const Train
   run.meta.eod_id = tok.eod_id;
   json event = {{"event", "import"}, {"at", UtcTimestamp()}, {"keel_version", KEEL_VERSION}};
   for (const auto& [k, v] : provenance.items()) event[k] = v;
-  std::vector<float> staging;
+  CheckpointStaging staging;
   std::vector<CheckpointFile> files;
   KEEL_RETURN_IF_ERROR(BuildTrainCheckpoint(env, src, run, json::array({event}), &staging, &files));
   for (CheckpointFile& f : files) {
@@ -321,7 +322,8 @@ Status ImportSteps(Env* env, const std::string& hf_dir, const std::string& out_d
                                  : "rotary_emb.inv_freq, RoPE's frequencies"));
 
   // The weights, tensor by tensor into the model: every HF tensor back through its layout change.
-  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  std::unique_ptr<Backend> backend;
+  KEEL_RETURN_IF_ERROR(MakeBackend(kHostBackend, 1, &backend));
   GptModel model(backend.get(), spec);
   std::map<std::string, std::vector<const HfTensorMapping*>> by_keel;
   for (const HfTensorMapping& m : table) by_keel[m.keel_name].push_back(&m);
@@ -344,7 +346,7 @@ Status ImportSteps(Env* env, const std::string& hf_dir, const std::string& out_d
       HfToKeel(*m, hf_t.data(), keel_t.data());
       ++report->num_tensors;
     }
-    backend->CopyToDevice(model.param_data() + p.offset, keel_t.data(), p.numel);
+    backend->CopyToDevice(model.mutable_param_data() + p.offset, keel_t.data(), p.numel);
   }
   // A tied head saved anyway must be the embedding, or the folder means another model.
   if (!tied_head.empty()) {

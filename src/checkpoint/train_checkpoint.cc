@@ -136,7 +136,7 @@ Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
 }
 
 Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const RunInfo& run,
-                            const json& history, std::vector<float>* staging,
+                            const json& history, CheckpointStaging* staging,
                             std::vector<CheckpointFile>* out, const json& guard_state) {
   out->clear();
   GptModel& model = *src.model;
@@ -152,20 +152,15 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
   KEEL_CHECK(shard.begin >= held.begin && shard.end <= held.end,
              "a rank saves moments its optimizer does not hold");
   const size_t skip = shard.begin - held.begin;  // into the optimizer's buffers
-  // Host memory (the CPU backend) is written straight from the model and optimizer: the save runs
-  // between iterations, so nothing changes it meanwhile. Device memory is staged on the host.
-  const float* host_p = be->HostReadable(model.param_data());
-  const float* host_m = be->HostReadable(opt.exp_avg());
-  const float* host_v = be->HostReadable(opt.exp_avg_sq());
-  if (host_p == nullptr || host_m == nullptr || host_v == nullptr) {
-    const size_t k = held.size();
-    staging->resize(n + 2 * k);
-    float* p = staging->data();
-    be->CopyToHost(p, model.param_data(), n);
-    be->CopyToHost(p + n, opt.exp_avg(), k);
-    be->CopyToHost(p + n + k, opt.exp_avg_sq(), k);
-    host_p = p, host_m = p + n, host_v = p + n + k;
-  }
+  // The save runs between iterations, so nothing changes the weights and moments meanwhile: the
+  // CPU backend's views are its memory itself; a device backend's are host copies.
+  be->Synchronize();
+  staging->params = be->ViewOnHost(model.param_data(), n);
+  staging->exp_avg = be->ViewOnHost(opt.exp_avg(), held.size());
+  staging->exp_avg_sq = be->ViewOnHost(opt.exp_avg_sq(), held.size());
+  const float* host_p = staging->params.data();
+  const float* host_m = staging->exp_avg.data();
+  const float* host_v = staging->exp_avg_sq.data();
 
   const std::map<std::string, std::string> st_meta = {{"format", "pt"},
                                                       {"writer", "keel " KEEL_VERSION}};
@@ -475,7 +470,7 @@ Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* m
                     SpecToJson(saved.spec).dump(), SpecToJson(model->spec()).dump()));
   Backend* be = model->backend();
   KEEL_RETURN_IF_ERROR(LoadParams(env, JoinPath(saved.dir, "model.safetensors"), model->params(),
-                                  {{"", model->param_data()}}, be));
+                                  {{"", model->mutable_param_data()}}, be));
   if (const NonFiniteParams nf = FindNonFiniteParams(*model); nf.count > 0)
     return NonFiniteWeightsError(saved.dir, nf, "continue training from",
                                  "`keel train ... --load RUN/iter_N` continues from one");
@@ -504,7 +499,7 @@ Status LoadModelFromCheckpoint(Env* env, const std::string& path, Backend* backe
   KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &out->saved));
   out->model = std::make_unique<GptModel>(backend, out->saved.spec);
   KEEL_RETURN_IF_ERROR(LoadParams(env, JoinPath(dir, "model.safetensors"), out->model->params(),
-                                  {{"", out->model->param_data()}}, backend));
+                                  {{"", out->model->mutable_param_data()}}, backend));
   if (const NonFiniteParams nf = FindNonFiniteParams(*out->model); nf.count > 0)
     return NonFiniteWeightsError(dir, nf, "load",
                                  "`keel sample --load RUN/iter_N` samples from one");

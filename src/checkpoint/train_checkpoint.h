@@ -62,13 +62,18 @@ struct TrainCheckpointSource {
   bool sharded = false;
 };
 
+// Host views (Backend::ViewOnHost) of the tensors a checkpoint's files point at: the weights and
+// this rank's moments. On the CPU backend they are the model's and optimizer's memory itself
+// (zero-copy), which must then not change until the files are written.
+struct CheckpointStaging {
+  HostView params, exp_avg, exp_avg_sq;
+};
+
 // The files of a checkpoint of `src` that rank src.rank writes (all of them for one process).
-// Tensor data is staged in `staging` (host memory), which must outlive the returned files, unless
-// the backend's memory is host memory (Backend::HostReadable): then the files point at the model
-// and optimizer, which must not change until they are written. `guard_state` (the guard's windows,
-// open event and budget) goes into state.json's "guard".
+// Tensor data is read through `staging`, which must outlive the returned files. `guard_state`
+// (the guard's windows, open event and budget) goes into state.json's "guard".
 Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const RunInfo& run,
-                            const nlohmann::json& history, std::vector<float>* staging,
+                            const nlohmann::json& history, CheckpointStaging* staging,
                             std::vector<CheckpointFile>* out,
                             const nlohmann::json& guard_state = nullptr);
 

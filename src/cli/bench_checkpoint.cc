@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "backend/registry.h"
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/train_checkpoint.h"
@@ -135,7 +136,8 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
   std::vector<std::string> notes;
   Status st = Validate(&cfg, &notes);
   if (!st.ok()) return Fail(st);
-  auto backend = MakeCpuBackend(threads);
+  std::unique_ptr<Backend> backend;
+  if (st = MakeBackend(cfg.backend, threads, &backend); !st.ok()) return Fail(st);
   auto comm = MakeSingleProcessCommunicator();
   Trainer trainer(cfg, backend.get(), comm.get(), {SampleFn(), SampleFn()});
   trainer.InitializeWeights();
@@ -172,7 +174,7 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
   Log("{:>3} | {:>8} | {:>9} | {:>9} | {:>9} | {:>7} | {:>9} | {:>9}", "rep", "MB", "save GB/s",
       "dd GB/s", "dd direct", "save/dd", "load GB/s", "verify");
   std::vector<double> save_r, dd_r, ddd_r, ratio_r, load_r, verify_r;
-  std::vector<float> staging;  // kept across saves, as CheckpointController does
+  CheckpointStaging staging;  // kept across saves, as CheckpointController does
   for (int rep = 0; rep < repeats; ++rep) {
     CheckpointStore store(Env::Default(), dir, nullptr);
     TrainState state = trainer.state();

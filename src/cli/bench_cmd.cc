@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "backend/profiling_backend.h"
+#include "backend/registry.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
 #include "cli/usage_exit.h"
@@ -183,7 +184,11 @@ int BenchCommand(int argc, const char* const* argv) {
       return 2;
     }
   }
-  auto backend = MakeCpuBackend(threads);
+  std::unique_ptr<Backend> backend;
+  if (Status st = MakeBackend(TrainConfig().backend, threads, &backend); !st.ok()) {
+    LogError("error: " + st.message());
+    return 1;
+  }
   Log("backend: {}", backend->Describe());
   // bf16's peer is larger: its operand conversion (O(n^2)) stays small beside the product.
   std::vector<std::unique_ptr<GemmPeer>> peers;
@@ -242,7 +247,10 @@ int BenchCommand(int argc, const char* const* argv) {
         LogError("error: bench config: " + st.message());
         return 1;
       }
-      run.backend = MakeCpuBackend(threads);
+      if (st = MakeBackend(cfg.backend, threads, &run.backend); !st.ok()) {
+        LogError("error: " + st.message());
+        return 1;
+      }
       run.profiler = std::make_unique<ProfilingBackend>(run.backend.get());
       run.trainer = std::make_unique<Trainer>(cfg, profile ? run.profiler.get() : run.backend.get(),
                                               comm.get(), TrainerData(fn, SampleFn()));

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "backend/registry.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
 #include "config/config.h"
@@ -37,7 +38,11 @@ int BenchGuard(int iters, int warmup, int threads) {
     LogError("error: bench config: " + st.message());
     return 1;
   }
-  auto backend = MakeCpuBackend(threads);
+  std::unique_ptr<Backend> backend;
+  if (st = MakeBackend(cfg.backend, threads, &backend); !st.ok()) {
+    LogError("error: " + st.message());
+    return 1;
+  }
   auto comm = MakeSingleProcessCommunicator();
   SampleFn fn = [&](int64_t index, int32_t* tokens) {
     const RngKey key{cfg.seed, RngPurpose::kTest, static_cast<uint64_t>(index)};

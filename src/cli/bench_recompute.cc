@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/registry.h"
 #include "cli/commands.h"
 #include "comm/communicator.h"
 #include "config/config.h"
@@ -61,7 +62,11 @@ int BenchRecompute(int iters, int warmup, int threads, int seq_length) {
     std::vector<double> ms, ratio;
   };
   // The backend outlives the trainers whose memory it holds.
-  auto backend = MakeCpuBackend(threads);
+  std::unique_ptr<Backend> backend;
+  if (Status st = MakeBackend(TrainConfig().backend, threads, &backend); !st.ok()) {
+    LogError("error: " + st.message());
+    return 1;
+  }
   auto comm = MakeSingleProcessCommunicator();
   std::vector<Run> runs(n);
   SampleFn fn = [&](int64_t index, int32_t* tokens) {

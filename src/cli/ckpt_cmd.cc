@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "backend/registry.h"
 #include "checkpoint/checkpoint_edit.h"
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
@@ -184,7 +185,8 @@ Status DeepVerify(Env* env, const std::string& dir, std::string* summary) {
           "{}/state.json says iteration {} but the manifest says {}: the checkpoint's files do "
           "not belong together",
           dir, said, manifest.iteration));
-  auto backend = MakeCpuBackend(1);
+  std::unique_ptr<Backend> backend;
+  KEEL_RETURN_IF_ERROR(MakeBackend(kHostBackend, 1, &backend));
   GptModel model(backend.get(), s.spec);
   MappedSafetensors w;
   KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, JoinPath(dir, "model.safetensors"), &w));

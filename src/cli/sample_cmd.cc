@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "backend/registry.h"
 #include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
@@ -19,6 +20,7 @@ int SampleCommand(int argc, const char* const* argv) {
   std::string load, prompt = "Call me";
   GenerateOptions go;
   int threads = 0;
+  std::string backend_name = TrainConfig().backend;
   app.add_option("--load", load,
                  "run directory (the --save of keel train: its newest valid checkpoint) or "
                  "a checkpoint directory (DIR/iter_NNNNNNN)")
@@ -32,6 +34,7 @@ int SampleCommand(int argc, const char* const* argv) {
   app.add_option("--seed", go.seed, "random seed of the draws");
   app.add_option("--threads", threads,
                  fmt::format("CPU threads (0: all cores; at most {})", MaxThreads()));
+  app.add_option("--backend", backend_name, "where the ops run (as keel train's --backend)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -39,7 +42,8 @@ int SampleCommand(int argc, const char* const* argv) {
   }
   if (Status st = ValidateThreads(threads); !st.ok()) return Fail(st);
   Env* env = Env::Default();
-  auto backend = MakeCpuBackend(threads);
+  std::unique_ptr<Backend> backend;
+  if (Status st = MakeBackend(backend_name, threads, &backend); !st.ok()) return Fail(st);
   LoadedModel run;
   Status st = LoadModelFromCheckpoint(
       env, load, backend.get(), [](const std::string& l) { LogError(l); }, &run);

@@ -4,6 +4,11 @@
 // Determinism: every sum is taken in rank order (rank 0 + rank 1 + ...) on the rank that owns the
 // element, whatever algorithm moves the bytes; so the same world size, data and seed give the same
 // bits, and the result does not depend on how a buffer is cut into buckets.
+//
+// Memory: ReduceScatterSum and AllGather take backend memory (gradients, weights), after the
+// caller's Backend::Synchronize(); the MPI communicator reads and writes it as host memory, so it
+// pairs with a backend whose memory is host memory (the CPU's), and a device backend needs a
+// device-aware one (NCCL). Every other call takes host memory.
 #pragma once
 
 #include <cstddef>
@@ -25,11 +30,12 @@ class Communicator {
   // of 2 on host a").
   virtual std::string Describe() const = 0;
 
-  // Gradients (backend memory, host on the CPU backend). For elements [begin, end) of a buffer of
+  // Gradients (backend memory). For elements [begin, end) of a buffer of
   // n floats: the owner of each element (ShardOf(n, ...)) receives every rank's value and stores
   // the sum in rank order; elements this rank does not own keep its own values.
   virtual void ReduceScatterSum(float* data, size_t n, size_t begin, size_t end) = 0;
-  // Every rank's shard (ShardOf(n, rank, world)) of `data` copied to every other rank.
+  // Every rank's shard (ShardOf(n, rank, world)) of `data` (backend memory) copied to every other
+  // rank.
   virtual void AllGather(float* data, size_t n) = 0;
 
   // Host values (losses, norms, counters, file lists): every rank's `mine`, in rank order.

@@ -387,6 +387,8 @@ const std::vector<Setting>& Settings() {
                     "above 1024, here {}",
                     MaxThreads()),
         &TC::threads));
+    t->push_back(StringSetting("backend", "NAME",
+                               "the backend the ops run on (this build has: cpu)", &TC::backend));
     // data
     t->push_back(
         StringListSetting("data-path", "[W] PREFIX ...",

@@ -149,7 +149,8 @@ struct TrainConfig {
   int64_t eval_interval = 100;
   int64_t eval_iters = 8;
   int64_t log_interval = 10;
-  int threads = 0;  // 0: all cores; at most MaxThreads() (config/config.h)
+  int threads = 0;              // 0: all cores; at most MaxThreads() (config/config.h)
+  std::string backend = "cpu";  // backend/registry.h
 
   // ---- data ----
   // Megatron indexed dataset prefixes: "PREFIX", or a mixture "W1 PREFIX1 W2 PREFIX2 ..."

@@ -403,7 +403,7 @@ GptModel::UpdatableWeights GptModel::weights_for_update() {
   const bool current = lowp_params_ != nullptr && !lowp_stale_ &&
                        lowp_precision_ == backend_->precision() &&
                        backend_->precision() != Precision::kFp32;
-  if (!current) return {param_data(), nullptr};
+  if (!current) return {mutable_param_data(), nullptr};
   return {params_mem_, lowp_params_};
 }
 
@@ -419,6 +419,7 @@ void GptModel::PrepareLowPrecisionWeights() {
     backend_->ToLowPrecision(lowp_params_, params_mem_, num_params_);
     lowp_precision_ = p;
     lowp_stale_ = false;
+    ++lowp_conversions_;
   }
 }
 
@@ -929,6 +930,57 @@ GptSpec SpecFromConfig(const TrainConfig& cfg) {
   s.reset_attention_mask = cfg.reset_attention_mask;
   s.eod_id = cfg.eod_id;
   return s;
+}
+
+Status CheckBackendSupports(const Backend& backend, const GptSpec& spec, Precision p) {
+  struct Need {
+    Op op;
+    const char* setting;  // what in the config makes the run call it
+  };
+  const char* every = "every model";
+  std::vector<Need> needs = {
+      {Op::kEmbeddingForward, every},
+      {Op::kEmbeddingBackward, every},
+      {Op::kMatmulForward, every},
+      {Op::kMatmulBackward, every},
+      {Op::kAttentionForward, every},
+      {Op::kAttentionBackward, every},
+      {Op::kAdd, every},
+      {Op::kRoundToStorage, every},
+      {Op::kCrossEntropyForwardBackward, every},
+      {Op::kSumSquaresAndZeros, every},
+      {Op::kCountNonFinite, every},
+      {Op::kAdamWUpdate, every},
+  };
+  const char* norm = spec.rmsnorm ? "--normalization RMSNorm" : "--normalization LayerNorm";
+  const Op norm_ops[2] = {spec.rmsnorm ? Op::kRmsNormForward : Op::kLayerNormForward,
+                          spec.rmsnorm ? Op::kRmsNormBackward : Op::kLayerNormBackward};
+  for (Op op : norm_ops) needs.push_back({op, norm});
+  if (spec.qk_layernorm) {
+    needs.push_back({Op::kQkLayerNormForward, "--qk-layernorm"});
+    needs.push_back({Op::kQkLayerNormBackward, "--qk-layernorm"});
+  }
+  if (spec.rope) {
+    needs.push_back({Op::kRopeForward, "--position-embedding-type rope"});
+    needs.push_back({Op::kRopeBackward, "--position-embedding-type rope"});
+  }
+  const char* mlp = spec.swiglu ? "--swiglu" : "the GELU MLP (no --swiglu)";
+  needs.push_back({spec.swiglu ? Op::kSwigluForward : Op::kGeluForward, mlp});
+  needs.push_back({spec.swiglu ? Op::kSwigluBackward : Op::kGeluBackward, mlp});
+  const std::string precision_flag = fmt::format("--{}", PrecisionName(p));
+  if (p != Precision::kFp32) needs.push_back({Op::kToLowPrecision, precision_flag.c_str()});
+  for (const Need& n : needs) {
+    if (backend.Supports(n.op, p)) continue;
+    // An op the backend has in fp32 but not in this precision is the precision flag's doing.
+    if (p != Precision::kFp32 && backend.Supports(n.op, Precision::kFp32)) {
+      return Status::InvalidArgument(fmt::format("backend {} lacks {} in {}, needed by {}",
+                                                 backend.Name(), OpName(n.op), PrecisionName(p),
+                                                 precision_flag));
+    }
+    return Status::InvalidArgument(
+        fmt::format("backend {} lacks {}, needed by {}", backend.Name(), OpName(n.op), n.setting));
+  }
+  return Status::OK();
 }
 
 }  // namespace keel

@@ -27,6 +27,7 @@
 
 #include "backend/backend.h"
 #include "config/train_config.h"
+#include "core/status.h"
 
 namespace keel {
 
@@ -108,13 +109,18 @@ class GptModel {
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo* FindParam(const std::string& name) const;
   size_t num_params() const { return num_params_; }
-  // The fp32 master weights. Whoever asks for them may write them (the optimizer, a checkpoint
-  // load, a rollback), so asking marks the low-precision compute copy stale: the next Forward
-  // converts the weights again (bf16/fp16 backends only).
-  float* param_data() {
+  // The fp32 master weights, to read (a save, a hash, a finiteness check): reading leaves the
+  // 16-bit compute copy current.
+  const float* param_data() const { return params_mem_; }
+  // The same, to write (a checkpoint load, a rollback, an all-gather): the 16-bit compute copy is
+  // marked stale, and the next Forward converts the weights again (bf16/fp16 only).
+  float* mutable_param_data() {
     lowp_stale_ = true;
     return params_mem_;
   }
+  // How many times the weights were converted to their 16-bit compute copy (tests check that a
+  // save does not force one).
+  int64_t lowp_conversions() const { return lowp_conversions_; }
   float* grad_data() { return grads_mem_; }
   // For an optimizer that rewrites every weight: the fp32 weights and the 16-bit compute copy
   // (nullptr in fp32, or when the copy is not current), which the optimizer must then rewrite
@@ -217,7 +223,7 @@ class GptModel {
   float* alibi_slopes_ = nullptr;  // (NH) on the backend, if ALiBi
   float* rope_cos_sin_ = nullptr;  // (max_positions, rot): cos then sin per position, if RoPE
   // The weights in the backend's 16-bit format (bf16/fp16 precision), converted from params_mem_
-  // by the first Forward after param_data() was handed out; nullptr in fp32.
+  // by the first Forward after mutable_param_data() was handed out; nullptr in fp32.
   void PrepareLowPrecisionWeights();
   const uint16_t* Lowp(const float* w) const {
     return lowp_params_ != nullptr ? lowp_params_ + (w - params_mem_) : nullptr;
@@ -232,6 +238,7 @@ class GptModel {
   uint16_t* lowp_acts_ = nullptr;
   Precision lowp_precision_ = Precision::kFp32;
   bool lowp_stale_ = true;
+  int64_t lowp_conversions_ = 0;
   bool overwrite_grads_ = false;  // see StartGradAccumulation
   Recompute recompute_ = Recompute::kNone;
   int full_layers_ = 0;  // FullRecomputeLayers of recompute_ and the count asked for
@@ -272,5 +279,10 @@ std::vector<float> AlibiSlopes(int heads);
 
 // The model shape a validated config describes.
 GptSpec SpecFromConfig(const TrainConfig& cfg);
+
+// Whether `backend` implements every op that training `spec` in precision `p` runs (the model,
+// the gradient norm and AdamW); else InvalidArgument naming the first op it lacks and the setting
+// that needs it ("backend cuda lacks RopeForward, needed by --position-embedding-type rope").
+Status CheckBackendSupports(const Backend& backend, const GptSpec& spec, Precision p);
 
 }  // namespace keel

@@ -97,7 +97,7 @@ Status LoadWeightsOnly(Env* env, const SavedTrainState& saved, Trainer* trainer)
       MappedSafetensors::Open(env, JoinPath(saved.dir, "model.safetensors"), &file));
   std::set<std::string> expected;
   std::vector<float> tmp;
-  float* params = model.param_data();
+  float* params = model.mutable_param_data();
   for (const ParamInfo& p : model.params()) {
     tmp.resize(p.numel);
     KEEL_RETURN_IF_ERROR(file.CopyF32(p.name, p.shape, tmp.data()));

@@ -95,7 +95,7 @@ class CheckpointController {
   RunInfo run_;
   nlohmann::json history_;
   std::function<void(const std::string&)> log_;
-  std::vector<float> staging_;
+  CheckpointStaging staging_;
   std::function<nlohmann::json()> guard_state_;
   std::function<void(int64_t)> after_save_;
   std::function<Status()> before_save_;

@@ -200,7 +200,7 @@ Status RunHealth::AfterIteration() {
     std::memcpy(&bits, &v, 4);
     bits ^= 1u;  // the lowest mantissa bit: a silent change, training goes on
     std::memcpy(&v, &bits, 4);
-    model.backend()->CopyToDevice(model.param_data() + at, &v, 1);
+    model.backend()->CopyToDevice(model.mutable_param_data() + at, &v, 1);
     LogError(fmt::format("fault: rank {} flipped one bit of {} (element {}) after iteration {}",
                          rank, p.name, p.numel / 2, it));
   }

@@ -138,6 +138,7 @@ StepResult Trainer::TrainStep() {
   c.iteration = iteration;
   c.consumed_samples += r.global_batch;
   c.consumed_tokens += r.global_batch * cfg_.seq_length;
+  backend_->Synchronize();  // the step's time includes its last op, whatever the backend queues
   r.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const double compute_ms = phases_ ? 1e3 * phases_->ComputeSeconds() : r.step_ms;
@@ -192,7 +193,7 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
   const ParamInfo* corrupted = corrupt ? model_->FindParam("final_layernorm.weight") : nullptr;
   float corrupted_weight = 0;
   if (corrupted != nullptr) {
-    float* w = model_->param_data() + corrupted->offset;  // marks any 16-bit copy stale
+    float* w = model_->mutable_param_data() + corrupted->offset;  // marks any 16-bit copy stale
     backend_->CopyToHost(&corrupted_weight, w, 1);
     const float bad = corrupted_weight * 1e3f + 10.0f;
     backend_->CopyToDevice(w, &bad, 1);
@@ -231,14 +232,18 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
       // finished bucket is reduced while the layers below still compute.
       reducer_->Begin(grads, n);
       if (cfg_.overlap_grad_reduce)
-        model_->set_grad_ready([this](size_t from) { reducer_->Ready(from); });
+        model_->set_grad_ready([this](size_t from) {
+          backend_->Synchronize();  // the collectives read the finished gradients
+          reducer_->Ready(from);
+        });
     }
     EnterPhase(Phase::kBackward);
     model_->Backward();
   }
   model_->set_grad_ready(nullptr);
+  backend_->Synchronize();  // the gradients go to collectives, the losses to the host
   if (corrupted != nullptr)
-    backend_->CopyToDevice(model_->param_data() + corrupted->offset, &corrupted_weight, 1);
+    backend_->CopyToDevice(model_->mutable_param_data() + corrupted->offset, &corrupted_weight, 1);
   if (compute_fault_) {
     const int64_t it = state_.counters.iteration + 1;
     compute_fault_(it, phases_ ? phases_->ComputeSeconds() : 0.0);
@@ -400,7 +405,7 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
   // bf16/fp16: the update's pass also rewrites the weights' 16-bit compute copy. ZeRO-1 changes
   // only this rank's shard (the rest arrives by all-gather), so the next Forward converts them.
   const GptModel::UpdatableWeights w =
-      zero_ ? GptModel::UpdatableWeights{model_->param_data(), nullptr}
+      zero_ ? GptModel::UpdatableWeights{model_->mutable_param_data(), nullptr}
             : model_->weights_for_update();
   optimizer_->Step(w.fp32, grads, model_->params(), r->lr, &st, static_cast<float>(grad_scale),
                    w.lowp);
@@ -413,7 +418,7 @@ void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, St
     st.update_sq = sums[0];
     st.param_sq = sums[1];
     st.max_v = static_cast<float>(max_v);
-    comm_->AllGather(model_->param_data(), n);
+    comm_->AllGather(model_->mutable_param_data(), n);
   }
   last_update_ratio_ = std::sqrt(st.update_sq / std::max(st.param_sq, 1e-30));
   last_max_v_ = st.max_v;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <tuple>
 
+#include "backend/registry.h"
 #include "checkpoint/manifest.h"
 #include "core/json_reader.h"
 #include "core/log.h"
@@ -159,7 +160,9 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
 
   Log("resolved config:\n{}", FormatConfig(r.cfg_));
   *doing = "building the model and the optimizer";
-  r.backend_ = MakeCpuBackend(r.cfg_.threads);
+  KEEL_RETURN_IF_ERROR(MakeBackend(r.cfg_.backend, r.cfg_.threads, &r.backend_));
+  // A config that needs an op the backend lacks stops here, naming both, not mid-iteration.
+  KEEL_RETURN_IF_ERROR(CheckBackendSupports(*r.backend_, SpecFromConfig(r.cfg_), r.cfg_.precision));
   r.backend_->SetPrecision(r.cfg_.precision);  // the trainer sets it too; the log says it now
   Log("backend: {}", r.backend_->Describe());
   r.trainer_ = std::make_unique<Trainer>(r.cfg_, r.backend_.get(), r.comm_, r.MakeTrainerData());

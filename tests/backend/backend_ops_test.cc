@@ -209,10 +209,16 @@ TEST_P(BackendOpsTest, CopiesAndPointwise) {
   std::vector<float> host(n);
   be_->CopyToHost(host.data(), out.data(), n);
   ExpectPointwise(host, half, "copy");
-  // Memory the host may read directly must hold what a copy to the host returns.
-  if (const float* readable = be_->HostReadable(out.data())) {
-    EXPECT_TRUE(SameBits(readable, host.data(), n));
-  }
+  // A host view, zero-copy or staged, holds what a copy to the host returns; so does the
+  // base class's staged view, which a backend without host memory inherits.
+  const HostView view = be_->ViewOnHost(out.data(), n);
+  ASSERT_EQ(view.size(), n);
+  EXPECT_TRUE(SameBits(view.data(), host.data(), n));
+  const HostView staged = be_->Backend::ViewOnHost(out.data(), n);
+  EXPECT_FALSE(staged.zero_copy());
+  EXPECT_NE(staged.data(), out.data());
+  EXPECT_TRUE(SameBits(staged.data(), host.data(), n));
+  be_->Synchronize();
   be_->Zero(out.data(), n);
   EXPECT_EQ(out.vec(), std::vector<float>(n, 0.0f));
   const std::vector<int32_t> ints = {3, -1, 7};

@@ -52,12 +52,22 @@ TEST(CpuBackendTest, AllocIsAligned) {
   }
 }
 
-// Host-side readers (checkpoint saves) skip the staging copy on the CPU.
-TEST(CpuBackendTest, MemoryIsHostReadable) {
+// Host-side readers (checkpoint saves) skip the staging copy on the CPU: the view is the memory.
+TEST(CpuBackendTest, HostViewIsZeroCopy) {
   std::unique_ptr<Backend> be = MakeCpuBackend(1);
   float* f = be->AllocFloats(4);
-  EXPECT_EQ(be->HostReadable(f), f);
+  const HostView v = be->ViewOnHost(f, 4);
+  EXPECT_TRUE(v.zero_copy());
+  EXPECT_EQ(v.data(), f);
+  EXPECT_EQ(v.size(), 4u);
   be->Free(f);
+}
+
+// The CPU backend runs every op in every precision.
+TEST(CpuBackendTest, SupportsEveryOp) {
+  std::unique_ptr<Backend> be = MakeCpuBackend(1);
+  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16})
+    for (int i = 0; i < kNumOps; ++i) EXPECT_TRUE(be->Supports(static_cast<Op>(i), p)) << i;
 }
 
 }  // namespace

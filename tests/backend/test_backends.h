@@ -7,9 +7,11 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/profiling_backend.h"
 
 namespace keel {
 namespace testing_backends {
@@ -64,6 +66,27 @@ inline const std::vector<TestBackend>& TestBackends() {
   };
   return backends;
 }
+
+// A backend that lacks one op (in one precision, or in all): the CPU backend behind a decorator
+// whose Supports says no, for the tests of the check that names the op and the setting needing it.
+class LackingBackend : public ProfilingBackend {
+ public:
+  LackingBackend(std::unique_ptr<Backend> inner, Op lacks, bool only_low_precision = false)
+      : ProfilingBackend(inner.get()),
+        owned_(std::move(inner)),
+        lacks_(lacks),
+        only_low_precision_(only_low_precision) {}
+  std::string Name() const override { return "lacking"; }
+  bool Supports(Op op, Precision p) const override {
+    if (op == lacks_ && (!only_low_precision_ || p != Precision::kFp32)) return false;
+    return ProfilingBackend::Supports(op, p);
+  }
+
+ private:
+  std::unique_ptr<Backend> owned_;
+  Op lacks_;
+  bool only_low_precision_;
+};
 
 // GoogleTest prints parameters with this (instead of their bytes) in failure messages.
 inline void PrintTo(const TestBackend& b, std::ostream* os) {

@@ -152,7 +152,7 @@ inline std::unique_ptr<GptModel> RandomModel(Backend* be, const GptSpec& spec, u
     host.resize(p.numel);
     const bool norm_weight = p.name.find("layernorm.weight") != std::string::npos;
     for (float& v : host) v = (norm_weight ? 1.0f : 0.0f) + normal(rng);
-    be->CopyToDevice(model->param_data() + p.offset, host.data(), p.numel);
+    be->CopyToDevice(model->mutable_param_data() + p.offset, host.data(), p.numel);
   }
   return model;
 }

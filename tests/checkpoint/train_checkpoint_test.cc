@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
 
+#include "backend/profiling_backend.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/resume.h"
 #include "checkpoint/safetensors.h"
@@ -140,6 +142,84 @@ TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
   EXPECT_EQ(lines_b, lines_a);  // same losses, LRs, batch sizes, validation, at every line
   EXPECT_EQ(r.tr.StateFingerprint(), want);
   fs::remove_all(root);
+}
+
+// A save reads the weights without writing them: the bf16 compute copy stays current (the next
+// Forward converts nothing), and the run's bits are those of a run that never saved.
+TEST(TrainCheckpointTest, SavingLeavesTheBf16CopyCurrent) {
+  TrainConfig c = Tiny(false);
+  c.precision = Precision::kBf16;
+  c.train_iters = 4;
+  Harness a(c);
+  a.tr.InitializeWeights();
+  RunHooks ha;
+  ha.log = [](const std::string&) {};
+  ASSERT_TRUE(a.tr.Run(ha).ok());
+
+  const std::string root = ::testing::TempDir() + "/keel_lowp_ckpt_" + std::to_string(getpid());
+  fs::remove_all(root);
+  Harness b(c);
+  b.tr.InitializeWeights();
+  CheckpointStore store(Env::Default(), root, nullptr);
+  CheckpointController ctl(c, Env::Default(), &store, &b.tr, NoTokenizer(), nlohmann::json::array(),
+                           nullptr);
+  RunHooks hb;
+  hb.log = [](const std::string&) {};
+  hb.after_iteration = [&] { return ctl.SaveNow("test").ok(); };
+  ASSERT_TRUE(b.tr.Run(hb).ok());
+  EXPECT_EQ(b.tr.state().counters.iteration, 4);
+  EXPECT_EQ(b.tr.model().lowp_conversions(), a.tr.model().lowp_conversions());
+  EXPECT_EQ(b.tr.model().lowp_conversions(), 1);  // the first Forward's, and no other
+  EXPECT_EQ(b.tr.StateFingerprint(), a.tr.StateFingerprint());
+  fs::remove_all(root);
+}
+
+// A backend whose memory the host cannot read gets its checkpoint through staged host copies
+// (Backend's default ViewOnHost): the same tensors as the CPU backend's zero-copy views.
+class StagingBackend : public ProfilingBackend {
+ public:
+  using ProfilingBackend::ProfilingBackend;
+  HostView ViewOnHost(const float* src, size_t n) override { return Backend::ViewOnHost(src, n); }
+};
+
+TEST(TrainCheckpointTest, StagedHostViewsWriteTheSameTensors) {
+  const TrainConfig c = Tiny(false);
+  Harness h(c);
+  h.tr.InitializeWeights();
+  RunHooks hooks;
+  hooks.log = [](const std::string&) {};
+  hooks.after_iteration = [&] { return h.tr.state().counters.iteration < 2; };
+  ASSERT_TRUE(h.tr.Run(hooks).ok());
+  CheckpointStaging zero_copy, staged;
+  std::vector<CheckpointFile> direct, copied;
+  ASSERT_TRUE(BuildTrainCheckpoint(Env::Default(), CheckpointSourceOf(h.tr), NoTokenizer(),
+                                   nlohmann::json::array(), &zero_copy, &direct)
+                  .ok());
+  EXPECT_TRUE(zero_copy.params.zero_copy());
+  StagingBackend staging_backend(h.be.get());
+  TrainCheckpointSource src = CheckpointSourceOf(h.tr);
+  GptModel staged_model(&staging_backend, h.tr.model().spec());
+  staging_backend.CopyToDevice(staged_model.mutable_param_data(), h.tr.model().param_data(),
+                               h.tr.model().num_params());
+  src.model = &staged_model;
+  ASSERT_TRUE(BuildTrainCheckpoint(Env::Default(), src, NoTokenizer(), nlohmann::json::array(),
+                                   &staged, &copied)
+                  .ok());
+  EXPECT_FALSE(staged.params.zero_copy());
+  EXPECT_FALSE(staged.exp_avg.zero_copy());
+  ASSERT_EQ(direct.size(), copied.size());
+  for (size_t f = 0; f < direct.size(); ++f) {
+    SCOPED_TRACE(direct[f].name);
+    ASSERT_EQ(direct[f].tensors.size(), copied[f].tensors.size());
+    for (size_t t = 0; t < direct[f].tensors.size(); ++t) {
+      const TensorView &x = direct[f].tensors[t], &y = copied[f].tensors[t];
+      EXPECT_EQ(x.name, y.name);
+      size_t n = 1;
+      for (int64_t d : x.shape) n *= static_cast<size_t>(d);
+      EXPECT_NE(x.data, y.data) << x.name;
+      EXPECT_EQ(std::memcmp(x.data, y.data, n * sizeof(float)), 0) << x.name;
+    }
+  }
 }
 
 // fp16: the loss scaler's scale and trackers travel with the checkpoint (a resumed run that

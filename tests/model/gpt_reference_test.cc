@@ -263,7 +263,7 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   be->CopyToHost(host.data(), model.param_data(), host.size());
   for (size_t i = 0; i < host.size(); ++i)
     host[i] += 0.05f * NormalAt({3, RngPurpose::kTest, 1}, i);
-  be->CopyToDevice(model.param_data(), host.data(), host.size());
+  be->CopyToDevice(model.mutable_param_data(), host.data(), host.size());
 
   std::vector<int32_t> tok(N), tgt(N);
   for (int i = 0; i < N; ++i) {
@@ -499,7 +499,8 @@ TEST_P(GptModelBackendTest, UpdatingTheLowPrecisionCopyInPlaceMatchesConverting)
       m.StartGradAccumulation();
       run.Run(m);
       const GptModel::UpdatableWeights w =
-          model == 0 ? m.weights_for_update() : GptModel::UpdatableWeights{m.param_data(), nullptr};
+          model == 0 ? m.weights_for_update()
+                     : GptModel::UpdatableWeights{m.mutable_param_data(), nullptr};
       if (model == 0) {
         EXPECT_EQ(w.lowp != nullptr, be->precision() != Precision::kFp32);
       }
@@ -509,8 +510,14 @@ TEST_P(GptModelBackendTest, UpdatingTheLowPrecisionCopyInPlaceMatchesConverting)
   }
   EXPECT_EQ(loss[0], loss[1]);
   EXPECT_EQ(fused.LastZLoss(), converted.LastZLoss());
-  // Whoever takes param_data() may write the weights: the copy is no longer offered as current.
-  fused.param_data();
+  // Reading the weights (a save, a hash) leaves the copy current and converts nothing again...
+  const int64_t conversions = fused.lowp_conversions();
+  EXPECT_EQ(fused.param_data(), fused.weights_for_update().fp32);
+  EXPECT_EQ(fused.weights_for_update().lowp != nullptr, be->precision() != Precision::kFp32);
+  fused.Forward(run.tok[1].data(), run.tgt[1].data(), run.B, run.T, 0.05f);
+  EXPECT_EQ(fused.lowp_conversions(), conversions);
+  // ...whoever takes mutable_param_data() may write them: the copy is no longer current.
+  fused.mutable_param_data();
   EXPECT_EQ(fused.weights_for_update().lowp, nullptr);
 }
 

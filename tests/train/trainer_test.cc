@@ -93,7 +93,7 @@ TEST(TrainerTest, NonFiniteGradientsSkipTheUpdateAndAreCounted) {
   be->CopyToHost(w.data(), tr.model().param_data(), w.size());
   const ParamInfo* p = tr.model().FindParam("layers.0.mlp.dense_h_to_4h.weight");
   w[p->offset] = NAN;
-  be->CopyToDevice(tr.model().param_data(), w.data(), w.size());
+  be->CopyToDevice(tr.model().mutable_param_data(), w.data(), w.size());
   const int64_t step_before = tr.optimizer().step();
   StepResult r = tr.TrainStep();
   EXPECT_TRUE(r.skipped);

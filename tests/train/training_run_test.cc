@@ -15,7 +15,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../backend/test_backends.h"
 #include "../data/data_test_util.h"
+#include "backend/registry.h"
 #include "core/fault_injection_env.h"
 #include "data/indexed_dataset.h"
 #include "data/prepare.h"
@@ -236,6 +238,35 @@ TEST(TrainingRunTest, WrongInputsAreRefusedBeforeAnyWork) {
   r = OpenAndTrain(c);
   EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument) << r.status.ToString();
   EXPECT_FALSE(fs::exists(dir.Join("run/iter_0000005")));
+}
+
+// --backend picks the backend by name: an unknown one, or one lacking an op the config needs, stops
+// the run at open naming what is missing, before any iteration or checkpoint.
+TEST(TrainingRunTest, ABackendThatLacksAnOpTheConfigNeedsIsRefusedAtOpen) {
+  RegisterBackend("lacks-rope", [](int threads) -> std::unique_ptr<Backend> {
+    return std::make_unique<testing_backends::LackingBackend>(MakeCpuBackend(threads),
+                                                              Op::kRopeBackward);
+  });
+  TempDir dir;
+  TrainConfig c = Tiny(dir.Join("run"));
+  c.backend = "cuda";
+  RunResult r = OpenAndTrain(c);
+  EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("no such backend"), std::string::npos) << r.status.message();
+  c.backend = "lacks-rope";
+  c.position_embedding_type = PositionEmbedding::kRope;
+  r = OpenAndTrain(c);
+  EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("lacks RopeBackward, needed by --position-embedding-type rope"),
+            std::string::npos)
+      << r.status.message();
+  EXPECT_FALSE(fs::exists(dir.Join("run/iter_0000005")));
+  // The same backend trains a config that does not use the op.
+  c = Tiny(dir.Join("run2"));
+  c.backend = "lacks-rope";
+  c.train_iters = 3;
+  r = OpenAndTrain(c);
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
 }
 
 // The default Env, with a fixed figure for the memory this process may still allocate.

@@ -18,6 +18,8 @@ class CpuBackend : public Backend {
 
   std::string Name() const override { return "cpu"; }
   std::string Describe() const override;
+  bool Supports(Op, Precision) const override { return true; }  // every op in every precision
+  void Synchronize() override {}                                // ops finish before they return
   int threads() const { return threads_; }
 
   float* AllocFloats(size_t n) override;
@@ -27,7 +29,8 @@ class CpuBackend : public Backend {
   void CopyToHost(float* host_dst, const float* src, size_t n) override;
   void CopyIntsToDevice(int32_t* dst, const int32_t* host_src, size_t n) override;
   void CopyIntsToHost(int32_t* host_dst, const int32_t* src, size_t n) override;
-  const float* HostReadable(const float* p) const override { return p; }
+  // Host memory: the view is the memory itself (zero-copy).
+  HostView ViewOnHost(const float* src, size_t n) override { return HostView::ZeroCopy(src, n); }
   void Zero(float* x, size_t n) override;
   void Copy(float* dst, const float* src, size_t n) override;
 
