@@ -14,7 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../metrics/megatron_log_fixture.h"
+#include "../logs/megatron_log_fixture.h"
 #include "checkpoint/hf_weights.h"
 #include "checkpoint/safetensors.h"
 #include "config/deepspeed_config.h"

@@ -1,7 +1,7 @@
 // EventCommandRunner (the `keel logs watch --on-event` runner) with real processes: what a log
 // holds reaches the command as data in its environment and on its stdin, never as shell text,
 // however it is written ($(...), `...`, ;, quotes, newlines).
-#include "metrics/event_command.h"
+#include "logs/event_command.h"
 
 #include <gtest/gtest.h>
 

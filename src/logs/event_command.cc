@@ -1,4 +1,4 @@
-#include "metrics/event_command.h"
+#include "logs/event_command.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -30,7 +30,7 @@
 #include <string>
 
 #include "guard/instability_detector.h"
-#include "metrics/megatron_log.h"
+#include "logs/megatron_log.h"
 
 namespace keel {
 

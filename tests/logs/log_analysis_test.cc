@@ -1,4 +1,4 @@
-#include "metrics/log_analysis.h"
+#include "logs/log_analysis.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@ namespace keel {
 namespace {
 
 std::string ReadTestData(const std::string& name) {
-  std::ifstream f(std::string(KEEL_SOURCE_DIR) + "/tests/metrics/testdata/" + name);
+  std::ifstream f(std::string(KEEL_SOURCE_DIR) + "/tests/logs/testdata/" + name);
   std::stringstream ss;
   ss << f.rdbuf();
   EXPECT_FALSE(ss.str().empty()) << name;

@@ -1,4 +1,4 @@
-#include "metrics/log_events.h"
+#include "logs/log_events.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <deque>
 #include <limits>
 
-#include "metrics/throughput_drop_scan.h"
+#include "logs/throughput_drop_scan.h"
 
 namespace keel {
 

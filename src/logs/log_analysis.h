@@ -1,5 +1,5 @@
 // LogAnalysis: the findings `keel logs analyze` reports on a parsed training log: the events of
-// LogEventScanner (metrics/log_events.h: spikes and divergences by the guard's detector, restarts
+// LogEventScanner (logs/log_events.h: spikes and divergences by the guard's detector, restarts
 // and resume spikes, skipped and NaN iterations, throughput drops), the throughput statistics and
 // the ETA.
 #pragma once
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "core/env.h"
-#include "metrics/log_events.h"
-#include "metrics/megatron_log.h"
+#include "logs/log_events.h"
+#include "logs/megatron_log.h"
 
 namespace keel {
 

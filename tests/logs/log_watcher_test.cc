@@ -1,7 +1,7 @@
 // LogWatcher in process: a log written in steps (cut inside lines, a wrapped record), the findings
 // journaled as the records arrive and, at the end, the same as `keel logs analyze` finds; the kill
 // switch and the command hook; --from-end; rotation; the run loop on a fake clock; what it refuses.
-#include "metrics/log_watcher.h"
+#include "logs/log_watcher.h"
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 
 #include "../cli/keel_process.h"
 #include "core/fault_injection_env.h"
+#include "logs/log_analysis.h"
 #include "megatron_log_fixture.h"
-#include "metrics/log_analysis.h"
 
 namespace keel {
 namespace {

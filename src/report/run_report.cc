@@ -1,4 +1,4 @@
-#include "metrics/run_report.h"
+#include "report/run_report.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "core/json_number.h"
-#include "metrics/log_analysis.h"
+#include "logs/log_analysis.h"
 #include "metrics/run_metrics.h"
 
 namespace keel {

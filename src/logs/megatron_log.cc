@@ -1,4 +1,4 @@
-#include "metrics/megatron_log.h"
+#include "logs/megatron_log.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "metrics/log_watcher.h"
+#include "logs/log_watcher.h"
 
 #include <fmt/format.h>
 

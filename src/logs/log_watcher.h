@@ -32,10 +32,10 @@
 #include "core/env.h"
 #include "core/status.h"
 #include "journal/run_journal.h"
-#include "metrics/event_command.h"
-#include "metrics/log_events.h"
-#include "metrics/log_follower.h"
-#include "metrics/megatron_log.h"
+#include "logs/event_command.h"
+#include "logs/log_events.h"
+#include "logs/log_follower.h"
+#include "logs/megatron_log.h"
 
 namespace keel {
 

@@ -2,7 +2,7 @@
 // truncation, rotation by rename (with the lines the old file got after the last look),
 // copytruncate (and the NUL hole it leaves), a replacement that grew past the read position; and on
 // an Env that is not the disk.
-#include "metrics/log_follower.h"
+#include "logs/log_follower.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "metrics/throughput_drop_scan.h"
+#include "logs/throughput_drop_scan.h"
 
 #include <algorithm>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "metrics/log_analysis.h"
+#include "logs/log_analysis.h"
 
 #include <fmt/format.h>
 #include <unistd.h>

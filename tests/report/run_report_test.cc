@@ -1,4 +1,4 @@
-#include "metrics/run_report.h"
+#include "report/run_report.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "metrics/log_follower.h"
+#include "logs/log_follower.h"
 
 #include <fmt/format.h>
 
