@@ -198,7 +198,7 @@ def main():
                   "normalizer": None, "pre_tokenizer": pre, "post_processor": None,
                   "decoder": {"type": "ByteLevel"},
                   "model": {"type": "BPE", "dropout": None, "vocab": enc, "merges": merges}}
-            put(out, "hf_tokenizer_fuzz", name,
+            put(out, "hf_tokenizer_json_fuzz", name,
                 json.dumps(tj, ensure_ascii=False).encode() + SEP +
                 b'{"eos_token": "<|endoftext|>"}' + SEP +
                 "Call me Ishmael.<|endoftext|> caf\u00e9, 1851!".encode())

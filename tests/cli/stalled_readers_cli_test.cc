@@ -15,10 +15,10 @@
 #include <nlohmann/json.hpp>
 
 #include "../logs/megatron_log_fixture.h"
-#include "checkpoint/hf_weights.h"
 #include "checkpoint/safetensors.h"
 #include "config/deepspeed_config.h"
 #include "data/indexed_dataset.h"
+#include "hf/hf_weights.h"
 #include "keel_process.h"
 
 namespace keel {

@@ -7,7 +7,8 @@
 // tokenizer_config.json or special_tokens_map.json beside it, as transformers reads it; the
 // vocabulary size is len(tokenizer): the model's vocabulary plus the added tokens. What keel does
 // not implement (normalizers, other models and pre-tokenizers, post-processors that add tokens,
-// BPE dropout) is refused by name rather than encoded differently.
+// BPE dropout) is refused by name rather than encoded differently. (The tokenizer files an HF
+// export writes and an import recognises are hf/hf_tokenizer_files.h.)
 #include <fmt/format.h>
 
 #include <algorithm>

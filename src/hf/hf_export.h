@@ -1,6 +1,6 @@
 // Export of a keel checkpoint as a Hugging Face folder (docs/hugging-face.md): config.json,
 // model.safetensors with HF names and layouts, and the tokenizer files transformers loads. The
-// architecture follows the model (checkpoint/hf_arch.h): GPT-2 (GPT2LMHeadModel), Llama
+// architecture follows the model (hf/hf_arch.h): GPT-2 (GPT2LMHeadModel), Llama
 // (LlamaForCausalLM) or BLOOM (BloomForCausalLM); a model none of them represents is refused,
 // naming the feature, and nothing is written. The folder gives keel's logits over the real
 // vocabulary (keel's padding rows are dropped).
@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_store.h"
-#include "checkpoint/hf_arch.h"
 #include "checkpoint/safetensors.h"
 #include "core/env.h"
 #include "core/status.h"
+#include "hf/hf_arch.h"
 #include "model/gpt.h"
 
 namespace keel {

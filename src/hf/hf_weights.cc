@@ -1,4 +1,4 @@
-#include "checkpoint/hf_weights.h"
+#include "hf/hf_weights.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/hf_config.h"
+#include "hf/hf_config.h"
 
 namespace keel {
 namespace {

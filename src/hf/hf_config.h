@@ -1,5 +1,5 @@
 // config.json of a Hugging Face folder: written by an export for the architecture that represents
-// the model (checkpoint/hf_arch.h), and read by an import, which turns it into keel's model shape
+// the model (hf/hf_arch.h), and read by an import, which turns it into keel's model shape
 // and refuses, naming the key, whatever keel's model cannot compute (rope_scaling, a sliding
 // window, an activation keel does not have, head_dim != hidden / heads, ...).
 #pragma once
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/hf_arch.h"
 #include "core/env.h"
 #include "core/status.h"
+#include "hf/hf_arch.h"
 #include "model/gpt.h"
 
 namespace keel {

@@ -1,4 +1,4 @@
-#include "checkpoint/hf_arch.h"
+#include "hf/hf_arch.h"
 
 #include <fmt/format.h>
 

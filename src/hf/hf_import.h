@@ -1,7 +1,7 @@
 // Import of a Hugging Face folder (GPT-2, Llama, BLOOM) as a keel checkpoint, to continue
 // pretraining a published model (docs/hugging-face.md). config.json becomes keel's model shape
-// (checkpoint/hf_config.h refuses what keel cannot compute), every HF tensor goes back through the
-// inverse of the export's layout change (checkpoint/hf_arch.h), the vocabulary is padded to keel's
+// (hf/hf_config.h refuses what keel cannot compute), every HF tensor goes back through the
+// inverse of the export's layout change (hf/hf_arch.h), the vocabulary is padded to keel's
 // with zero rows, and the result is written by the same writer as training: a run directory
 // holding iter_0000000 (weights, zero Adam moments, the model's config) that `keel ckpt verify`
 // passes and `keel train --load` starts from as --finetune does.
@@ -14,19 +14,16 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_store.h"
-#include "checkpoint/hf_arch.h"
-#include "checkpoint/hf_config.h"
-#include "checkpoint/hf_tokenizer.h"
 #include "config/train_config.h"
 #include "core/env.h"
 #include "core/status.h"
+#include "hf/hf_arch.h"
+#include "hf/hf_config.h"
+#include "hf/hf_tokenizer_files.h"
 #include "model/gpt.h"
 
 namespace keel {
 
-// state.json's key that marks a checkpoint written by an import: weights without a training run
-// behind them, which `keel train --load` loads as --finetune does.
-constexpr const char* kImportStateKey = "import";
 // The run directory file with the imported model's shape as a --config file.
 constexpr const char* kImportModelToml = "model.toml";
 

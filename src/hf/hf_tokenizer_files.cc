@@ -1,4 +1,4 @@
-#include "checkpoint/hf_tokenizer.h"
+#include "hf/hf_tokenizer_files.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // `keel ckpt export --hf` for Llama and BLOOM, checked against independent readers: small models
 // with random weights (std 0.2, norm weights and biases random too, so every tensor and layout
 // reaches the logits) are written as checkpoints in process, exported, and run through
-// tests/checkpoint/hf_llama_reference.py / hf_bloom_reference.py (float64 numpy models written
+// tests/hf/hf_llama_reference.py / hf_bloom_reference.py (float64 numpy models written
 // from the Hugging Face definitions that parse the safetensors themselves); their logits must
 // match keel's GptModel::Forward. Each test prints the measured max |logit difference| (quoted in
 // docs/hugging-face.md) and shows that the comparison catches a wrong RoPE base or QKV layout.
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/hf_export.h"
 #include "checkpoint/safetensors.h"
+#include "hf/hf_export.h"
 #include "hf_test_util.h"
 
 namespace keel {

@@ -1,5 +1,5 @@
 // `keel ckpt export PATH --hf OUT`, checked against an independent reader: tiny models are trained
-// with the keel binary, exported, and run through tests/checkpoint/hf_gpt2_reference.py (a numpy
+// with the keel binary, exported, and run through tests/hf/hf_gpt2_reference.py (a numpy
 // GPT-2 written from the Hugging Face definition that parses the safetensors file itself); its
 // logits must match keel's own forward pass on the same tokens. The weights start at std 0.2 so
 // that attention is far from uniform and the GELU's tails matter: the check then tells a wrong

@@ -1,4 +1,4 @@
-// `keel ckpt import --hf` in process (checkpoint/hf_import.h): round trips in both directions for
+// `keel ckpt import --hf` in process (hf/hf_import.h): round trips in both directions for
 // every architecture (export -> import gives the same weight bits, tensor by tensor; import ->
 // export the same safetensors tensors), F16 / BF16 / sharded folders converted exactly, the names
 // save_pretrained writes, and every refusal: what keel's model cannot compute (config.json) and
@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/hf_config.h"
-#include "checkpoint/hf_export.h"
-#include "checkpoint/hf_weights.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/train_checkpoint.h"
+#include "hf/hf_config.h"
+#include "hf/hf_export.h"
+#include "hf/hf_weights.h"
 #include "hf_test_util.h"
 
 namespace keel {

@@ -8,7 +8,7 @@
 
 #include "data/tokenizer.h"
 #include "data_test_util.h"
-#include "hf_tokenizer_files.h"
+#include "hf_tokenizer_json_files.h"
 
 namespace keel {
 namespace {

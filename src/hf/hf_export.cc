@@ -1,4 +1,4 @@
-#include "checkpoint/hf_export.h"
+#include "hf/hf_export.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -6,12 +6,12 @@
 #include <cmath>
 #include <string>
 
-#include "checkpoint/hf_config.h"
-#include "checkpoint/hf_tokenizer.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/train_checkpoint.h"
 #include "core/json_reader.h"
 #include "data/tokenizer.h"
+#include "hf/hf_config.h"
+#include "hf/hf_tokenizer_files.h"
 
 namespace keel {
 namespace {

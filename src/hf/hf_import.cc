@@ -1,4 +1,4 @@
-#include "checkpoint/hf_import.h"
+#include "hf/hf_import.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -10,13 +10,13 @@
 #include <new>
 
 #include "backend/registry.h"
-#include "checkpoint/hf_export.h"
-#include "checkpoint/hf_weights.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/resume.h"
 #include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
 #include "core/timestamp.h"
+#include "hf/hf_export.h"
+#include "hf/hf_weights.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 

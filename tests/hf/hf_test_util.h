@@ -1,5 +1,5 @@
 // Shared by the Hugging Face export and import tests: running the independent numpy readers
-// (tests/checkpoint/hf_{gpt2,llama,bloom}_reference.py) and comparing their logits with keel's,
+// (tests/hf/hf_{gpt2,llama,bloom}_reference.py) and comparing their logits with keel's,
 // models with random weights written as checkpoints in process, and small file helpers.
 #pragma once
 
@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "checkpoint/hf_import.h"
 #include "config/config.h"
+#include "hf/hf_import.h"
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
 #include "model/gpt.h"
 
@@ -99,7 +99,7 @@ inline json Reference(const std::string& python, const std::string& script,
     }
     return s;
   };
-  const std::string path = std::string(KEEL_SOURCE_DIR) + "/tests/checkpoint/" + script;
+  const std::string path = std::string(KEEL_SOURCE_DIR) + "/tests/hf/" + script;
   Result r = Run(python + " " + path + " " + folder + " --tokens " + join(tokens) +
                  " --positions " + join(positions) + " 2>&1");
   EXPECT_EQ(r.code, 0) << r.out;

@@ -2,7 +2,8 @@
 // checkpoint's tokenizer (GPT-2's vocab.json and merges.txt from the npm assets, for any
 // architecture; keel's SentencePiece model as a LlamaTokenizer for Llama); an import recognises
 // the tokenizers keel can tokenize with (GPT-2 files equal to the npm assets, a SentencePiece
-// model trained by keel) so the imported checkpoint names one.
+// model trained by keel) so the imported checkpoint names one. It copies and recognises files and
+// tokenizes nothing; tokenizing with a tokenizer.json is data/hf_tokenizer_json.cc.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint/hf_arch.h"
 #include "core/env.h"
 #include "core/status.h"
+#include "hf/hf_arch.h"
 
 namespace keel {
 

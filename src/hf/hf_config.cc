@@ -1,4 +1,4 @@
-#include "checkpoint/hf_config.h"
+#include "hf/hf_config.h"
 
 #include <fmt/format.h>
 
