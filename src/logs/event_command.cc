@@ -9,9 +9,8 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <set>
 
-extern char** environ;
+#include "core/subprocess.h"
 
 namespace keel {
 namespace {
@@ -74,19 +73,9 @@ class PosixEventCommandRunner : public EventCommandRunner {
                const std::vector<std::pair<std::string, std::string>>& vars,
                const std::string& stdin_text, double timeout_s) override {
     // Everything the children need is built before fork.
-    std::set<std::string> replaced;
-    std::vector<std::string> env_strings;
-    for (const auto& [k, v] : vars) replaced.insert(k);
-    for (char** e = environ; *e; ++e) {
-      const std::string entry = *e;
-      if (!replaced.count(entry.substr(0, entry.find('=')))) env_strings.push_back(entry);
-    }
-    for (const auto& [k, v] : vars) env_strings.push_back(k + "=" + v);
-    std::vector<char*> envp;
-    for (std::string& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::string sh = "sh", c = "-c", cmd = command;
-    char* argv[] = {sh.data(), c.data(), cmd.data(), nullptr};
+    std::vector<std::string> added;
+    for (const auto& [k, v] : vars) added.push_back(k + "=" + v);
+    const ExecVectors exec({"sh", "-c", command}, EnvironmentWith(added));
     const unsigned timeout = static_cast<unsigned>(std::max(1.0, std::ceil(timeout_s)));
 
     // stdin: the JSON is in the pipe before the command starts (it is far below a pipe's
@@ -118,7 +107,7 @@ class PosixEventCommandRunner : public EventCommandRunner {
     }
     if (pid == 0) {
       close(st[0]);
-      Guard(argv, envp.data(), in[0], st[1], timeout);
+      Guard(exec.argv(), exec.envp(), in[0], st[1], timeout);
     }
     close(in[0]);
     close(st[1]);
