@@ -7,7 +7,7 @@
 
 #include "fuzz_input.h"
 #include "mem_env.h"
-#include "metrics/run_report.h"
+#include "report/run_report.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto parts = keel::fuzz::SplitInput(data, size, 3);

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/hf_config.h"
-#include "checkpoint/hf_import.h"
-#include "checkpoint/hf_weights.h"
 #include "config/train_config.h"
 #include "fuzz_input.h"
+#include "hf/hf_config.h"
+#include "hf/hf_import.h"
+#include "hf/hf_weights.h"
 #include "mem_env.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

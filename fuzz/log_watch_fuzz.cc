@@ -11,10 +11,10 @@
 #include <cstring>
 
 #include "fuzz_input.h"
+#include "logs/log_follower.h"
+#include "logs/log_watcher.h"
+#include "logs/megatron_log.h"
 #include "mem_env.h"
-#include "metrics/log_follower.h"
-#include "metrics/log_watcher.h"
-#include "metrics/megatron_log.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 
 The committed seeds (fuzz/corpus/<target>/) are small files cut from a tiny training run; this
 script adds what is either already in the repository (examples/*.toml, the Megatron log excerpts
-of tests/metrics/testdata) or derived at run time (a GPT-2 vocabulary cut from the npm assets,
+of tests/logs/testdata) or derived at run time (a GPT-2 vocabulary cut from the npm assets,
 safetensors images and MMIDIDX datasets of every dtype). Multi-file inputs are joined with the
 separator of fuzz/fuzz_input.h.
 
@@ -90,8 +90,8 @@ def main():
 
     copy_dir(out, "toml_config_fuzz", os.path.join(ROOT, "examples"), ".toml")
     copy_dir(out, "checkpoint_config_fuzz", os.path.join(ROOT, "examples"), ".toml")
-    copy_dir(out, "megatron_log_fuzz", os.path.join(ROOT, "tests/metrics/testdata"), ".log")
-    copy_dir(out, "log_watch_fuzz", os.path.join(ROOT, "tests/metrics/testdata"), ".log")
+    copy_dir(out, "megatron_log_fuzz", os.path.join(ROOT, "tests/logs/testdata"), ".log")
+    copy_dir(out, "log_watch_fuzz", os.path.join(ROOT, "tests/logs/testdata"), ".log")
     # tb tools read the same event files as the tf_event target.
     copy_dir(out, "tb_tools_fuzz", os.path.join(ROOT, "fuzz/corpus/tf_event_fuzz"))
 
@@ -198,7 +198,7 @@ def main():
                   "normalizer": None, "pre_tokenizer": pre, "post_processor": None,
                   "decoder": {"type": "ByteLevel"},
                   "model": {"type": "BPE", "dropout": None, "vocab": enc, "merges": merges}}
-            put(out, "hf_tokenizer_fuzz", name,
+            put(out, "hf_tokenizer_json_fuzz", name,
                 json.dumps(tj, ensure_ascii=False).encode() + SEP +
                 b'{"eos_token": "<|endoftext|>"}' + SEP +
                 "Call me Ishmael.<|endoftext|> caf\u00e9, 1851!".encode())

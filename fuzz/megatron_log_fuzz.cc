@@ -4,9 +4,9 @@
 #include <cstdint>
 
 #include "fuzz_input.h"
+#include "logs/log_analysis.h"
+#include "logs/megatron_log.h"
 #include "mem_env.h"
-#include "metrics/log_analysis.h"
-#include "metrics/megatron_log.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   keel::ParsedLog log;

@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <set>
 
-#include "checkpoint/hf_import.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/train_checkpoint.h"
 #include "optim/lr_schedule.h"
 
 namespace keel {

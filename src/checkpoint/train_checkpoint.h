@@ -77,6 +77,10 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
                             std::vector<CheckpointFile>* out,
                             const nlohmann::json& guard_state = nullptr);
 
+// state.json's key that marks a checkpoint written by an import (hf/hf_import.h): weights without
+// a training run behind them, which `keel train --load` loads as --finetune does.
+constexpr const char* kImportStateKey = "import";
+
 // A checkpoint's state.json and config, parsed.
 struct SavedTrainState {
   std::string dir;

@@ -1,16 +1,16 @@
 // `keel ckpt export PATH --hf OUT`: a Hugging Face folder (GPT-2, Llama or BLOOM, as the model
-// is) from a checkpoint (docs/hugging-face.md). The conversion is checkpoint/hf_export; this file
+// is) from a checkpoint (docs/hugging-face.md). The conversion is hf/hf_export; this file
 // parses flags and logs.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "checkpoint/hf_export.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
 #include "cli/usage_exit.h"
 #include "core/log.h"
+#include "hf/hf_export.h"
 
 namespace keel::cli {
 

@@ -1,16 +1,16 @@
 // `keel ckpt import --hf DIR --save OUT`: a keel checkpoint from a Hugging Face folder (GPT-2,
 // Llama, BLOOM), to continue pretraining a published model (docs/hugging-face.md). The conversion
-// is checkpoint/hf_import; this file parses flags and logs.
+// is hf/hf_import; this file parses flags and logs.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "checkpoint/hf_import.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
 #include "cli/usage_exit.h"
 #include "core/log.h"
+#include "hf/hf_import.h"
 
 namespace keel::cli {
 

@@ -19,10 +19,10 @@
 #include "cli/usage_exit.h"
 #include "core/env.h"
 #include "core/log.h"
-#include "metrics/event_command.h"
-#include "metrics/log_analysis.h"
-#include "metrics/log_watcher.h"
-#include "metrics/megatron_log.h"
+#include "logs/event_command.h"
+#include "logs/log_analysis.h"
+#include "logs/log_watcher.h"
+#include "logs/megatron_log.h"
 #include "metrics/run_metrics.h"
 
 namespace keel::cli {

@@ -1,4 +1,4 @@
-// `keel report RUN_DIR [-o FILE]`: the run as one self-contained HTML page (metrics/run_report.h).
+// `keel report RUN_DIR [-o FILE]`: the run as one self-contained HTML page (report/run_report.h).
 // uPlot comes from the pinned npm assets and is inlined, so the page works offline.
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 #include "cli/usage_exit.h"
 #include "core/env.h"
 #include "core/log.h"
-#include "metrics/run_report.h"
+#include "report/run_report.h"
 
 namespace keel::cli {
 

@@ -2,7 +2,7 @@
 // (BLOOM's among them): a pre-token's UTF-8 bytes start as single-byte tokens and the ranked
 // merges are applied lowest rank first (all occurrences of the best pair, left to right), as
 // OpenAI's encoder.py and the tokenizers library do. Vocabularies spell bytes in GPT-2's
-// printable alphabet (bytes_to_unicode). Shared by gpt2_tokenizer.cc and hf_tokenizer.cc.
+// printable alphabet (bytes_to_unicode). Shared by gpt2_tokenizer.cc and hf_tokenizer_json.cc.
 #pragma once
 
 #include <array>

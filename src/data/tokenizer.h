@@ -46,7 +46,7 @@ Status LoadSentencePieceTokenizer(const std::string& model_path, std::unique_ptr
 
 // A Hugging Face tokenizer folder (tokenizer.json, and tokenizer_config.json or
 // special_tokens_map.json for its eos_token), or its tokenizer.json; byte-level BPE only
-// (data/hf_tokenizer.cc says what is refused). InvalidArgument naming the file and the fix.
+// (data/hf_tokenizer_json.cc says what is refused). InvalidArgument naming the file and the fix.
 Status LoadHfTokenizer(Env* env, const std::string& path, std::unique_ptr<Tokenizer>* out);
 // The same from the files' contents (an empty config text: that file is absent); `origin` names
 // tokenizer.json in errors.

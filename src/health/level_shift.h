@@ -1,6 +1,6 @@
 // LevelShift: the one rule for "a signal's level moved and stayed", shared by the live detectors
 // (StragglerDetector, ThroughputDropDetector) and the throughput drop of `keel logs analyze`
-// (metrics/log_analysis). Levels and baselines are medians of windows (MedianOf), so single
+// (logs/log_analysis). Levels and baselines are medians of windows (MedianOf), so single
 // outliers move neither.
 //
 //   worsening = level / baseline - 1    a time (higher is worse):      0.05 = 5% slower

@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <set>
 
-extern char** environ;
+#include "core/subprocess.h"
 
 namespace keel {
 
@@ -145,20 +145,7 @@ class PosixChildProcess : public ChildProcess {
     // The environment is built before fork: the child only calls async-signal-safe functions.
     std::vector<std::string> added = env;
     added.push_back(fmt::format("{}={}", kLaunchJobVariable, tag_));
-    std::set<std::string> replaced;
-    for (const std::string& e : added) replaced.insert(e.substr(0, e.find('=')));
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e; ++e) {
-      const std::string entry = *e;
-      if (!replaced.count(entry.substr(0, entry.find('=')))) env_strings.push_back(entry);
-    }
-    env_strings.insert(env_strings.end(), added.begin(), added.end());
-    std::vector<char*> envp, args;
-    for (std::string& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> argv_copy = argv;
-    for (std::string& a : argv_copy) args.push_back(a.data());
-    args.push_back(nullptr);
+    const ExecVectors exec(argv, EnvironmentWith(added));
     // mpirun and srun pass SIGUSR1 on to the ranks; SIGTERM would have mpirun kill them.
     const int death_signal = IsRankLauncher(argv[0]) ? SIGUSR1 : SIGTERM;
 
@@ -184,7 +171,7 @@ class PosixChildProcess : public ChildProcess {
       prctl(PR_SET_PDEATHSIG, death_signal);
       if (getppid() != parent) _exit(127);  // the supervisor died before prctl took effect
 #endif
-      execvpe(args[0], args.data(), envp.data());
+      execvpe(exec.argv()[0], exec.argv(), exec.envp());
       const int err = errno;
       (void)!write(fds[1], &err, sizeof(err));
       _exit(127);

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/hf_import.h"
 #include "checkpoint/resume.h"
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "hf/hf_import.h"
 #include "train/checkpoint_controller.h"
 #include "train/trainer.h"
 

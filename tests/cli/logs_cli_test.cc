@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "../metrics/megatron_log_fixture.h"
+#include "../logs/megatron_log_fixture.h"
 #include "keel_process.h"
 
 namespace {

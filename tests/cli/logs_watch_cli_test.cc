@@ -18,7 +18,7 @@
 #include <thread>
 #include <tuple>
 
-#include "../metrics/megatron_log_fixture.h"
+#include "../logs/megatron_log_fixture.h"
 #include "keel_process.h"
 
 namespace {

@@ -14,7 +14,7 @@
 #include <set>
 #include <sstream>
 
-#include "../data/hf_tokenizer_files.h"
+#include "../data/hf_tokenizer_json_files.h"
 #include "data/tokenizer.h"
 #include "keel_process.h"
 

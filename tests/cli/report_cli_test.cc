@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "../metrics/megatron_log_fixture.h"
+#include "../logs/megatron_log_fixture.h"
 #include "headless_chromium.h"
 #include "keel_process.h"
 #include "keel_test_paths.h"  // KEEL_BINARY, KEEL_SOURCE_DIR, KEEL_ASSETS_DIR
@@ -52,7 +52,8 @@ TEST(ReportCliTest, ConvertedLogReportLoadsInChromiumAndShowsThePlots) {
   // The screenshot: pixels of the rolling-mean loss, the grad norm, the TFLOPs curve, the
   // divergence marker (red) and the throughput-drop marker (brown). A page whose script failed
   // has none of them.
-  r = keel_test::RunShell("python3 " + std::string(KEEL_SOURCE_DIR) + "/tests/metrics/png_color_count.py " + shot +
+  r = keel_test::RunShell("python3 " + std::string(KEEL_SOURCE_DIR) +
+                          "/tests/report/png_color_count.py " + shot +
                           " 0b3d91 2ca02c e377c2 d62728 8c564b");
   ASSERT_EQ(r.code, 0) << r.out;
   std::istringstream counts(r.out);

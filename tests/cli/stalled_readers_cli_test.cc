@@ -14,11 +14,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../metrics/megatron_log_fixture.h"
-#include "checkpoint/hf_weights.h"
+#include "../logs/megatron_log_fixture.h"
 #include "checkpoint/safetensors.h"
 #include "config/deepspeed_config.h"
 #include "data/indexed_dataset.h"
+#include "hf/hf_weights.h"
 #include "keel_process.h"
 
 namespace keel {
