@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   keel::TrainConfig now;
   if (!keel::Validate(&now, &notes).ok()) return 0;
   const auto changes = keel::DiffConfigForResume(saved.config, now);
-  std::vector<keel::ConfigChange> accepted;
-  (void)keel::CheckResumeChanges(changes, now, &accepted, &notes);
+  std::vector<keel::ConfigChange> accepted, free;
+  (void)keel::CheckResumeChanges(changes, now, &accepted, &free);
   return 0;
 }
