@@ -20,6 +20,12 @@ std::vector<std::vector<double>> GatherDoubles(Communicator* comm, const double*
 
 }  // namespace
 
+std::string DescribeRanks(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i ? "," : "", ranks[i]);
+  return s;
+}
+
 void Communicator::AllReduceSumHost(double* data, size_t n) {
   if (world_size() == 1) return;
   const auto all = GatherDoubles(this, data, n);

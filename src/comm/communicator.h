@@ -52,6 +52,9 @@ class Communicator {
   [[noreturn]] virtual void Abort(int exit_code) = 0;
 };
 
+// "rank 1" or "ranks 0,2", for messages that name ranks.
+std::string DescribeRanks(const std::vector<int>& ranks);
+
 // One process, world size 1: every reduction is the identity.
 std::unique_ptr<Communicator> MakeSingleProcessCommunicator();
 

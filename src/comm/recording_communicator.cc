@@ -56,12 +56,6 @@ class Recorded {
   uint64_t seq_;
 };
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i ? "," : "", ranks[i]);
-  return s;
-}
-
 }  // namespace
 
 RecordingCommunicator::RecordingCommunicator(Communicator* inner, Env* env)
@@ -93,19 +87,18 @@ void RecordingCommunicator::CheckHeaders(const std::vector<std::string>& headers
   std::string report = "collectives out of step: ";
   for (size_t g = 0; g < sorted.size(); ++g) {
     const auto& [h, ranks] = sorted[g];
-    report += fmt::format("{}{} {} at {}", g ? "; " : "", RankList(ranks),
+    report += fmt::format("{}{} {} at {}", g ? "; " : "", DescribeRanks(ranks),
                           ranks.size() == 1 ? "is" : "are", h.Describe());
     if (g > 0 && h.seq == sorted[0].first.seq && h.digest_before != sorted[0].first.digest_before)
       report += " after a different sequence of earlier collectives";
   }
   const Header& ref = sorted[0].first;
   const Header& odd = sorted[1].first;
-  report +=
-      odd.seq < ref.seq
-          ? fmt::format(" ({} ran fewer collectives: it skipped one)", RankList(sorted[1].second))
-      : odd.seq > ref.seq
-          ? fmt::format(" ({} ran more collectives: it added one)", RankList(sorted[1].second))
-          : " (a rank skipped, added or resized a collective)";
+  report += odd.seq < ref.seq   ? fmt::format(" ({} ran fewer collectives: it skipped one)",
+                                              DescribeRanks(sorted[1].second))
+            : odd.seq > ref.seq ? fmt::format(" ({} ran more collectives: it added one)",
+                                              DescribeRanks(sorted[1].second))
+                                : " (a rank skipped, added or resized a collective)";
   report +=
       ". The job cannot continue: every rank ends with exit 4. --debug-collectives checks every "
       "collective, naming the first that differs";

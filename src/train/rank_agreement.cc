@@ -15,13 +15,6 @@ namespace keel {
 
 namespace {
 
-// "rank 1" or "ranks 0,2".
-std::string Ranks(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i ? "," : "", ranks[i]);
-  return s;
-}
-
 // The settings every rank must share, one "name = value" line each, keel's version first.
 std::vector<std::pair<std::string, std::string>> SharedSettings(const TrainConfig& cfg) {
   std::vector<std::pair<std::string, std::string>> out = {{"keel version", KEEL_VERSION}};
@@ -103,7 +96,7 @@ Status AgreeOnConfig(Communicator* comm, const TrainConfig& cfg) {
     std::string d = name == "keel version" ? name : "--" + name;
     d += " (";
     for (size_t g = 0; g < groups.size(); ++g)
-      d += fmt::format("{}{}: {}", g ? "; " : "", Ranks(groups[g].second), groups[g].first);
+      d += fmt::format("{}{}: {}", g ? "; " : "", DescribeRanks(groups[g].second), groups[g].first);
     if (ranks_seen < texts.size()) d += "; not set on the others: another keel version";
     differing.push_back(d + ")");
   }
