@@ -50,18 +50,28 @@ int BenchGuard(int iters, int warmup, int threads) {
       tokens[t] = static_cast<int32_t>(U64At(key, t) % 4096);
     return 0;
   };
-  Trainer bare(cfg, backend.get(), comm.get(), {fn, SampleFn()});
+  // The bare trainers do not watch (no log Z, attention logit or kept batches); the guarded one
+  // does, and the guard judges each of its iterations as the run's loop does.
+  TrainConfig unguarded = cfg;
+  unguarded.guard = GuardLevel::kOff;
+  cfg.guard = GuardLevel::kAct;
+  Trainer bare(unguarded, backend.get(), comm.get(), {fn, SampleFn()});
   Trainer guarded(cfg, backend.get(), comm.get(), {fn, SampleFn()});
-  Trainer bare2(cfg, backend.get(), comm.get(), {fn, SampleFn()});  // noise floor
+  Trainer bare2(unguarded, backend.get(), comm.get(), {fn, SampleFn()});  // noise floor
   bare.InitializeWeights();
   guarded.InitializeWeights();
   bare2.InitializeWeights();
   Guard guard(GuardConfigFrom(cfg), nullptr);
   int judged = 0;
-  guarded.set_update_gate([&](const GuardSignals& s) {
+  auto guarded_step = [&] {
+    const IterationPlan plan = guarded.PlanIteration();
+    StepResult r;
+    KEEL_CHECK(guarded.ComputeGradients(plan, &r).ok(), "synthetic samples never fail");
     ++judged;
-    return guard.OnStep(s).apply_update;
-  });
+    guarded.Update(!r.overflow && guard.OnStep(r.signals).apply_update, &r);
+    guarded.EndIteration(plan, &r);
+    return r;
+  };
   Log("backend: {}", backend->Describe());
   Log("guard overhead on the default model ({} parameters, global batch {} x {} tokens): {} "
       "warm-up + {} timed pairs, order alternating",
@@ -76,7 +86,7 @@ int BenchGuard(int iters, int warmup, int threads) {
           tb = bare.TrainStep().step_ms;
           break;
         case 1:
-          tg = guarded.TrainStep().step_ms;
+          tg = guarded_step().step_ms;
           break;
         default:
           t2 = bare2.TrainStep().step_ms;

@@ -67,8 +67,8 @@ struct GuardDecision {
   std::string reason;      // one sentence
 };
 
-// What the guard may ask the trainer before it decides (each a collective in data parallel; the
-// trainer runs them only inside its update gate). Either may be empty.
+// What the guard may ask the trainer before it decides (each a collective in data parallel, run
+// between an iteration's gradients and its update). Either may be empty.
 struct GuardProbes {
   std::function<double()> rerun;           // this iteration's lm loss, computed again
   std::function<double()> previous_batch;  // the current weights' lm loss on the last batch

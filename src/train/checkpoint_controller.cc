@@ -145,20 +145,11 @@ CheckpointController::CheckpointController(const TrainConfig& cfg, Env* env, Che
   start_us_ = last_save_us_ = env_->NowMicros();
 }
 
-Status CheckpointController::SaveNow(const std::string& why) {
+Status CheckpointController::SaveNow(const std::string& why, const nlohmann::json& guard) {
   if (store_ == nullptr) return Status::OK();
-  if (before_save_) {
-    PhaseScope check(trainer_->phase_tracker(), Phase::kCheck);
-    if (Status st = before_save_(); !st.ok()) {
-      failure_ = st;
-      stop_ = StopReason::kCheckFailed;
-      return st;
-    }
-  }
   PhaseScope save(trainer_->phase_tracker(), Phase::kSave);
   const int64_t it = trainer_->state().counters.iteration;
   std::vector<CheckpointFile> files;
-  const nlohmann::json guard = guard_state_ ? guard_state_() : nlohmann::json();
   const Status built = BuildTrainCheckpoint(env_, CheckpointSourceOf(*trainer_), run_, history_,
                                             &staging_, &files, guard);
   SaveStats stats;
@@ -171,10 +162,19 @@ Status CheckpointController::SaveNow(const std::string& why) {
                    !guard.is_object()              ? ""
                    : guard.value("healthy", false) ? "; guard: healthy"
                                                    : "; guard: NOT healthy (event open)"));
-  if (after_save_) after_save_(it);
-  Status rst = store_->ApplyRetention(cfg_.keep_last_checkpoints);
-  if (!rst.ok()) log_("WARNING: retention could not remove an old checkpoint: " + rst.message());
   return Status::OK();
+}
+
+void CheckpointController::ApplyRetention() {
+  if (store_ == nullptr) return;
+  Status st = store_->ApplyRetention(cfg_.keep_last_checkpoints);
+  if (!st.ok()) log_("WARNING: retention could not remove an old checkpoint: " + st.message());
+}
+
+Status CheckpointController::CheckFailed(const Status& error) {
+  failure_ = error;
+  stop_ = StopReason::kCheckFailed;
+  return error;
 }
 
 Status CheckpointController::Restore(const SavedTrainState& saved, bool in_save_dir) {
@@ -193,7 +193,7 @@ Status CheckpointController::RollbackTo(const SavedTrainState& target,
   return trainer_->comm()->AgreeOnStatus(Restore(target, /*in_save_dir=*/true));
 }
 
-bool CheckpointController::AfterIteration() {
+std::string CheckpointController::SaveDueAfterIteration() {
   const int64_t it = trainer_->state().counters.iteration;
   const uint64_t now = env_->NowMicros();
   if (const int sig = PendingStopSignal(); sig != 0) {
@@ -234,16 +234,13 @@ bool CheckpointController::AfterIteration() {
     stop_ = agreed;
     minutes_due = v[1] > 0;
   }
-  if (stop_ != StopReason::kNone) return false;
+  if (stop_ != StopReason::kNone || store_ == nullptr || it == last_saved_) return "";
+  if (cfg_.save_interval > 0 && it % cfg_.save_interval == 0) return "--save-interval";
+  if (minutes_due) return "--save-interval-minutes";
+  return "";
+}
 
-  std::string why;
-  if (cfg_.save_interval > 0 && it % cfg_.save_interval == 0) {
-    why = "--save-interval";
-  } else if (minutes_due) {
-    why = "--save-interval-minutes";
-  }
-  if (why.empty() || store_ == nullptr || it == last_saved_) return true;
-  Status st = SaveNow(why);
+bool CheckpointController::OnPeriodicSave(const Status& st) {
   if (st.ok()) {
     consecutive_failures_ = 0;
     return true;
@@ -266,12 +263,13 @@ bool CheckpointController::AfterIteration() {
   return true;
 }
 
-Status CheckpointController::Finish() {
+Status CheckpointController::FinalSaveStatus() const {
   if (stop_ == StopReason::kSaveFailures || stop_ == StopReason::kCheckFailed) return failure_;
-  if (store_ == nullptr) return Status::OK();
-  const int64_t it = trainer_->state().counters.iteration;
-  if (it == last_saved_) return Status::OK();
-  return SaveNow(stop_ == StopReason::kNone ? "end of training" : "stop request");
+  return Status::OK();
+}
+
+bool CheckpointController::NeedsSave() const {
+  return store_ != nullptr && trainer_->state().counters.iteration != last_saved_;
 }
 
 }  // namespace keel

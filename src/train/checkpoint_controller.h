@@ -1,8 +1,8 @@
 // CheckpointController: when the loop saves and when it stops, and how a saved state comes back
-// (a resume, a rollback). After every iteration it saves on
-// --save-interval (iterations) or --save-interval-minutes, and stops (after saving) when the kill
-// switch file appears, on SIGTERM/SIGUSR1, on --exit-interval or --exit-duration-in-mins. It
-// applies retention after each save and logs each save's size, time and throughput.
+// (a resume, a rollback). After every iteration it says whether a save is due (--save-interval
+// in iterations, --save-interval-minutes) and whether to stop (the kill switch file, SIGTERM or
+// SIGUSR1, --exit-interval, --exit-duration-in-mins; the run saves before it exits). It applies
+// retention after each save and logs each save's size, time and throughput.
 //
 // Failure rule (docs/checkpoints.md): a failed periodic save is logged as an error and training
 // goes on (the previous checkpoint stays the newest; the next interval tries again); after 3
@@ -53,12 +53,28 @@ class CheckpointController {
                        RunInfo run, nlohmann::json history,
                        std::function<void(const std::string&)> log);
 
-  // Called by the loop after every iteration; false stops it.
-  bool AfterIteration();
-  // Saves the final state unless it was just saved. Returns the error that stopped the run after
-  // repeated save failures, or the final save's error.
-  Status Finish();
-  Status SaveNow(const std::string& why);
+  // After every iteration: a stop request (the kill switch, a signal, --exit-interval,
+  // --exit-duration-in-mins; agreed by every rank) sets stop_reason(); otherwise the reason a
+  // save is due now (--save-interval, --save-interval-minutes), or "" when none is (or there is
+  // no --save).
+  std::string SaveDueAfterIteration();
+  // The outcome of a periodic save: a failure is logged and training goes on, until the third in
+  // a row stops the run (stop_reason() kSaveFailures, and FinalSaveStatus() returns it). false:
+  // stop.
+  bool OnPeriodicSave(const Status& saved);
+  // The check before a save failed (replicas differ): nothing more is saved, the run stops with
+  // `error` (stop_reason() kCheckFailed). Returns `error`.
+  Status CheckFailed(const Status& error);
+  // What ends the run before a final save: the error of repeated save failures or of a failed
+  // check (then nothing more is saved), else OK.
+  Status FinalSaveStatus() const;
+  // Whether the state at hand still needs a save (--save given and not saved at this iteration).
+  bool NeedsSave() const;
+  // Saves the current state with the guard's slot `guard` (null: none) and logs the save; `why`
+  // names it in the log.
+  Status SaveNow(const std::string& why, const nlohmann::json& guard = nullptr);
+  // After a save (and the guard's pins): removes checkpoints beyond --keep-last-checkpoints.
+  void ApplyRetention();
   // Puts checkpoint `saved` (verified, read) back into the trainer: tensors, then its TrainState.
   // `in_save_dir`: it is one of this run's own checkpoints, so it counts as the last save.
   Status Restore(const SavedTrainState& saved, bool in_save_dir);
@@ -68,17 +84,10 @@ class CheckpointController {
   Status RollbackTo(const SavedTrainState& target, std::vector<std::string>* kept);
 
   StopReason stop_reason() const { return stop_; }
-  // Data parallel: every rank calls AfterIteration, SaveNow, Finish, Restore and RollbackTo at
-  // the same iterations (they agree on stops and saves); rank 0 alone changes the run directory's
-  // shared files (the store is read-only on the others).
+  // Data parallel: every rank calls these at the same iterations (they agree on stops and
+  // saves); rank 0 alone changes the run directory's shared files (the store is read-only on
+  // the others).
   int64_t last_saved_iteration() const { return last_saved_; }
-  // Where the guard's state for each save comes from (null state when unset).
-  void set_guard_state_fn(std::function<nlohmann::json()> f) { guard_state_ = std::move(f); }
-  // Called after every successful save with its iteration (the guard pins post-spike saves).
-  void set_after_save(std::function<void(int64_t)> f) { after_save_ = std::move(f); }
-  // Called before every save; an error stops the run without saving (kCheckFailed) and is what
-  // Finish returns: a replica check, so a checkpoint never holds a damaged replica's state.
-  void set_before_save(std::function<Status()> f) { before_save_ = std::move(f); }
   // An event for the history recorded in later checkpoints (e.g. a guard rollback).
   void AddHistory(nlohmann::json event) { history_.push_back(std::move(event)); }
 
@@ -96,9 +105,6 @@ class CheckpointController {
   nlohmann::json history_;
   std::function<void(const std::string&)> log_;
   CheckpointStaging staging_;
-  std::function<nlohmann::json()> guard_state_;
-  std::function<void(int64_t)> after_save_;
-  std::function<Status()> before_save_;
   uint64_t start_us_ = 0, last_save_us_ = 0;
   int64_t last_saved_ = -1;
   int consecutive_failures_ = 0;

@@ -117,16 +117,6 @@ Status GuardController::Start(const SavedTrainState* saved) {
       cfg_.guard_window, cfg_.guard_divergence_window, 100 * cfg_.guard_divergence_rel,
       cfg_.guard_max_skips, cfg_.guard_max_data_skips, cfg_.guard_skip_before,
       cfg_.guard_skip_after, cfg_.guard_lr_cut, cfg_.guard_max_rollbacks));
-  if (ckpt_ != nullptr) ckpt_->set_after_save([this](int64_t it) { AfterSave(it); });
-  trainer_->set_update_gate([this](const GuardSignals& s) {
-    std::vector<int> ranks;  // filled by the rerun
-    const GuardProbes probes{[this, &ranks] { return trainer_->RerunLoss(&ranks); },
-                             [this] { return trainer_->PreviousBatchLoss(); },
-                             [&ranks] { return ranks; }};
-    StepVerdict v = guard_.OnStep(s, &probes);
-    if (v.decision.kind != GuardDecision::Kind::kContinue) pending_ = v.decision;
-    return v.apply_update;
-  });
   return Status::OK();
 }
 
@@ -276,10 +266,17 @@ Status GuardController::Rollback(const GuardDecision& d) {
   return WritePolicyFile();
 }
 
-bool GuardController::AfterIteration() {
-  if (pending_.kind == GuardDecision::Kind::kContinue) return true;
-  const GuardDecision d = pending_;
-  pending_ = GuardDecision{};
+StepVerdict GuardController::Judge(const GuardSignals& s) {
+  if (guard_.mode() == GuardMode::kOff) return StepVerdict{};
+  std::vector<int> ranks;  // filled by the rerun
+  const GuardProbes probes{[this, &ranks] { return trainer_->RerunLoss(&ranks); },
+                           [this] { return trainer_->PreviousBatchLoss(); },
+                           [&ranks] { return ranks; }};
+  return guard_.OnStep(s, &probes);
+}
+
+bool GuardController::Act(const GuardDecision& d) {
+  if (d.kind == GuardDecision::Kind::kContinue) return true;
   if (d.kind == GuardDecision::Kind::kCutLr) {
     // In place: the weights are healthy, only the LR from here on is smaller.
     TrainState state = trainer_->state();

@@ -1,8 +1,9 @@
 // GuardController: connects the Guard (which decides) to the training loop (which acts). It
-// feeds each iteration's signals to the Guard through the trainer's update gate, and after the
-// iteration executes what the Guard decided: a rollback to the newest healthy checkpoint before
-// the onset (pinned), a skipped data window, an LR cut, a re-seeded data order, or a stop. Every
-// decision goes to the run journal (events.jsonl, CHRONICLE.md).
+// hands each iteration's signals to the Guard (Judge: whether its update is applied, and a
+// decision), and after the iteration executes what the Guard decided (Act): a rollback to the
+// newest healthy checkpoint before the onset (pinned), a skipped data window, an LR cut, a
+// re-seeded data order, or a stop. Every decision goes to the run journal (events.jsonl,
+// CHRONICLE.md).
 //
 // The ladder and budget outlive rollbacks: a rollback rewinds the model and counters but not the
 // guard's memory of it. They are written to SAVE/guard.json at each rollback (atomically) and
@@ -39,12 +40,18 @@ class GuardController {
                   std::function<void(const std::string&)> log);
 
   // The guard's state at start: from the resumed checkpoint (may be null) and SAVE/guard.json.
-  // Installs the update gate in the trainer (unless the guard is off).
   Status Start(const SavedTrainState* saved);
-  // Called after every iteration; false stops the run (see stop_message()).
-  bool AfterIteration();
+  // Between an iteration's gradients and its update: the guard's verdict on its signals
+  // (whether to apply the update, and what to do after the iteration). Anomalies are probed by
+  // rerunning the batch (a collective: every rank judges together). With the guard off: apply.
+  StepVerdict Judge(const GuardSignals& signals);
+  // After the iteration: carries out `decision` (a rollback, an LR cut, a stop); false stops the
+  // run (see stop_message()).
+  bool Act(const GuardDecision& decision);
   // The guard slot of a checkpoint saved now.
   nlohmann::json StateForCheckpoint() const;
+  // After every save: the first checkpoint after a spike's onset is pinned.
+  void AfterSave(int64_t iteration);
 
   bool stopped() const { return stopped_; }
   const std::string& stop_message() const { return stop_message_; }
@@ -55,7 +62,6 @@ class GuardController {
   // A spike or divergence was detected with onset `onset`: pin the newest checkpoint before it
   // now, and the first one saved after it (AfterSave), so both can be studied.
   void PinAround(int64_t onset);
-  void AfterSave(int64_t iteration);
   Status WritePolicyFile();
 
   TrainConfig cfg_;
@@ -66,7 +72,6 @@ class GuardController {
   RunJournal* journal_;
   std::function<void(const std::string&)> log_;
   Guard guard_;
-  GuardDecision pending_;
   int64_t pin_next_save_after_ = -1;  // onset of the last event whose post-onset save is unpinned
   bool stopped_ = false;
   std::string stop_message_;

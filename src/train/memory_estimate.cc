@@ -15,6 +15,14 @@ int64_t SamplePrefetchDepth(const TrainConfig& cfg) {
                                                 (256 << 20) / (4 * (int64_t{cfg.seq_length} + 1))));
 }
 
+Status OutOfMemoryError(const std::string& doing) {
+  return Status::OutOfMemory(
+      "out of memory while " + doing +
+      ": reduce --micro-batch-size, --seq-length or the model (--num-layers, --hidden-size), or "
+      "free memory on this machine (the memory estimate above counts what keel allocates for "
+      "the model, the optimizer, one micro-batch and the data read-ahead)");
+}
+
 MemoryEstimate EstimateRunMemory(const TrainConfig& cfg) {
   const GptSpec spec = SpecFromConfig(cfg);
   MemoryEstimate e;

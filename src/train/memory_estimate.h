@@ -29,6 +29,8 @@ struct MemoryEstimate {
 int64_t SamplePrefetchDepth(const TrainConfig& cfg);
 
 // The estimate for a validated config (vocabulary known).
+// std::bad_alloc as the user reads it: what keel was `doing` and what to change.
+Status OutOfMemoryError(const std::string& doing);
 MemoryEstimate EstimateRunMemory(const TrainConfig& cfg);
 
 // "1.5 GiB", "320 MiB", "12.0 KiB", "512 B".

@@ -114,7 +114,6 @@ void RunHealth::Attach(Trainer* trainer, RunJournal* journal, RunMetrics* metric
             report);
   });
   if (hooks_ == nullptr) return;
-  trainer_->set_compute_fault(hooks_->ComputeFault(comm_.rank()));
   comm_.set_skip_fault(
       hooks_->SkipCollectiveFault(comm_.rank(), [this] { return phases_.Snapshot().iteration; }));
 }

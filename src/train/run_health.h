@@ -42,8 +42,9 @@ class RunHealth {
   // Once the config is final: the ranks agree on a job id and learn each other's hosts (two
   // collectives), and the watchdog starts (phase: startup).
   Status Start(const TrainConfig& cfg);
-  // Once the trainer, the journal and the metrics exist: the phase tracker and the test-only
-  // per-rank faults go to the trainer; stragglers and drops are journaled from now on.
+  // Once the trainer, the journal and the metrics exist: the phase tracker goes to the trainer,
+  // the test-only skipped collective to the communicator; stragglers and drops are journaled
+  // from now on.
   void Attach(Trainer* trainer, RunJournal* journal, RunMetrics* metrics);
   // After every iteration's update, with its result: the straggler and throughput detectors.
   void OnStep(const StepResult& r);

@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "train/trainer.h"
 
 namespace keel {
 namespace {
@@ -174,72 +175,83 @@ void TestHooks::PoisonSample(uint64_t seed, int64_t index, int seq_length, int v
     tokens[t] = static_cast<int32_t>(U64At(key, t) % static_cast<uint64_t>(vocab));
 }
 
-std::function<void(int64_t, float*, size_t)> TestHooks::GradientFault(Backend* backend) const {
-  if (nan_grad.empty() && overflow.empty()) return nullptr;
-  return [nan_ranges = nan_grad, inf_ranges = overflow, backend](int64_t it, float* g, size_t) {
-    for (const auto* ranges : {&nan_ranges, &inf_ranges}) {
-      for (const IterationRange& r : *ranges) {
-        if (r.Contains(it)) {
-          const float bad = ranges == &nan_ranges ? NAN : INFINITY;
-          backend->CopyToDevice(g, &bad, 1);
-        }
-      }
-    }
-  };
-}
+namespace {
 
-std::function<double(int64_t)> TestHooks::LrFault() const {
-  if (lr.empty()) return nullptr;
-  return [ranges = lr](int64_t it) {
+// The trainer's faults of one rank, from the parsed KEEL_TRAIN_FAULTS items.
+class RankTrainerFaults : public TrainerFaults {
+ public:
+  RankTrainerFaults(const TestHooks& h, int rank, Backend* backend)
+      : rank_(rank), backend_(backend), nan_(h.nan_grad), inf_(h.overflow), lr_(h.lr) {
+    for (const RankFault& f : h.rank_faults) {
+      if (f.rank != rank) continue;
+      if (f.kind == RankFault::Kind::kCorrupt) corrupt_.push_back({f.iteration, false});
+      if (f.kind == RankFault::Kind::kHang || f.kind == RankFault::Kind::kKill ||
+          f.kind == RankFault::Kind::kSlow)
+        compute_.push_back(f);
+    }
+  }
+  bool armed() const {
+    return !nan_.empty() || !inf_.empty() || !lr_.empty() || !corrupt_.empty() || !compute_.empty();
+  }
+
+  double LrFactor(int64_t it) const override {
     double x = 1;
-    for (const LrFactor& f : ranges)
+    for (const TestHooks::LrFactor& f : lr_)
       if (f.range.Contains(it)) x *= f.factor;
     return x;
-  };
-}
+  }
 
-}  // namespace keel
-
-namespace keel {
-
-std::function<void(int64_t, double)> TestHooks::ComputeFault(int rank) const {
-  std::vector<RankFault> mine;
-  for (const RankFault& f : rank_faults)
-    if (f.rank == rank && (f.kind == RankFault::Kind::kHang || f.kind == RankFault::Kind::kKill ||
-                           f.kind == RankFault::Kind::kSlow))
-      mine.push_back(f);
-  if (mine.empty()) return nullptr;
-  return [mine, rank](int64_t it, double compute_seconds) {
-    for (const RankFault& f : mine) {
-      if (f.kind == RankFault::Kind::kSlow) {
-        std::this_thread::sleep_for(std::chrono::duration<double>(f.fraction * compute_seconds));
-      } else if (f.iteration == it && f.kind == RankFault::Kind::kKill) {
-        LogError(fmt::format("fault: rank {} kills itself (SIGKILL) at iteration {}", rank, it));
-        std::raise(SIGKILL);
-      } else if (f.iteration == it) {
-        LogError(fmt::format("fault: rank {} stops at iteration {} (hangs, no more collectives)",
-                             rank, it));
-        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-      }
-    }
-  };
-}
-
-std::function<bool(int64_t)> TestHooks::CorruptFault(int rank) const {
-  std::vector<int64_t> at;
-  for (const RankFault& f : rank_faults)
-    if (f.kind == RankFault::Kind::kCorrupt && f.rank == rank) at.push_back(f.iteration);
-  if (at.empty()) return nullptr;
-  auto fired = std::make_shared<std::vector<bool>>(at.size(), false);
-  return [at, fired, rank](int64_t it) {
-    for (size_t i = 0; i < at.size(); ++i) {
-      if (at[i] != it || (*fired)[i]) continue;
-      (*fired)[i] = true;
-      LogError(fmt::format("fault: rank {} computes iteration {} on a corrupted weight", rank, it));
+  bool CorruptWeights(int64_t it) override {
+    for (auto& [at, fired] : corrupt_) {
+      if (at != it || fired) continue;
+      fired = true;  // once: a transient fault leaves no trace in the state
+      LogError(
+          fmt::format("fault: rank {} computes iteration {} on a corrupted weight", rank_, it));
       return true;
     }
     return false;
-  };
+  }
+
+  void AfterBackward(int64_t it, double compute_seconds) override {
+    for (const RankFault& f : compute_) {
+      if (f.kind == RankFault::Kind::kSlow) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(f.fraction * compute_seconds));
+      } else if (f.iteration == it && f.kind == RankFault::Kind::kKill) {
+        LogError(fmt::format("fault: rank {} kills itself (SIGKILL) at iteration {}", rank_, it));
+        std::raise(SIGKILL);
+      } else if (f.iteration == it) {
+        LogError(fmt::format("fault: rank {} stops at iteration {} (hangs, no more collectives)",
+                             rank_, it));
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+    }
+  }
+
+  void OnGradients(int64_t it, float* grads, size_t) override {
+    for (const auto* ranges : {&nan_, &inf_}) {
+      for (const IterationRange& r : *ranges) {
+        if (!r.Contains(it)) continue;
+        const float bad = ranges == &nan_ ? NAN : INFINITY;
+        backend_->CopyToDevice(grads, &bad, 1);
+      }
+    }
+  }
+
+ private:
+  int rank_;
+  Backend* backend_;
+  std::vector<IterationRange> nan_, inf_;
+  std::vector<TestHooks::LrFactor> lr_;
+  std::vector<std::pair<int64_t, bool>> corrupt_;  // iteration, fired
+  std::vector<RankFault> compute_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainerFaults> TestHooks::TrainerFaultsFor(int rank, Backend* backend) const {
+  auto f = std::make_unique<RankTrainerFaults>(*this, rank, backend);
+  if (!f->armed()) return nullptr;
+  return f;
 }
 
 bool TestHooks::BitFlipAt(int rank, int64_t iteration) const {

@@ -41,6 +41,7 @@
 namespace keel {
 
 class Backend;
+class TrainerFaults;
 
 struct RankFault {
   enum class Kind { kHang, kKill, kSlow, kBitFlip, kSkipCollective, kCorrupt };
@@ -74,16 +75,9 @@ struct TestHooks {
   // Uniformly random tokens below `vocab` for sample `index` (seq_length + 1 of them).
   static void PoisonSample(uint64_t seed, int64_t index, int seq_length, int vocab,
                            int32_t* tokens);
-  // The trainer's gradient-fault seam: a NaN in the gradients of the nan-grad iterations, an inf
-  // in those of the overflow iterations; empty when none are armed.
-  std::function<void(int64_t, float*, size_t)> GradientFault(Backend* backend) const;
-  // The trainer's LR seam: the factor on iteration `it`'s scheduled LR; empty when none armed.
-  std::function<double(int64_t it)> LrFault() const;
-  // The trainer's compute-fault seam for rank `rank`: hang, kill and slow; empty when none.
-  std::function<void(int64_t, double)> ComputeFault(int rank) const;
-  // The trainer's transient-fault seam for rank `rank`: true the first time iteration N (of a
-  // corrupt=N item) is computed, never again; empty when none.
-  std::function<bool(int64_t)> CorruptFault(int rank) const;
+  // The trainer's faults on rank `rank` (nan-grad, overflow, lr, corrupt, hang, kill, slow);
+  // null when none is armed for it.
+  std::unique_ptr<TrainerFaults> TrainerFaultsFor(int rank, Backend* backend) const;
   // Whether rank `rank` flips a weight bit after iteration `iteration`.
   bool BitFlipAt(int rank, int64_t iteration) const;
   // The communicator's skip seam for rank `rank` (`iteration` says which iteration is under

@@ -5,14 +5,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
-#include "core/json_number.h"
 #include "core/log.h"
 #include "model/flops.h"
-#include "train/iteration_log.h"
 
 namespace keel {
+
+TrainerData::TrainerData(SampleFn train, SampleFn valid) {
+  if (valid) valid_sets.push_back({"data", 1.0});
+  samples =
+      std::make_shared<FunctionSamples>(std::move(train), std::vector<SampleFn>{std::move(valid)});
+}
 
 Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, TrainerData data)
     : cfg_(cfg),
@@ -22,6 +25,7 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, T
       rampup_(BatchRampup::FromConfig(cfg)),
       schedule_(LrSchedule::FromConfig(cfg)) {
   KEEL_CHECK(!data_.dataset_names.empty(), "a run has at least one dataset");
+  watch_ = cfg_.guard != GuardLevel::kOff;
   // The products' precision is the backend's; the model follows it (and keeps 16-bit weights).
   backend_->SetPrecision(cfg_.precision);
   model_ = std::make_unique<GptModel>(backend_, SpecFromConfig(cfg_));
@@ -115,81 +119,61 @@ double Trainer::FlopsPerIteration(int64_t global_batch) const {
          static_cast<double>(global_batch) * cfg_.seq_length;
 }
 
-StepResult Trainer::TrainStep() {
-  const auto t0 = std::chrono::steady_clock::now();
-  TrainCounters& c = state_.counters;
-  StepResult r;
-  r.global_batch = rampup_.GlobalBatchAt(c.consumed_samples);
+IterationPlan Trainer::PlanIteration() {
+  iteration_start_ = std::chrono::steady_clock::now();
+  const TrainCounters& c = state_.counters;
+  IterationPlan p;
+  p.iteration = c.iteration + 1;
+  p.global_batch = rampup_.GlobalBatchAt(c.consumed_samples);
   // The update of this iteration uses the LR at the position after its batch (see lr_schedule.h).
-  r.lr = state_.lr_scale * schedule_.LrAt(ScheduleSamples() + r.global_batch);
-  const int64_t iteration = c.iteration + 1;
-  if (lr_fault_) r.lr *= lr_fault_(iteration);
-  if (phases_) phases_->BeginIteration(iteration);
-  if (IsSkipped(iteration)) {
-    // A skipped data window: its samples are read past (the cursor and the schedule move on as
-    // if trained, Megatron's --skip-train-iteration-range), nothing is computed.
-    r.data_skipped = r.skipped = true;
-    r.loss = r.grad_norm = NAN;
-    ++c.data_skipped_iterations;
-  } else {
-    const GradientAccumulation acc = AccumulateGradients(r.global_batch);
-    ApplyUpdate(iteration, acc, &r);
-  }
-  c.iteration = iteration;
-  c.consumed_samples += r.global_batch;
-  c.consumed_tokens += r.global_batch * cfg_.seq_length;
-  backend_->Synchronize();  // the step's time includes its last op, whatever the backend queues
-  r.step_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  const double compute_ms = phases_ ? 1e3 * phases_->ComputeSeconds() : r.step_ms;
-  r.rank_compute_ms.assign(1, compute_ms);
-  if (comm_->world_size() > 1) {
-    // One gather: the iteration line's time is the slowest rank's; every rank's compute time
-    // goes to the straggler detector.
-    EnterPhase(Phase::kReduce);
-    const double mine[2] = {r.step_ms, compute_ms};
-    std::vector<std::string> all;
-    comm_->AllGatherBytes(std::string(reinterpret_cast<const char*>(mine), sizeof(mine)), &all);
-    r.rank_compute_ms.resize(all.size());
-    for (size_t k = 0; k < all.size(); ++k) {
-      double v[2] = {NAN, NAN};
-      if (all[k].size() == sizeof(v)) std::memcpy(v, all[k].data(), sizeof(v));
-      r.step_ms = std::max(r.step_ms, v[0]);
-      r.rank_compute_ms[k] = v[1];
-    }
-  }
-  if (phases_) {
-    phases_->EndIteration();
-    for (auto [name, phase] : {std::pair{"batch-generator", Phase::kData},
-                               {"forward-compute", Phase::kForward},
-                               {"backward-compute", Phase::kBackward},
-                               {"backward-params-all-reduce", Phase::kReduce},
-                               {"optimizer", Phase::kOptimizer}})
-      r.timers_ms.emplace_back(name, 1e3 * phases_->IterationSeconds(phase));
-  }
-  return r;
+  p.lr = state_.lr_scale * schedule_.LrAt(ScheduleSamples() + p.global_batch);
+  if (faults_) p.lr *= faults_->LrFactor(p.iteration);
+  p.data_salt = state_.data_salt;
+  p.data_skipped = IsSkipped(p.iteration);
+  const int dp = comm_->world_size();
+  p.schedule = {c.consumed_samples, cfg_.micro_batch_size,
+                p.global_batch / (static_cast<int64_t>(cfg_.micro_batch_size) * dp), dp,
+                comm_->rank()};
+  if (phases_) phases_->BeginIteration(p.iteration);
+  return p;
 }
 
-GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
-  const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = comm_->world_size();
-  const int64_t num_micro = global_batch / (static_cast<int64_t>(mbs) * dp);
+Status Trainer::LoadSequence(const IterationPlan& plan, int64_t m, int b) {
+  const int T = cfg_.seq_length;
+  int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
+  const SampleRequest req{plan.schedule.SampleIndex(m, b), plan.iteration, plan.data_salt};
+  KEEL_RETURN_IF_ERROR(data_.samples->ReadTrain(req, s, &dataset_of_[b]));
+  KEEL_CHECK(
+      dataset_of_[b] >= 0 && static_cast<size_t>(dataset_of_[b]) < data_.dataset_names.size(),
+      "sample from an unknown dataset");
+  std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
+  std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
+  if (watch_) cur_batch_.tokens.insert(cur_batch_.tokens.end(), s, s + T + 1);
+  return Status::OK();
+}
+
+Status Trainer::ComputeGradients(const IterationPlan& plan, StepResult* r) {
+  const MicroBatchSchedule& sched = plan.schedule;
+  const int mbs = sched.micro_batch_size, T = cfg_.seq_length, dp = sched.data_parallel_size;
+  const int64_t num_micro = sched.micro_batches;
+  r->lr = plan.lr;
+  r->global_batch = plan.global_batch;
   // Every token of the global batch weighs the same in the loss: mean over gbs * T tokens. fp16
   // multiplies the loss (so every gradient) by the loss scale, keeping small gradients above
-  // fp16's underflow; ApplyUpdate divides it out again.
-  const double scale = scaler_ ? scaler_->scale() : 1.0;
-  const float dloss = static_cast<float>(scale / static_cast<double>(global_batch * T));
+  // fp16's underflow; the update divides it out again.
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const float dloss = static_cast<float>(loss_scale / static_cast<double>(plan.global_batch * T));
   const size_t nd = data_.dataset_names.size();
-  GradientAccumulation acc;
+  double loss = 0, log_z = 0, max_attn_logit = -INFINITY;
   std::vector<double> dataset_loss_sum(nd, 0.0), dataset_sequences(nd, 0.0);
-  if (gate_) {  // the guard's probes read the batches back
+  if (watch_) {  // the guard's probes read the batches back
     std::swap(prev_batch_, cur_batch_);
     cur_batch_.tokens.clear();
     cur_batch_.micro_batches = num_micro;
   }
   // Test-only: a transient fault, one weight every token reads (the final norm's first) scaled
   // for this iteration's arithmetic only.
-  const int64_t this_iteration = state_.counters.iteration + 1;
-  const bool corrupt = corrupt_fault_ && corrupt_fault_(this_iteration);
+  const bool corrupt = faults_ && faults_->CorruptWeights(plan.iteration);
   const ParamInfo* corrupted = corrupt ? model_->FindParam("final_layernorm.weight") : nullptr;
   float corrupted_weight = 0;
   if (corrupted != nullptr) {
@@ -202,30 +186,27 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
   float* grads = model_->grad_data();
   const size_t n = model_->num_params();
   for (int64_t m = 0; m < num_micro; ++m) {
-    // Sample order: micro-batch m of rank r reads global samples (m * dp + r) * mbs + b.
-    const int64_t first =
-        state_.counters.consumed_samples + (m * dp + comm_->rank()) * static_cast<int64_t>(mbs);
     EnterPhase(Phase::kData);
     for (int b = 0; b < mbs; ++b) {
-      int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
-      dataset_of_[b] = data_.train(first + b, s);
-      KEEL_CHECK(dataset_of_[b] >= 0 && static_cast<size_t>(dataset_of_[b]) < nd,
-                 "sample from an unknown dataset");
-      std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
-      std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
-      if (gate_) cur_batch_.tokens.insert(cur_batch_.tokens.end(), s, s + T + 1);
+      Status st = LoadSequence(plan, m, b);
+      if (!st.ok()) {
+        if (corrupted != nullptr)
+          backend_->CopyToDevice(model_->mutable_param_data() + corrupted->offset,
+                                 &corrupted_weight, 1);
+        return st;
+      }
     }
     EnterPhase(Phase::kForward);
-    acc.loss += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
+    loss += model_->Forward(inputs_.data(), targets_.data(), mbs, T, dloss);
     if (nd > 1) {
       for (int b = 0; b < mbs; ++b) {
         dataset_loss_sum[dataset_of_[b]] += model_->SequenceLoss(b);
         dataset_sequences[dataset_of_[b]] += 1.0;
       }
     }
-    if (gate_) {
-      acc.log_z += model_->MeanLogZ();
-      acc.max_attn_logit = std::max(acc.max_attn_logit, model_->LastMaxAttentionLogit());
+    if (watch_) {
+      log_z += model_->MeanLogZ();
+      max_attn_logit = std::max(max_attn_logit, model_->LastMaxAttentionLogit());
     }
     if (m + 1 == num_micro) {
       // The last micro-batch: its backward finishes the gradients layer by layer, and each
@@ -244,36 +225,192 @@ GradientAccumulation Trainer::AccumulateGradients(int64_t global_batch) {
   backend_->Synchronize();  // the gradients go to collectives, the losses to the host
   if (corrupted != nullptr)
     backend_->CopyToDevice(model_->mutable_param_data() + corrupted->offset, &corrupted_weight, 1);
-  if (compute_fault_) {
-    const int64_t it = state_.counters.iteration + 1;
-    compute_fault_(it, phases_ ? phases_->ComputeSeconds() : 0.0);
-  }
+  if (faults_) faults_->AfterBackward(plan.iteration, phases_ ? phases_->ComputeSeconds() : 0.0);
   EnterPhase(Phase::kReduce);
   reducer_->Finish();
   // Each rank now holds the sums of its shard. ZeRO-1 updates only that shard; without it every
   // rank needs every sum.
   if (!zero_) comm_->AllGather(grads, n);
-  if (gate_ && dp > 1) comm_->AllReduceMaxHost(&acc.max_attn_logit, 1);
+  if (watch_ && dp > 1) comm_->AllReduceMaxHost(&max_attn_logit, 1);
   // One host all-reduce for the scalars: loss and log Z (sums of micro-batch means), then the
   // per-dataset sums and counts.
-  local_loss_sum_ = acc.loss;  // this rank's, for the guard's rerun
-  std::vector<double> sums = {acc.loss, acc.log_z};
+  local_loss_sum_ = loss;  // this rank's, for the guard's rerun
+  std::vector<double> sums = {loss, log_z};
   sums.insert(sums.end(), dataset_loss_sum.begin(), dataset_loss_sum.end());
   sums.insert(sums.end(), dataset_sequences.begin(), dataset_sequences.end());
   comm_->AllReduceSumHost(sums.data(), sums.size());
   const double micro_batches = static_cast<double>(num_micro * dp);
-  acc.loss = sums[0] / micro_batches;
-  acc.log_z = sums[1] / micro_batches;
+  r->loss = sums[0] / micro_batches;
+  log_z = sums[1] / micro_batches;
   if (nd > 1) {
-    acc.dataset_loss.resize(nd);
-    acc.dataset_sequences.resize(nd);
+    r->dataset_loss.resize(nd);
+    r->dataset_sequences.resize(nd);
     for (size_t d = 0; d < nd; ++d) {
-      const double n = sums[2 + nd + d];
-      acc.dataset_sequences[d] = static_cast<int64_t>(n);
-      acc.dataset_loss[d] = n > 0 ? sums[2 + d] / n : NAN;
+      const double count = sums[2 + nd + d];
+      r->dataset_sequences[d] = static_cast<int64_t>(count);
+      r->dataset_loss[d] = count > 0 ? sums[2 + d] / count : NAN;
     }
   }
-  return acc;
+
+  if (faults_) faults_->OnGradients(plan.iteration, grads, n);
+  // Statistics of the global gradient: each rank measures the shard it owns (the summed values),
+  // the ranks add their parts, so every rank sees the same norm and makes the same decisions.
+  const ShardRange own = dp > 1 ? shard_ : ShardRange{0, n};
+  EnterPhase(Phase::kOptimizer);
+  GradStats gs = ComputeGradStats(backend_, grads + own.begin, own.size());
+  if (dp > 1) {
+    EnterPhase(Phase::kReduce);
+    double v[3] = {gs.sum_sq, static_cast<double>(gs.num_zeros), gs.finite ? 0.0 : 1.0};
+    comm_->AllReduceSumHost(v, 3);
+    gs.sum_sq = v[0];
+    gs.norm = std::sqrt(v[0]);
+    gs.num_zeros = static_cast<size_t>(v[1]);
+    gs.finite = v[2] == 0.0 && std::isfinite(v[0]);
+  }
+  double unscale = 1.0;  // fp16: 1 / the loss scale
+  if (scaler_) {
+    // fp16 (Megatron's rule): the scaler hears every iteration; an overflow skips the update.
+    const double scale = scaler_->scale();
+    r->loss_scale_change = scaler_->Update(!gs.finite);
+    r->loss_scale = scaler_->scale();
+    state_.loss_scaler = scaler_->state();
+    if (!gs.finite) {
+      r->overflow = true;
+      r->grad_norm = NAN;
+      scaler_->AddSkippedSamples(plan.global_batch);
+      state_.loss_scaler = scaler_->state();
+      return Status::OK();
+    }
+    // Unscale the norm here; the gradients themselves are unscaled as the update reads them.
+    gs.norm /= scale;
+    gs.sum_sq /= scale * scale;
+    unscale = 1.0 / scale;
+  }
+  r->grad_norm = gs.norm;
+  r->num_zeros = gs.num_zeros;
+  // Clipping (and fp16's unscaling) multiply the gradients inside the update's own pass.
+  grad_scale_ = unscale * ClipCoefficient(gs.norm, cfg_.clip_grad);
+  GuardSignals& g = r->signals;
+  g.iteration = plan.iteration;
+  g.consumed_samples = state_.counters.consumed_samples;
+  g.loss = r->loss;
+  g.grad_norm = r->grad_norm;
+  g.nonfinite = !(gs.finite && std::isfinite(r->loss));
+  g.log_z = log_z;
+  g.update_ratio = last_update_ratio_;
+  g.max_exp_avg_sq = last_max_v_;
+  g.max_attn_logit = max_attn_logit;  // this rank's; the guard reads it for the journal
+  g.loss_scale = scaler_ ? r->loss_scale : NAN;
+  return Status::OK();
+}
+
+void Trainer::Update(bool apply, StepResult* r) {
+  TrainCounters& c = state_.counters;
+  if (r->overflow || r->signals.nonfinite || !apply) {
+    // Never let a NaN/Inf reach the weights: skip the update, count it, keep going. An fp16
+    // overflow with a finite loss is the loss scaler's business, not a NaN iteration.
+    r->skipped = true;
+    ++c.skipped_iterations;
+    if (r->overflow ? !std::isfinite(r->loss) : r->signals.nonfinite) ++c.nan_iterations;
+    return;
+  }
+  EnterPhase(Phase::kOptimizer);
+  // The optimizer reads its shard (ZeRO-1) or all of the gradients. Measured inside the update's
+  // own pass over memory: the guard's signals, and the weights' squared norm, non-finite exactly
+  // when a weight is (or its square overflows).
+  Backend::AdamWStats st;
+  // bf16/fp16: the update's pass also rewrites the weights' 16-bit compute copy. ZeRO-1 changes
+  // only this rank's shard (the rest arrives by all-gather), so the next Forward converts them.
+  const GptModel::UpdatableWeights w =
+      zero_ ? GptModel::UpdatableWeights{model_->mutable_param_data(), nullptr}
+            : model_->weights_for_update();
+  optimizer_->Step(w.fp32, model_->grad_data(), model_->params(), r->lr, &st,
+                   static_cast<float>(grad_scale_), w.lowp);
+  if (zero_) {
+    // Every rank updated its shard: the statistics are summed, the weights all-gathered.
+    EnterPhase(Phase::kReduce);
+    double sums[2] = {st.update_sq, st.param_sq}, max_v = st.max_v;
+    comm_->AllReduceSumHost(sums, 2);
+    comm_->AllReduceMaxHost(&max_v, 1);
+    st.update_sq = sums[0];
+    st.param_sq = sums[1];
+    st.max_v = static_cast<float>(max_v);
+    comm_->AllGather(model_->mutable_param_data(), model_->num_params());
+  }
+  last_update_ratio_ = std::sqrt(st.update_sq / std::max(st.param_sq, 1e-30));
+  last_max_v_ = st.max_v;
+  r->weights_nonfinite = !std::isfinite(st.param_sq);
+  state_.optimizer_step = optimizer_->step();
+}
+
+void Trainer::EndIteration(const IterationPlan& plan, StepResult* r) {
+  TrainCounters& c = state_.counters;
+  r->global_batch = plan.global_batch;
+  r->lr = plan.lr;
+  if (plan.data_skipped) {
+    // A skipped data window: its samples are read past (the cursor and the schedule move on as
+    // if trained, Megatron's --skip-train-iteration-range), nothing is computed.
+    r->data_skipped = r->skipped = true;
+    r->loss = r->grad_norm = NAN;
+    ++c.data_skipped_iterations;
+    if (!prev_data_skipped_) {
+      int64_t last = plan.iteration;
+      while (last < total_iters_ && IsSkipped(last + 1)) ++last;
+      r->window_begins = SkippedWindow{plan.iteration, last, c.consumed_samples, 0};
+    }
+  }
+  prev_data_skipped_ = plan.data_skipped;
+  c.iteration = plan.iteration;
+  c.consumed_samples += plan.global_batch;
+  c.consumed_tokens += plan.global_batch * cfg_.seq_length;
+  if (r->window_begins) r->window_begins->end_sample = SamplesBefore(r->window_begins->last + 1);
+  r->iteration = c.iteration;
+  r->consumed_samples = c.consumed_samples;
+  r->consumed_tokens = c.consumed_tokens;
+  r->flops = plan.data_skipped ? 0.0 : FlopsPerIteration(plan.global_batch);
+  backend_->Synchronize();  // the step's time includes its last op, whatever the backend queues
+  r->step_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - iteration_start_)
+          .count();
+  const double compute_ms = phases_ ? 1e3 * phases_->ComputeSeconds() : r->step_ms;
+  r->rank_compute_ms.assign(1, compute_ms);
+  if (comm_->world_size() > 1) {
+    // One gather: the iteration line's time is the slowest rank's; every rank's compute time
+    // goes to the straggler detector.
+    EnterPhase(Phase::kReduce);
+    const double mine[2] = {r->step_ms, compute_ms};
+    std::vector<std::string> all;
+    comm_->AllGatherBytes(std::string(reinterpret_cast<const char*>(mine), sizeof(mine)), &all);
+    r->rank_compute_ms.resize(all.size());
+    for (size_t k = 0; k < all.size(); ++k) {
+      double v[2] = {NAN, NAN};
+      if (all[k].size() == sizeof(v)) std::memcpy(v, all[k].data(), sizeof(v));
+      r->step_ms = std::max(r->step_ms, v[0]);
+      r->rank_compute_ms[k] = v[1];
+    }
+  }
+  if (phases_) {
+    phases_->EndIteration();
+    for (auto [name, phase] : {std::pair{"batch-generator", Phase::kData},
+                               {"forward-compute", Phase::kForward},
+                               {"backward-compute", Phase::kBackward},
+                               {"backward-params-all-reduce", Phase::kReduce},
+                               {"optimizer", Phase::kOptimizer}})
+      r->timers_ms.emplace_back(name, 1e3 * phases_->IterationSeconds(phase));
+  }
+  AccountIteration(r);
+}
+
+StepResult Trainer::TrainStep() {
+  const IterationPlan plan = PlanIteration();
+  StepResult r;
+  if (!plan.data_skipped) {
+    const Status st = ComputeGradients(plan, &r);
+    KEEL_CHECK(st.ok(), st.message());
+    Update(/*apply=*/true, &r);
+  }
+  EndIteration(plan, &r);
+  return r;
 }
 
 // This rank's sum of micro-batch losses of the current weights on a recorded batch, summed in
@@ -321,111 +458,6 @@ double Trainer::PreviousBatchLoss() {
   return v[1] > 0 ? v[0] / v[1] : NAN;
 }
 
-void Trainer::ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, StepResult* r) {
-  if (grad_fault_) grad_fault_(iteration, model_->grad_data(), model_->num_params());
-  r->loss = acc.loss;
-  r->dataset_loss = acc.dataset_loss;
-  r->dataset_sequences = acc.dataset_sequences;
-  float* grads = model_->grad_data();
-  const size_t n = model_->num_params();
-  const int dp = comm_->world_size();
-  // Statistics of the global gradient: each rank measures the shard it owns (the summed values),
-  // the ranks add their parts, so every rank sees the same norm and makes the same decisions.
-  const ShardRange own = dp > 1 ? shard_ : ShardRange{0, n};
-  EnterPhase(Phase::kOptimizer);
-  GradStats gs = ComputeGradStats(backend_, grads + own.begin, own.size());
-  if (dp > 1) {
-    EnterPhase(Phase::kReduce);
-    double v[3] = {gs.sum_sq, static_cast<double>(gs.num_zeros), gs.finite ? 0.0 : 1.0};
-    comm_->AllReduceSumHost(v, 3);
-    gs.sum_sq = v[0];
-    gs.norm = std::sqrt(v[0]);
-    gs.num_zeros = static_cast<size_t>(v[1]);
-    gs.finite = v[2] == 0.0 && std::isfinite(v[0]);
-  }
-  TrainCounters& c = state_.counters;
-  double unscale = 1.0;  // fp16: 1 / the loss scale
-  if (scaler_) {
-    // fp16 (Megatron's rule): the scaler hears every iteration; an overflow skips the update.
-    const double scale = scaler_->scale();
-    r->loss_scale_change = scaler_->Update(!gs.finite);
-    r->loss_scale = scaler_->scale();
-    if (!gs.finite) {
-      r->overflow = r->skipped = true;
-      scaler_->AddSkippedSamples(r->global_batch);
-      r->grad_norm = NAN;
-      state_.loss_scaler = scaler_->state();
-      ++c.skipped_iterations;
-      if (!std::isfinite(r->loss)) ++c.nan_iterations;
-      return;
-    }
-    state_.loss_scaler = scaler_->state();
-    // Unscale the norm here; the gradients themselves are unscaled as the update reads them.
-    gs.norm /= scale;
-    gs.sum_sq /= scale * scale;
-    unscale = 1.0 / scale;
-  }
-  r->grad_norm = gs.norm;
-  r->num_zeros = gs.num_zeros;
-  const bool finite = gs.finite && std::isfinite(r->loss);
-  bool apply = finite;
-  if (gate_) {
-    GuardSignals& g = r->signals;
-    g.iteration = iteration;
-    g.consumed_samples = state_.counters.consumed_samples;
-    g.loss = r->loss;
-    g.grad_norm = r->grad_norm;
-    g.nonfinite = !finite;
-    g.log_z = acc.log_z;
-    g.update_ratio = last_update_ratio_;
-    g.max_exp_avg_sq = last_max_v_;
-    g.max_attn_logit = acc.max_attn_logit;  // this rank's; the guard reads it for the journal
-    g.loss_scale = scaler_ ? r->loss_scale : NAN;
-    apply = gate_(g) && finite;
-  }
-  if (!finite) {
-    // Never let a NaN/Inf reach the weights: skip the update, count it, keep going.
-    r->skipped = true;
-    ++c.skipped_iterations;
-    ++c.nan_iterations;
-    return;
-  }
-  if (!apply) {
-    r->skipped = true;  // the guard judged this batch anomalous
-    ++c.skipped_iterations;
-    return;
-  }
-  EnterPhase(Phase::kOptimizer);
-  // The optimizer reads its shard (ZeRO-1) or all of the gradients. Clipping (and fp16's unscaling)
-  // multiply the gradients inside the update's own pass.
-  const double grad_scale = unscale * ClipCoefficient(gs.norm, cfg_.clip_grad);
-  // Measured inside the update's own pass over memory: the guard's signals, and the weights'
-  // squared norm, non-finite exactly when a weight is (or its square overflows).
-  Backend::AdamWStats st;
-  // bf16/fp16: the update's pass also rewrites the weights' 16-bit compute copy. ZeRO-1 changes
-  // only this rank's shard (the rest arrives by all-gather), so the next Forward converts them.
-  const GptModel::UpdatableWeights w =
-      zero_ ? GptModel::UpdatableWeights{model_->mutable_param_data(), nullptr}
-            : model_->weights_for_update();
-  optimizer_->Step(w.fp32, grads, model_->params(), r->lr, &st, static_cast<float>(grad_scale),
-                   w.lowp);
-  if (zero_) {
-    // Every rank updated its shard: the statistics are summed, the weights all-gathered.
-    EnterPhase(Phase::kReduce);
-    double sums[2] = {st.update_sq, st.param_sq}, max_v = st.max_v;
-    comm_->AllReduceSumHost(sums, 2);
-    comm_->AllReduceMaxHost(&max_v, 1);
-    st.update_sq = sums[0];
-    st.param_sq = sums[1];
-    st.max_v = static_cast<float>(max_v);
-    comm_->AllGather(model_->mutable_param_data(), n);
-  }
-  last_update_ratio_ = std::sqrt(st.update_sq / std::max(st.param_sq, 1e-30));
-  last_max_v_ = st.max_v;
-  r->weights_nonfinite = !std::isfinite(st.param_sq);
-  state_.optimizer_step = optimizer_->step();
-}
-
 void Trainer::Restore(const TrainState& state) {
   state_ = state;
   if (scaler_) scaler_->Restore(state.loss_scaler);
@@ -441,11 +473,14 @@ double Trainer::NextLr() const {
 }
 
 double Trainer::Evaluate(int64_t iters) {
-  return Evaluate(iters, data_.valid);
+  double loss = NAN;
+  if (!HasValidation() || iters <= 0) return loss;
+  const Status st = Evaluate(iters, 0, &loss);
+  KEEL_CHECK(st.ok(), st.message());
+  return loss;
 }
 
-double Trainer::Evaluate(int64_t iters, const SampleFn& samples) {
-  if (!samples || iters <= 0) return NAN;
+Status Trainer::Evaluate(int64_t iters, int set, double* loss) {
   const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = comm_->world_size();
   // The final global batch, not the ramp-up's current one: every evaluation reads the same samples.
   const int64_t num_micro = cfg_.global_batch_size / (static_cast<int64_t>(mbs) * dp);
@@ -456,7 +491,8 @@ double Trainer::Evaluate(int64_t iters, const SampleFn& samples) {
       const int64_t first = (it * num_micro * dp + m * dp + comm_->rank()) * mbs;
       for (int b = 0; b < mbs; ++b) {
         int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
-        samples(first + b, s);
+        const SampleRequest req{first + b, state_.counters.iteration, state_.data_salt};
+        KEEL_RETURN_IF_ERROR(data_.samples->ReadValid(set, req, s));
         std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
         std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
       }
@@ -466,197 +502,61 @@ double Trainer::Evaluate(int64_t iters, const SampleFn& samples) {
   }
   double reduced[2] = {loss_sum, static_cast<double>(count)};
   comm_->AllReduceSumHost(reduced, 2);
-  return reduced[0] / reduced[1];
-}
-
-Status Trainer::Run(const RunHooks& hooks) {
-  bool in_skip = false;  // the previous iteration of this loop was in a skipped data window
-  const TrainCounters& c = state_.counters;
-  while (c.iteration < total_iters_) {
-    const StepResult r = TrainStep();
-    if (hooks.step) hooks.step(r);
-    if (r.weights_nonfinite) {
-      // Never trained on, evaluated or saved: the caller names the checkpoint to go back to.
-      const NonFiniteParams nf = FindNonFiniteParams(*model_);
-      return Status::Corruption(
-          nf.count > 0
-              ? fmt::format("iteration {}: the update at learning rate {:.3E} left {} of {} "
-                            "weights NaN or Inf ({} in {}, the first tensor holding one); the "
-                            "run stops without saving this state",
-                            c.iteration, r.lr, nf.count, model_->num_params(), nf.in_first_tensor,
-                            nf.first_tensor)
-              : fmt::format("iteration {}: the update at learning rate {:.3E} left weights so "
-                            "large (beyond about 1e17) that their squares overflow fp32; the run "
-                            "stops without saving this state",
-                            c.iteration, r.lr));
-    }
-    if (r.data_skipped && !in_skip) {
-      int64_t last = c.iteration;
-      while (last < total_iters_ && IsSkipped(last + 1)) ++last;
-      const int64_t first_sample = c.consumed_samples - r.global_batch;
-      hooks.log(fmt::format(
-          "skipping iterations {}..{}: their {} samples are read past without an update "
-          "(samples {}..{})",
-          c.iteration, last, SamplesBefore(last + 1) - first_sample, first_sample,
-          SamplesBefore(last + 1) - 1));
-    } else if (!r.data_skipped && r.skipped && !(r.overflow && std::isfinite(r.loss)) &&
-               !(std::isfinite(r.loss) && std::isfinite(r.grad_norm))) {
-      hooks.log(fmt::format(
-          "WARNING: iteration {}: non-finite {} (loss {}, grad norm {}): update skipped",
-          c.iteration, std::isfinite(r.loss) ? "gradients" : "loss", r.loss, r.grad_norm));
-    }
-    AccountIteration(r, hooks);
-    const bool last = c.iteration == total_iters_;
-    if (cfg_.eval_iters > 0 && (c.iteration % cfg_.eval_interval == 0 || last)) {
-      PhaseScope eval(phases_, Phase::kEval);
-      RunEvaluation(hooks);
-    }
-    in_skip = r.data_skipped;
-    if (hooks.after_iteration && !hooks.after_iteration()) break;
-  }
+  *loss = reduced[0] / reduced[1];
   return Status::OK();
 }
 
-void Trainer::AccountIteration(const StepResult& r, const RunHooks& hooks) {
+Status Trainer::Validate(ValidationResult* out) {
+  // Each dataset on its own validation split; the combined loss is their weighted mean, the
+  // expected loss of the mixture (or, for validation groups, the first group's).
+  double wsum = 0, lsum = 0;
+  out->set_loss.clear();
+  for (size_t v = 0; v < data_.valid_sets.size(); ++v) {
+    double loss = NAN;
+    KEEL_RETURN_IF_ERROR(Evaluate(cfg_.eval_iters, static_cast<int>(v), &loss));
+    out->set_loss.push_back(loss);
+    wsum += data_.valid_sets[v].weight;
+    lsum += data_.valid_sets[v].weight * loss;
+  }
+  out->loss = out->set_loss.empty()                                 ? NAN
+              : !data_.report_each_set || !data_.combine_validation ? out->set_loss[0]
+                                                                    : lsum / wsum;
+  return Status::OK();
+}
+
+void Trainer::AccountIteration(StepResult* r) {
   LogIntervalState& iv = state_.interval;
-  const TrainCounters& c = state_.counters;
   const size_t nd = data_.dataset_names.size();
   // A skipped data window computes nothing: no loss, no throughput (a gap, not a NaN).
   // An fp16 overflow with a finite loss is the loss scaler's business, not a NaN iteration.
-  const bool nonfinite = !r.data_skipped && r.skipped &&
-                         !(std::isfinite(r.loss) && (r.overflow || std::isfinite(r.grad_norm)));
-  const double flops = r.data_skipped ? 0.0 : FlopsPerIteration(r.global_batch);
+  r->nan = !r->data_skipped && r->skipped &&
+           !(std::isfinite(r->loss) && (r->overflow || std::isfinite(r->grad_norm)));
   ++iv.iters;
-  iv.ms += r.step_ms;
-  if (!r.data_skipped) {
-    iv.samples += r.global_batch;
-    iv.flops += flops;
+  iv.ms += r->step_ms;
+  if (!r->data_skipped) {
+    iv.samples += r->global_batch;
+    iv.flops += r->flops;
   }
-  if (r.skipped) {
+  if (r->skipped) {
     ++iv.skipped;
-    if (nonfinite) ++iv.nan;
+    if (r->nan) ++iv.nan;
   } else {
-    iv.loss_sum += r.loss;
+    iv.loss_sum += r->loss;
     ++iv.ok;
     if (nd > 1) {
       iv.dataset_loss_sum.resize(nd, 0.0);
       iv.dataset_sequences.resize(nd, 0);
       for (size_t d = 0; d < nd; ++d) {
-        if (r.dataset_sequences[d] == 0) continue;
-        iv.dataset_loss_sum[d] += r.dataset_loss[d] * static_cast<double>(r.dataset_sequences[d]);
-        iv.dataset_sequences[d] += r.dataset_sequences[d];
+        if (r->dataset_sequences[d] == 0) continue;
+        iv.dataset_loss_sum[d] += r->dataset_loss[d] * static_cast<double>(r->dataset_sequences[d]);
+        iv.dataset_sequences[d] += r->dataset_sequences[d];
       }
     }
   }
-  if (hooks.metrics) {
-    const double secs = r.step_ms / 1000.0;
-    nlohmann::json m = {
-        {"kind", "train"},
-        {"iteration", c.iteration},
-        {"train_iters", total_iters_},
-        {"consumed_samples", c.consumed_samples},
-        {"consumed_tokens", c.consumed_tokens},
-        {"iteration_ms", r.step_ms},
-        {"learning_rate", r.lr},
-        {"global_batch_size", r.global_batch},
-        {"lm_loss", JsonNumber(r.loss)},
-        {"loss_scale", r.loss_scale},
-        {"grad_norm", JsonNumber(r.grad_norm)},
-        {"num_zeros", r.num_zeros},
-        {"skipped", r.skipped},
-        {"data_skipped", r.data_skipped},
-        {"nan", nonfinite},
-        {"samples_per_second",
-         r.data_skipped ? JsonNumber(NAN) : JsonNumber(r.global_batch / secs)},
-        {"tflops", r.data_skipped ? JsonNumber(NAN) : JsonNumber(flops / secs / 1e12)}};
-    if (!r.timers_ms.empty()) {
-      nlohmann::json t = nlohmann::json::object();
-      for (const auto& [name, ms] : r.timers_ms) t[name] = ms;
-      m["timers_ms"] = t;
-    }
-    if (nd > 1 && !r.data_skipped) {
-      nlohmann::json per = nlohmann::json::object();
-      for (size_t d = 0; d < nd; ++d)
-        per[data_.dataset_names[d]] = {{"lm_loss", JsonNumber(r.dataset_loss[d])},
-                                       {"sequences", r.dataset_sequences[d]}};
-      m["datasets"] = per;
-    }
-    hooks.metrics(m);
-  }
-  if (c.iteration % cfg_.log_interval != 0 && c.iteration != total_iters_) return;
-  IterationStats s;
-  s.iteration = c.iteration;
-  s.train_iters = total_iters_;
-  s.consumed_samples = c.consumed_samples;
-  s.consumed_tokens = c.consumed_tokens;
-  s.elapsed_ms_per_iter = iv.ms / static_cast<double>(iv.iters);
-  s.learning_rate = r.lr;
-  s.global_batch_size = r.global_batch;
-  s.lm_loss = iv.ok > 0 ? iv.loss_sum / static_cast<double>(iv.ok) : NAN;
-  s.grad_norm = r.grad_norm;
-  s.loss_scale = r.loss_scale;
-  s.num_zeros = static_cast<double>(r.num_zeros);
-  s.skipped_iterations = iv.skipped;
-  s.nan_iterations = iv.nan;
-  // Throughput of the iterations that computed; none when the whole interval was skipped data.
-  const double secs = iv.ms / 1000.0;
-  s.samples_per_second = iv.samples > 0 ? static_cast<double>(iv.samples) / secs : NAN;
-  s.tflops = iv.samples > 0 ? iv.flops / secs / 1e12 : NAN;
-  hooks.log(FormatIterationLine(s));
-  // A mixture's loss per dataset, over the same interval (the seeds' cm4/pmd curves).
-  if (nd > 1) {
-    std::string line = " lm loss per dataset |";
-    for (size_t d = 0; d < nd; ++d) {
-      const int64_t n = d < iv.dataset_sequences.size() ? iv.dataset_sequences[d] : 0;
-      line += n > 0 ? fmt::format(" {}: {:.6E} ({} seq) |", data_.dataset_names[d],
-                                  iv.dataset_loss_sum[d] / static_cast<double>(n), n)
-                    : fmt::format(" {}: - (0 seq) |", data_.dataset_names[d]);
-    }
-    hooks.log(line);
-  }
-  // The guard's signals of this iteration, on a line of their own (the iteration line keeps
-  // Megatron's format for the tools that parse it).
-  if (gate_ && !r.data_skipped)
-    hooks.log(fmt::format(
-        " guard signals | max attention logit: {:.3f} | log Z: {:.3f} | update/weight: {:.3E} "
-        "| max Adam v: {:.3E} |",
-        r.signals.max_attn_logit, r.signals.log_z, r.signals.update_ratio,
-        r.signals.max_exp_avg_sq));
+  const int64_t it = state_.counters.iteration;
+  if (it % cfg_.log_interval != 0 && it != total_iters_) return;
+  r->closed_interval = iv;
   iv = LogIntervalState{};
-}
-
-void Trainer::RunEvaluation(const RunHooks& hooks) {
-  const TrainCounters& c = state_.counters;
-  nlohmann::json m = {
-      {"kind", "validation"}, {"iteration", c.iteration}, {"consumed_samples", c.consumed_samples}};
-  if (data_.valid_sets.empty()) {
-    if (!data_.valid) return;
-    const double loss = Evaluate(cfg_.eval_iters);
-    hooks.log(FormatValidationLine(c.iteration, loss));
-    m["lm_loss"] = JsonNumber(loss);
-    m["lm_loss_ppl"] = JsonNumber(LossPpl(loss));
-  } else {
-    // Each dataset on its own validation split; the combined loss is their weighted mean, the
-    // expected loss of the mixture.
-    double wsum = 0, lsum = 0, first_loss = NAN;
-    nlohmann::json per = nlohmann::json::object();
-    std::vector<std::string> lines;
-    for (const ValidationSet& v : data_.valid_sets) {
-      const double loss = Evaluate(cfg_.eval_iters, v.samples);
-      lines.push_back(FormatValidationLine(c.iteration, loss, v.name));
-      per[v.name] = {{"lm_loss", JsonNumber(loss)}, {"lm_loss_ppl", JsonNumber(LossPpl(loss))}};
-      if (lines.size() == 1) first_loss = loss;
-      wsum += v.weight;
-      lsum += v.weight * loss;
-    }
-    const double loss = data_.combine_validation ? lsum / wsum : first_loss;
-    if (data_.combine_validation) hooks.log(FormatValidationLine(c.iteration, loss));
-    for (const std::string& l : lines) hooks.log(l);
-    m["lm_loss"] = JsonNumber(loss);
-    m["lm_loss_ppl"] = JsonNumber(LossPpl(loss));
-    m["datasets"] = per;
-  }
-  if (hooks.metrics) hooks.metrics(m);
 }
 
 uint64_t Trainer::StateFingerprint() {

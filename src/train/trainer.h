@@ -5,11 +5,11 @@
 // TrainState (checkpoint/train_state.h), so a checkpoint can capture the whole run.
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,23 +24,76 @@
 #include "optim/batch_rampup.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "train/sample_source.h"
 #include "watchdog/phase_tracker.h"
 
 namespace keel {
-
-// Writes sample number `index` (seq_length + 1 tokens: inputs and shifted targets) into `tokens`
-// and returns the index of the dataset of a mixture it came from (0 when there is one).
-using SampleFn = std::function<int(int64_t index, int32_t* tokens)>;
 
 // One dataset's validation set (a mixture evaluates each on its own).
 struct ValidationSet {
   std::string name;
   // Its weight in the mixture: the combined validation loss is the weighted mean.
   double weight = 1;
-  SampleFn samples;
 };
 
+// What a trainer reads: its samples, and the names it reports them under.
+struct TrainerData {
+  TrainerData() = default;
+  // Synthetic data from functions (tests, benchmarks); `valid` may be empty: no validation.
+  TrainerData(SampleFn train, SampleFn valid);
+
+  std::shared_ptr<SampleSource> samples;
+  // A mixture: its datasets' names (index = the dataset a training sample says it came from;
+  // with more than one, the loop reports the lm loss of each).
+  std::vector<std::string> dataset_names{"data"};
+  // The validation sets, evaluated one by one (none: no validation).
+  std::vector<ValidationSet> valid_sets;
+  // false: one unnamed validation set, one unnamed validation line. true: a line per set, after
+  // the weighted mean's line when `combine_validation`; else (Megatron-DeepSpeed's validation
+  // groups, each its own evaluation) only each set's line, and the first set's loss is the
+  // evaluation's in the metrics record.
+  bool report_each_set = false;
+  bool combine_validation = true;
+};
+
+// The micro-batch schedule of one iteration, as a value: which samples each of this rank's
+// micro-batches reads, in the order they are computed. Data parallel: every rank runs its
+// micro-batches one after another, each forward then backward, and the gradients are reduced
+// during the last backward. A pipeline schedule is another value of this kind.
+struct MicroBatchSchedule {
+  int64_t first_sample = 0;  // samples consumed before this iteration
+  int micro_batch_size = 0;
+  int64_t micro_batches = 0;  // on each rank
+  int data_parallel_size = 1;
+  int rank = 0;
+  // Micro-batch m of rank r reads global samples (m * dp + r) * mbs + b, b < mbs.
+  int64_t SampleIndex(int64_t m, int b) const {
+    return first_sample + (m * data_parallel_size + rank) * static_cast<int64_t>(micro_batch_size) +
+           b;
+  }
+};
+
+// What one iteration will do, decided from the TrainState before it starts.
+struct IterationPlan {
+  int64_t iteration = 0;  // 1-based
+  int64_t global_batch = 0;
+  double lr = 0;  // of this iteration's update (the schedule at the position after its batch)
+  uint64_t data_salt = 0;
+  bool data_skipped = false;  // in a skipped data window: read past, nothing computed
+  MicroBatchSchedule schedule;
+};
+
+// The first iteration of a skipped data window, as the log says it.
+struct SkippedWindow {
+  int64_t first = 0, last = 0;               // iterations
+  int64_t first_sample = 0, end_sample = 0;  // samples [first_sample, end_sample)
+};
+
+// One iteration, as it went.
 struct StepResult {
+  int64_t iteration = 0;  // and the counters after it
+  int64_t consumed_samples = 0;
+  int64_t consumed_tokens = 0;
   double loss = 0;  // mean lm loss over the global batch
   double grad_norm = 0;
   size_t num_zeros = 0;
@@ -55,9 +108,15 @@ struct StepResult {
   double loss_scale = 1.0;
   LossScaleChange loss_scale_change = LossScaleChange::kNone;
   bool data_skipped = false;  // in a skipped data window: nothing was computed
+  // A non-finite loss or gradient (not a skipped window; not an fp16 overflow with a finite
+  // loss, which is the loss scaler's business).
+  bool nan = false;
+  std::optional<SkippedWindow> window_begins;  // this iteration begins a skipped window
   // The update left NaN/Inf weights (or weights whose squares overflow): the run must stop.
   bool weights_nonfinite = false;
+  // The guard's signals (log Z and the attention logit only when the guard watches).
   GuardSignals signals;
+  double flops = 0;    // of the whole global batch (0 in a skipped window)
   double step_ms = 0;  // the slowest rank's time for the iteration
   // Every rank's own compute time this iteration (data, forward, backward, optimizer; the waits
   // on other ranks excluded), in rank order: what the straggler detector compares.
@@ -66,54 +125,39 @@ struct StepResult {
   // (batch-generator, forward-compute, backward-compute, backward-params-all-reduce, optimizer);
   // empty without a phase tracker.
   std::vector<std::pair<std::string, double>> timers_ms;
+  // The log interval this iteration closed (at every log-interval and at the last iteration):
+  // what the iteration line reports.
+  std::optional<LogIntervalState> closed_interval;
 };
 
-// Decides, from an iteration's signals, whether its update is applied (the guard).
-using UpdateGate = std::function<bool(const GuardSignals&)>;
-
-// What the loop calls around iterations.
-struct RunHooks {
-  std::function<void(const std::string&)> log;
-  // After every iteration, its log line and evaluation: false stops the loop (e.g. to save and
-  // exit on a signal). May be empty.
-  std::function<bool()> after_iteration;
-  // One record per iteration (every field of the iteration line, per-dataset loss) and per
-  // evaluation: the metrics stream. May be empty.
-  std::function<void(const nlohmann::json&)> metrics;
-  // After every iteration's update, with its result (every rank's compute time). May be empty.
-  std::function<void(const StepResult&)> step;
+// The losses of one evaluation: the one the validation line and the metrics report, and each
+// validation set's (in TrainerData::valid_sets order).
+struct ValidationResult {
+  double loss = NAN;
+  std::vector<double> set_loss;
 };
 
-// What a trainer reads: its training samples, and what it evaluates.
-struct TrainerData {
-  TrainerData() = default;
-  TrainerData(SampleFn train_samples, SampleFn valid_samples)
-      : train(std::move(train_samples)), valid(std::move(valid_samples)) {}
-
-  SampleFn train;
-  SampleFn valid;  // may be empty: no validation
-  // A mixture: its datasets' names (index = what `train` returns; with more than one, the loop
-  // reports the lm loss of each) and their validation sets, evaluated one by one (then `valid`
-  // is unused and the validation line's loss is their weighted mean).
-  std::vector<std::string> dataset_names{"data"};
-  std::vector<ValidationSet> valid_sets;
-  // The validation line is valid_sets' weighted mean, followed by each set's line; false
-  // (Megatron-DeepSpeed's validation groups, each its own evaluation): only each set's line, and
-  // the first set's loss is the evaluation's in the metrics record.
-  bool combine_validation = true;
+// TEST-ONLY faults the trainer lets a test plant at fixed points of an iteration
+// (train/test_hooks.h implements them from KEEL_TRAIN_FAULTS); none in a normal run.
+class TrainerFaults {
+ public:
+  virtual ~TrainerFaults() = default;
+  // The factor on iteration `it`'s scheduled LR.
+  virtual double LrFactor(int64_t it) const = 0;
+  // Whether iteration `it`'s forward and backward run on a corrupted weight (a transient
+  // arithmetic fault, once).
+  virtual bool CorruptWeights(int64_t it) = 0;
+  // After the backward of the last micro-batch, with this rank's compute seconds so far (a hang,
+  // a slow rank, a crash).
+  virtual void AfterBackward(int64_t it, double compute_seconds) = 0;
+  // The all-reduced gradients, before their statistics (a NaN, an inf).
+  virtual void OnGradients(int64_t it, float* grads, size_t n) = 0;
 };
 
-// What the micro-batches of one iteration add up to, reduced across data-parallel ranks. The
-// gradients themselves are in the model's gradient buffer.
-struct GradientAccumulation {
-  double loss = 0;                    // mean lm loss over the global batch
-  double log_z = 0;                   // mean log Z of the output softmax (a guard signal)
-  double max_attn_logit = -INFINITY;  // this rank's largest attention logit (a guard signal)
-  // Per dataset of a mixture: mean loss of its sequences (NaN: none), and how many there were.
-  std::vector<double> dataset_loss;
-  std::vector<int64_t> dataset_sequences;
-};
-
+// The math of training, one iteration in steps that the run calls in order (TrainingRun's
+// RunIteration reads top to bottom): PlanIteration, ComputeGradients, Update, EndIteration. Its
+// state is the model, the optimizer and a TrainState; it decides nothing about guards, saves or
+// logs.
 class Trainer {
  public:
   Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, TrainerData data);
@@ -121,16 +165,30 @@ class Trainer {
 
   // Fresh weights from the config's seed and init method.
   void InitializeWeights();
-  // One training iteration: the global batch's gradients, then one update (or a skipped one).
+
+  // 1. What the next iteration does: its batch, its micro-batch schedule, its LR, or a skipped
+  //    data window. Starts the iteration's clock and phases.
+  IterationPlan PlanIteration();
+  // 2. Forward and backward of every micro-batch of the plan's schedule, the gradients summed in
+  //    the model's buffer and reduced across ranks, their statistics (norm, zeros, finiteness,
+  //    fp16's overflow and loss-scale update) and the guard's signals, into `r`. A sample the
+  //    source refuses is its Status (nothing applied; the state is the last iteration's).
+  Status ComputeGradients(const IterationPlan& plan, StepResult* r);
+  // 3. The AdamW update at the plan's LR when `apply` (the guard's verdict) and the gradients are
+  //    finite and did not overflow; else the update is skipped and counted.
+  void Update(bool apply, StepResult* r);
+  // 4. The counters move past the iteration's batch; the slowest rank's time, every rank's
+  //    compute time and this rank's phase timers; the log interval (closed at its end).
+  void EndIteration(const IterationPlan& plan, StepResult* r);
+  // 1-4 without a guard (every finite update applied): the tests' and benchmarks' iteration.
   StepResult TrainStep();
-  // Mean lm loss over `iters` validation batches (the same samples at every evaluation) of the
-  // data's validation samples, or of `samples`.
+
+  // Whether there is validation data; the losses of one evaluation (--eval-iters batches of the
+  // final global batch, the same samples each time) of every validation set.
+  bool HasValidation() const { return !data_.valid_sets.empty(); }
+  Status Validate(ValidationResult* out);
+  // Mean lm loss over `iters` batches of validation set 0 (tests).
   double Evaluate(int64_t iters);
-  double Evaluate(int64_t iters, const SampleFn& samples);
-  // The whole run from the current state: iterations until the configured length, the Megatron
-  // iteration line every log-interval, validation every eval-interval; lines go to hooks.log.
-  // Corruption, at once and with nothing more called, when an update leaves non-finite weights.
-  Status Run(const RunHooks& hooks);
 
   // Everything but the tensors, as a value; Restore puts one back (a resume, a rollback, the
   // guard's LR cut). The tensors are the model's and the optimizer's.
@@ -145,6 +203,7 @@ class Trainer {
   // behind backward, bytes sent) since the trainer was built.
   const ReductionStats& reduction_stats() const { return reducer_->stats(); }
   const TrainConfig& config() const { return cfg_; }
+  const TrainerData& data() const { return data_; }
   GptModel& model() { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
   // --fp16: the dynamic (or static) loss scaler; nullptr in fp32 and bf16, which do not scale.
@@ -166,36 +225,20 @@ class Trainer {
   uint64_t StateFingerprint();
   double FlopsPerIteration(int64_t global_batch) const;
 
-  // Called before every update with the iteration's signals; false skips the update (the guard).
-  void set_update_gate(UpdateGate g) { gate_ = std::move(g); }
-  // The guard's probes, valid only inside the update gate (every rank calls them together: a
+  // The guard's probes, between ComputeGradients and Update (every rank calls them together: a
   // collective). The mean lm loss of the current weights on this iteration's batch again (the
   // same bits as the iteration's own loss unless a transient fault struck one of the two), and
   // on the previous trained iteration's batch (NaN when there is none): low when the weights
-  // are still healthy and only this batch is off.
+  // are still healthy and only this batch is off. They need the guard on (the batches are kept
+  // only then).
   // `differing_ranks` (optional): the ranks whose own sum differed from their first pass.
   double RerunLoss(std::vector<int>* differing_ranks = nullptr);
   double PreviousBatchLoss();
-  // Called with the all-reduced gradients of each iteration before their statistics: the seam
-  // of the test-only fault hooks (train/test_hooks.h), e.g. to plant a NaN.
-  void set_gradient_fault(std::function<void(int64_t iteration, float* grads, size_t n)> f) {
-    grad_fault_ = std::move(f);
-  }
-  // The factor on each iteration's scheduled LR: the seam of the test-only LR fault
-  // (train/test_hooks.h), which raises the LR over a window.
-  void set_lr_fault(std::function<double(int64_t iteration)> f) { lr_fault_ = std::move(f); }
-  // Whether iteration N's forward and backward run on corrupted weights, once (a transient
-  // arithmetic fault: the seam of the test-only hook that the guard's rerun must catch).
-  void set_corrupt_fault(std::function<bool(int64_t iteration)> f) {
-    corrupt_fault_ = std::move(f);
-  }
-  // Called on this rank after the backward of an iteration's last micro-batch, with the compute
-  // seconds so far: the seam of the test-only per-rank faults (a hang, a slow rank, a crash).
-  void set_compute_fault(std::function<void(int64_t iteration, double compute_seconds)> f) {
-    compute_fault_ = std::move(f);
-  }
-  // Where the loop reports its phases (the watchdog and the straggler detector read it); null:
-  // not reported.
+
+  // Test-only faults (train/test_hooks.h); null: none.
+  void set_faults(TrainerFaults* f) { faults_ = f; }
+  // Where the trainer reports its phases (the watchdog and the straggler detector read it);
+  // null: not reported.
   void set_phase_tracker(PhaseTracker* t) { phases_ = t; }
   PhaseTracker* phase_tracker() { return phases_; }
 
@@ -208,15 +251,12 @@ class Trainer {
   void EnterPhase(Phase p) {
     if (phases_) phases_->Enter(p);
   }
-  // Forward and backward of every micro-batch of a global batch of `global_batch` samples, the
-  // gradients summed in the model's buffer and all-reduced.
-  GradientAccumulation AccumulateGradients(int64_t global_batch);
-  // Gradient statistics, the guard's gate, clipping and the AdamW step at `r->lr`; fills r.
-  void ApplyUpdate(int64_t iteration, const GradientAccumulation& acc, StepResult* r);
-  // Adds an iteration to the log interval; prints the iteration line at the interval's end.
-  void AccountIteration(const StepResult& r, const RunHooks& hooks);
-  // Validation at an eval-interval: one line (and one metrics record), or one per dataset.
-  void RunEvaluation(const RunHooks& hooks);
+  // Reads sequence b of micro-batch m into batch_tokens_, inputs_ and targets_.
+  Status LoadSequence(const IterationPlan& plan, int64_t m, int b);
+  // Adds the iteration to the log interval; at the interval's end, hands it to `r`.
+  void AccountIteration(StepResult* r);
+  // Mean lm loss of the current weights over `iters` batches of validation set `set`.
+  Status Evaluate(int64_t iters, int set, double* loss);
 
   TrainConfig cfg_;
   Backend* backend_;
@@ -232,6 +272,9 @@ class Trainer {
   LrSchedule schedule_;
   TrainState state_;
   int64_t total_iters_ = 0;
+  // The guard watches: the signals that cost work (log Z, the attention logit) are measured and
+  // the batches kept for its probes.
+  bool watch_ = false;
   std::vector<int32_t> batch_tokens_, inputs_, targets_;
   // This rank's samples (seq_length + 1 tokens each) of the current and the previous trained
   // iteration, for the guard's probes.
@@ -242,14 +285,14 @@ class Trainer {
   BatchRecord cur_batch_, prev_batch_;
   double local_loss_sum_ = 0;  // this rank's sum of its micro-batch losses, this iteration
   double ReplayLocalLoss(const BatchRecord& b);
-  // Test-only (train/test_hooks.h): iteration N's first forward runs on corrupted weights.
-  std::function<bool(int64_t iteration)> corrupt_fault_;
   std::vector<int> dataset_of_;                     // dataset of each sequence of the micro-batch
   std::vector<IterationRange> config_skip_ranges_;  // --skip-train-iteration/samples-range
-  UpdateGate gate_;
-  std::function<void(int64_t, float*, size_t)> grad_fault_;
-  std::function<void(int64_t, double)> compute_fault_;
-  std::function<double(int64_t)> lr_fault_;
+  // Between ComputeGradients and Update: the factor on the gradients as the update reads them
+  // (fp16's unscaling times the clipping coefficient).
+  double grad_scale_ = 1.0;
+  bool prev_data_skipped_ = false;  // the previous iteration of this process was skipped data
+  std::chrono::steady_clock::time_point iteration_start_;
+  TrainerFaults* faults_ = nullptr;
   PhaseTracker* phases_ = nullptr;
   double last_update_ratio_ = NAN;  // ||w_new - w_old|| / ||w_new|| of the last update
   double last_max_v_ = NAN;         // max of Adam's second moment after the last update

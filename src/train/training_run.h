@@ -1,8 +1,9 @@
 // TrainingRun: one process's part of a training run, as a library (LevelDB's DB::Open is the
-// model). Open resolves everything a run needs before any work: the run directory, the data and
-// the final config, the point it continues from (train checkpoint resume rules, rollbacks), the
-// model, the checkpoint controller, the journal, the metrics and the guard, each logged as it is
-// decided. Train runs it to its end and says how it ended.
+// model). Open (training_run_open.cc) resolves everything a run needs before any work: the run
+// directory, the data and the final config, the point it continues from (train checkpoint resume
+// rules, rollbacks), the model, the checkpoint controller, the journal, the metrics and the
+// guard, each logged as it is decided. Train (training_run.cc) runs it to its end, one
+// RunIteration at a time, and says how it ended.
 //
 //   std::unique_ptr<TrainingRun> run;
 //   KEEL_RETURN_IF_ERROR(TrainingRun::Open(config, {env, comm, &hooks}, &run));
@@ -22,14 +23,14 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/env.h"
-#include "data/sample_prefetcher.h"
-#include "data/train_data.h"
 #include "journal/run_journal.h"
 #include "metrics/run_metrics.h"
 #include "train/checkpoint_controller.h"
 #include "train/guard_controller.h"
 #include "train/rank_agreement.h"
 #include "train/run_health.h"
+#include "train/run_reporter.h"
+#include "train/run_samples.h"
 #include "train/test_hooks.h"
 #include "train/trainer.h"
 
@@ -69,7 +70,8 @@ class TrainingRun {
 
  private:
   TrainingRun(const TrainConfig& config, const RunOptions& options);
-  // Open's steps; `doing` names the step under way for an out-of-memory message.
+  // Open's steps (training_run_open.cc); `doing` names the step under way for an out-of-memory
+  // message.
   static Status OpenSteps(const TrainConfig& config, const RunOptions& options,
                           std::unique_ptr<TrainingRun>* out, std::string* doing);
   // Data parallel: this rank's log, SAVE/logs/rank-NNN.log; ranks other than 0 keep stdout quiet.
@@ -80,58 +82,55 @@ class TrainingRun {
   Status NoteDataParallelChange();
   Status CheckMemory(std::vector<std::string>* notes);
   Status PrepareRunDirectory();
-  Status OpenData(std::vector<std::string>* notes);
-  void LogData();
-  TrainerData MakeTrainerData();
-  int ReadTrainSample(int64_t index, int32_t* tokens);
-  int ReadValidSample(int v, int64_t index, int32_t* tokens);  // v: the validation set
-  // Throws KeelError(InvalidArgument) naming the dataset, document and token when a token of
-  // sample `index` (origin `o`) lies outside the vocabulary: the one check every sample passes
-  // before the model sees it.
-  void CheckTokens(const SampleOrigin& o, const int32_t* tokens, bool train, int64_t index);
-  // After a bad sample stopped an iteration: keeps the last completed iteration (a checkpoint
-  // with --save) and returns `error` with what was kept.
-  Status StopOnDataError(const Status& error);
-  // Where the newest checkpoint is, for an error that stops the run.
-  std::string LastCheckpointText();
+  void LogModel();
   void LogSkippedSampleRanges();
   Status StartFromResumePoint();
   Status OpenJournalMetricsAndGuard();
+
+  // The loop (training_run.cc). One iteration, top to bottom; *go_on false: the loop ends here
+  // (a stop request or the guard's stop). An error ends the run.
+  Status RunIteration(bool* go_on);
+  // A save: the replicas checked first, the guard's slot in it, the guard told after.
+  Status Save(const std::string& why);
+  // After a bad sample stopped an iteration: keeps the last completed iteration (a checkpoint
+  // with --save) and returns `error` with what was kept.
+  Status StopOnDataError(const Status& error);
+  // An update left NaN/Inf weights: the error naming them and the checkpoint to go back to.
+  Status NonFiniteWeights(const StepResult& r);
+  // Where the newest checkpoint is, for an error that stops the run.
+  std::string LastCheckpointText();
   Status PrintSample();
   // Data parallel: bytes this rank sent per iteration against the lower bound, and how much of
   // the gradient reduction hid behind backward.
   void LogDataParallelTraffic(double train_seconds);
+  void LogDataReadAhead();
 
   TrainConfig cfg_;
   Env* env_;
   // The watchdog, collective and replica checks, stragglers; comm_ is its recording communicator.
   std::unique_ptr<RunHealth> health_;
   Communicator* comm_;
-  Status fatal_;  // a failed check that stopped the loop (replicas differ): returned unsaved
   const TestHooks* test_hooks_;
   bool not_started_ = false;     // the kill switch was there at start
   int64_t start_iteration_ = 0;  // the iteration Train started from
-  bool data_error_ = false;      // CheckTokens threw: a sample held a token outside the vocabulary
 
   // One run per --save directory: released after every member below that writes into it.
   std::unique_ptr<RunDirectoryLock> dir_lock_;
   std::unique_ptr<WritableFile> rank_log_;  // data parallel: SAVE/logs/rank-NNN.log
-  std::unique_ptr<TrainData> data_;
-  std::string prefix_;  // the dataset whose tokenizer is the run's
-  DatasetMeta meta_;
+  RunData data_;
   ResumePoint resume_;
   nlohmann::json history_ = nlohmann::json::array();
 
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<SamplePrefetcher> prefetcher_;  // reads data_; stopped before it goes
-  std::vector<int64_t> last_epoch_;               // per dataset: the epoch last read
-  uint64_t last_salt_ = 0;
+  RunSamples* samples_ = nullptr;          // the trainer's sample source (it owns it)
+  std::unique_ptr<TrainerFaults> faults_;  // test-only
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<CheckpointStore> store_;  // null without --save
   std::unique_ptr<CheckpointController> ckpt_;
   std::unique_ptr<RunJournal> journal_;
   std::unique_ptr<RunMetrics> metrics_;
   std::unique_ptr<GuardController> guard_;
+  std::unique_ptr<RunReporter> reporter_;
 };
 
 const char* OutcomeName(TrainingRun::Outcome outcome);

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 
+#include "../train/test_loop.h"
 #include "backend/profiling_backend.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/resume.h"
@@ -25,6 +26,8 @@ namespace keel {
 namespace {
 
 namespace fs = std::filesystem;
+using test_loop::CapturedLog;
+using test_loop::TestLoop;
 
 TrainConfig Tiny(bool ramp = true) {
   TrainConfig c;
@@ -104,9 +107,11 @@ TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
   Harness a(c);
   a.tr.InitializeWeights();
   std::vector<std::string> lines_a;
-  RunHooks ha;
-  ha.log = [&](const std::string& l) { lines_a.push_back(Untimed(l)); };
-  ASSERT_TRUE(a.tr.Run(ha).ok());
+  {
+    CapturedLog log;
+    ASSERT_TRUE(TestLoop{&a.tr}.Run().ok());
+    for (const std::string& l : log.lines) lines_a.push_back(Untimed(l));
+  }
   const uint64_t want = a.tr.StateFingerprint();
 
   // Stopped at iteration 6 (mid log interval, mid ramp-up), saved, reloaded in a new trainer.
@@ -119,10 +124,11 @@ TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
     CheckpointStore store(Env::Default(), root, nullptr);
     CheckpointController ctl(c, Env::Default(), &store, &b.tr, NoTokenizer(),
                              nlohmann::json::array(), nullptr);
-    RunHooks hb;
-    hb.log = [&](const std::string& l) { lines_b.push_back(Untimed(l)); };
-    hb.after_iteration = [&] { return b.tr.state().counters.iteration < 6; };
-    ASSERT_TRUE(b.tr.Run(hb).ok());
+    CapturedLog log;
+    TestLoop loop{&b.tr};
+    loop.go_on = [&] { return b.tr.state().counters.iteration < 6; };
+    ASSERT_TRUE(loop.Run().ok());
+    for (const std::string& l : log.lines) lines_b.push_back(Untimed(l));
     ASSERT_EQ(b.tr.state().counters.iteration, 6);
     ASSERT_TRUE(ctl.SaveNow("test").ok());
   }
@@ -136,9 +142,11 @@ TEST(TrainCheckpointTest, ResumeMidIntervalIsBitIdenticalToAnUninterruptedRun) {
   EXPECT_EQ(saved.train.optimizer_step, 6);
   EXPECT_TRUE(DiffConfigForResume(saved.config, c).empty());
   ASSERT_TRUE(RestoreTrainer(Env::Default(), saved, &r.tr).ok());
-  RunHooks hr;
-  hr.log = [&](const std::string& l) { lines_b.push_back(Untimed(l)); };
-  ASSERT_TRUE(r.tr.Run(hr).ok());
+  {
+    CapturedLog log;
+    ASSERT_TRUE(TestLoop{&r.tr}.Run().ok());
+    for (const std::string& l : log.lines) lines_b.push_back(Untimed(l));
+  }
   EXPECT_EQ(lines_b, lines_a);  // same losses, LRs, batch sizes, validation, at every line
   EXPECT_EQ(r.tr.StateFingerprint(), want);
   fs::remove_all(root);
@@ -152,9 +160,7 @@ TEST(TrainCheckpointTest, SavingLeavesTheBf16CopyCurrent) {
   c.train_iters = 4;
   Harness a(c);
   a.tr.InitializeWeights();
-  RunHooks ha;
-  ha.log = [](const std::string&) {};
-  ASSERT_TRUE(a.tr.Run(ha).ok());
+  ASSERT_TRUE(TestLoop{&a.tr}.Run().ok());
 
   const std::string root = ::testing::TempDir() + "/keel_lowp_ckpt_" + std::to_string(getpid());
   fs::remove_all(root);
@@ -163,10 +169,9 @@ TEST(TrainCheckpointTest, SavingLeavesTheBf16CopyCurrent) {
   CheckpointStore store(Env::Default(), root, nullptr);
   CheckpointController ctl(c, Env::Default(), &store, &b.tr, NoTokenizer(), nlohmann::json::array(),
                            nullptr);
-  RunHooks hb;
-  hb.log = [](const std::string&) {};
-  hb.after_iteration = [&] { return ctl.SaveNow("test").ok(); };
-  ASSERT_TRUE(b.tr.Run(hb).ok());
+  TestLoop loop{&b.tr};
+  loop.go_on = [&] { return ctl.SaveNow("test").ok(); };
+  ASSERT_TRUE(loop.Run().ok());
   EXPECT_EQ(b.tr.state().counters.iteration, 4);
   EXPECT_EQ(b.tr.model().lowp_conversions(), a.tr.model().lowp_conversions());
   EXPECT_EQ(b.tr.model().lowp_conversions(), 1);  // the first Forward's, and no other
@@ -186,10 +191,9 @@ TEST(TrainCheckpointTest, StagedHostViewsWriteTheSameTensors) {
   const TrainConfig c = Tiny(false);
   Harness h(c);
   h.tr.InitializeWeights();
-  RunHooks hooks;
-  hooks.log = [](const std::string&) {};
-  hooks.after_iteration = [&] { return h.tr.state().counters.iteration < 2; };
-  ASSERT_TRUE(h.tr.Run(hooks).ok());
+  TestLoop loop{&h.tr};
+  loop.go_on = [&] { return h.tr.state().counters.iteration < 2; };
+  ASSERT_TRUE(loop.Run().ok());
   CheckpointStaging zero_copy, staged;
   std::vector<CheckpointFile> direct, copied;
   ASSERT_TRUE(BuildTrainCheckpoint(Env::Default(), CheckpointSourceOf(h.tr), NoTokenizer(),
@@ -231,11 +235,9 @@ TEST(TrainCheckpointTest, Fp16ResumeCarriesTheLossScalerBitForBit) {
   c.loss_scale_window = 3;  // the scale climbs, overflows, backs off within 14 iterations
   std::vector<std::string> notes;
   ASSERT_TRUE(Validate(&c, &notes).ok());
-  RunHooks quiet;
-  quiet.log = [](const std::string&) {};
   Harness a(c);
   a.tr.InitializeWeights();
-  ASSERT_TRUE(a.tr.Run(quiet).ok());
+  ASSERT_TRUE(TestLoop{&a.tr}.Run().ok());
   const uint64_t want = a.tr.StateFingerprint();
 
   const std::string root = ::testing::TempDir() + "/keel_fp16_ckpt_" + std::to_string(getpid());
@@ -247,9 +249,9 @@ TEST(TrainCheckpointTest, Fp16ResumeCarriesTheLossScalerBitForBit) {
     CheckpointStore store(Env::Default(), root, nullptr);
     CheckpointController ctl(c, Env::Default(), &store, &b.tr, NoTokenizer(),
                              nlohmann::json::array(), nullptr);
-    RunHooks hb = quiet;
-    hb.after_iteration = [&] { return b.tr.state().counters.iteration < 7; };
-    ASSERT_TRUE(b.tr.Run(hb).ok());
+    TestLoop loop{&b.tr};
+    loop.go_on = [&] { return b.tr.state().counters.iteration < 7; };
+    ASSERT_TRUE(loop.Run().ok());
     at_save = b.tr.state().loss_scaler;
     ASSERT_NE(at_save.scale, 1024);  // the scale moved: the test can tell a reset
     ASSERT_TRUE(ctl.SaveNow("test").ok());
@@ -264,7 +266,7 @@ TEST(TrainCheckpointTest, Fp16ResumeCarriesTheLossScalerBitForBit) {
   EXPECT_EQ(saved.config.precision, Precision::kFp16);
   ASSERT_TRUE(RestoreTrainer(Env::Default(), saved, &r.tr).ok());
   EXPECT_EQ(r.tr.loss_scaler()->state(), at_save);
-  ASSERT_TRUE(r.tr.Run(quiet).ok());
+  ASSERT_TRUE(TestLoop{&r.tr}.Run().ok());
   EXPECT_EQ(r.tr.StateFingerprint(), want);
   fs::remove_all(root);
 }
@@ -393,13 +395,11 @@ TEST(TrainCheckpointTest, RepeatedSaveFailuresStopTheRunWithTheError) {
   std::vector<std::string> log;
   CheckpointController ctl(c, &env, &store, &h.tr, NoTokenizer(), nlohmann::json::array(),
                            [&](const std::string& l) { log.push_back(l); });
-  RunHooks hooks;
-  hooks.log = [](const std::string&) {};
-  hooks.after_iteration = [&] { return ctl.AfterIteration(); };
-  ASSERT_TRUE(h.tr.Run(hooks).ok());
+  TestLoop loop{&h.tr};
+  loop.ckpt = &ctl;
+  const Status st = loop.Run();  // the final save is not tried: the run ends with the error
   EXPECT_EQ(h.tr.state().counters.iteration, 3);  // stopped after the third failed save
   EXPECT_EQ(ctl.stop_reason(), StopReason::kSaveFailures);
-  Status st = ctl.Finish();
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("3 consecutive checkpoint saves failed"), std::string::npos);
   ASSERT_GE(log.size(), 3u);
@@ -429,18 +429,17 @@ TEST(TrainCheckpointTest, TimeBasedSavesAndExitDurationFollowTheClock) {
   h.tr.InitializeWeights();
   CheckpointStore store(&env, root, nullptr);
   CheckpointController ctl(c, &env, &store, &h.tr, NoTokenizer(), nlohmann::json::array(), nullptr);
-  RunHooks hooks;
-  hooks.log = [](const std::string&) {};
-  hooks.after_iteration = [&] {
+  TestLoop loop{&h.tr};
+  loop.ckpt = &ctl;
+  loop.go_on = [&] {
     env.now_us += 40'000'000;  // each iteration "takes" 40 s
-    return ctl.AfterIteration();
+    return true;
   };
-  ASSERT_TRUE(h.tr.Run(hooks).ok());
+  ASSERT_TRUE(loop.Run().ok());  // with the final (stop request) save
   // 40 s per iteration: saves after iterations 3 (120 s), 6 (240 s since the start, 120 since the
   // last); the exit duration (300 s) is reached at iteration 8 (320 s), which saves and stops.
   EXPECT_EQ(ctl.stop_reason(), StopReason::kExitDuration);
   EXPECT_EQ(h.tr.state().counters.iteration, 8);
-  ASSERT_TRUE(ctl.Finish().ok());
   std::vector<CheckpointInfo> all;
   ASSERT_TRUE(store.List(&all).ok());
   std::vector<int64_t> its;

@@ -15,6 +15,7 @@
 
 #include "core/rng.h"
 #include "journal/run_journal.h"
+#include "test_loop.h"
 
 namespace keel {
 namespace {
@@ -119,18 +120,20 @@ Outcome RunGuarded(const TrainConfig& c, const std::string& root,
   auto be = MakeCpuBackend(2);
   auto comm = MakeSingleProcessCommunicator();
   Trainer tr(c, be.get(), comm.get(), {Data(1, poison), Data(2)});
-  tr.set_gradient_fault([&](int64_t it, float* g, size_t) {
-    for (int64_t k : nan_at)
-      if (k == it) {
-        const float nan = NAN;
-        be->CopyToDevice(g + 17, &nan, 1);
-      }
-  });
   bool corrupted = false;  // a transient fault: iteration corrupt_at computed wrong, once
-  tr.set_corrupt_fault([&](int64_t it) {
-    if (it != corrupt_at || corrupted) return false;
-    return corrupted = true;
-  });
+  test_loop::FunctionFaults faults(
+      [&](int64_t it, float* g, size_t) {
+        for (int64_t k : nan_at)
+          if (k == it) {
+            const float nan = NAN;
+            be->CopyToDevice(g + 17, &nan, 1);
+          }
+      },
+      [&](int64_t it) {
+        if (it != corrupt_at || corrupted) return false;
+        return corrupted = true;
+      });
+  tr.set_faults(&faults);
   CheckpointStore store(Env::Default(), root, nullptr);
   RunInfo run;
   run.meta.tokenizer = "none";
@@ -145,24 +148,15 @@ Outcome RunGuarded(const TrainConfig& c, const std::string& root,
     tr.InitializeWeights();
   }
   RunJournal journal(Env::Default(), root, nullptr);
-  // (GuardController hooks itself into ckpt's saves to pin the checkpoints around an event.)
   GuardController guard(c, Env::Default(), &store, &tr, &ckpt, &journal, nullptr);
   EXPECT_TRUE(guard.Start(saved.get()).ok());
-  ckpt.set_guard_state_fn([&] { return guard.StateForCheckpoint(); });
-  RunHooks hooks;
-  hooks.log = [](const std::string&) {};
-  hooks.after_iteration = [&] {
-    if (!guard.AfterIteration()) return false;
-    if (stop_after >= 0 && tr.state().counters.iteration == stop_after) return false;
-    return ckpt.AfterIteration();
-  };
-  EXPECT_TRUE(tr.Run(hooks).ok());
+  test_loop::TestLoop loop{&tr, &guard, &ckpt};
+  // A stop after `stop_after` is a crash: no final save.
+  loop.go_on = [&] { return stop_after < 0 || tr.state().counters.iteration != stop_after; };
+  EXPECT_TRUE(loop.Run().ok());
   Outcome o;
   o.stopped = guard.stopped();
   o.stop_message = guard.stop_message();
-  if (!o.stopped && stop_after < 0) {
-    EXPECT_TRUE(ckpt.Finish().ok());
-  }
   o.fingerprint = tr.StateFingerprint();
   o.model = ModelHash(tr);
   o.eval = 0;

@@ -9,6 +9,7 @@
 
 #include "core/rng.h"
 #include "pattern_data.h"
+#include "test_loop.h"
 #include "train/trainer.h"
 
 namespace keel {
@@ -89,13 +90,14 @@ TEST(MixedPrecisionTest, Fp16LossScalerFollowsMegatronOnInjectedOverflows) {
   tr.InitializeWeights();
   ASSERT_NE(tr.loss_scaler(), nullptr);
   const std::vector<int64_t> overflow_at = {3, 4, 6, 11};
-  tr.set_gradient_fault([&](int64_t it, float* g, size_t) {
+  test_loop::FunctionFaults faults([&](int64_t it, float* g, size_t) {
     for (int64_t o : overflow_at)
       if (o == it) {
         const float inf = INFINITY;
         be->CopyToDevice(g + 7, &inf, 1);
       }
   });
+  tr.set_faults(&faults);
   const std::vector<double> want_scale = {1024, 1024, 1024, 512, 512, 256, 256, 256, 256, 512, 512};
   const std::vector<LossScaleChange> want_change = {LossScaleChange::kNone,
                                                     LossScaleChange::kNone,
@@ -168,12 +170,13 @@ TEST(MixedPrecisionTest, Fp16RestoreCarriesTheScaler) {
   const TrainConfig c = TinyConfig(Precision::kFp16);
   Trainer a(c, be.get(), comm.get(), {PatternData(1), SampleFn()});
   a.InitializeWeights();
-  a.set_gradient_fault([&](int64_t it, float* g, size_t) {
+  test_loop::FunctionFaults faults([&](int64_t it, float* g, size_t) {
     if (it == 2 || it == 3) {
       const float inf = INFINITY;
       be->CopyToDevice(g, &inf, 1);
     }
   });
+  a.set_faults(&faults);
   for (int i = 0; i < 4; ++i) a.TrainStep();
   ASSERT_EQ(a.state().loss_scaler.scale, 512);
   Trainer b(c, be.get(), comm.get(), {PatternData(1), SampleFn()});

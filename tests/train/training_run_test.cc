@@ -331,12 +331,12 @@ TEST(TrainingRunTest, TestHooksRaiseTheLrOverAWindow) {
   TestHooks hooks;
   Status st = TestHooks::FromEnvironment(Env::Default(), &hooks);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  const auto factor = hooks.LrFault();
-  ASSERT_TRUE(factor);
-  EXPECT_EQ(factor(2), 1.0);
-  EXPECT_EQ(factor(3), 10.0);
-  EXPECT_EQ(factor(4), 20.0);  // overlapping windows multiply
-  EXPECT_EQ(factor(5), 1.0);
+  const std::unique_ptr<TrainerFaults> faults = hooks.TrainerFaultsFor(0, nullptr);
+  ASSERT_TRUE(faults);
+  EXPECT_EQ(faults->LrFactor(2), 1.0);
+  EXPECT_EQ(faults->LrFactor(3), 10.0);
+  EXPECT_EQ(faults->LrFactor(4), 20.0);  // overlapping windows multiply
+  EXPECT_EQ(faults->LrFactor(5), 1.0);
   for (const char* bad :
        {"lr=3-4", "lr=3-4*0", "lr=3-4*x", "lr=3-4*", "lr=x*2", "lr=3-4*2:rank=1"}) {
     ASSERT_EQ(setenv("KEEL_TRAIN_FAULTS", bad, 1), 0);
@@ -345,7 +345,7 @@ TEST(TrainingRunTest, TestHooksRaiseTheLrOverAWindow) {
     EXPECT_NE(st.message().find("lr=A-B*X"), std::string::npos) << st.message();
   }
   unsetenv("KEEL_TRAIN_FAULTS");
-  EXPECT_FALSE(TestHooks().LrFault());  // none armed: no seam at all
+  EXPECT_FALSE(TestHooks().TrainerFaultsFor(0, nullptr));  // none armed: no faults at all
 
   TempDir dir;
   TrainConfig c = Tiny(dir.Join("clean"));
