@@ -188,6 +188,77 @@ TEST(TrainerTest, SkippedDataWindowIsAGapNotANan) {
   EXPECT_EQ(tr.state().optimizer_step, 20);
 }
 
+// Samples from the pattern, recording which were read; sample `fail_at` is refused.
+class RecordingSource : public SampleSource {
+ public:
+  explicit RecordingSource(int64_t fail_at = -1) : fail_at_(fail_at) {}
+  Status ReadTrain(const SampleRequest& r, int32_t* tokens, int* dataset) override {
+    if (r.index == fail_at_)
+      return Status::InvalidArgument("sample " + std::to_string(r.index) + " is bad");
+    read.push_back(r.index);
+    *dataset = pattern_(r.index, tokens);
+    return Status::OK();
+  }
+  Status ReadValid(int, const SampleRequest&, int32_t*) override {
+    return Status::Internal("no validation");
+  }
+  std::vector<int64_t> read;
+
+ private:
+  int64_t fail_at_;
+  SampleFn pattern_ = PatternData(1);
+};
+
+// Micro-batch m of rank r reads samples (m * dp + r) * mbs + b after the consumed ones:
+// Megatron's order, which resumes on any number of ranks.
+TEST(TrainerTest, MicroBatchScheduleIsMegatronsSampleOrder) {
+  const MicroBatchSchedule s{8, 2, 2, 2, 1};  // from sample 8, mbs 2, 2 micro-batches, rank 1 of 2
+  EXPECT_EQ(s.SampleIndex(0, 0), 10);
+  EXPECT_EQ(s.SampleIndex(0, 1), 11);
+  EXPECT_EQ(s.SampleIndex(1, 0), 14);
+  EXPECT_EQ(s.SampleIndex(1, 1), 15);
+
+  TrainConfig c = TinyConfig();  // global batch 4 = 2 micro-batches of 2 on one rank
+  auto be = MakeCpuBackend(2);
+  auto comm = MakeSingleProcessCommunicator();
+  auto source = std::make_shared<RecordingSource>();
+  TrainerData data;
+  data.samples = source;
+  Trainer tr(c, be.get(), comm.get(), data);
+  tr.InitializeWeights();
+  tr.TrainStep();
+  const IterationPlan plan = tr.PlanIteration();
+  EXPECT_EQ(plan.iteration, 2);
+  EXPECT_EQ(plan.schedule.first_sample, 4);
+  EXPECT_EQ(plan.schedule.micro_batches, 2);
+  StepResult r;
+  ASSERT_TRUE(tr.ComputeGradients(plan, &r).ok());
+  EXPECT_EQ(source->read, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+}
+
+// A sample the source refuses ends the iteration with its Status before any update: the state
+// (weights, moments, counters) is the last completed iteration's.
+TEST(TrainerTest, ARefusedSampleIsAStatusAndChangesNoState) {
+  TrainConfig c = TinyConfig();
+  c.log_interval = 1;  // no interval in progress: the fingerprint holds no wall time
+  auto be = MakeCpuBackend(2);
+  auto comm = MakeSingleProcessCommunicator();
+  TrainerData data;
+  data.samples = std::make_shared<RecordingSource>(/*fail_at=*/6);  // iteration 2's third
+  Trainer tr(c, be.get(), comm.get(), data);
+  tr.InitializeWeights();
+  tr.TrainStep();
+  const uint64_t before = tr.StateFingerprint();
+  const IterationPlan plan = tr.PlanIteration();
+  StepResult r;
+  const Status st = tr.ComputeGradients(plan, &r);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), "sample 6 is bad");
+  EXPECT_EQ(tr.state().counters.iteration, 1);
+  EXPECT_EQ(tr.state().optimizer_step, 1);
+  EXPECT_EQ(tr.StateFingerprint(), before);
+}
+
 TEST(TrainerTest, StateRestoreCarriesEveryFieldIntoTheFingerprint) {
   TrainConfig c = TinyConfig();
   auto be = MakeCpuBackend(2);
