@@ -36,6 +36,12 @@ std::vector<EventSchema> RunEventSchemas() {
   add(EventSchemasOf<SlowRankEvent>());
   add(EventSchemasOf<JobSlowdownEvent>());
   add(EventSchemasOf<ReplicaMismatchEvent>());
+  return out;
+}
+
+std::vector<EventSchema> HistoryEventSchemas() {
+  std::vector<EventSchema> out;
+  auto add = [&](std::vector<EventSchema> s) { out.insert(out.end(), s.begin(), s.end()); };
   add(EventSchemasOf<FinetuneEvent>());
   add(EventSchemasOf<ResumeEvent>());
   add(EventSchemasOf<EditEvent>());

@@ -454,7 +454,10 @@ struct ImportEvent final : JournalEvent {
   Status ProvenanceFromJson(const nlohmann::json& provenance, const std::string& where);
 };
 
-// Every kind above (for the docs check and readers that list them).
+// The kinds the training process writes to events.jsonl (the guard's, the controllers', the
+// health checks'), and those only a checkpoint's history holds (for the docs check). The guard's
+// "rollback" and "lr_scale" go to both.
 std::vector<EventSchema> RunEventSchemas();
+std::vector<EventSchema> HistoryEventSchemas();
 
 }  // namespace keel
