@@ -11,8 +11,8 @@
 
 #include "core/env.h"
 #include "core/json_number.h"
-#include "journal_test_util.h"
 #include "journal/run_journal.h"
+#include "journal_test_util.h"
 
 namespace keel {
 namespace {
@@ -263,12 +263,9 @@ TEST(JournalEventsTest, TrainAndHealthKindsWriteTheBytesOfBefore) {
   }
   for (const char* kind : {"straggler", "straggler_recovered"}) {
     const SlowRankEvent e = Filled<SlowRankEvent>(kind);
-    json old = {{"event", kind},
-                {"iteration", e.iteration},
-                {"rank", static_cast<int>(e.rank)},
-                {"host", e.host},
-                {"slowdown", e.slowdown},
-                {"since_iteration", e.since_iteration}};
+    json old = {
+        {"event", kind},  {"iteration", e.iteration}, {"rank", static_cast<int>(e.rank)},
+        {"host", e.host}, {"slowdown", e.slowdown},   {"since_iteration", e.since_iteration}};
     EXPECT_EQ(Written(e), old.dump());
   }
   for (const char* kind : {"throughput_drop", "throughput_recovered"}) {
@@ -312,7 +309,8 @@ TEST(JournalEventsTest, HistoryKindsWriteTheBytesOfBefore) {
                 {"from", e.from},
                 {"keel_version", e.keel_version}};
     for (const ValueChange& c : *e.accepted_changes)
-      old["accepted_changes"].push_back({{"key", c.key}, {"old", c.old_value}, {"new", c.new_value}});
+      old["accepted_changes"].push_back(
+          {{"key", c.key}, {"old", c.old_value}, {"new", c.new_value}});
     for (const std::string& c : *e.free_changes) old["free_changes"].push_back(c);
     EXPECT_EQ(Written(e), old.dump());
   }
@@ -328,8 +326,10 @@ TEST(JournalEventsTest, HistoryKindsWriteTheBytesOfBefore) {
   }
   {
     const ImportEvent e = Filled<ImportEvent>();
-    json provenance = {
-        {"from", *e.from}, {"model_type", *e.model_type}, {"files", *e.files}, {"dtypes", *e.dtypes}};
+    json provenance = {{"from", *e.from},
+                       {"model_type", *e.model_type},
+                       {"files", *e.files},
+                       {"dtypes", *e.dtypes}};
     EXPECT_EQ(e.ProvenanceToJson().dump(), provenance.dump());
     json old = {{"event", "import"}, {"at", e.at}, {"keel_version", e.keel_version}};
     for (const auto& [k, v] : provenance.items()) old[k] = v;

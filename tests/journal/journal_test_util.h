@@ -152,8 +152,7 @@ inline std::string ExpectedRows(const std::vector<EventSchema>& schemas) {
   std::string out;
   for (const EventSchema& s : schemas) {
     out += "| `" + s.kind + "` | ";
-    for (size_t i = 0; i < s.fields.size(); ++i)
-      out += (i ? ", `" : "`") + s.fields[i] + "`";
+    for (size_t i = 0; i < s.fields.size(); ++i) out += (i ? ", `" : "`") + s.fields[i] + "`";
     out += " | ... |\n";
   }
   return out;

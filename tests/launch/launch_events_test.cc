@@ -20,7 +20,9 @@ E Filled() {
   return e;
 }
 
-std::string Written(const JournalEvent& e) { return json(e.ToJson()).dump(); }
+std::string Written(const JournalEvent& e) {
+  return json(e.ToJson()).dump();
+}
 
 TEST(LaunchEventsTest, EveryKindReadsBackAndRefusesAMissingField) {
   CheckEventType<LaunchEvent>();
@@ -30,7 +32,9 @@ TEST(LaunchEventsTest, EveryKindReadsBackAndRefusesAMissingField) {
   CheckEventType<LaunchGaveUpEvent>();
 }
 
-TEST(LaunchEventsTest, DocsListEveryKind) { CheckDocumented("launch", LaunchEventSchemas()); }
+TEST(LaunchEventsTest, DocsListEveryKind) {
+  CheckDocumented("launch", LaunchEventSchemas());
+}
 
 // Each against the supervisor's inline JSON before the types (copied from there; ints were int).
 TEST(LaunchEventsTest, EveryKindWritesTheBytesOfBefore) {

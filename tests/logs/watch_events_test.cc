@@ -22,7 +22,9 @@ E Filled(const std::string& kind = "") {
   return e;
 }
 
-std::string Written(const JournalEvent& e) { return json(e.ToJson()).dump(); }
+std::string Written(const JournalEvent& e) {
+  return json(e.ToJson()).dump();
+}
 
 TEST(WatchEventsTest, EveryKindReadsBackAndRefusesAMissingField) {
   CheckEventType<WatchFindingEvent>();
@@ -30,7 +32,9 @@ TEST(WatchEventsTest, EveryKindReadsBackAndRefusesAMissingField) {
   CheckEventType<HooksDroppedEvent>();
 }
 
-TEST(WatchEventsTest, DocsListEveryKind) { CheckDocumented("watch", WatchEventSchemas()); }
+TEST(WatchEventsTest, DocsListEveryKind) {
+  CheckDocumented("watch", WatchEventSchemas());
+}
 
 TEST(WatchEventsTest, EveryKindWritesTheBytesOfBefore) {
   for (const char* kind : {"detected", "ended"}) {
@@ -53,12 +57,8 @@ TEST(WatchEventsTest, EveryKindWritesTheBytesOfBefore) {
   {
     WatchKillSwitchEvent e = Filled<WatchKillSwitchEvent>();
     e.source = kLogWatchSource;
-    json old = {{"event", "kill_switch"},
-                {"kind", e.kind_name},
-                {"iteration", e.iteration},
-                {"path", e.path},
-                {"source", kLogWatchSource},
-                {"log", e.log}};
+    json old = {{"event", "kill_switch"}, {"kind", e.kind_name},       {"iteration", e.iteration},
+                {"path", e.path},         {"source", kLogWatchSource}, {"log", e.log}};
     EXPECT_EQ(Written(e), old.dump());
   }
   {
