@@ -12,6 +12,7 @@
 #include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
 #include "core/timestamp.h"
+#include "journal/events.h"
 
 namespace keel {
 namespace {
@@ -160,14 +161,13 @@ Status EditCheckpoint(Env* env, const std::string& dir, const CheckpointEditRequ
         *request.scale_lr, lr * saved.train.lr_scale * *request.scale_lr, lr, saved.train.lr_scale,
         *request.scale_lr, kMaxLearningRate));
 
-  ojson change_list = ojson::array();
+  EditEvent edit;
+  edit.at = request.at.empty() ? UtcTimestamp() : request.at;
   for (const CheckpointEditChange& c : changes)
-    change_list.push_back({{"key", c.key}, {"old", c.old_value}, {"new", c.new_value}});
+    edit.changes.push_back({c.key, c.old_value, c.new_value});
+  edit.reason = request.reason;
   if (!s.contains("history") || !s["history"].is_array()) s["history"] = ojson::array();
-  s["history"].push_back({{"event", "edit"},
-                          {"at", request.at.empty() ? UtcTimestamp() : request.at},
-                          {"changes", change_list},
-                          {"reason", request.reason}});
+  s["history"].push_back(edit.ToJson());
   std::map<std::string, std::string> replaced = {{"state.json", s.dump(2) + "\n"}};
   if (!sets.empty()) replaced["config.toml"] = config_text;
   KEEL_RETURN_IF_ERROR(RewriteCheckpointFiles(env, dir, replaced));

@@ -8,6 +8,7 @@
 
 #include "core/json_number.h"
 #include "core/json_reader.h"
+#include "journal/events.h"
 
 namespace keel {
 namespace {
@@ -23,15 +24,17 @@ std::string Signals(const GuardSignals& s) {
   return out;
 }
 
-json SignalsJson(const GuardSignals& s) {
-  return {{"lm_loss", JsonNumber(s.loss)},
-          {"grad_norm", JsonNumber(s.grad_norm)},
-          {"update_ratio", JsonNumber(s.update_ratio)},
-          {"max_exp_avg_sq", JsonNumber(s.max_exp_avg_sq)},
-          {"max_attn_logit", JsonNumber(s.max_attn_logit)},
-          {"log_z", JsonNumber(s.log_z)},
-          {"loss_scale", JsonNumber(s.loss_scale)},
-          {"nonfinite", s.nonfinite}};
+EventSignals SignalsOf(const GuardSignals& s) {
+  EventSignals e;
+  e.lm_loss = s.loss;
+  e.grad_norm = s.grad_norm;
+  e.update_ratio = s.update_ratio;
+  e.max_exp_avg_sq = s.max_exp_avg_sq;
+  e.max_attn_logit = s.max_attn_logit;
+  e.log_z = s.log_z;
+  e.loss_scale = s.loss_scale;
+  e.nonfinite = s.nonfinite;
+  return e;
 }
 
 }  // namespace
@@ -54,10 +57,11 @@ Guard::Guard(const GuardConfig& cfg, Journal journal)
       detector_(cfg.detector),
       attn_armed_(cfg.attn_logit_max) {}
 
-void Guard::Emit(json event, const std::string& sentence) {
+template <class E>
+void Guard::Emit(E event, const std::string& sentence) {
   ++decisions_;
-  event["mode"] = GuardModeName(cfg_.mode);
-  if (journal_) journal_(event, sentence);
+  event.mode = GuardModeName(cfg_.mode);
+  if (journal_) journal_(json(event.ToJson()), sentence);
 }
 
 void Guard::OnRestart(int64_t iteration) {
@@ -67,17 +71,17 @@ void Guard::OnRestart(int64_t iteration) {
 
 void Guard::Close(const GuardSignals& s, const std::string& classification) {
   const std::string cls = event_.resume ? "resume spike (" + classification + ")" : classification;
-  Emit({{"event", "recovered"},
-        {"iteration", s.iteration},
-        {"onset", event_.onset},
-        {"classification", cls},
-        {"skipped_updates", event_.skipped},
-        {"signals", SignalsJson(s)}},
-       fmt::format("iteration {}: {:.4f} is back at the pre-onset level {:.4f} after {} "
-                   "iteration(s): {}{}",
-                   s.iteration, s.loss, event_.baseline, s.iteration - event_.onset, cls,
-                   event_.skipped > 0 ? fmt::format(", {} update(s) skipped", event_.skipped)
-                                      : std::string()));
+  RecoveredEvent ev;
+  ev.iteration = s.iteration;
+  ev.onset = event_.onset;
+  ev.classification = cls;
+  ev.skipped_updates = event_.skipped;
+  ev.signals = SignalsOf(s);
+  Emit(ev, fmt::format("iteration {}: {:.4f} is back at the pre-onset level {:.4f} after {} "
+                       "iteration(s): {}{}",
+                       s.iteration, s.loss, event_.baseline, s.iteration - event_.onset, cls,
+                       event_.skipped > 0 ? fmt::format(", {} update(s) skipped", event_.skipped)
+                                          : std::string()));
   event_ = Event{};
 }
 
@@ -117,7 +121,10 @@ StepVerdict Guard::OnStepLadder(const GuardSignals& s, const GuardProbes* probes
   if (cfg_.mode == GuardMode::kOff) return v;
   const bool act = cfg_.mode == GuardMode::kAct;
   if (watch_until_ >= 0 && s.iteration >= watch_until_ && !event_.open) {
-    Emit({{"event", "recovery_confirmed"}, {"iteration", s.iteration}, {"signals", SignalsJson(s)}},
+    RecoveryConfirmedEvent ev;
+    ev.iteration = s.iteration;
+    ev.signals = SignalsOf(s);
+    Emit(ev,
          fmt::format("iteration {}: past the skipped window with no new anomaly; lm loss median "
                      "{:.4f} (before the onset {:.4f}): recovered",
                      s.iteration, detector_.LossBaseline(), watch_baseline_));
@@ -141,20 +148,20 @@ StepVerdict Guard::OnStepLadder(const GuardSignals& s, const GuardProbes* probes
             ranks.empty()
                 ? std::string()
                 : fmt::format(" on rank{} {}", ranks.size() > 1 ? "s" : "", fmt::join(ranks, ", "));
-        Emit(
-            {{"event", "transient_fault"},
-             {"iteration", s.iteration},
-             {"lm_loss", JsonNumber(s.loss)},
-             {"rerun_lm_loss", JsonNumber(again)},
-             {"transient_faults", transient_faults_},
-             {"ranks", ranks},
-             {"signals", SignalsJson(s)}},
-            fmt::format("iteration {}: {} {:.6g} (z={:.1f}); computed again from the same state it "
-                        "is {:.6g}: a transient fault in the arithmetic{} (silent data "
-                        "corruption), not the data; {} the update ({} such fault(s) in this "
-                        "run); if it repeats, check the machine",
-                        s.iteration, a.signal, a.value, a.z, again, on,
-                        act ? "skipped" : "would skip", transient_faults_));
+        TransientFaultEvent ev;
+        ev.iteration = s.iteration;
+        ev.lm_loss = s.loss;
+        ev.rerun_lm_loss = again;
+        ev.transient_faults = transient_faults_;
+        ev.ranks.assign(ranks.begin(), ranks.end());
+        ev.signals = SignalsOf(s);
+        Emit(ev, fmt::format(
+                     "iteration {}: {} {:.6g} (z={:.1f}); computed again from the same state it "
+                     "is {:.6g}: a transient fault in the arithmetic{} (silent data "
+                     "corruption), not the data; {} the update ({} such fault(s) in this "
+                     "run); if it repeats, check the machine",
+                     s.iteration, a.signal, a.value, a.z, again, on, act ? "skipped" : "would skip",
+                     transient_faults_));
         v.apply_update = !act;
         return v;
       }
@@ -211,24 +218,24 @@ StepVerdict Guard::OnStepLadder(const GuardSignals& s, const GuardProbes* probes
           "{:.1f}% above its lowest level {:.4f} (reached at iteration {})",
           cfg_.detector.divergence_window, a.value, 100.0 * (a.value / a.baseline - 1.0),
           a.baseline, a.onset);
-    Emit({{"event", "detected"},
-          {"iteration", s.iteration},
-          {"consumed_samples", s.consumed_samples},
-          {"kind", event_.kind},
-          {"signal", a.signal},
-          {"value", JsonNumber(a.value)},
-          {"baseline", JsonNumber(a.baseline)},
-          {"z", JsonNumber(a.z)},
-          {"onset", event_.onset},
-          {"resume_spike", event_.resume},
-          {"cause", event_.cause.empty() ? json(nullptr) : json(event_.cause)},
-          {"probe_lm_loss", JsonNumber(event_.probe_loss)},
-          {"signals", SignalsJson(s)}},
-         fmt::format("iteration {}: {}{}; {}{}", s.iteration, what,
-                     event_.resume ? fmt::format(" ({} iteration(s) after a restart)",
-                                                 s.iteration - restart_iter_)
-                                   : std::string(),
-                     Signals(s), blame));
+    DetectedEvent ev;
+    ev.iteration = s.iteration;
+    ev.consumed_samples = s.consumed_samples;
+    ev.kind_name = event_.kind;
+    ev.signal = a.signal;
+    ev.value = a.value;
+    ev.baseline = a.baseline;
+    ev.z = a.z;
+    ev.onset = event_.onset;
+    ev.resume_spike = event_.resume;
+    if (!event_.cause.empty()) ev.cause = event_.cause;
+    ev.probe_lm_loss = event_.probe_loss;
+    ev.signals = SignalsOf(s);
+    Emit(ev, fmt::format("iteration {}: {}{}; {}{}", s.iteration, what,
+                         event_.resume ? fmt::format(" ({} iteration(s) after a restart)",
+                                                     s.iteration - restart_iter_)
+                                       : std::string(),
+                         Signals(s), blame));
   }
   event_.peak = std::isfinite(event_.peak) ? std::max(event_.peak, s.loss) : s.loss;
 
@@ -271,7 +278,10 @@ StepVerdict Guard::OnStepLadder(const GuardSignals& s, const GuardProbes* probes
       const int limit = event_.cause == "data" ? cfg_.max_data_skips : cfg_.max_skips;
       v.apply_update = false;
       ++event_.skipped;
-      Emit({{"event", "skip_update"}, {"iteration", s.iteration}, {"onset", event_.onset}},
+      SkipUpdateEvent ev;
+      ev.iteration = s.iteration;
+      ev.onset = event_.onset;
+      Emit(ev,
            fmt::format("iteration {}: {} the update ({} of at most {} in a row{})", s.iteration,
                        act ? "skipped" : "would skip", event_.consecutive, limit,
                        event_.cause == "data" ? ", the batches anomalous, the weights not" : ""));
@@ -284,19 +294,19 @@ StepVerdict Guard::OnStepLadder(const GuardSignals& s, const GuardProbes* probes
   }
   if (!act) {
     if (v.decision.kind != GuardDecision::Kind::kContinue) {
-      Emit({{"event", "would_act"},
-            {"iteration", s.iteration},
-            {"onset", event_.onset},
-            {"action", v.decision.kind == GuardDecision::Kind::kStop ? "stop" : "rollback"},
-            {"reason", v.decision.reason}},
-           fmt::format(
-               "iteration {}: {}; would {} (observe mode: nothing changed)", s.iteration,
-               v.decision.reason,
-               v.decision.kind == GuardDecision::Kind::kStop
-                   ? "stop"
-                   : fmt::format("roll back before iteration {} and skip iterations "
-                                 "{}..{}",
-                                 v.decision.onset, v.decision.skip_first, v.decision.skip_last)));
+      WouldActEvent ev;
+      ev.iteration = s.iteration;
+      ev.onset = event_.onset;
+      ev.action = v.decision.kind == GuardDecision::Kind::kStop ? "stop" : "rollback";
+      ev.reason = v.decision.reason;
+      Emit(ev, fmt::format("iteration {}: {}; would {} (observe mode: nothing changed)",
+                           s.iteration, v.decision.reason,
+                           v.decision.kind == GuardDecision::Kind::kStop
+                               ? "stop"
+                               : fmt::format("roll back before iteration {} and skip iterations "
+                                             "{}..{}",
+                                             v.decision.onset, v.decision.skip_first,
+                                             v.decision.skip_last)));
     }
     v = StepVerdict{};
   }
@@ -321,17 +331,18 @@ StepVerdict Guard::OnStep(const GuardSignals& s, const GuardProbes* probes) {
     v.decision.onset = s.iteration;
     v.decision.reason =
         fmt::format("the max attention logit is {:.1f}, past {:.0f}", s.max_attn_logit, armed);
-    Emit({{"event", "leading_indicator"},
-          {"iteration", s.iteration},
-          {"signal", "max attention logit"},
-          {"value", JsonNumber(s.max_attn_logit)},
-          {"threshold", JsonNumber(armed)},
-          {"action", act ? "lr_cut" : "would_cut_lr"},
-          {"lr_factor", cfg_.lr_cut},
-          {"lr_cuts", lr_cuts_},
-          {"next_threshold", JsonNumber(attn_armed_)},
-          {"recommendation", "enable --qk-layernorm (and --z-loss 1e-4) on the next run"},
-          {"signals", SignalsJson(s)}},
+    LeadingIndicatorEvent ev;
+    ev.iteration = s.iteration;
+    ev.signal = "max attention logit";
+    ev.value = s.max_attn_logit;
+    ev.threshold = armed;
+    ev.action = act ? "lr_cut" : "would_cut_lr";
+    ev.lr_factor = cfg_.lr_cut;
+    ev.lr_cuts = lr_cuts_;
+    ev.next_threshold = attn_armed_;
+    ev.recommendation = "enable --qk-layernorm (and --z-loss 1e-4) on the next run";
+    ev.signals = SignalsOf(s);
+    Emit(ev,
          fmt::format("iteration {}: {} (lm loss {:.4f}, not yet moving): attention softmax "
                      "saturating, the precursor of attention-entropy collapse; {} the LR by x{} "
                      "in place ({} of at most {}; the next at a logit of {:.0f}). Recommended: "
@@ -361,8 +372,10 @@ void Guard::OnRolledBack(const GuardDecision& d, int64_t iteration, const json& 
 }
 
 void Guard::OnRollbackImpossible(const GuardDecision& d, const std::string& why) {
-  Emit({{"event", "stop"}, {"onset", d.onset}, {"reason", why}},
-       fmt::format("cannot roll back: {}; stopping", why));
+  GuardStopEvent ev;
+  ev.onset = d.onset;
+  ev.reason = why;
+  Emit(ev, fmt::format("cannot roll back: {}; stopping", why));
 }
 
 json Guard::PolicyJson() const {

@@ -132,7 +132,9 @@ class Guard {
   StepVerdict OnStepLadder(const GuardSignals& s, const GuardProbes* probes);
   GuardDecision Escalate(const GuardSignals& s, const std::string& why);
   void Close(const GuardSignals& s, const std::string& classification);
-  void Emit(nlohmann::json event, const std::string& sentence);
+  // Journals `event` (a kind of journal/events.h) with the guard's mode.
+  template <class E>
+  void Emit(E event, const std::string& sentence);
 
   GuardConfig cfg_;
   Journal journal_;

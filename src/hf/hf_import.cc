@@ -17,6 +17,7 @@
 #include "core/timestamp.h"
 #include "hf/hf_export.h"
 #include "hf/hf_weights.h"
+#include "journal/events.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 
@@ -167,11 +168,14 @@ Status WriteImportedCheckpoint(Env* env, const std::string& out_dir, const Train
   run.meta.tokenizer_model = tok.model_path;
   run.meta.vocab_size = tok.vocab_size;
   run.meta.eod_id = tok.eod_id;
-  json event = {{"event", "import"}, {"at", UtcTimestamp()}, {"keel_version", KEEL_VERSION}};
-  for (const auto& [k, v] : provenance.items()) event[k] = v;
+  ImportEvent event;
+  event.at = UtcTimestamp();
+  event.keel_version = KEEL_VERSION;
+  KEEL_RETURN_IF_ERROR(event.ProvenanceFromJson(provenance, "the import's provenance"));
   CheckpointStaging staging;
   std::vector<CheckpointFile> files;
-  KEEL_RETURN_IF_ERROR(BuildTrainCheckpoint(env, src, run, json::array({event}), &staging, &files));
+  KEEL_RETURN_IF_ERROR(
+      BuildTrainCheckpoint(env, src, run, json::array({json(event.ToJson())}), &staging, &files));
   for (CheckpointFile& f : files) {
     if (f.name != "state.json") continue;
     nlohmann::ordered_json state = nlohmann::ordered_json::parse(f.bytes);
@@ -369,10 +373,12 @@ Status ImportSteps(Env* env, const std::string& hf_dir, const std::string& out_d
         "vocabulary {} padded to {} with zero rows (--make-vocab-size-divisible-by {}); the "
         "padding's logits are masked, so they change nothing",
         report->vocab, report->padded_vocab, cfg.make_vocab_size_divisible_by));
-  json provenance = {{"from", dir},
-                     {"model_type", HfModelType(mc.arch)},
-                     {"files", report->weight_files},
-                     {"dtypes", report->dtypes}};
+  ImportEvent origin;
+  origin.from = dir;
+  origin.model_type = HfModelType(mc.arch);
+  origin.files = report->weight_files;
+  origin.dtypes = std::vector<std::string>(report->dtypes.begin(), report->dtypes.end());
+  const json provenance = origin.ProvenanceToJson();
   return WriteImportedCheckpoint(env, out, cfg, &model, report->tokenizer, provenance, log,
                                  &report->bytes);
 }

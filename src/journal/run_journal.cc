@@ -30,6 +30,15 @@ void RunJournal::Append(nlohmann::json event, const std::string& sentence,
   Record(std::move(event), sentence);
 }
 
+void RunJournal::Append(const JournalEvent& event, const std::string& sentence) {
+  Append(nlohmann::json(event.ToJson()), sentence);
+}
+
+void RunJournal::Append(const JournalEvent& event, const std::string& sentence,
+                        const std::string& log_prefix) {
+  Append(nlohmann::json(event.ToJson()), sentence, log_prefix);
+}
+
 void RunJournal::Record(nlohmann::json event, const std::string& sentence) {
   event["at"] = UtcTimestamp();
   // A path or log text need not be UTF-8 (a file name with byte 0xff): such bytes become U+FFFD

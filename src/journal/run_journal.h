@@ -14,6 +14,7 @@
 
 #include "core/env.h"
 #include "core/status.h"
+#include "journal/journal_event.h"
 
 namespace keel {
 
@@ -32,6 +33,10 @@ class RunJournal {
   // The same, logged with `log_prefix` instead of the journal's own (e.g. "health: "); an empty
   // `log_prefix`: not logged (the caller logged it already).
   void Append(nlohmann::json event, const std::string& sentence, const std::string& log_prefix);
+  // The same for a typed event (journal/events.h): its line, with "at" added.
+  void Append(const JournalEvent& event, const std::string& sentence);
+  void Append(const JournalEvent& event, const std::string& sentence,
+              const std::string& log_prefix);
   // A heading line in CHRONICLE.md (e.g. at the start of each process).
   void Heading(const std::string& text);
   // Also called with every appended event and its sentence (e.g. to put it in TensorBoard).

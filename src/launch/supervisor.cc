@@ -62,6 +62,18 @@ int ExitCodeOf(const ChildExit& exit) {
 
 namespace {
 
+LaunchStopEvent StopFor(std::string reason) {
+  LaunchStopEvent e;
+  e.reason = std::move(reason);
+  return e;
+}
+
+LaunchStopEvent KillSwitchStop(const std::string& path) {
+  LaunchStopEvent e = StopFor("kill switch");
+  e.path = path;
+  return e;
+}
+
 std::string CommandText(const std::vector<std::string>& command) {
   std::string s;
   for (const std::string& a : command) s += (s.empty() ? "" : " ") + a;
@@ -141,7 +153,7 @@ void Supervisor::WriteStatus(const std::string& state, bool force) {
   }
 }
 
-void Supervisor::Stop(LaunchEnd end, int code, nlohmann::json event, const std::string& sentence,
+void Supervisor::Stop(LaunchEnd end, int code, LaunchEndEvent&& event, const std::string& sentence,
                       LaunchResult* result) {
   result->end = end;
   result->exit_code = code;
@@ -149,10 +161,10 @@ void Supervisor::Stop(LaunchEnd end, int code, nlohmann::json event, const std::
   result->restarts = restarts_;
   result->lost_iterations = lost_iterations_;
   pid_ = 0;
-  event["attempt"] = attempt_;
-  event["restarts"] = restarts_;
-  event["exit_code"] = code;
-  journal_.Append(std::move(event), sentence + fmt::format("; keel launch exits {}", code));
+  event.attempt = attempt_;
+  event.restarts = restarts_;
+  event.exit_code = code;
+  journal_.Append(event, sentence + fmt::format("; keel launch exits {}", code));
   WriteStatus(end == LaunchEnd::kFinished ? "finished"
               : end == LaunchEnd::kGaveUp ? "gave up"
                                           : "stopped",
@@ -219,16 +231,14 @@ bool Supervisor::Backoff(double seconds, const ChildExit& last, LaunchResult* re
   const uint64_t deadline = env_->NowMicros() + static_cast<uint64_t>(seconds * 1e6);
   while (true) {
     if (KillSwitchOn()) {
-      Stop(LaunchEnd::kStopped, 0,
-           {{"event", "launch_stop"}, {"reason", "kill switch"}, {"path", opt_.kill_switch_path}},
+      Stop(LaunchEnd::kStopped, 0, KillSwitchStop(opt_.kill_switch_path),
            fmt::format("launch: the kill switch {} appeared during the backoff: not restarting",
                        opt_.kill_switch_path),
            result);
       return false;
     }
     if (const int sig = pending_signal_ ? pending_signal_() : 0; sig != 0) {
-      Stop(LaunchEnd::kStopped, ExitCodeOf(last),
-           {{"event", "launch_stop"}, {"reason", SignalName(sig)}},
+      Stop(LaunchEnd::kStopped, ExitCodeOf(last), StopFor(SignalName(sig)),
            fmt::format("launch: received {} during the backoff: not restarting", SignalName(sig)),
            result);
       return false;
@@ -245,11 +255,10 @@ bool Supervisor::EndsWithoutRestart(const Attempt& a, const ChildExit& exit, Lau
   if (a.stopped_by != 0 && a.escalated) {
     // Killed: whatever it exited with, its save may not have been made.
     const int code = ExitCodeOf(exit) != 0 ? ExitCodeOf(exit) : 1;
-    Stop(LaunchEnd::kStopped, code,
-         {{"event", "launch_stop"},
-          {"reason", SignalName(a.stopped_by)},
-          {"child", how},
-          {"term_grace_seconds", opt_.term_grace_seconds}},
+    LaunchStopEvent ev = StopFor(SignalName(a.stopped_by));
+    ev.child = how;
+    ev.term_grace_seconds = opt_.term_grace_seconds;
+    Stop(LaunchEnd::kStopped, code, std::move(ev),
          fmt::format("launch: stopped by {}: attempt {} did not save and exit within "
                      "--term-grace-seconds {} and was killed ({}); its newest checkpoint is {}; "
                      "give a longer --term-grace-seconds if its save takes longer; not "
@@ -260,8 +269,9 @@ bool Supervisor::EndsWithoutRestart(const Attempt& a, const ChildExit& exit, Lau
     return true;
   }
   if (a.stopped_by != 0) {
-    Stop(LaunchEnd::kStopped, ExitCodeOf(exit),
-         {{"event", "launch_stop"}, {"reason", SignalName(a.stopped_by)}, {"child", how}},
+    LaunchStopEvent ev = StopFor(SignalName(a.stopped_by));
+    ev.child = how;
+    Stop(LaunchEnd::kStopped, ExitCodeOf(exit), std::move(ev),
          fmt::format("launch: stopped by {}: attempt {} was asked to save and exit, and ended "
                      "with {}; not restarting",
                      SignalName(a.stopped_by), a.number, how),
@@ -272,14 +282,13 @@ bool Supervisor::EndsWithoutRestart(const Attempt& a, const ChildExit& exit, Lau
   switch (JudgeExit(exit)) {
     case ChildVerdict::kFinished:
       if (KillSwitchOn())
-        Stop(LaunchEnd::kStopped, 0,
-             {{"event", "launch_stop"}, {"reason", "kill switch"}, {"path", opt_.kill_switch_path}},
+        Stop(LaunchEnd::kStopped, 0, KillSwitchStop(opt_.kill_switch_path),
              fmt::format("launch: attempt {} stopped on the kill switch {} (exit 0); not "
                          "restarting",
                          a.number, opt_.kill_switch_path),
              result);
       else
-        Stop(LaunchEnd::kFinished, 0, {{"event", "launch_finished"}},
+        Stop(LaunchEnd::kFinished, 0, LaunchFinishedEvent(),
              fmt::format("launch: attempt {} finished (exit 0) after {} restart{}, {} lost to "
                          "failures",
                          a.number, restarts_, restarts_ == 1 ? "" : "s",
@@ -287,14 +296,14 @@ bool Supervisor::EndsWithoutRestart(const Attempt& a, const ChildExit& exit, Lau
              result);
       return true;
     case ChildVerdict::kConfigError:
-      Stop(LaunchEnd::kStopped, 2, {{"event", "launch_stop"}, {"reason", how}},
+      Stop(LaunchEnd::kStopped, 2, StopFor(how),
            fmt::format("launch: attempt {} ended with {}: not restarting, it would fail the same "
                        "way; fix the command",
                        a.number, how),
            result);
       return true;
     case ChildVerdict::kGuardStopped:
-      Stop(LaunchEnd::kStopped, 3, {{"event", "launch_stop"}, {"reason", how}},
+      Stop(LaunchEnd::kStopped, 3, StopFor(how),
            fmt::format("launch: attempt {} ended with {}: not restarting; the guard's entries "
                        "above say why (docs/guard.md)",
                        a.number, how),
@@ -327,13 +336,14 @@ Supervisor::Failure Supervisor::AccountFailure(const Attempt& a, const ChildExit
   const std::string hang =
       !exit.signaled && exit.code == 4 ? NewestHangDump(env_, opt_.save_dir) : "";
 
-  f.event = {{"attempt", a.number},       {"cause", f.cause},
-             {"reason", f.cause},         {"checkpoint_iteration", f.marker},
-             {"lost_iterations", f.lost}, {"lost_compute_seconds", f.compute_s},
-             {"stuck_seconds", f.stuck_s}};
-  if (mp.newest_iteration >= 0) f.event["iteration"] = mp.newest_iteration;
-  if (exit.signaled) f.event["signal"] = SignalName(exit.signal);
-  if (!hang.empty()) f.event["hang_dump"] = hang;
+  f.event.cause = f.event.reason = f.cause;
+  f.event.checkpoint_iteration = f.marker;
+  f.event.lost_iterations = f.lost;
+  f.event.lost_compute_seconds = f.compute_s;
+  f.event.stuck_seconds = f.stuck_s;
+  if (mp.newest_iteration >= 0) f.event.iteration = mp.newest_iteration;
+  if (exit.signaled) f.event.signal = SignalName(exit.signal);
+  if (!hang.empty()) f.event.hang_dump = hang;
   f.sentence = fmt::format(
       "attempt {} failed: {}; it {}, newest checkpoint {} ({} lost){}", a.number, f.cause,
       mp.newest_iteration < 0 ? "had recorded no iteration"
@@ -351,14 +361,15 @@ Status Supervisor::Run(LaunchResult* result) {
   if (opt_.command.empty()) return Status::InvalidArgument("no command to run");
   KEEL_RETURN_IF_ERROR(env_->CreateDirs(opt_.save_dir));
   journal_.Heading(fmt::format("keel launch at {} (keel {})", UtcTimestamp(), KEEL_VERSION));
+  LaunchEvent launch;
+  launch.command = opt_.command;
+  launch.max_restarts = opt_.max_restarts;
+  launch.max_hours = opt_.max_hours;
+  launch.backoff_seconds = opt_.backoff_seconds;
+  launch.max_backoff_seconds = opt_.max_backoff_seconds;
+  launch.stall_minutes = opt_.stall_minutes;
   journal_.Append(
-      {{"event", "launch"},
-       {"command", opt_.command},
-       {"max_restarts", opt_.max_restarts},
-       {"max_hours", opt_.max_hours},
-       {"backoff_seconds", opt_.backoff_seconds},
-       {"max_backoff_seconds", opt_.max_backoff_seconds},
-       {"stall_minutes", opt_.stall_minutes}},
+      launch,
       fmt::format("launch: supervising `{}`: up to {} restarts{}, backoff {} s doubling up to {} "
                   "s{}; status in {}",
                   CommandText(opt_.command), opt_.max_restarts,
@@ -372,8 +383,7 @@ Status Supervisor::Run(LaunchResult* result) {
                   opt_.status_file));
   WriteStatus("starting", true);
   if (KillSwitchOn()) {
-    Stop(LaunchEnd::kStopped, 0,
-         {{"event", "launch_stop"}, {"reason", "kill switch"}, {"path", opt_.kill_switch_path}},
+    Stop(LaunchEnd::kStopped, 0, KillSwitchStop(opt_.kill_switch_path),
          fmt::format("launch: the kill switch {} exists: not starting the job (remove it first)",
                      opt_.kill_switch_path),
          result);
@@ -396,7 +406,7 @@ Status Supervisor::Run(LaunchResult* result) {
         opt_.command, {"KEEL_LAUNCH=1", fmt::format("KEEL_LAUNCH_ATTEMPT={}", a.number)}, &pid_);
     if (!st.ok()) {
       Stop(LaunchEnd::kNotStarted, st.code() == Status::Code::kInvalidArgument ? 2 : 1,
-           {{"event", "launch_stop"}, {"reason", st.message()}},
+           StopFor(st.message()),
            fmt::format("launch: attempt {} could not start: {}", a.number, st.message()), result);
       return st;
     }
@@ -422,8 +432,9 @@ Status Supervisor::Run(LaunchResult* result) {
       spent = fmt::format("--max-hours {} would be spent before a restart ({} used)",
                           opt_.max_hours, Elapsed(Seconds()));
     if (!spent.empty()) {
-      f.event["event"] = "launch_gave_up";
-      Stop(LaunchEnd::kGaveUp, ExitCodeOf(exit), f.event,
+      LaunchGaveUpEvent gave_up;
+      gave_up.failure = f.event;
+      Stop(LaunchEnd::kGaveUp, ExitCodeOf(exit), std::move(gave_up),
            fmt::format("launch: gave up, {}: {}", spent, f.sentence), result);
       return Status::OK();
     }
@@ -434,14 +445,16 @@ Status Supervisor::Run(LaunchResult* result) {
     ++restarts_;
     const double down_s = (env_->NowMicros() - a.end_us) / 1e6;
     const double lost_s = f.compute_s + f.stuck_s + down_s;
-    f.event["event"] = "restart";
-    f.event["restart"] = restarts_;
-    f.event["max_restarts"] = opt_.max_restarts;
-    f.event["backoff_seconds"] = backoff;
-    f.event["downtime_seconds"] = down_s;
-    f.event["lost_seconds"] = lost_s;
+    RestartEvent restart;
+    restart.attempt = a.number;
+    restart.failure = f.event;
+    restart.restart = restarts_;
+    restart.max_restarts = opt_.max_restarts;
+    restart.backoff_seconds = backoff;
+    restart.downtime_seconds = down_s;
+    restart.lost_seconds = lost_s;
     journal_.Append(
-        f.event,
+        restart,
         fmt::format("launch: restart {} of {}: {}; continuing from {}; lost {:.1f} s ({:.1f} s "
                     "computing the lost iterations, {:.1f} s without progress before the end, "
                     "{:.1f} s down including the {} s backoff)",

@@ -29,6 +29,7 @@
 #include "core/status.h"
 #include "journal/run_journal.h"
 #include "launch/child_process.h"
+#include "launch/launch_events.h"
 
 namespace keel {
 
@@ -97,7 +98,7 @@ class Supervisor {
     std::string cause, sentence;
     int64_t marker = -1, lost = 0;
     double compute_s = 0, stuck_s = 0;
-    nlohmann::json event;
+    AttemptFailure event;
   };
   // Watches the running child until it ends; sets `stalled` or `stopped_by` when launch ended it.
   ChildExit Watch(Attempt* a);
@@ -108,7 +109,7 @@ class Supervisor {
   // Sleeps `seconds` in steps, watching the kill switch and signals; false when told to stop.
   bool Backoff(double seconds, const ChildExit& last, LaunchResult* result);
   // Ends the run of launch: the result, a journal entry (`event`, `sentence`), the status file.
-  void Stop(LaunchEnd end, int code, nlohmann::json event, const std::string& sentence,
+  void Stop(LaunchEnd end, int code, LaunchEndEvent&& event, const std::string& sentence,
             LaunchResult* result);
   void WriteStatus(const std::string& state, bool force);
   bool KillSwitchOn();

@@ -38,13 +38,13 @@ std::string ForeignJournal(Env* env, const std::string& dir, int64_t* watch_entr
     for (int n = 1; std::getline(lines, line); ++n) {
       if (line.empty()) continue;
       const nlohmann::json e = nlohmann::json::parse(line, nullptr, false);
-      if (e.is_object() && e.contains("source") && e["source"].is_string() &&
-          e["source"].get<std::string>() == kLogWatchSource) {
+      if (IsWatchEntry(e)) {
         ++*watch_entries;
         continue;
       }
-      const std::string what = e.is_object() && e.contains("event") && e["event"].is_string()
-                                   ? fmt::format("\"event\": \"{}\"", e["event"].get<std::string>())
+      JournalLineHeader h;
+      const std::string what = JournalLineHeader::FromJson(e, kEventsFile, &h).ok() && h.event
+                                   ? fmt::format("\"{}\": \"{}\"", kEventKey, *h.event)
                                    : std::string("not a keel logs watch entry");
       return fmt::format("{}/{} holds another journal (line {}: {}; a keel run's guard journal?)",
                          dir, kEventsFile, n, what);
@@ -160,19 +160,19 @@ void LogWatcher::Journal(const LogEventUpdate& u, const std::string& suffix) {
   const std::string detail = e.detail + suffix;
   const std::string sentence =
       fmt::format("{}: {}{}: {}", where, e.kind, u.open ? " detected" : "", detail);
-  nlohmann::json entry = {{"event", u.open || !was_open ? "detected" : "ended"},
-                          {"kind", e.kind},
-                          {"open", u.open},
-                          {"start", e.start},
-                          {"end", e.end},
-                          {"iteration", iteration},
-                          {"signal", e.signal},
-                          {"value", JsonNumber(e.value)},
-                          {"baseline", JsonNumber(e.baseline)},
-                          {"detail", detail},
-                          {"source", kLogWatchSource},
-                          {"log", opt_.log}};
-  Record(std::move(entry), sentence);
+  WatchFindingEvent finding;
+  finding.ended = !(u.open || !was_open);
+  finding.kind_name = e.kind;
+  finding.open = u.open;
+  finding.start = e.start;
+  finding.end = e.end;
+  finding.iteration = iteration;
+  finding.signal = e.signal;
+  finding.value = e.value;
+  finding.baseline = e.baseline;
+  finding.detail = detail;
+  finding.log = opt_.log;
+  Record(finding, sentence);
   if (opt_.kill_switch.empty() || killed_ || !opt_.kill_on.count(e.kind)) return;
   // The kill switch: once, on the first finding of a chosen kind.
   killed_ = true;
@@ -187,19 +187,19 @@ void LogWatcher::Journal(const LogEventUpdate& u, const std::string& suffix) {
                      st.message()));
     return;
   }
-  Record({{"event", "kill_switch"},
-          {"kind", e.kind},
-          {"iteration", iteration},
-          {"path", opt_.kill_switch},
-          {"source", kLogWatchSource},
-          {"log", opt_.log}},
-         fmt::format("iteration {}: created the kill switch {} ({}): a run started with "
-                     "--kill-switch-path {} saves and stops at its next check",
-                     iteration, opt_.kill_switch, e.kind, opt_.kill_switch));
+  WatchKillSwitchEvent kill;
+  kill.kind_name = e.kind;
+  kill.iteration = iteration;
+  kill.path = opt_.kill_switch;
+  kill.log = opt_.log;
+  Record(kill, fmt::format("iteration {}: created the kill switch {} ({}): a run started with "
+                           "--kill-switch-path {} saves and stops at its next check",
+                           iteration, opt_.kill_switch, e.kind, opt_.kill_switch));
 }
 
-void LogWatcher::Record(nlohmann::json entry, const std::string& sentence, bool run_hook) {
-  entry["at"] = UtcTimestamp();
+void LogWatcher::Record(const JournalEvent& event, const std::string& sentence, bool run_hook) {
+  nlohmann::json entry = event.ToJson();
+  entry[kEventAtKey] = UtcTimestamp();
   if (journal_) journal_->Append(entry, sentence);
   ++entries_;
   if (!run_hook || !runner_ || opt_.on_event.empty()) return;
@@ -209,7 +209,7 @@ void LogWatcher::Record(nlohmann::json entry, const std::string& sentence, bool 
     return v.is_string() ? v.get<std::string>() : Dump(v);
   };
   const std::vector<std::pair<std::string, std::string>> vars = {
-      {"KEEL_EVENT", field("event")},
+      {"KEEL_EVENT", field(kEventKey)},
       {"KEEL_EVENT_KIND", field("kind")},
       {"KEEL_EVENT_OPEN", entry.value("open", false) ? "1" : "0"},
       {"KEEL_EVENT_START", field("start")},
@@ -219,7 +219,7 @@ void LogWatcher::Record(nlohmann::json entry, const std::string& sentence, bool 
       {"KEEL_EVENT_LOG", opt_.log},
       {"KEEL_EVENT_JSON", Dump(entry)}};
   const std::string label = fmt::format("--on-event for {} {} at iteration {}", field("kind"),
-                                        field("event"), field("iteration"));
+                                        field(kEventKey), field("iteration"));
   if (queued_hooks_.empty() && runner_->running() < opt_.max_running_hooks) {
     StartHook(label, vars, Dump(entry) + "\n");
   } else if (static_cast<int64_t>(queued_hooks_.size()) < opt_.max_queued_hooks) {
@@ -255,14 +255,14 @@ void LogWatcher::JournalDroppedHooks(const std::string& reason) {
   const int64_t n = hooks_dropped_ - hooks_dropped_journaled_;
   if (n == 0) return;
   hooks_dropped_journaled_ = hooks_dropped_;
-  Record({{"event", "hooks_dropped"},
-          {"count", n},
-          {"total", hooks_dropped_},
-          {"max_running_hooks", opt_.max_running_hooks},
-          {"max_queued_hooks", opt_.max_queued_hooks},
-          {"reason", reason},
-          {"source", kLogWatchSource},
-          {"log", opt_.log}},
+  HooksDroppedEvent dropped;
+  dropped.count = n;
+  dropped.total = hooks_dropped_;
+  dropped.max_running_hooks = opt_.max_running_hooks;
+  dropped.max_queued_hooks = opt_.max_queued_hooks;
+  dropped.reason = reason;
+  dropped.log = opt_.log;
+  Record(dropped,
          fmt::format("--on-event: {} command{} not run ({} this watch): {}", n, n == 1 ? "" : "s",
                      hooks_dropped_, reason),
          /*run_hook=*/false);

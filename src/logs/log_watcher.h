@@ -8,15 +8,12 @@
 // can create a kill-switch file or run a command (EventCommandRunner). Files and time go through
 // the Env, so tests drive it with a fake clock.
 //
-// events.jsonl entries: {"event": "detected" | "ended" | "kill_switch", "kind", "open", "start",
-// "end", "iteration", "signal", "value", "baseline", "detail", "source": "keel logs watch", "log",
-// "at"}; and {"event": "hooks_dropped", "count", "total", "max_running_hooks",
-// "max_queued_hooks", "reason", "source", "log", "at"} when --on-event commands were dropped. A
-// finding that opens (a spike, a divergence, a NaN, ...) is "detected" with "open": true and its
-// provisional kind; its "ended" entry ("open": false) has the kind, start and end `keel logs
-// analyze` reports. A restart is complete when seen: one "detected" entry, "open": false. A
-// divergence that rises again within a divergence window opens again: its next "ended" entry
-// replaces the earlier one.
+// events.jsonl entries (logs/watch_events.h): "detected" | "ended" (WatchFindingEvent),
+// "kill_switch", and "hooks_dropped" when --on-event commands were dropped. A finding that opens (a
+// spike, a divergence, a NaN, ...) is "detected" with "open": true and its provisional kind; its
+// "ended" entry ("open": false) has the kind, start and end `keel logs analyze` reports. A restart
+// is complete when seen: one "detected" entry, "open": false. A divergence that rises again within
+// a divergence window opens again: its next "ended" entry replaces the earlier one.
 #pragma once
 
 #include <cstdint>
@@ -36,10 +33,9 @@
 #include "logs/log_events.h"
 #include "logs/log_follower.h"
 #include "logs/megatron_log.h"
+#include "logs/watch_events.h"
 
 namespace keel {
-
-constexpr const char* kLogWatchSource = "keel logs watch";
 
 struct LogWatchOptions {
   std::string log;      // the file followed
@@ -97,7 +93,7 @@ class LogWatcher {
   // Journals a finding's update (and creates the kill switch when it is the first of its kind).
   void Journal(const LogEventUpdate& u, const std::string& suffix);
   // Appends an entry to the journal and runs --on-event for it (`run_hook`).
-  void Record(nlohmann::json entry, const std::string& sentence, bool run_hook = true);
+  void Record(const JournalEvent& event, const std::string& sentence, bool run_hook = true);
   void EndPriming();
   // Reaps the commands that ended, starts queued ones in their place, journals any dropped.
   void ReapCommands();

@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "core/json_number.h"
+#include "journal/journal_event.h"
+#include "journal/run_journal.h"
 #include "logs/log_analysis.h"
 #include "metrics/run_metrics.h"
 
@@ -433,26 +435,28 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
   };
   std::vector<Marker> markers;
   std::string journal;
-  if (env->ReadFileToString(JoinPath(run_dir, "events.jsonl"), &journal).ok()) {
+  if (env->ReadFileToString(JoinPath(run_dir, kEventsFile), &journal).ok()) {
     std::istringstream jl(journal);
     int n = 0, unreadable = 0, first_unreadable = 0;
     while (std::getline(jl, line)) {
       ++n;
       if (line.empty()) continue;
       const json e = json::parse(line, nullptr, false);
-      int64_t it = 0;
-      const bool has_it = e.is_object() && e.contains("iteration");
-      if (!e.is_object() || (has_it && !Int(e, "iteration", &it)) ||
-          (e.contains("event") && !e["event"].is_string())) {
+      JournalLineHeader h;
+      if (!JournalLineHeader::FromJson(e, kEventsFile, &h).ok()) {
         if (unreadable++ == 0) first_unreadable = n;
         continue;
       }
-      if (!has_it) continue;  // a decision about the run, not an iteration (the guard's stop)
-      std::string detail = Str(e, "reason", "");
-      if (detail.empty()) detail = Str(e, "signal", "");
-      const std::string at = Str(e, "at", "");
+      if (!h.iteration) continue;  // a decision about the run, not an iteration (the guard's stop)
+      auto text = [](const std::optional<json>& v) {
+        return v && v->is_string() ? v->get<std::string>() : std::string();
+      };
+      std::string detail = text(h.reason);
+      if (detail.empty()) detail = text(h.signal);
+      const std::string at = text(h.at);
       if (!at.empty()) detail += (detail.empty() ? "" : "; ") + at;
-      markers.push_back({it, it, Str(e, "event", "event"), "events.jsonl", detail});
+      markers.push_back(
+          {*h.iteration, *h.iteration, h.event.value_or("event"), kEventsFile, detail});
     }
     if (unreadable > 0)
       notes.push_back(fmt::format(

@@ -7,6 +7,7 @@
 
 #include "checkpoint/manifest.h"
 #include "core/json_reader.h"
+#include "journal/events.h"
 
 namespace keel {
 
@@ -238,22 +239,22 @@ Status GuardController::Rollback(const GuardDecision& d) {
                             ? fmt::format("LR scale x{} -> {}", d.lr_factor, lr_scale)
                             : "LR unchanged";
   if (d.reseed) changes += fmt::format("; data order re-seeded (salt {})", salt);
-  json ev = {{"event", "rollback"},
-             {"iteration", from},
-             {"onset", d.onset},
-             {"to_iteration", to},
-             {"checkpoint", target->dir},
-             {"skip_iterations", {skip_first, d.skip_last}},
-             {"skip_samples", {s0, s1}},
-             {"lr_factor", d.lr_factor},
-             {"lr_scale", lr_scale},
-             {"reseed", d.reseed},
-             {"data_order_salt", salt},
-             {"level", d.level},
-             {"rollbacks", guard_.rollbacks()},
-             {"reason", d.reason},
-             {"consumed_samples", trainer_->state().counters.consumed_samples},
-             {"kept", kept}};
+  RollbackEvent ev;
+  ev.iteration = from;
+  ev.onset = d.onset;
+  ev.to_iteration = to;
+  ev.checkpoint = target->dir;
+  ev.skip_iterations = {skip_first, d.skip_last};
+  ev.skip_samples = {s0, s1};
+  ev.lr_factor = d.lr_factor;
+  ev.lr_scale = lr_scale;
+  ev.reseed = d.reseed;
+  ev.data_order_salt = static_cast<int64_t>(salt);
+  ev.level = d.level;
+  ev.rollbacks = guard_.rollbacks();
+  ev.reason = d.reason;
+  ev.consumed_samples = trainer_->state().counters.consumed_samples;
+  ev.kept = kept;
   const std::string sentence = fmt::format(
       "iteration {}: {}; rolled back to iteration {} (checkpoint pinned{}), skipping iterations "
       "{}..{} (samples {}..{}); {} (rollback {} of at most {})",
@@ -262,7 +263,7 @@ Status GuardController::Rollback(const GuardDecision& d) {
                    : "; newer ones kept as " + fmt::format("{}", fmt::join(kept, ", ")),
       skip_first, d.skip_last, s0, s1 - 1, changes, guard_.rollbacks(), cfg_.guard_max_rollbacks);
   if (journal_) journal_->Append(ev, sentence);
-  if (ckpt_ != nullptr) ckpt_->AddHistory(ev);
+  if (ckpt_ != nullptr) ckpt_->AddHistory(json(ev.ToJson()));
   return WritePolicyFile();
 }
 

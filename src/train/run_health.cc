@@ -8,6 +8,7 @@
 #include "core/exit_code.h"
 #include "core/log.h"
 #include "core/timestamp.h"
+#include "journal/events.h"
 #include "train/replica_check.h"
 
 namespace keel {
@@ -63,12 +64,13 @@ Status RunHealth::Start(const TrainConfig& cfg) {
     // Rank 0 journals the hang (from the watchdog's thread: the main thread is the one stuck).
     if (rank == 0)
       o.on_dump = [this](const std::string& line, const std::string& dir) {
-        if (RunJournal* j = journal_.load())
-          j->Append({{"event", "hang"},
-                     {"iteration", phases_.Snapshot().iteration},
-                     {"dir", dir},
-                     {"exit_code", ToInt(ExitCode::kRanksCannotGoOn)}},
-                    line, "");
+        if (RunJournal* j = journal_.load()) {
+          HangEvent ev;
+          ev.iteration = phases_.Snapshot().iteration;
+          ev.dir = dir;
+          ev.exit_code = ToInt(ExitCode::kRanksCannotGoOn);
+          j->Append(ev, line, "");
+        }
       };
     watchdog_ = std::make_unique<Watchdog>(env_, &phases_, &comm_.recorder(), o);
     watchdog_->Start();
@@ -108,19 +110,19 @@ void RunHealth::Attach(Trainer* trainer, RunJournal* journal, RunMetrics* metric
   metrics_ = metrics;
   trainer_->set_phase_tracker(&phases_);
   comm_.set_on_out_of_step([this](const std::string& report) {
-    Journal({{"event", "collectives_out_of_step"},
-             {"iteration", phases_.Snapshot().iteration},
-             {"exit_code", ToInt(ExitCode::kRanksCannotGoOn)}},
-            report);
+    CollectivesOutOfStepEvent ev;
+    ev.iteration = phases_.Snapshot().iteration;
+    ev.exit_code = ToInt(ExitCode::kRanksCannotGoOn);
+    Journal(ev, report);
   });
   if (hooks_ == nullptr) return;
   comm_.set_skip_fault(
       hooks_->SkipCollectiveFault(comm_.rank(), [this] { return phases_.Snapshot().iteration; }));
 }
 
-void RunHealth::Journal(nlohmann::json event, const std::string& sentence) {
+void RunHealth::Journal(const JournalEvent& event, const std::string& sentence) {
   if (RunJournal* j = journal_.load())
-    j->Append(std::move(event), sentence, "health: ");
+    j->Append(event, sentence, "health: ");
   else
     Log("{}", sentence);
 }
@@ -135,12 +137,13 @@ void RunHealth::OnStep(const StepResult& r) {
     std::vector<double> secs(r.rank_compute_ms.size());
     for (size_t k = 0; k < secs.size(); ++k) secs[k] = r.rank_compute_ms[k] * 1e-3;
     for (const StragglerEvent& e : stragglers_->Add(it, secs)) {
-      nlohmann::json ev = {{"event", e.named ? "straggler" : "straggler_recovered"},
-                           {"iteration", it},
-                           {"rank", e.rank},
-                           {"host", hosts_[e.rank]},
-                           {"slowdown", e.slowdown},
-                           {"since_iteration", e.since_iteration}};
+      SlowRankEvent ev;
+      ev.recovered = !e.named;
+      ev.iteration = it;
+      ev.rank = e.rank;
+      ev.host = hosts_[e.rank];
+      ev.slowdown = e.slowdown;
+      ev.since_iteration = e.since_iteration;
       Journal(ev, e.named ? fmt::format("iteration {}: {} is a straggler: its compute time per "
                                         "iteration has been {:.1f}% above the other ranks' since "
                                         "iteration {}; the whole job runs at its pace",
@@ -171,12 +174,13 @@ void RunHealth::OnStep(const StepResult& r) {
               : std::string(
                     "no single rank explains it: every rank slowed (the filesystem, the "
                     "network or the machines)");
-      nlohmann::json ev = {{"event", d->dropped ? "throughput_drop" : "throughput_recovered"},
-                           {"iteration", it},
-                           {"since_iteration", d->since_iteration},
-                           {"drop", d->drop},
-                           {"follows_rank", d->follows_rank}};
-      if (d->follows_rank >= 0) ev["host"] = hosts_[d->follows_rank];
+      JobSlowdownEvent ev;
+      ev.recovered = !d->dropped;
+      ev.iteration = it;
+      ev.since_iteration = d->since_iteration;
+      ev.drop = d->drop;
+      ev.follows_rank = d->follows_rank;
+      if (d->follows_rank >= 0) ev.host = hosts_[d->follows_rank];
       Journal(ev, d->dropped ? fmt::format(
                                    "iteration {}: the job slowed by {:.1f}% since iteration {}; {}",
                                    it, 100 * d->drop, d->since_iteration, follows)
@@ -217,8 +221,10 @@ Status RunHealth::CheckReplicas(const std::string& why) {
   Status st = keel::CheckReplicas(*trainer_, &comm_, hosts_, &checked);
   const int64_t it = trainer_->state().counters.iteration;
   if (!st.ok()) {
-    Journal({{"event", "replica_mismatch"}, {"iteration", it}, {"message", st.message()}},
-            st.message());
+    ReplicaMismatchEvent ev;
+    ev.iteration = it;
+    ev.message = st.message();
+    Journal(ev, st.message());
     return Status::Corruption(
         st.message() +
         ". The run stops without saving this state; the newest checkpoint was checked when it "

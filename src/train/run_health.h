@@ -56,7 +56,7 @@ class RunHealth {
   void Stop();
 
  private:
-  void Journal(nlohmann::json event, const std::string& sentence);
+  void Journal(const JournalEvent& event, const std::string& sentence);
   std::string RankText(int rank) const;
 
   Env* env_;

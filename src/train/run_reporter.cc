@@ -8,6 +8,7 @@
 #include "core/json_number.h"
 #include "core/log.h"
 #include "core/timestamp.h"
+#include "journal/events.h"
 #include "train/iteration_log.h"
 
 namespace keel {
@@ -43,16 +44,18 @@ void RunReporter::Iteration(const StepResult& r) {
   const size_t nd = dataset_names_.size();
   // A loss scale driven down to its floor is how an fp16 run's trouble shows (tr8-104B).
   if (journal_ && r.loss_scale_change == LossScaleChange::kBackedOff &&
-      r.loss_scale <= cfg_.min_loss_scale)
-    journal_->Append({{"event", "loss_scale_collapse"},
-                      {"iteration", r.iteration},
-                      {"at", UtcTimestamp()},
-                      {"loss_scale", r.loss_scale}},
+      r.loss_scale <= cfg_.min_loss_scale) {
+    LossScaleCollapseEvent ev;
+    ev.iteration = r.iteration;
+    ev.at = UtcTimestamp();
+    ev.loss_scale = r.loss_scale;
+    journal_->Append(ev,
                      fmt::format("iteration {}: WARNING: the fp16 loss scale fell to its minimum "
                                  "{:g} (--min-loss-scale): gradients overflow even unscaled; the "
                                  "run is likely diverging",
                                  r.iteration, r.loss_scale),
                      "guard: ");
+  }
   if (const std::optional<SkippedWindow>& w = r.window_begins)
     LogLine(fmt::format(
         "skipping iterations {}..{}: their {} samples are read past without an "

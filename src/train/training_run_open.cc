@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "core/stop_signal.h"
 #include "core/timestamp.h"
+#include "journal/events.h"
 #include "model/flops.h"
 #include "train/memory_estimate.h"
 #include "train/rank_agreement.h"
@@ -86,32 +87,35 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
     // A new run from another's weights: its history (an import's provenance) and where it began.
     const SavedTrainState& saved = *r.resume_.saved;
     r.history_ = saved.history;
-    r.history_.push_back({{"event", "finetune"},
-                          {"iteration", 0},
-                          {"at", UtcTimestamp()},
-                          {"from", saved.dir},
-                          {"from_iteration", saved.train.counters.iteration},
-                          {"keel_version", KEEL_VERSION}});
+    FinetuneEvent ev;
+    ev.at = UtcTimestamp();
+    ev.from = saved.dir;
+    ev.from_iteration = saved.train.counters.iteration;
+    ev.keel_version = KEEL_VERSION;
+    r.history_.push_back(nlohmann::json(ev.ToJson()));
   } else if (r.resume_.saved) {
     const SavedTrainState& saved = *r.resume_.saved;
     const bool rollback = r.resume_.kind == ResumePoint::Kind::kRollback;
     r.history_ = saved.history;
-    nlohmann::json event = {{"event", rollback ? "rollback" : "resume"},
-                            {"iteration", saved.train.counters.iteration},
-                            {"at", UtcTimestamp()},
-                            {"from", saved.dir},
-                            {"keel_version", KEEL_VERSION}};
+    ResumeEvent ev;
+    ev.rollback = rollback;
+    ev.iteration = saved.train.counters.iteration;
+    ev.at = UtcTimestamp();
+    ev.from = saved.dir;
+    ev.keel_version = KEEL_VERSION;
     for (const ConfigChange& c : r.resume_.accepted) {
       Log("accepted change on resume: {}: {} -> {} ({})", c.key, c.old_value, c.new_value,
           c.kind == ConfigChange::Kind::kScheduler ? "--override-scheduler"
                                                    : "--override-data-order");
-      event["accepted_changes"].push_back(
-          {{"key", c.key}, {"old", c.old_value}, {"new", c.new_value}});
+      if (!ev.accepted_changes) ev.accepted_changes.emplace();
+      ev.accepted_changes->push_back({c.key, c.old_value, c.new_value});
     }
     // Free changes (a precision, the log interval, ...) need no flag but go into the chronicle.
-    for (const ConfigChange& c : r.resume_.free_changes)
-      event["free_changes"].push_back(DescribeChange(c));
-    r.history_.push_back(event);
+    for (const ConfigChange& c : r.resume_.free_changes) {
+      if (!ev.free_changes) ev.free_changes.emplace();
+      ev.free_changes->push_back(DescribeChange(c));
+    }
+    r.history_.push_back(nlohmann::json(ev.ToJson()));
   }
 
   Log("resolved config:\n{}", FormatConfig(r.cfg_));
@@ -357,8 +361,8 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
                                 start_iteration, UtcTimestamp(), KEEL_VERSION));
   if (saved) {
     std::string changes;
-    for (const auto& c : history_.back().value("free_changes", nlohmann::json::array()))
-      changes += (changes.empty() ? "; changed: " : ", ") + c.get<std::string>();
+    for (const ConfigChange& c : resume_.free_changes)
+      changes += (changes.empty() ? "; changed: " : ", ") + DescribeChange(c);
     journal_->Append(
         history_.back(),
         fmt::format("{} from {} at iteration {}{}", rollback ? "rolled back by hand" : "resumed",
@@ -415,25 +419,25 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
   (void)ParseIterationRanges(cfg_.skip_train_iteration_range, &ranges);  // validated
   for (auto [a, b] : ranges) {
     if (b <= start_iteration) continue;
+    SkipRangeEvent ev;
+    ev.source = "--skip-train-iteration-range";
+    ev.iterations = {a, b};
+    ev.iteration = start_iteration;
     journal_->Append(
-        {{"event", "skip_range"},
-         {"source", "--skip-train-iteration-range"},
-         {"iterations", {a, b}},
-         {"iteration", start_iteration}},
-        fmt::format("iterations {}..{} will be skipped (--skip-train-iteration-range): "
-                    "their samples are read past without an update",
-                    a, b));
+        ev, fmt::format("iterations {}..{} will be skipped (--skip-train-iteration-range): "
+                        "their samples are read past without an update",
+                        a, b));
   }
   const TrainState& s = trainer_->state();
   if (cfg_.lr_scale_on_resume > 0 && cfg_.lr_scale_on_resume != s.lr_scale) {
     Log("LR scale {} -> {} (--lr-scale-on-resume){}", s.lr_scale, cfg_.lr_scale_on_resume,
         saved ? "" : "; no checkpoint to resume, so it applies from the first iteration");
-    nlohmann::json ev = {{"event", "lr_scale"},
-                         {"iteration", start_iteration},
-                         {"at", UtcTimestamp()},
-                         {"old", s.lr_scale},
-                         {"new", cfg_.lr_scale_on_resume}};
-    ckpt_->AddHistory(ev);
+    LrScaleEvent ev;
+    ev.iteration = start_iteration;
+    ev.at = UtcTimestamp();
+    ev.old_scale = s.lr_scale;
+    ev.new_scale = cfg_.lr_scale_on_resume;
+    ckpt_->AddHistory(nlohmann::json(ev.ToJson()));
     journal_->Append(ev, fmt::format("iteration {}: LR scale {} -> {} (--lr-scale-on-resume)",
                                      start_iteration, s.lr_scale, cfg_.lr_scale_on_resume));
     TrainState scaled = s;

@@ -1,0 +1,16 @@
+#include "launch/launch_events.h"
+
+namespace keel {
+
+std::vector<EventSchema> LaunchEventSchemas() {
+  std::vector<EventSchema> out;
+  auto add = [&](std::vector<EventSchema> s) { out.insert(out.end(), s.begin(), s.end()); };
+  add(EventSchemasOf<LaunchEvent>());
+  add(EventSchemasOf<RestartEvent>());
+  add(EventSchemasOf<LaunchStopEvent>());
+  add(EventSchemasOf<LaunchFinishedEvent>());
+  add(EventSchemasOf<LaunchGaveUpEvent>());
+  return out;
+}
+
+}  // namespace keel

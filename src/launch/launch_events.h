@@ -1,0 +1,128 @@
+// The kinds `keel launch` writes into the run's journal (SAVE/events.jsonl, beside the training
+// process's kinds of journal/events.h), one struct each, by the pattern of journal/journal_event.h.
+// docs/observability.md lists them (checked by LaunchEventsTest.DocsListEveryKind).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "journal/journal_event.h"
+
+namespace keel {
+
+// keel launch began supervising a command.
+struct LaunchEvent final : JournalEvent {
+  KEEL_JOURNAL_EVENT(LaunchEvent, "launch")
+  std::vector<std::string> command;
+  int64_t max_restarts = 0;
+  double max_hours = 0, backoff_seconds = 0, max_backoff_seconds = 0, stall_minutes = 0;
+  template <class F>
+  void Fields(F& f) {
+    f("command", command);
+    f("max_restarts", max_restarts);
+    f("max_hours", max_hours);
+    f("backoff_seconds", backoff_seconds);
+    f("max_backoff_seconds", max_backoff_seconds);
+    f("stall_minutes", stall_minutes);
+  }
+};
+
+// What every end of keel launch carries (Supervisor::Stop fills them): the attempts made, the
+// restarts among them, and launch's own exit code.
+struct LaunchEndEvent : JournalEvent {
+  int64_t attempt = 0, restarts = 0, exit_code = 0;
+};
+
+// What a failed attempt cost: in "restart" and "launch_gave_up".
+struct AttemptFailure {
+  std::string cause;                     // "exit 1 (...)", "stalled: no progress for N minutes"
+  std::string reason;                    // the same (readers of every kind show "reason")
+  int64_t checkpoint_iteration = -1;     // the newest checkpoint (-1: none)
+  int64_t lost_iterations = 0;           // trained after it, lost
+  double lost_compute_seconds = 0;       // the time those took
+  double stuck_seconds = 0;              // without progress before the end
+  std::optional<int64_t> iteration;      // the newest iteration it recorded
+  std::optional<std::string> signal;     // "SIGKILL" when a signal ended it
+  std::optional<std::string> hang_dump;  // the watchdog's stack dump (exit 4)
+  template <class F>
+  void Fields(F& f) {
+    f("cause", cause);
+    f("reason", reason);
+    f("checkpoint_iteration", checkpoint_iteration);
+    f("lost_iterations", lost_iterations);
+    f("lost_compute_seconds", lost_compute_seconds);
+    f("stuck_seconds", stuck_seconds);
+    f("iteration", iteration);
+    f("signal", signal);
+    f("hang_dump", hang_dump);
+  }
+};
+
+// An attempt failed and the job is started again.
+struct RestartEvent final : JournalEvent {
+  KEEL_JOURNAL_EVENT(RestartEvent, "restart")
+  int64_t attempt = 0;
+  AttemptFailure failure;  // its fields are the line's own
+  int64_t restart = 0, max_restarts = 0;
+  double backoff_seconds = 0, downtime_seconds = 0, lost_seconds = 0;
+  template <class F>
+  void Fields(F& f) {
+    f("attempt", attempt);
+    failure.Fields(f);
+    f("restart", restart);
+    f("max_restarts", max_restarts);
+    f("backoff_seconds", backoff_seconds);
+    f("downtime_seconds", downtime_seconds);
+    f("lost_seconds", lost_seconds);
+  }
+};
+
+// Stopped without a restart: the kill switch, a signal to launch, exit 2 or 3, a failed start.
+struct LaunchStopEvent final : LaunchEndEvent {
+  KEEL_JOURNAL_EVENT(LaunchStopEvent, "launch_stop")
+  std::string reason;
+  std::optional<std::string> path;           // the kill switch
+  std::optional<std::string> child;          // how the child ended
+  std::optional<double> term_grace_seconds;  // when the child was killed after it
+  template <class F>
+  void Fields(F& f) {
+    f("reason", reason);
+    f("path", path);
+    f("child", child);
+    f("term_grace_seconds", term_grace_seconds);
+    f("attempt", attempt);
+    f("restarts", restarts);
+    f("exit_code", exit_code);
+  }
+};
+
+// The job finished (exit 0).
+struct LaunchFinishedEvent final : LaunchEndEvent {
+  KEEL_JOURNAL_EVENT(LaunchFinishedEvent, "launch_finished")
+  template <class F>
+  void Fields(F& f) {
+    f("attempt", attempt);
+    f("restarts", restarts);
+    f("exit_code", exit_code);
+  }
+};
+
+// An attempt failed and the restarts or hours are spent.
+struct LaunchGaveUpEvent final : LaunchEndEvent {
+  KEEL_JOURNAL_EVENT(LaunchGaveUpEvent, "launch_gave_up")
+  AttemptFailure failure;  // its fields are the line's own
+  template <class F>
+  void Fields(F& f) {
+    f("attempt", attempt);
+    failure.Fields(f);
+    f("restarts", restarts);
+    f("exit_code", exit_code);
+  }
+};
+
+// Every kind above (for the docs check).
+std::vector<EventSchema> LaunchEventSchemas();
+
+}  // namespace keel
