@@ -19,27 +19,27 @@ Status Invalid(std::string msg) {
 
 // FFN width: 4h, or Megatron-LM's SwiGLU rule.
 Status ResolveFfn(TrainConfig* c, std::vector<std::string>* notes) {
-  if (c->ffn_hidden_size == 0 && c->swiglu) {
+  if (c->model.ffn_hidden == 0 && c->model.swiglu) {
     // Megatron-LM's rule: two thirds of 4h (the gated FFN has three matrices, not two, so this
     // keeps its parameter count near the 4h FFN's), rounded down to a multiple of 64.
-    const int64_t f = (int64_t{4} * c->hidden_size * 2 / 3) / 64 * 64;
+    const int64_t f = (int64_t{4} * c->model.hidden * 2 / 3) / 64 * 64;
     if (f == 0) {
       return Invalid(fmt::format(
           "--swiglu with --hidden-size {}: Megatron's FFN size rule (8h/3, rounded down to a "
           "multiple of 64) gives 0; give --ffn-hidden-size (e.g. {})",
-          c->hidden_size, std::max(8, (8 * c->hidden_size / 3 + 7) / 8 * 8)));
+          c->model.hidden, std::max(8, (8 * c->model.hidden / 3 + 7) / 8 * 8)));
     }
-    c->ffn_hidden_size = static_cast<int>(f);
+    c->model.ffn_hidden = static_cast<int>(f);
     notes->push_back(fmt::format(
         "--ffn-hidden-size not given: using Megatron's SwiGLU size int(4 * hidden-size * 2/3 / 64) "
         "* 64 = {} (Llama-2 7B sets 11008 itself: pass --ffn-hidden-size to match a published "
         "shape)",
-        c->ffn_hidden_size));
+        c->model.ffn_hidden));
   }
-  if (c->ffn_hidden_size == 0) {
-    c->ffn_hidden_size = 4 * c->hidden_size;
-    notes->push_back(
-        fmt::format("--ffn-hidden-size not given: using 4 * hidden-size = {}", c->ffn_hidden_size));
+  if (c->model.ffn_hidden == 0) {
+    c->model.ffn_hidden = 4 * c->model.hidden;
+    notes->push_back(fmt::format("--ffn-hidden-size not given: using 4 * hidden-size = {}",
+                                 c->model.ffn_hidden));
   }
   return Status::OK();
 }
@@ -124,25 +124,25 @@ void ResolveTokenizerType(TrainConfig* c, std::vector<std::string>* notes) {
 // (Megatron-DeepSpeed's _vocab_size_with_padding; the checks before made sure it holds the
 // vocabulary and is a multiple), or up to a multiple of --make-vocab-size-divisible-by.
 Status ResolvePaddedVocab(TrainConfig* c, std::vector<std::string>* notes) {
-  if (c->vocab_size <= 0) return Status::OK();
+  if (c->model.vocab <= 0) return Status::OK();
   if (c->pad_vocab_size_to > 0) {
-    c->padded_vocab_size = c->pad_vocab_size_to;
-    notes->push_back(fmt::format("vocab {} padded to {} (--pad-vocab-size-to)", c->vocab_size,
-                                 c->padded_vocab_size));
+    c->model.padded_vocab = c->pad_vocab_size_to;
+    notes->push_back(fmt::format("vocab {} padded to {} (--pad-vocab-size-to)", c->model.vocab,
+                                 c->model.padded_vocab));
     return Status::OK();
   }
   const int64_t mult = c->make_vocab_size_divisible_by;
-  const int64_t padded = RoundUp(c->vocab_size, mult);
+  const int64_t padded = RoundUp(c->model.vocab, mult);
   if (padded > kMaxInt) {
     return Invalid(fmt::format(
         "--make-vocab-size-divisible-by {} pads the vocabulary of {} tokens to {}, more than "
         "{}: the model counts vocabulary rows in 32-bit integers; try "
         "--make-vocab-size-divisible-by 128",
-        mult, c->vocab_size, padded, kMaxInt));
+        mult, c->model.vocab, padded, kMaxInt));
   }
-  c->padded_vocab_size = static_cast<int>(padded);
-  notes->push_back(fmt::format("vocab {} padded to {} (multiple of {})", c->vocab_size,
-                               c->padded_vocab_size, mult));
+  c->model.padded_vocab = static_cast<int>(padded);
+  notes->push_back(fmt::format("vocab {} padded to {} (multiple of {})", c->model.vocab,
+                               c->model.padded_vocab, mult));
   return Status::OK();
 }
 
@@ -150,8 +150,8 @@ Status ResolvePaddedVocab(TrainConfig* c, std::vector<std::string>* notes) {
 
 Status ResolveDefaults(TrainConfig* cfg, std::vector<std::string>* notes) {
   KEEL_RETURN_IF_ERROR(ResolveFfn(cfg, notes));
-  if (cfg->max_position_embeddings == 0) {
-    cfg->max_position_embeddings = cfg->seq_length;
+  if (cfg->model.max_positions == 0) {
+    cfg->model.max_positions = cfg->seq_length;
     notes->push_back(fmt::format("--max-position-embeddings not given: using --seq-length = {}",
                                  cfg->seq_length));
   }

@@ -86,38 +86,6 @@ Status CheckSplit(const std::string& split) {
       split));
 }
 
-// RoPE's frequency scaling: Llama 3.x's bands or linear interpolation, one at a time (Hugging
-// Face's rope_scaling holds one), each with the bounds Hugging Face checks.
-Status ValidateRopeScaling(const TrainConfig& c) {
-  if (c.rotary_seq_len_interpolation_factor < 0) {
-    return Invalid(
-        fmt::format("--rotary-seq-len-interpolation-factor {} must be at least 1 (or 0 for none)",
-                    c.rotary_seq_len_interpolation_factor));
-  }
-  if (!c.use_rope_scaling) return Status::OK();
-  if (c.rotary_seq_len_interpolation_factor > 1) {
-    return Invalid(fmt::format(
-        "--use-rope-scaling and --rotary-seq-len-interpolation-factor {} both scale RoPE; choose "
-        "one (Llama 3.x checkpoints use --use-rope-scaling alone)",
-        c.rotary_seq_len_interpolation_factor));
-  }
-  if (!(c.rope_scaling_factor >= 1)) {
-    return Invalid(fmt::format(
-        "--rope-scaling-factor {} must be at least 1: it stretches the context the model was "
-        "pretrained on; Llama 3.1 uses 8, Llama 3.2 32",
-        c.rope_scaling_factor));
-  }
-  if (!(c.rope_scaling_low_freq_factor > 0 &&
-        c.rope_scaling_high_freq_factor > c.rope_scaling_low_freq_factor)) {
-    return Invalid(fmt::format(
-        "--rope-scaling-low-freq-factor {} and --rope-scaling-high-freq-factor {}: need 0 < low < "
-        "high (Llama 3.x: 1 and 4)",
-        c.rope_scaling_low_freq_factor, c.rope_scaling_high_freq_factor));
-  }
-  return Positive("rope-scaling-original-max-position-embeddings",
-                  c.rope_scaling_original_max_position_embeddings);
-}
-
 // Megatron-LM's --recompute-method and --recompute-num-layers refine full recomputation only.
 Status ValidateRecompute(const TrainConfig& c, std::vector<std::string>* notes) {
   const bool block = c.recompute_method == RecomputeMethod::kBlock;
@@ -134,12 +102,12 @@ Status ValidateRecompute(const TrainConfig& c, std::vector<std::string>* notes) 
     return Status::OK();
   }
   if (block) {
-    if (n < 0 || n > c.num_layers) {
+    if (n < 0 || n > c.model.num_layers) {
       return Invalid(fmt::format(
           "--recompute-num-layers {} with --recompute-method block must be from 0 to "
           "--num-layers {}: the first N layers recompute their forward, the rest keep their "
           "activations",
-          n, c.num_layers));
+          n, c.model.num_layers));
     }
     if (n == 0)
       notes->push_back("--recompute-method block --recompute-num-layers 0: no layer recomputes");
@@ -163,92 +131,29 @@ Status ValidateRecompute(const TrainConfig& c, std::vector<std::string>* notes) 
 // The model's given sizes and options (before the defaults: the FFN and position defaults are
 // computed from sizes checked here).
 Status ValidateModel(const TrainConfig* c, std::vector<std::string>* notes) {
-  KEEL_RETURN_IF_ERROR(Positive("num-layers", c->num_layers));
-  KEEL_RETURN_IF_ERROR(Positive("hidden-size", c->hidden_size));
-  KEEL_RETURN_IF_ERROR(Positive("num-attention-heads", c->num_attention_heads));
+  const GptSpec& m = c->model;
+  // The shape's own limits (config/model_shape.cc's table, which a checkpoint is held to too).
+  KEEL_RETURN_IF_ERROR(CheckShape(m, ShapeCheck::kGiven));
   KEEL_RETURN_IF_ERROR(Positive("seq-length", c->seq_length));
-  if (c->num_layers > kMaxInt - 1) {
-    return Invalid(fmt::format(
-        "--num-layers {} is more than {}: the model counts its num-layers + 1 residual streams in "
-        "32-bit integers; use fewer layers",
-        c->num_layers, kMaxInt - 1));
-  }
-  if (c->hidden_size > kMaxInt / 4) {
-    return Invalid(fmt::format(
-        "--hidden-size {} is more than {}: the model computes 4 x hidden-size (the default MLP "
-        "width; the QKV width is 3 x hidden-size) in 32-bit integers; use a smaller --hidden-size",
-        c->hidden_size, kMaxInt / 4));
-  }
-  if (c->hidden_size % c->num_attention_heads != 0) {
-    int h = c->hidden_size, n = c->num_attention_heads;
-    // Suggest a head dimension that is a multiple of 8, and a power-of-two head count.
-    int64_t step = int64_t{n} * 8;
-    int64_t try_hidden = std::max<int64_t>(step, (h + step / 2) / step * step);
-    int try_heads = 1;
-    while (try_heads * 2 <= n && h % (try_heads * 2) == 0) try_heads *= 2;
-    return Invalid(fmt::format(
-        "--hidden-size {} is not divisible by --num-attention-heads {}: hidden size must be a "
-        "multiple of the head count; try --hidden-size {} or --num-attention-heads {}",
-        h, n, try_hidden, try_heads));
-  }
-  KEEL_RETURN_IF_ERROR(NonNegative("ffn-hidden-size", c->ffn_hidden_size,
-                                   "set it to 0 for 4 * hidden-size, or give a positive size"));
-  // Grouped-query attention: the query heads share num-query-groups key/value heads.
-  if (c->group_query_attention) {
-    if (c->num_query_groups < 1 || c->num_query_groups > c->num_attention_heads ||
-        c->num_attention_heads % c->num_query_groups != 0) {
-      int g = std::min(std::max(c->num_query_groups, 1), c->num_attention_heads);
-      while (c->num_attention_heads % g != 0) --g;
-      return Invalid(fmt::format(
-          "--num-query-groups {} must divide --num-attention-heads {} (each key/value head serves "
-          "the same number of query heads); try --num-query-groups {}",
-          c->num_query_groups, c->num_attention_heads, g));
-    }
-  } else if (c->num_query_groups != 1) {
+  if (!m.group_query_attention && m.num_query_groups != 1) {
     notes->push_back(fmt::format(
         "--num-query-groups {} without --group-query-attention: ignored, every query head has its "
         "own key and value head (add --group-query-attention to share them)",
-        c->num_query_groups));
+        m.num_query_groups));
   }
-  if (c->position_embedding_type == PositionEmbedding::kRope) {
-    if (!(c->rotary_percent > 0 && c->rotary_percent <= 1)) {
-      return Invalid(fmt::format(
-          "--rotary-percent {} must be in (0, 1]: the share of each head's dimensions that turn; "
-          "try --rotary-percent 1.0",
-          c->rotary_percent));
-    }
-    const int rot = static_cast<int>(c->head_dim() * c->rotary_percent);
-    if (rot < 2 || rot % 2 != 0) {
-      return Invalid(fmt::format(
-          "--rotary-percent {} of the head dimension {} gives {} rotary dimensions; RoPE turns "
-          "them in pairs, so it needs an even number >= 2; try --rotary-percent 1.0",
-          c->rotary_percent, c->head_dim(), rot));
-    }
-    if (c->rotary_base < 1) {
-      return Invalid(fmt::format("--rotary-base {} must be at least 1; try --rotary-base 10000",
-                                 c->rotary_base));
-    }
-    KEEL_RETURN_IF_ERROR(ValidateRopeScaling(*c));
-  } else if (c->rotary_base != 10000 || c->rotary_percent != 1.0 || c->use_rope_scaling ||
-             c->rotary_seq_len_interpolation_factor != 0) {
+  if (!m.rope && (m.rotary_base != 10000 || m.rotary_percent != 1.0 || m.rope_llama3 ||
+                  m.rope_interpolation_factor != 0)) {
     notes->push_back(
         "--rotary-base / --rotary-percent / --use-rope-scaling / "
         "--rotary-seq-len-interpolation-factor given without --position-embedding-type rope: "
         "ignored");
   }
   KEEL_RETURN_IF_ERROR(ValidateRecompute(*c, notes));
-  KEEL_RETURN_IF_ERROR(NonNegative("max-position-embeddings", c->max_position_embeddings,
-                                   "set it to 0 to use --seq-length"));
   if (c->make_vocab_size_divisible_by < 1) {
     return Invalid(fmt::format(
         "--make-vocab-size-divisible-by {} must be at least 1; try --make-vocab-size-divisible-by "
         "128",
         c->make_vocab_size_divisible_by));
-  }
-  if (!(c->layernorm_epsilon > 0)) {
-    return Invalid(
-        fmt::format("--layernorm-epsilon {} must be positive; try --layernorm-epsilon 1e-5",
-                    c->layernorm_epsilon));
   }
   if (!(c->init_method_std > 0)) {
     return Invalid(fmt::format("--init-method-std {} must be positive; try --init-method-std 0.02",
@@ -257,26 +162,20 @@ Status ValidateModel(const TrainConfig* c, std::vector<std::string>* notes) {
   return Status::OK();
 }
 
-// The model's resolved sizes: the SwiGLU width and the positions the model runs.
+// The positions the model runs, once resolved (the SwiGLU width is the shape table's).
 Status ValidateResolvedModel(const TrainConfig* c) {
-  if (c->swiglu && c->ffn_hidden_size > kMaxInt / 2) {
-    return Invalid(fmt::format(
-        "--ffn-hidden-size {} with --swiglu: the fused gate and up product is 2 x ffn-hidden-size "
-        "wide, more than a 32-bit integer; use a smaller --ffn-hidden-size",
-        c->ffn_hidden_size));
-  }
-  if (c->max_position_embeddings < c->seq_length) {
+  if (c->model.max_positions < c->seq_length) {
     // ALiBi has no position table, but the model still runs at most max-position-embeddings
     // tokens per sequence.
-    const bool learned = c->position_embedding_type == PositionEmbedding::kLearnedAbsolute;
+    const bool learned = c->model.Position() == PositionEmbedding::kLearnedAbsolute;
     return Invalid(fmt::format(
         "--max-position-embeddings {} is smaller than --seq-length {}: {}; try "
         "--max-position-embeddings {} (or 0 for --seq-length) or --seq-length {}",
-        c->max_position_embeddings, c->seq_length,
+        c->model.max_positions, c->seq_length,
         learned ? "learned absolute positions need a table row for every position"
                 : "the model runs sequences of at most max-position-embeddings tokens, with alibi "
                   "positions too",
-        c->seq_length, c->max_position_embeddings));
+        c->seq_length, c->model.max_positions));
   }
   return Status::OK();
 }
@@ -296,12 +195,12 @@ Status ValidateBatch(const TrainConfig* c) {
         "--micro-batch-size or --seq-length",
         c->micro_batch_size, c->seq_length, mb_tokens, kMaxInt));
   }
-  const int64_t mb_heads = int64_t{c->micro_batch_size} * c->num_attention_heads;
+  const int64_t mb_heads = int64_t{c->micro_batch_size} * c->model.heads;
   if (mb_heads > kMaxInt) {
     return Invalid(fmt::format(
         "--micro-batch-size {} x --num-attention-heads {} = {} is more than {}: the attention "
         "kernels count (sequence, head) pairs in 32-bit integers; use a smaller --micro-batch-size",
-        c->micro_batch_size, c->num_attention_heads, mb_heads, kMaxInt));
+        c->micro_batch_size, c->model.heads, mb_heads, kMaxInt));
   }
   return NonNegative("global-batch-size", c->global_batch_size,
                      "set it to 0 for micro-batch-size * data-parallel size");
@@ -681,9 +580,10 @@ Status ValidateOptimizerAndRun(const TrainConfig* c) {
 }
 
 Status ValidateGuard(const TrainConfig& c) {
-  if (!(c.z_loss >= 0) || c.z_loss > 1)
-    return Invalid(fmt::format(
-        "--z-loss {} must be between 0 (off) and 1; PaLM used 1e-4, e.g. --z-loss 1e-4", c.z_loss));
+  if (!(c.model.z_loss >= 0) || c.model.z_loss > 1)
+    return Invalid(
+        fmt::format("--z-loss {} must be between 0 (off) and 1; PaLM used 1e-4, e.g. --z-loss 1e-4",
+                    c.model.z_loss));
   for (auto [flag, v] : {std::pair{"guard-z-threshold", c.guard_z_threshold},
                          std::pair{"guard-grad-z-threshold", c.guard_grad_z_threshold},
                          std::pair{"guard-divergence-rel", c.guard_divergence_rel}}) {
@@ -726,8 +626,8 @@ Status ValidateGuard(const TrainConfig& c) {
 // The parameter count and one micro-batch's activation floats (upper bounds of GptModel's own
 // counts) stay below kMaxFloats. Needs the derived sizes (FFN, max positions, padded vocab).
 Status ValidateModelSize(const TrainConfig& c) {
-  const Wide L = c.num_layers, h = c.hidden_size, F = c.ffn_hidden_size;
-  const Wide NH = c.num_attention_heads, Vp = c.padded_vocab_size, P = c.max_position_embeddings;
+  const Wide L = c.model.num_layers, h = c.model.hidden, F = c.model.ffn_hidden;
+  const Wide NH = c.model.heads, Vp = c.model.padded_vocab, P = c.model.max_positions;
   const Wide B = c.micro_batch_size, T = c.seq_length, N = B * T;
   const std::string limit = fmt::format("2^59 ({})", Count(kMaxFloats));
   // Per layer (upper bounds): QKV 3h^2+3h, projection h^2+h, MLP 3hF+2F+h (SwiGLU), norms 4h,
@@ -740,7 +640,7 @@ Status ValidateModelSize(const TrainConfig& c) {
         "--num-layers {}, --hidden-size {}, --ffn-hidden-size {}: {} parameters is more than {}: "
         "their weights, gradients and Adam moments (16 bytes each) would overflow 64-bit byte "
         "counts; use a smaller model",
-        c.num_layers, c.hidden_size, c.ffn_hidden_size, Count(params), limit));
+        c.model.num_layers, c.model.hidden, c.model.ffn_hidden, Count(params), limit));
   }
   // Per layer: attention probabilities B*NH*T^2, the (N, h), (N, 3h) and (N, F) buffers (QK-
   // LayerNorm included); then the logits (N, Vp), the final buffers and gradient scratch.
@@ -753,7 +653,7 @@ Status ValidateModelSize(const TrainConfig& c) {
         "--num-layers {} x --micro-batch-size {} x --num-attention-heads {} x --seq-length {} "
         "squared = {}), more than {}: their byte counts would overflow 64-bit sizes; use a "
         "smaller --micro-batch-size, --seq-length or --num-layers",
-        Count(acts), c.num_layers, c.micro_batch_size, c.num_attention_heads, c.seq_length,
+        Count(acts), c.model.num_layers, c.micro_batch_size, c.model.heads, c.seq_length,
         Count(attention), limit));
   }
   return Status::OK();
@@ -850,22 +750,17 @@ Status ParseRanges(const std::vector<std::string>& text, const char* flag, int64
   return Status::OK();
 }
 
-// The vocabulary the data gave, and --pad-vocab-size-to against it (Megatron-DeepSpeed's
+// --pad-vocab-size-to against the vocabulary the data gave (Megatron-DeepSpeed's
 // _vocab_size_with_padding: exactly that size, which must hold the vocabulary and still be a
 // multiple of --make-vocab-size-divisible-by).
 Status ValidateVocab(const TrainConfig* c) {
-  if (c->vocab_size < 0) {
-    return Status::InvalidArgument(
-        fmt::format("vocabulary size {} is negative: the dataset metadata is wrong; rebuild it",
-                    c->vocab_size));
-  }
-  if (c->vocab_size == 0 || c->pad_vocab_size_to == 0) return Status::OK();
+  if (c->model.vocab <= 0 || c->pad_vocab_size_to == 0) return Status::OK();
   const int64_t to = c->pad_vocab_size_to, mult = c->make_vocab_size_divisible_by;
-  if (to < c->vocab_size)
+  if (to < c->model.vocab)
     return Invalid(fmt::format(
         "--pad-vocab-size-to {} is smaller than the tokenizer's vocabulary of {} tokens: the "
         "padded vocabulary must hold every token; use at least {}",
-        to, c->vocab_size, RoundUp(c->vocab_size, mult)));
+        to, c->model.vocab, RoundUp(c->model.vocab, mult)));
   if (to % mult != 0)
     return Invalid(fmt::format(
         "--pad-vocab-size-to {} is not a multiple of --make-vocab-size-divisible-by {} (a rule "

@@ -241,7 +241,7 @@ void ReadRopeScaling(ConfigReader& r, const json& scaling, const std::string& wh
           "{}.factor {}: keel's linear interpolation (--rotary-seq-len-interpolation-factor, "
           "Megatron-LM's) takes a whole factor",
           where, *factor));
-    s->rope_linear_factor = *factor;
+    s->rope_interpolation_factor = static_cast<int>(*factor);
     return;
   }
   const std::optional<double> low = number("low_freq_factor");
@@ -290,7 +290,7 @@ void ReadLlama(ConfigReader& r, const HfConfigOptions& options, HfModelConfig* o
     return r.Refuse(fmt::format(
         "num_key_value_heads {} does not divide num_attention_heads {} into equal groups", kv,
         s.heads));
-  s.kv_heads = kv == s.heads ? 0 : kv;
+  s.SetKvHeads(kv == s.heads ? 0 : kv);
   if (r.Has("head_dim")) {
     const int head_dim = r.Int({"head_dim"}, 1);
     if (r.ok() && head_dim != s.hidden / s.heads)
@@ -349,7 +349,7 @@ void ReadLlama(ConfigReader& r, const HfConfigOptions& options, HfModelConfig* o
     return r.Refuse(fmt::format(
         "rope_theta {} is not an integer from 1 to 2147483647, which keel's --rotary-base takes",
         theta));
-  s.rotary_base = theta;
+  s.rotary_base = static_cast<int>(theta);
   if (const json* f = r.Find({"partial_rotary_factor"});
       f != nullptr && (!f->is_number() || f->get<double>() != 1.0))
     return r.Refuse("partial_rotary_factor " + f->dump() +
@@ -456,16 +456,16 @@ ojson HfConfigJson(HfArch arch, const GptSpec& spec, int32_t eod_id) {
       c["hidden_act"] = "silu";  // SwiGLU's gate
       c["max_position_embeddings"] = spec.max_positions;
       c["rms_norm_eps"] = ShortestDouble(spec.layernorm_eps);
-      c["rope_theta"] = spec.rotary_base;
-      if (spec.rope_llama3) {
+      c["rope_theta"] = static_cast<double>(spec.rotary_base);  // as HF writes it: 10000.0
+      if (spec.RopeLlama3()) {
         c["rope_scaling"] = {
             {"rope_type", "llama3"},
             {"factor", spec.rope_llama3_factor},
             {"low_freq_factor", spec.rope_low_freq_factor},
             {"high_freq_factor", spec.rope_high_freq_factor},
             {"original_max_position_embeddings", spec.rope_original_max_positions}};
-      } else if (spec.rope_linear_factor != 1) {
-        c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", spec.rope_linear_factor}};
+      } else if (spec.RopeLinearFactor() != 1) {
+        c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", spec.RopeLinearFactor()}};
       } else {
         c["rope_scaling"] = nullptr;
       }

@@ -162,7 +162,7 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   *doing = "building the model and the optimizer";
   KEEL_RETURN_IF_ERROR(MakeBackend(r.cfg_.backend, r.cfg_.threads, &r.backend_));
   // A config that needs an op the backend lacks stops here, naming both, not mid-iteration.
-  KEEL_RETURN_IF_ERROR(CheckBackendSupports(*r.backend_, SpecFromConfig(r.cfg_), r.cfg_.precision));
+  KEEL_RETURN_IF_ERROR(CheckBackendSupports(*r.backend_, r.cfg_.model, r.cfg_.precision));
   r.backend_->SetPrecision(r.cfg_.precision);  // the trainer sets it too; the log says it now
   Log("backend: {}", r.backend_->Describe());
   r.trainer_ = std::make_unique<Trainer>(r.cfg_, r.backend_.get(), r.comm_, r.MakeTrainerData());
@@ -354,9 +354,9 @@ Status TrainingRun::OpenData(std::vector<std::string>* notes) {
   if (meta_.vocab_size <= 0)
     return Status::InvalidArgument(prefix_ + ".meta.json gives no vocabulary size for " + prefix_ +
                                    ": prepare the data again with `keel data prepare`");
-  cfg_.vocab_size = meta_.vocab_size;
-  cfg_.eod_id = meta_.eod_id;
-  if ((cfg_.reset_position_ids || cfg_.reset_attention_mask) && meta_.eod_id < 0)
+  cfg_.model.vocab = meta_.vocab_size;
+  cfg_.model.eod_id = meta_.eod_id;
+  if ((cfg_.model.reset_position_ids || cfg_.model.reset_attention_mask) && meta_.eod_id < 0)
     return Status::InvalidArgument(
         "--reset-position-ids / --reset-attention-mask find documents by their end-of-document "
         "token, but " +
@@ -438,7 +438,7 @@ void TrainingRun::CheckTokens(const SampleOrigin& o, const int32_t* tokens, bool
                               int64_t index) {
   // Against the tokenizer's vocabulary, not the padded one: an id in the padding would train a
   // row the output never predicts. One unsigned compare per token also catches negative ids.
-  const uint32_t vocab = static_cast<uint32_t>(cfg_.vocab_size);
+  const uint32_t vocab = static_cast<uint32_t>(cfg_.model.vocab);
   int bad = -1;
   for (int t = 0; t <= cfg_.seq_length && bad < 0; ++t)
     if (static_cast<uint32_t>(tokens[t]) >= vocab) bad = t;
@@ -452,7 +452,7 @@ void TrainingRun::CheckTokens(const SampleOrigin& o, const int32_t* tokens, bool
       "with another tokenizer, or is corrupt: `keel data verify {}` lists every such id; prepare "
       "it again with the tokenizer it is meant for (`keel data prepare --tokenizer ...`)",
       l.name, l.prefix, l.sharded ? ", shard " + l.shard : "", l.token, l.document, tokens[bad],
-      cfg_.vocab_size, meta_.tokenizer.empty() ? "unknown" : meta_.tokenizer,
+      cfg_.model.vocab, meta_.tokenizer.empty() ? "unknown" : meta_.tokenizer,
       train ? "training" : "validation", index,
       train ? "of iteration" : "of the evaluation after iteration", train ? it + 1 : it, l.shard)));
 }
@@ -460,7 +460,7 @@ void TrainingRun::CheckTokens(const SampleOrigin& o, const int32_t* tokens, bool
 int TrainingRun::ReadTrainSample(int64_t index, int32_t* tokens) {
   const TrainState& state = trainer_->state();
   if (test_hooks_ != nullptr && test_hooks_->Poisoned(state.counters.iteration + 1)) {
-    TestHooks::PoisonSample(cfg_.seed, index, cfg_.seq_length, cfg_.vocab_size, tokens);
+    TestHooks::PoisonSample(cfg_.seed, index, cfg_.seq_length, cfg_.model.vocab, tokens);
     return 0;
   }
   // The guard's re-seeding rung raises the data salt: from then on the samples come from the
