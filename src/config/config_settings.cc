@@ -323,6 +323,9 @@ const std::vector<Setting>& Settings() {
         "qk-layernorm",
         "LayerNorm of each head's query and key before attention (stability at high LR)",
         &GptSpec::qk_layernorm));
+    t->push_back(RealSetting("qk-layernorm-epsilon",
+                             "QK-LayerNorm epsilon (0: layernorm-epsilon); needs qk-layernorm",
+                             &GptSpec::qk_layernorm_eps));
     t->push_back(RealSetting(
         "z-loss", "z-loss coefficient: adds z * mean (log Z)^2 to the objective (0: off)",
         &GptSpec::z_loss));

@@ -168,6 +168,28 @@ std::vector<ShapeField> MakeTable() {
                    }));
   t.push_back(Plain<bool>("qk-layernorm", "qk_layernorm", &GptSpec::qk_layernorm, false, false));
   {
+    // Only where it differs from layernorm_eps, which checkpoints without it used.
+    ShapeField f = Plain<float>("qk-layernorm-epsilon", "qk_layernorm_eps",
+                                &GptSpec::qk_layernorm_eps, false, 0.0f);
+    f.to_json = [](const GptSpec& s, json* j) {
+      if (s.qk_layernorm && s.QkLayerNormEps() != s.layernorm_eps)
+        (*j)["qk_layernorm_eps"] = s.qk_layernorm_eps;
+    };
+    f.check = [](const GptSpec& s, ShapeCheck) {
+      if (!(s.qk_layernorm_eps >= 0))
+        return Invalid(fmt::format(
+            "--qk-layernorm-epsilon {} must not be negative; use 0 for --layernorm-epsilon's, or "
+            "a positive epsilon, e.g. --qk-layernorm-epsilon 1e-6",
+            s.qk_layernorm_eps));
+      if (s.qk_layernorm_eps == 0 || s.qk_layernorm) return Status::OK();
+      return Invalid(
+          fmt::format("--qk-layernorm-epsilon {} is the epsilon of QK-LayerNorm, which is off: add "
+                      "--qk-layernorm, or drop --qk-layernorm-epsilon",
+                      s.qk_layernorm_eps));
+    };
+    t.push_back(std::move(f));
+  }
+  {
     // A double setting kept as the fp32 the model computes with (the files always held that).
     ShapeField f = Plain<double, float>("z-loss", "z_loss", &GptSpec::z_loss, false, 0.0);
     f.resumable = true;

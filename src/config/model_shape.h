@@ -71,6 +71,8 @@ struct GptSpec {
   int num_query_groups = 1;
   bool untie_embeddings = false;  // output_layer.weight of its own (--untie-embeddings-...)
   bool bias = true;               // biases in the linear layers (off: --disable-bias-linear)
+  // Epsilon of QK-LayerNorm (--qk-layernorm-epsilon); 0: layernorm_eps, as before the setting.
+  float qk_layernorm_eps = 0;
 
   // Key/value heads G: num_query_groups with grouped-query attention, else one per query head.
   int KvHeads() const { return group_query_attention ? num_query_groups : heads; }
@@ -101,6 +103,8 @@ struct GptSpec {
   double RopeLinearFactor() const {
     return rope && rope_interpolation_factor > 1 ? rope_interpolation_factor : 1.0;
   }
+  // The epsilon QK-LayerNorm computes with.
+  float QkLayerNormEps() const { return qk_layernorm_eps > 0 ? qk_layernorm_eps : layernorm_eps; }
   // The coefficient the model computes with (fp32, as the kernels take it).
   float ZLoss() const { return static_cast<float>(z_loss); }
 };

@@ -565,7 +565,7 @@ void GptModel::LayerForward(int l, const LayerWeights& w) {
   if (spec_.qk_layernorm) {
     be->MatmulForward(y.qkv_raw, y.ln1, w.qkvw, w.qkvb, N, C, W, Lowp(w.qkvw), ln1_lowp);
     be->QkLayerNormForward(y.qkv, y.qk_mean, y.qk_rstd, y.qkv_raw, w.qlnw, w.qlnb, w.klnw, w.klnb,
-                           N, C, NH, spec_.layernorm_eps, G);
+                           N, C, NH, spec_.QkLayerNormEps(), G);
     be->RoundToStorage(y.qkv, NW);
   } else {
     be->MatmulForward(y.qkv, y.ln1, w.qkvw, w.qkvb, N, C, W, Lowp(w.qkvw), ln1_lowp);

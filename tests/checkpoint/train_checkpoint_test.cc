@@ -293,6 +293,43 @@ TEST(TrainCheckpointTest, CheckpointOfAnotherShapeIsRefused) {
   fs::remove_all(root);
 }
 
+// --qk-layernorm-epsilon is in the checkpoint's model (where it differs from the LayerNorm
+// epsilon) and its config: it comes back, and a run with another one is refused.
+TEST(TrainCheckpointTest, QkLayerNormEpsilonRoundTripsThroughACheckpoint) {
+  TrainConfig c = Tiny();
+  c.model.qk_layernorm = true;
+  c.model.qk_layernorm_eps = 1e-3f;
+  const std::string root =
+      ::testing::TempDir() + "/keel_train_ckpt_qkeps_" + std::to_string(getpid());
+  fs::remove_all(root);
+  {
+    Harness h(c);
+    h.tr.InitializeWeights();
+    CheckpointStore store(Env::Default(), root, nullptr);
+    CheckpointController ctl(c, Env::Default(), &store, &h.tr, NoTokenizer(),
+                             nlohmann::json::array(), nullptr);
+    ASSERT_TRUE(ctl.SaveNow("test").ok());
+  }
+  SavedTrainState saved;
+  ASSERT_TRUE(ReadSavedTrainState(Env::Default(), root + "/iter_0000000", &saved).ok());
+  EXPECT_EQ(saved.spec.qk_layernorm_eps, 1e-3f);
+  EXPECT_EQ(saved.config.model.qk_layernorm_eps, 1e-3f);
+  {
+    Harness h(c);
+    EXPECT_TRUE(RestoreTrainer(Env::Default(), saved, &h.tr).ok());
+  }
+  TrainConfig other = c;
+  other.model.qk_layernorm_eps = 0;  // the LayerNorm epsilon, 1e-5
+  Harness h(other);
+  const Status st = RestoreTrainer(Env::Default(), saved, &h.tr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("differs from this run's"), std::string::npos) << st.message();
+  std::map<std::string, ConfigChange::Kind> kinds;
+  for (const auto& ch : DiffConfigForResume(c, other)) kinds[ch.key] = ch.kind;
+  EXPECT_EQ(kinds.at("qk-layernorm-epsilon"), ConfigChange::Kind::kShape);
+  fs::remove_all(root);
+}
+
 TEST(TrainCheckpointTest, ConfigChangesAreClassifiedAndNeedTheRightFlag) {
   const TrainConfig saved = Tiny(false);
   TrainConfig now = saved;

@@ -36,6 +36,7 @@ GptSpec Everything() {
   s.embed_layernorm = true;
   s.layernorm_eps = 1e-6f;
   s.qk_layernorm = true;
+  s.qk_layernorm_eps = 1e-3f;
   s.z_loss = 1e-4;
   s.reset_position_ids = true;
   s.reset_attention_mask = true;
@@ -79,6 +80,7 @@ TEST(ModelShapeTest, EveryFieldRoundTripsThroughTheCheckpointJson) {
     EXPECT_EQ(back.RopeLinearFactor(), s.RopeLinearFactor());
     EXPECT_EQ(back.ZLoss(), s.ZLoss());
     EXPECT_EQ(back.layernorm_eps, s.layernorm_eps);
+    EXPECT_EQ(back.QkLayerNormEps(), s.QkLayerNormEps());
     EXPECT_EQ(back.bias, s.bias);
     EXPECT_EQ(back.eod_id, s.eod_id);
     // The Llama 3 band edges are kept where the scaling is on (only there are they in the file).
@@ -111,15 +113,22 @@ TEST(ModelShapeTest, TheCheckpointJsonKeepsItsBytes) {
             R"("original_max_positions":4096})");
   EXPECT_EQ(everything["kv_heads"], 2);
   EXPECT_FALSE(everything.contains("rope_linear_factor"));
+  EXPECT_EQ(everything["qk_layernorm_eps"], 1e-3f);
+  // QK-LayerNorm at the LayerNorm epsilon (the default, or given equal): the file of before.
+  s.qk_layernorm = true;
+  EXPECT_FALSE(ShapeToJson(s).contains("qk_layernorm_eps"));
+  s.qk_layernorm_eps = s.layernorm_eps;
+  EXPECT_FALSE(ShapeToJson(s).contains("qk_layernorm_eps"));
 }
 
 // The keys added after the first format are optional; a checkpoint without them reads the value
 // the model had before they existed.
 TEST(ModelShapeTest, ACheckpointWithoutAnOptionalKeyGetsTheTablesDefault) {
   json m = ShapeToJson(Everything());
-  for (const char* key : {"qk_layernorm", "z_loss", "reset_position_ids", "reset_attention_mask",
-                          "eod_id", "rope", "rotary_base", "rotary_percent", "rmsnorm", "swiglu",
-                          "kv_heads", "untie_embeddings", "bias", "rope_llama3"})
+  for (const char* key :
+       {"qk_layernorm", "z_loss", "reset_position_ids", "reset_attention_mask", "eod_id", "rope",
+        "rotary_base", "rotary_percent", "rmsnorm", "swiglu", "kv_heads", "untie_embeddings",
+        "bias", "rope_llama3", "qk_layernorm_eps"})
     m.erase(key);
   const json doc = {{"model", m}};
   JsonReader r("state.json", doc, "fix");
@@ -127,6 +136,7 @@ TEST(ModelShapeTest, ACheckpointWithoutAnOptionalKeyGetsTheTablesDefault) {
   ShapeFromJson(r.root()["model"], &s);
   ASSERT_TRUE(r.status().ok()) << r.status().ToString();
   EXPECT_FALSE(s.qk_layernorm);
+  EXPECT_EQ(s.qk_layernorm_eps, 0);  // QK-LayerNorm, if on, at the LayerNorm epsilon
   EXPECT_EQ(s.z_loss, 0);
   EXPECT_EQ(s.eod_id, -1);
   EXPECT_FALSE(s.rope);
@@ -168,6 +178,9 @@ TEST(ModelShapeTest, AValueOutOfItsLimitsIsRefusedFromAConfigAndFromACheckpoint)
          (*m)["rotary_percent"] = 1.5;
        },
        "--rotary-percent 1.5 must be in (0, 1]"},
+      {{"--qk-layernorm-epsilon", "1e-06"},
+       [](json* m) { (*m)["qk_layernorm_eps"] = 1e-6; },
+       "--qk-layernorm-epsilon 1e-06 is the epsilon of QK-LayerNorm, which is off"},
       {{"--group-query-attention", "--num-query-groups", "3"},
        [](json* m) { (*m)["kv_heads"] = 3; },
        "--num-query-groups 3 must divide --num-attention-heads 4"},
