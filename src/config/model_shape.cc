@@ -87,62 +87,88 @@ int WholeOr(double v, int bad) {
   return static_cast<int>(v);
 }
 
+// The row's Hugging Face keys per architecture (GPT-2, Llama, BLOOM; see ShapeField::hf_keys).
+ShapeField Hf(ShapeField f, int GptSpec::*m, std::vector<const char*> gpt2,
+              std::vector<const char*> llama, std::vector<const char*> bloom) {
+  f.hf_member = m;
+  f.hf_keys[0] = std::move(gpt2);
+  f.hf_keys[1] = std::move(llama);
+  f.hf_keys[2] = std::move(bloom);
+  return f;
+}
+
 std::vector<ShapeField> MakeTable() {
   std::vector<ShapeField> t;
-  t.push_back(Plain<int>(
-      "num-layers", "num_layers", &GptSpec::num_layers, true, 0, [](const GptSpec& s, ShapeCheck) {
-        KEEL_RETURN_IF_ERROR(Positive("num-layers", s.num_layers));
-        if (s.num_layers <= kMaxInt - 1) return Status::OK();
-        return Invalid(
-            fmt::format("--num-layers {} is more than {}: the model counts its num-layers "
-                        "+ 1 residual streams in 32-bit integers; use fewer layers",
-                        s.num_layers, kMaxInt - 1));
-      }));
-  t.push_back(Plain<int>(
-      "hidden-size", "hidden", &GptSpec::hidden, true, 0, [](const GptSpec& s, ShapeCheck) {
-        KEEL_RETURN_IF_ERROR(Positive("hidden-size", s.hidden));
-        if (s.hidden <= kMaxInt / 4) return Status::OK();
-        return Invalid(fmt::format(
-            "--hidden-size {} is more than {}: the model computes 4 x hidden-size (the default MLP "
-            "width; the QKV width is 3 x hidden-size) in 32-bit integers; use a smaller "
-            "--hidden-size",
-            s.hidden, kMaxInt / 4));
-      }));
-  t.push_back(Plain<int>(
-      "num-attention-heads", "heads", &GptSpec::heads, true, 0, [](const GptSpec& s, ShapeCheck) {
-        KEEL_RETURN_IF_ERROR(Positive("num-attention-heads", s.heads));
-        if (s.hidden % s.heads == 0) return Status::OK();
-        const int h = s.hidden, n = s.heads;
-        // A head dimension that is a multiple of 8, a power-of-two head count.
-        const int64_t step = int64_t{n} * 8;
-        const int64_t try_hidden = std::max<int64_t>(step, (h + step / 2) / step * step);
-        int try_heads = 1;
-        while (try_heads * 2 <= n && h % (try_heads * 2) == 0) try_heads *= 2;
-        return Invalid(
-            fmt::format("--hidden-size {} is not divisible by --num-attention-heads {}: "
-                        "hidden size must be a multiple of the head count; try "
-                        "--hidden-size {} or --num-attention-heads {}",
-                        h, n, try_hidden, try_heads));
-      }));
-  t.push_back(Plain<int>("ffn-hidden-size", "ffn_hidden", &GptSpec::ffn_hidden, true, 0,
-                         [](const GptSpec& s, ShapeCheck mode) {
-                           return SizeOrDefault(
-                               "ffn-hidden-size", s.ffn_hidden, mode,
-                               "set it to 0 for 4 * hidden-size, or give a positive size");
-                         }));
-  t.push_back(Plain<int>("max-position-embeddings", "max_positions", &GptSpec::max_positions, true,
-                         0, [](const GptSpec& s, ShapeCheck mode) {
-                           return SizeOrDefault("max-position-embeddings", s.max_positions, mode,
-                                                "set it to 0 to use --seq-length");
-                         }));
   t.push_back(
-      Plain<int>("", "vocab", &GptSpec::vocab, true, 0, [](const GptSpec& s, ShapeCheck mode) {
-        if (s.vocab < 0 || (mode == ShapeCheck::kResolved && s.vocab == 0))
-          return Invalid(
-              fmt::format("vocabulary size {} is {}: the dataset metadata is wrong; rebuild it",
-                          s.vocab, s.vocab < 0 ? "negative" : "zero"));
-        return Status::OK();
-      }));
+      Hf(Plain<int>("num-layers", "num_layers", &GptSpec::num_layers, true, 0,
+                    [](const GptSpec& s, ShapeCheck) {
+                      KEEL_RETURN_IF_ERROR(Positive("num-layers", s.num_layers));
+                      if (s.num_layers <= kMaxInt - 1) return Status::OK();
+                      return Invalid(fmt::format(
+                          "--num-layers {} is more than {}: the model counts its num-layers "
+                          "+ 1 residual streams in 32-bit integers; use fewer layers",
+                          s.num_layers, kMaxInt - 1));
+                    }),
+         &GptSpec::num_layers, {"n_layer", "num_hidden_layers"}, {"num_hidden_layers"},
+         {"n_layer", "num_hidden_layers"}));
+  t.push_back(Hf(
+      Plain<int>("hidden-size", "hidden", &GptSpec::hidden, true, 0,
+                 [](const GptSpec& s, ShapeCheck) {
+                   KEEL_RETURN_IF_ERROR(Positive("hidden-size", s.hidden));
+                   if (s.hidden <= kMaxInt / 4) return Status::OK();
+                   return Invalid(fmt::format(
+                       "--hidden-size {} is more than {}: the model computes 4 x hidden-size (the "
+                       "default MLP "
+                       "width; the QKV width is 3 x hidden-size) in 32-bit integers; use a smaller "
+                       "--hidden-size",
+                       s.hidden, kMaxInt / 4));
+                 }),
+      &GptSpec::hidden, {"n_embd", "hidden_size"}, {"hidden_size"}, {"hidden_size", "n_embed"}));
+  t.push_back(Hf(Plain<int>("num-attention-heads", "heads", &GptSpec::heads, true, 0,
+                            [](const GptSpec& s, ShapeCheck) {
+                              KEEL_RETURN_IF_ERROR(Positive("num-attention-heads", s.heads));
+                              if (s.hidden % s.heads == 0) return Status::OK();
+                              const int h = s.hidden, n = s.heads;
+                              // A head dimension that is a multiple of 8, a power-of-two head
+                              // count.
+                              const int64_t step = int64_t{n} * 8;
+                              const int64_t try_hidden =
+                                  std::max<int64_t>(step, (h + step / 2) / step * step);
+                              int try_heads = 1;
+                              while (try_heads * 2 <= n && h % (try_heads * 2) == 0) try_heads *= 2;
+                              return Invalid(fmt::format(
+                                  "--hidden-size {} is not divisible by --num-attention-heads {}: "
+                                  "hidden size must be a multiple of the head count; try "
+                                  "--hidden-size {} or --num-attention-heads {}",
+                                  h, n, try_hidden, try_heads));
+                            }),
+                 &GptSpec::heads, {"n_head", "num_attention_heads"}, {"num_attention_heads"},
+                 {"n_head", "num_attention_heads"}));
+  t.push_back(Hf(Plain<int>("ffn-hidden-size", "ffn_hidden", &GptSpec::ffn_hidden, true, 0,
+                            [](const GptSpec& s, ShapeCheck mode) {
+                              return SizeOrDefault(
+                                  "ffn-hidden-size", s.ffn_hidden, mode,
+                                  "set it to 0 for 4 * hidden-size, or give a positive size");
+                            }),
+                 &GptSpec::ffn_hidden, {}, {"intermediate_size"}, {}));
+  t.push_back(
+      Hf(Plain<int>("max-position-embeddings", "max_positions", &GptSpec::max_positions, true, 0,
+                    [](const GptSpec& s, ShapeCheck mode) {
+                      return SizeOrDefault("max-position-embeddings", s.max_positions, mode,
+                                           "set it to 0 to use --seq-length");
+                    }),
+         &GptSpec::max_positions, {"n_positions", "max_position_embeddings"},
+         {"max_position_embeddings"}, {}));
+  t.push_back(
+      Hf(Plain<int>("", "vocab", &GptSpec::vocab, true, 0,
+                    [](const GptSpec& s, ShapeCheck mode) {
+                      if (s.vocab < 0 || (mode == ShapeCheck::kResolved && s.vocab == 0))
+                        return Invalid(fmt::format(
+                            "vocabulary size {} is {}: the dataset metadata is wrong; rebuild it",
+                            s.vocab, s.vocab < 0 ? "negative" : "zero"));
+                      return Status::OK();
+                    }),
+         &GptSpec::vocab, {"vocab_size"}, {"vocab_size"}, {"vocab_size"}));
   t.push_back(Plain<int>(
       "", "padded_vocab", &GptSpec::padded_vocab, true, 0, [](const GptSpec& s, ShapeCheck mode) {
         if (mode == ShapeCheck::kGiven || s.padded_vocab >= s.vocab) return Status::OK();

@@ -1,9 +1,10 @@
 // The model's shape, described once: GptSpec is both the `model` part of a TrainConfig (what the
 // flags and TOML keys set, cfg.model) and what GptModel is built from. One table of its fields
 // (ShapeFields, model_shape.cc) gives each field's setting name, its key in a checkpoint's `model`
-// JSON and the default when a checkpoint lacks it, and its limits; the checkpoint JSON
-// (ShapeToJson / ShapeFromJson), the limits of a config and of a checkpoint being read
-// (CheckShape) and the resume rules' list of shape settings all read that table. The settings
+// JSON and the default when a checkpoint lacks it, its limits, and where it is one integer of a
+// Hugging Face config.json, its key there; the checkpoint JSON (ShapeToJson / ShapeFromJson), the
+// limits of a config and of a checkpoint being read (CheckShape), the resume rules' list of shape
+// settings and the 1:1 part of the Hugging Face config mapping all read that table. The settings
 // table (config_settings.cc) holds the flags' help text and types, as it does for every setting.
 //
 // Adding a shape option: a member here, a row in ShapeFields, a row in the settings table, the
@@ -128,6 +129,11 @@ struct ShapeField {
   std::function<void(const JsonValue&, GptSpec*)> from_json;
   // Its limits; InvalidArgument naming the setting, the value, the rule and a fix.
   std::function<Status(const GptSpec&, ShapeCheck)> check;
+  // Where it is one integer of a Hugging Face config.json (hf/hf_config.cc): per architecture
+  // (GPT-2, Llama, BLOOM, as hf/hf_arch.h's HfArch) the key it is written as, then the other
+  // spellings it is read from; empty where the mapping is not 1:1 (computed, or not there).
+  std::vector<const char*> hf_keys[3];
+  int GptSpec::*hf_member = nullptr;  // the member those keys hold
 };
 const std::vector<ShapeField>& ShapeFields();
 

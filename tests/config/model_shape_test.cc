@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "config/config_internal.h"
 #include "core/json_reader.h"
+#include "hf/hf_config.h"
 
 namespace keel {
 namespace {
@@ -229,6 +230,24 @@ TEST(ModelShapeTest, TheTableNamesSettingsAndTheResumeRules) {
   const json everything = ShapeToJson(Everything());
   for (auto it = everything.begin(); it != everything.end(); ++it)
     EXPECT_TRUE(keys.count(it.key())) << it.key();
+}
+
+// The sizes that are one config.json integer are written under the table's Hugging Face key of
+// each architecture (and read from it: tests/hf's imports).
+TEST(ModelShapeTest, TheHuggingFaceKeysOfTheSizesAreTheTables) {
+  GptSpec s = Everything();
+  int rows = 0;
+  for (HfArch arch : {HfArch::kGpt2, HfArch::kLlama, HfArch::kBloom}) {
+    const nlohmann::ordered_json c = HfConfigJson(arch, s, 0);
+    for (const ShapeField& f : ShapeFields()) {
+      const auto& keys = f.hf_keys[static_cast<int>(arch)];
+      if (f.hf_member == nullptr || keys.empty()) continue;
+      ++rows;
+      ASSERT_TRUE(c.contains(keys[0])) << keys[0];
+      EXPECT_EQ(c[keys[0]], s.*f.hf_member) << keys[0];
+    }
+  }
+  EXPECT_EQ(rows, 5 + 6 + 4);  // GPT-2's FFN and BLOOM's positions are not 1:1
 }
 
 }  // namespace
