@@ -147,7 +147,7 @@ Status EditCheckpoint(Env* env, const std::string& dir, const CheckpointEditRequ
     Status st = ApplyToml(config_text, JoinPath(dir, "config.toml") + " (edited)", &cfg);
     std::vector<std::string> notes;
     if (st.ok()) {
-      cfg.vocab_size = saved.spec.vocab;
+      cfg.model.vocab = saved.spec.vocab;
       st = Validate(&cfg, &notes);
     }
     if (!st.ok()) return Status::InvalidArgument("the edit is invalid: " + st.message());

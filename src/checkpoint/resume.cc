@@ -247,32 +247,19 @@ Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStor
 
 namespace {
 
-const std::set<std::string> kShapeKeys = {"num-layers",
-                                          "hidden-size",
-                                          "ffn-hidden-size",
-                                          "num-attention-heads",
-                                          "seq-length",
-                                          "max-position-embeddings",
-                                          "position-embedding-type",
-                                          "embed-layernorm",
-                                          "make-vocab-size-divisible-by",
-                                          "pad-vocab-size-to",
-                                          "layernorm-epsilon",
-                                          "qk-layernorm",
-                                          "rotary-base",
-                                          "rotary-percent",
-                                          "use-rope-scaling",
-                                          "rope-scaling-factor",
-                                          "rope-scaling-low-freq-factor",
-                                          "rope-scaling-high-freq-factor",
-                                          "rope-scaling-original-max-position-embeddings",
-                                          "rotary-seq-len-interpolation-factor",
-                                          "normalization",
-                                          "swiglu",
-                                          "group-query-attention",
-                                          "num-query-groups",
-                                          "untie-embeddings-and-output-weights",
-                                          "disable-bias-linear"};
+// The model's shape (config/model_shape.h's table; z-loss and reset-* are scheduler and
+// data-order changes, below), and the run settings that decide it: the sequence length and the
+// vocabulary's padding.
+const std::set<std::string>& ShapeKeys() {
+  static const std::set<std::string>* keys = [] {
+    auto* k = new std::set<std::string>{"seq-length", "make-vocab-size-divisible-by",
+                                        "pad-vocab-size-to"};
+    for (const ShapeField& f : ShapeFields())
+      if (!f.setting.empty() && !f.resumable) k->insert(f.setting);
+    return k;
+  }();
+  return *keys;
+}
 const std::set<std::string> kSchedulerKeys = {
     "lr",           "min-lr",    "lr-decay-style",    "adam-beta1",        "adam-beta2", "adam-eps",
     "weight-decay", "clip-grad", "global-batch-size", "rampup-batch-size", "z-loss"};
@@ -304,7 +291,7 @@ const std::set<std::string> kOperationalKeys = {
 
 ConfigChange::Kind ResumeKindOfKey(const std::string& key) {
   using K = ConfigChange::Kind;
-  if (kShapeKeys.count(key)) return K::kShape;
+  if (ShapeKeys().count(key)) return K::kShape;
   if (kSchedulerKeys.count(key) || kScheduleLengthKeys.count(key)) return K::kScheduler;
   if (kDataOrderKeys.count(key)) return K::kDataOrder;
   return K::kFree;
@@ -327,10 +314,10 @@ std::vector<ConfigChange> DiffConfigForResume(const TrainConfig& saved, const Tr
   if (sa.decay_samples() != sb.decay_samples())
     out.push_back({K::kScheduler, "lr decay (samples)", std::to_string(sa.decay_samples()),
                    std::to_string(sb.decay_samples())});
-  if (saved.padded_vocab_size != now.padded_vocab_size || saved.vocab_size != now.vocab_size)
+  if (saved.model.padded_vocab != now.model.padded_vocab || saved.model.vocab != now.model.vocab)
     out.push_back({K::kShape, "vocabulary (from the data)",
-                   fmt::format("{} (padded {})", saved.vocab_size, saved.padded_vocab_size),
-                   fmt::format("{} (padded {})", now.vocab_size, now.padded_vocab_size)});
+                   fmt::format("{} (padded {})", saved.model.vocab, saved.model.padded_vocab),
+                   fmt::format("{} (padded {})", now.model.vocab, now.model.padded_vocab)});
   return out;
 }
 

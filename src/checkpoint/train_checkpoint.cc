@@ -43,94 +43,19 @@ std::string SiblingPath(const std::string& prefix, const std::string& file) {
 }  // namespace
 
 json SpecToJson(const GptSpec& s) {
-  json j{{"num_layers", s.num_layers},
-         {"hidden", s.hidden},
-         {"ffn_hidden", s.ffn_hidden},
-         {"heads", s.heads},
-         {"max_positions", s.max_positions},
-         {"vocab", s.vocab},
-         {"padded_vocab", s.padded_vocab},
-         {"alibi", s.alibi},
-         {"embed_layernorm", s.embed_layernorm},
-         {"layernorm_eps", s.layernorm_eps},
-         {"qk_layernorm", s.qk_layernorm},
-         {"z_loss", s.z_loss},
-         {"reset_position_ids", s.reset_position_ids},
-         {"reset_attention_mask", s.reset_attention_mask},
-         {"eod_id", s.eod_id},
-         {"rope", s.rope},
-         {"rotary_base", s.rotary_base},
-         {"rotary_percent", s.rotary_percent},
-         {"rmsnorm", s.rmsnorm},
-         {"swiglu", s.swiglu},
-         {"kv_heads", s.kv_heads},
-         {"untie_embeddings", s.untie_embeddings},
-         {"bias", s.bias}};
-  // RoPE scaling only where it is on, so that the files of unscaled models stay as they were.
-  if (s.rope_linear_factor != 1) j["rope_linear_factor"] = s.rope_linear_factor;
-  if (s.rope_llama3) {
-    j["rope_llama3"] = {{"factor", s.rope_llama3_factor},
-                        {"low_freq_factor", s.rope_low_freq_factor},
-                        {"high_freq_factor", s.rope_high_freq_factor},
-                        {"original_max_positions", s.rope_original_max_positions}};
-  }
-  return j;
+  return ShapeToJson(s);
 }
 
 Status SpecFromJson(const json& m, const std::string& where, GptSpec* out) {
   const json doc = {{"model", m}};  // so that paths read "model.hidden"
   JsonReader r(where, doc, kDamagedCheckpointFix);
-  const JsonValue j = r.root()["model"];
   GptSpec s;
-  s.num_layers = j["num_layers"].Get<int>();
-  s.hidden = j["hidden"].Get<int>();
-  s.ffn_hidden = j["ffn_hidden"].Get<int>();
-  s.heads = j["heads"].Get<int>();
-  s.max_positions = j["max_positions"].Get<int>();
-  s.vocab = j["vocab"].Get<int>();
-  s.padded_vocab = j["padded_vocab"].Get<int>();
-  s.alibi = j["alibi"].Get<bool>();
-  s.embed_layernorm = j["embed_layernorm"].Get<bool>();
-  s.layernorm_eps = j["layernorm_eps"].Get<float>();
-  // Absent in checkpoints written before these options.
-  s.qk_layernorm = j.Optional("qk_layernorm").Get<bool>(false);
-  s.z_loss = j.Optional("z_loss").Get<float>(0.0f);
-  s.reset_position_ids = j.Optional("reset_position_ids").Get<bool>(false);
-  s.reset_attention_mask = j.Optional("reset_attention_mask").Get<bool>(false);
-  s.eod_id = j.Optional("eod_id").Get<int32_t>(-1);
-  s.rope = j.Optional("rope").Get<bool>(false);
-  s.rotary_base = j.Optional("rotary_base").Get<double>(10000.0);
-  s.rotary_percent = j.Optional("rotary_percent").Get<double>(1.0);
-  s.rmsnorm = j.Optional("rmsnorm").Get<bool>(false);
-  s.swiglu = j.Optional("swiglu").Get<bool>(false);
-  s.kv_heads = j.Optional("kv_heads").Get<int>(0);
-  s.untie_embeddings = j.Optional("untie_embeddings").Get<bool>(false);
-  s.bias = j.Optional("bias").Get<bool>(true);
-  s.rope_linear_factor = j.Optional("rope_linear_factor").Get<double>(1.0);
-  if (const JsonValue l3 = j.Optional("rope_llama3"); l3.present()) {
-    s.rope_llama3 = true;
-    s.rope_llama3_factor = l3["factor"].Get<double>();
-    s.rope_low_freq_factor = l3["low_freq_factor"].Get<double>();
-    s.rope_high_freq_factor = l3["high_freq_factor"].Get<double>();
-    s.rope_original_max_positions = l3["original_max_positions"].Get<int>();
-  }
+  ShapeFromJson(r.root()["model"], &s);
   KEEL_RETURN_IF_ERROR(r.status());
-  // A model keel cannot build (edited by hand): the sizes its constructor and kernels rely on.
-  constexpr int kMaxWidth = std::numeric_limits<int32_t>::max() / 4;  // as config validation
-  if (s.num_layers < 1 || s.hidden < 1 || s.ffn_hidden < 1 || s.heads < 1 ||
-      s.hidden % s.heads != 0 || s.max_positions < 1 || s.vocab < 1 || s.padded_vocab < s.vocab ||
-      s.hidden > kMaxWidth || s.ffn_hidden > kMaxWidth || s.kv_heads < 0 || s.kv_heads > s.heads ||
-      (s.kv_heads > 0 && s.heads % s.kv_heads != 0) || (s.rope && s.alibi) ||
-      (s.rope && !(s.rotary_percent > 0 && s.rotary_percent <= 1 && s.rotary_base >= 1 &&
-                   s.RotaryDim() >= 2)) ||
-      // one scaling at a time, linear by a whole factor (--rotary-seq-len-interpolation-factor)
-      !(s.rope_linear_factor >= 1 && s.rope_linear_factor == std::floor(s.rope_linear_factor)) ||
-      (s.rope_llama3 && s.rope_linear_factor != 1) ||
-      (s.rope_llama3 &&
-       !(s.rope_llama3_factor >= 1 && s.rope_low_freq_factor > 0 &&
-         s.rope_high_freq_factor > s.rope_low_freq_factor && s.rope_original_max_positions > 0)))
-    return Status::Corruption(where + ": key 'model' describes no model keel can build (" +
-                              m.dump() + "); " + kDamagedCheckpointFix);
+  // A model keel cannot build (edited by hand): the limits a config is held to.
+  if (Status st = CheckShape(s, ShapeCheck::kResolved); !st.ok())
+    return Status::Corruption(where + ": key 'model' describes no model keel can build: " +
+                              st.message() + " (" + m.dump() + "); " + kDamagedCheckpointFix);
   *out = s;
   return Status::OK();
 }
@@ -407,8 +332,8 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
   const std::string cp = JoinPath(dir, "config.toml");
   KEEL_RETURN_IF_ERROR(env->ReadFileToString(cp, &r.config_text));
   KEEL_RETURN_IF_ERROR(ApplyToml(r.config_text, cp, &r.config));
-  r.config.vocab_size = r.spec.vocab;
-  r.config.padded_vocab_size = r.spec.padded_vocab;
+  r.config.model.vocab = r.spec.vocab;
+  r.config.model.padded_vocab = r.spec.padded_vocab;
   // The saved config was valid when it was written; one edited since would reach invariants of
   // the code that rebuilds its schedule (DiffConfigForResume) as an internal error.
   std::vector<std::string> notes;

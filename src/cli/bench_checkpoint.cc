@@ -123,13 +123,13 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
   }
   // GPT-2 124M's transformer with a 16k vocabulary: about 98M parameters.
   TrainConfig cfg;
-  cfg.num_layers = 12;
-  cfg.hidden_size = 768;
-  cfg.num_attention_heads = 12;
+  cfg.model.num_layers = 12;
+  cfg.model.hidden = 768;
+  cfg.model.heads = 12;
   cfg.seq_length = 64;
   cfg.micro_batch_size = 1;
   cfg.global_batch_size = 1;
-  cfg.vocab_size = 16384;
+  cfg.model.vocab = 16384;
   cfg.train_iters = 10;
   cfg.lr_warmup_iters = 1;
   cfg.threads = threads;

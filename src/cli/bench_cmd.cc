@@ -231,13 +231,13 @@ int BenchCommand(int argc, const char* const* argv) {
     for (size_t pi = 0; pi < precisions.size(); ++pi) {
       PrecisionRun& run = runs[pi];
       TrainConfig& cfg = run.cfg;
-      cfg.num_layers = m.layers;
-      cfg.hidden_size = m.hidden;
-      cfg.num_attention_heads = m.heads;
+      cfg.model.num_layers = m.layers;
+      cfg.model.hidden = m.hidden;
+      cfg.model.heads = m.heads;
       cfg.seq_length = m.seq;
       cfg.micro_batch_size = m.micro_batch;
       cfg.global_batch_size = global_batch > 0 ? global_batch : m.micro_batch;
-      cfg.vocab_size = m.vocab;
+      cfg.model.vocab = m.vocab;
       cfg.train_iters = warmup + iters;
       cfg.lr_warmup_iters = 1;
       cfg.precision = precisions[pi];

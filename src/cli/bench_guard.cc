@@ -29,7 +29,7 @@ double MedianOf(std::vector<double> v) {
 
 int BenchGuard(int iters, int warmup, int threads) {
   TrainConfig cfg;  // the default model: 4 layers, hidden 256, seq 128, global batch 16
-  cfg.vocab_size = 4096;
+  cfg.model.vocab = 4096;
   cfg.threads = threads;
   cfg.train_iters = std::max(400, 2 * (warmup + iters));  // only the schedule's length
   std::vector<std::string> notes;

@@ -39,14 +39,14 @@ int BenchRecompute(int iters, int warmup, int threads, int seq_length) {
   base.log_interval = 1;
   base.micro_batch_size = 4;
   base.global_batch_size = 4;
-  base.vocab_size = 4096;
+  base.model.vocab = 4096;
   base.threads = threads;
-  base.position_embedding_type = PositionEmbedding::kRope;
-  base.normalization = Normalization::kRmsNorm;
-  base.swiglu = true;
-  base.group_query_attention = true;
-  base.num_query_groups = 2;
-  base.disable_bias_linear = true;
+  base.model.SetPosition(PositionEmbedding::kRope);
+  base.model.rmsnorm = true;
+  base.model.swiglu = true;
+  base.model.group_query_attention = true;
+  base.model.num_query_groups = 2;
+  base.model.bias = false;
   base.train_iters = std::max(400, 2 * (warmup + iters));
   struct Mode {
     Recompute granularity;

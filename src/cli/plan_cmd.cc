@@ -102,7 +102,7 @@ int PlanCommand(int argc, const char* const* argv) {
     notes.push_back("--vocab-size not given: using GPT-2's 50257");
   }
   in.cfg = parsed.config;
-  in.cfg.vocab_size = vocab;
+  in.cfg.model.vocab = vocab;
   notes.insert(notes.begin(), parsed.notes.begin(), parsed.notes.end());
 
   RunPlan plan;

@@ -53,8 +53,8 @@ std::string FormatConfig(const TrainConfig& cfg) {
   for (const Setting& s : Settings()) out += fmt::format("{} = {}\n", s.name, s.get(cfg));
   // Values that are not settings: shown (and hashed) as comments so the text stays loadable.
   out += fmt::format("# data-parallel-size = {}\n", cfg.data_parallel_size);
-  out += fmt::format("# vocab-size = {}\n", cfg.vocab_size);
-  out += fmt::format("# padded-vocab-size = {}\n", cfg.padded_vocab_size);
+  out += fmt::format("# vocab-size = {}\n", cfg.model.vocab);
+  out += fmt::format("# padded-vocab-size = {}\n", cfg.model.padded_vocab);
   return out;
 }
 

@@ -3,7 +3,8 @@
 // formatting helpers.
 //   config_settings.cc  the settings table: flags, TOML keys, help, "did you mean" suggestions
 //   config_sources.cc   reading the command line and TOML files (ParseTrainArgs, ApplyToml)
-//   config_validate.cc  the rules and derived defaults (Validate), skip ranges, limits
+//   config_validate.cc  the rules (Validate), skip ranges, limits
+//   config_defaults.cc  the values keel chooses on the user's behalf (ResolveDefaults)
 //   config_format.cc    values as TOML literals, FormatConfig, ConfigValues, ConfigHash
 //   toml_screen.cc      refuses the TOML text that toml++ 3.3 cannot read safely
 //   megatron_flags.cc   Megatron-LM / Megatron-DeepSpeed flags that are not settings: aliases,
@@ -14,6 +15,7 @@
 #include <charconv>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <set>
 #include <string>
@@ -53,6 +55,20 @@ std::optional<T> ParseWhole(std::string_view s) {
   if (ec != std::errc() || p != end || s.empty()) return std::nullopt;
   return v;
 }
+
+// Sizes the model and its kernels compute with in int: tokens and (sequence, head) pairs of a
+// micro-batch, the 3h and 4h widths, the layer count plus one, the padded vocabulary.
+inline constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+
+inline int64_t RoundUp(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+
+// Fills every value keel chooses on the user's behalf (FFN size, max positions, global batch,
+// decay length, precision recipe, tokenizer type, padded vocabulary), each with a note. Called by
+// Validate once the given values are checked (so none of its products overflows); fails only
+// where a default itself does not exist (SwiGLU's FFN rule gives 0, a default above kMaxInt).
+Status ResolveDefaults(TrainConfig* cfg, std::vector<std::string>* notes);
 
 // A command-line integer as Megatron's argparse reads it (Python's int(): `220_000_000`, `+5`).
 std::optional<int64_t> ParseCliInt(std::string_view s);

@@ -27,8 +27,26 @@ std::string TomlFloat(T v) {
   return s;
 }
 
+// A member of TrainConfig, or of its model shape (cfg.model, config/model_shape.h).
 template <typename T>
-Setting IntSetting(std::string name, std::string help, T TrainConfig::*m) {
+T& Field(TrainConfig* c, T TrainConfig::*m) {
+  return c->*m;
+}
+template <typename T>
+const T& Field(const TrainConfig& c, T TrainConfig::*m) {
+  return c.*m;
+}
+template <typename T>
+T& Field(TrainConfig* c, T GptSpec::*m) {
+  return c->model.*m;
+}
+template <typename T>
+const T& Field(const TrainConfig& c, T GptSpec::*m) {
+  return c.model.*m;
+}
+
+template <typename T, typename Owner>
+Setting IntSetting(std::string name, std::string help, T Owner::*m) {
   Setting s;
   s.name = std::move(name);
   s.type = "INT";
@@ -37,7 +55,7 @@ Setting IntSetting(std::string name, std::string help, T TrainConfig::*m) {
     if constexpr (std::is_unsigned_v<T>) {
       auto v = in.UInt();
       if (!v) return TypeError(in, "a non-negative integer");
-      c->*m = static_cast<T>(*v);
+      Field(c, m) = static_cast<T>(*v);
     } else {
       auto v = in.Int();
       if (!v) return TypeError(in, "an integer");
@@ -45,16 +63,16 @@ Setting IntSetting(std::string name, std::string help, T TrainConfig::*m) {
         return TypeError(in, fmt::format("an integer in [{}, {}]", std::numeric_limits<T>::min(),
                                          std::numeric_limits<T>::max()));
       }
-      c->*m = static_cast<T>(*v);
+      Field(c, m) = static_cast<T>(*v);
     }
     return Status::OK();
   };
-  s.get = [m](const TrainConfig& c) { return fmt::format("{}", c.*m); };
+  s.get = [m](const TrainConfig& c) { return fmt::format("{}", Field(c, m)); };
   return s;
 }
 
-template <typename T>
-Setting RealSetting(std::string name, std::string help, T TrainConfig::*m) {
+template <typename T, typename Owner>
+Setting RealSetting(std::string name, std::string help, T Owner::*m) {
   Setting s;
   s.name = std::move(name);
   s.type = "FLOAT";
@@ -65,14 +83,15 @@ Setting RealSetting(std::string name, std::string help, T TrainConfig::*m) {
     if (std::fabs(*v) > static_cast<double>(std::numeric_limits<T>::max())) {
       return TypeError(in, "a number in float range");
     }
-    c->*m = static_cast<T>(*v);
+    Field(c, m) = static_cast<T>(*v);
     return Status::OK();
   };
-  s.get = [m](const TrainConfig& c) { return TomlFloat(c.*m); };
+  s.get = [m](const TrainConfig& c) { return TomlFloat(Field(c, m)); };
   return s;
 }
 
-Setting BoolSetting(std::string name, std::string help, bool TrainConfig::*m) {
+template <typename Owner>
+Setting BoolSetting(std::string name, std::string help, bool Owner::*m) {
   Setting s;
   s.name = std::move(name);
   s.type = "";
@@ -81,10 +100,10 @@ Setting BoolSetting(std::string name, std::string help, bool TrainConfig::*m) {
   s.set = [m](const Input& in, TrainConfig* c) -> Status {
     auto v = in.Bool();
     if (!v) return TypeError(in, "true or false");
-    c->*m = *v;
+    Field(c, m) = *v;
     return Status::OK();
   };
-  s.get = [m](const TrainConfig& c) -> std::string { return c.*m ? "true" : "false"; };
+  s.get = [m](const TrainConfig& c) -> std::string { return Field(c, m) ? "true" : "false"; };
   return s;
 }
 
@@ -104,8 +123,10 @@ Setting StringSetting(std::string name, std::string type, std::string help,
   return s;
 }
 
+// An enum read and written through `get` and `set` (the model shape keeps some as switches).
 template <typename E>
-Setting EnumSetting(std::string name, std::string help, E TrainConfig::*m,
+Setting EnumSetting(std::string name, std::string help, std::function<E(const TrainConfig&)> get,
+                    std::function<void(TrainConfig*, E)> set,
                     std::vector<std::pair<E, std::string>> names) {
   std::string choices;
   for (const auto& [e, n] : names) choices += (choices.empty() ? "" : ",") + n;
@@ -113,25 +134,33 @@ Setting EnumSetting(std::string name, std::string help, E TrainConfig::*m,
   s.name = std::move(name);
   s.type = "{" + choices + "}";
   s.help = std::move(help);
-  s.set = [m, names, choices](const Input& in, TrainConfig* c) -> Status {
+  s.set = [set, names, choices](const Input& in, TrainConfig* c) -> Status {
     auto v = in.String();
     if (v) {
       for (const auto& [e, n] : names) {
         if (*v == n) {
-          c->*m = e;
+          set(c, e);
           return Status::OK();
         }
       }
     }
     return TypeError(in, "one of " + choices);
   };
-  s.get = [m, names](const TrainConfig& c) {
+  s.get = [get, names](const TrainConfig& c) {
     for (const auto& [e, n] : names) {
-      if (c.*m == e) return TomlString(n);
+      if (get(c) == e) return TomlString(n);
     }
     return TomlString("?");
   };
   return s;
+}
+
+template <typename E>
+Setting EnumSetting(std::string name, std::string help, E TrainConfig::*m,
+                    std::vector<std::pair<E, std::string>> names) {
+  return EnumSetting<E>(
+      std::move(name), std::move(help), [m](const TrainConfig& c) { return c.*m; },
+      [m](TrainConfig* c, E e) { c->*m = e; }, std::move(names));
 }
 
 Setting IntListSetting(std::string name, std::string type, std::string help,
@@ -189,57 +218,74 @@ const std::vector<Setting>& Settings() {
   static const std::vector<Setting>* table = [] {
     auto* t = new std::vector<Setting>;
     // model
-    t->push_back(IntSetting("num-layers", "number of transformer layers", &TC::num_layers));
-    t->push_back(IntSetting("hidden-size", "transformer hidden size", &TC::hidden_size));
+    t->push_back(IntSetting("num-layers", "number of transformer layers", &GptSpec::num_layers));
+    t->push_back(IntSetting("hidden-size", "transformer hidden size", &GptSpec::hidden));
     t->push_back(
-        IntSetting("ffn-hidden-size", "MLP inner size (0: 4 * hidden-size)", &TC::ffn_hidden_size));
+        IntSetting("ffn-hidden-size", "MLP inner size (0: 4 * hidden-size)", &GptSpec::ffn_hidden));
     t->push_back(IntSetting("num-attention-heads", "attention heads; must divide hidden-size",
-                            &TC::num_attention_heads));
+                            &GptSpec::heads));
     t->push_back(IntSetting("seq-length", "tokens per training sequence", &TC::seq_length));
     t->push_back(IntSetting("max-position-embeddings", "rows of the position table (0: seq-length)",
-                            &TC::max_position_embeddings));
-    t->push_back(EnumSetting("position-embedding-type", "position encoding",
-                             &TC::position_embedding_type,
-                             {{PositionEmbedding::kLearnedAbsolute, "learned_absolute"},
-                              {PositionEmbedding::kAlibi, "alibi"},
-                              {PositionEmbedding::kRope, "rope"}}));
+                            &GptSpec::max_positions));
+    t->push_back(EnumSetting<PositionEmbedding>(
+        "position-embedding-type", "position encoding",
+        [](const TC& c) { return c.model.Position(); },
+        [](TC* c, PositionEmbedding p) { c->model.SetPosition(p); },
+        {{PositionEmbedding::kLearnedAbsolute, "learned_absolute"},
+         {PositionEmbedding::kAlibi, "alibi"},
+         {PositionEmbedding::kRope, "rope"}}));
     t->push_back(
-        IntSetting("rotary-base", "RoPE base: angle p * base^(-2i/dims)", &TC::rotary_base));
+        IntSetting("rotary-base", "RoPE base: angle p * base^(-2i/dims)", &GptSpec::rotary_base));
     t->push_back(RealSetting("rotary-percent", "RoPE: share of each head's dims that turn (0, 1]",
-                             &TC::rotary_percent));
+                             &GptSpec::rotary_percent));
     t->push_back(BoolSetting("use-rope-scaling",
                              "RoPE: Llama 3.x's frequency scaling (long wavelengths / factor)",
-                             &TC::use_rope_scaling));
+                             &GptSpec::rope_llama3));
     t->push_back(RealSetting("rope-scaling-factor", "Llama 3.x RoPE scaling: the factor (>= 1)",
-                             &TC::rope_scaling_factor));
+                             &GptSpec::rope_llama3_factor));
     t->push_back(RealSetting("rope-scaling-low-freq-factor",
                              "Llama 3.x RoPE scaling: wavelengths past original/this are scaled",
-                             &TC::rope_scaling_low_freq_factor));
+                             &GptSpec::rope_low_freq_factor));
     t->push_back(RealSetting("rope-scaling-high-freq-factor",
                              "Llama 3.x RoPE scaling: wavelengths below original/this are kept",
-                             &TC::rope_scaling_high_freq_factor));
+                             &GptSpec::rope_high_freq_factor));
     t->push_back(IntSetting("rope-scaling-original-max-position-embeddings",
                             "Llama 3.x RoPE scaling: the context the model was pretrained on",
-                            &TC::rope_scaling_original_max_position_embeddings));
+                            &GptSpec::rope_original_max_positions));
     t->push_back(IntSetting("rotary-seq-len-interpolation-factor",
                             "RoPE: positions divided by this (linear interpolation; 0: none)",
-                            &TC::rotary_seq_len_interpolation_factor));
-    t->push_back(EnumSetting(
-        "normalization", "the model's norms (QK-LayerNorm stays LayerNorm)", &TC::normalization,
+                            &GptSpec::rope_interpolation_factor));
+    t->push_back(EnumSetting<Normalization>(
+        "normalization", "the model's norms (QK-LayerNorm stays LayerNorm)",
+        [](const TC& c) {
+          return c.model.rmsnorm ? Normalization::kRmsNorm : Normalization::kLayerNorm;
+        },
+        [](TC* c, Normalization n) { c->model.rmsnorm = n == Normalization::kRmsNorm; },
         {{Normalization::kLayerNorm, "LayerNorm"}, {Normalization::kRmsNorm, "RMSNorm"}}));
     t->push_back(BoolSetting("swiglu", "gated FFN silu(x Wg) * (x Wu) (Llama; FFN default 8h/3)",
-                             &TC::swiglu));
+                             &GptSpec::swiglu));
     t->push_back(BoolSetting("group-query-attention",
                              "grouped-query attention: num-query-groups key/value heads",
-                             &TC::group_query_attention));
+                             &GptSpec::group_query_attention));
     t->push_back(IntSetting("num-query-groups",
                             "key/value heads with group-query-attention; divides the heads",
-                            &TC::num_query_groups));
+                            &GptSpec::num_query_groups));
     t->push_back(BoolSetting("untie-embeddings-and-output-weights",
                              "an output layer of its own instead of the word embedding's transpose",
-                             &TC::untie_embeddings_and_output_weights));
-    t->push_back(BoolSetting("disable-bias-linear", "no biases in the linear layers (Llama)",
-                             &TC::disable_bias_linear));
+                             &GptSpec::untie_embeddings));
+    {
+      // The model keeps the switch the other way round (bias on).
+      Setting s = BoolSetting("disable-bias-linear", "no biases in the linear layers (Llama)",
+                              &GptSpec::bias);
+      s.set = [](const Input& in, TrainConfig* c) -> Status {
+        auto v = in.Bool();
+        if (!v) return TypeError(in, "true or false");
+        c->model.bias = !*v;
+        return Status::OK();
+      };
+      s.get = [](const TrainConfig& c) -> std::string { return c.model.bias ? "false" : "true"; };
+      t->push_back(std::move(s));
+    }
     t->push_back(EnumSetting("recompute-granularity",
                              "activation recomputation: selective (attention probabilities) or "
                              "full (whole layers); same bits, less memory, more compute",
@@ -257,7 +303,7 @@ const std::vector<Setting>& Settings() {
                             "with full: block's count of recomputed layers (uniform's chunk size)",
                             &TC::recompute_num_layers));
     t->push_back(BoolSetting("embed-layernorm", "LayerNorm after the word embedding (BLOOM)",
-                             &TC::embed_layernorm));
+                             &GptSpec::embed_layernorm));
     t->push_back(IntSetting("make-vocab-size-divisible-by",
                             "pad the vocabulary to a multiple of this",
                             &TC::make_vocab_size_divisible_by));
@@ -265,7 +311,7 @@ const std::vector<Setting>& Settings() {
                             "pad the vocabulary to exactly this many rows (0: to a multiple of "
                             "make-vocab-size-divisible-by)",
                             &TC::pad_vocab_size_to));
-    t->push_back(RealSetting("layernorm-epsilon", "LayerNorm epsilon", &TC::layernorm_epsilon));
+    t->push_back(RealSetting("layernorm-epsilon", "LayerNorm epsilon", &GptSpec::layernorm_eps));
     t->push_back(EnumSetting("init-method", "weight init: normal uses init-method-std",
                              &TC::init_method,
                              {{InitMethod::kNormal, "normal"},
@@ -276,10 +322,13 @@ const std::vector<Setting>& Settings() {
     t->push_back(BoolSetting(
         "qk-layernorm",
         "LayerNorm of each head's query and key before attention (stability at high LR)",
-        &TC::qk_layernorm));
+        &GptSpec::qk_layernorm));
+    t->push_back(RealSetting("qk-layernorm-epsilon",
+                             "QK-LayerNorm epsilon (0: layernorm-epsilon); needs qk-layernorm",
+                             &GptSpec::qk_layernorm_eps));
     t->push_back(RealSetting(
         "z-loss", "z-loss coefficient: adds z * mean (log Z)^2 to the objective (0: off)",
-        &TC::z_loss));
+        &GptSpec::z_loss));
     // batch and length
     t->push_back(IntSetting("micro-batch-size", "sequences per micro-batch per rank",
                             &TC::micro_batch_size));
@@ -401,10 +450,10 @@ const std::vector<Setting>& Settings() {
         {{TokenizerKind::kGpt2, "gpt2"}, {TokenizerKind::kSentencePiece, "sentencepiece"}}));
     t->push_back(BoolSetting("reset-position-ids",
                              "restart position ids after each end-of-document token",
-                             &TC::reset_position_ids));
+                             &GptSpec::reset_position_ids));
     t->push_back(BoolSetting("reset-attention-mask",
                              "tokens attend only within their own document of a packed sequence",
-                             &TC::reset_attention_mask));
+                             &GptSpec::reset_attention_mask));
     t->push_back(
         StringSetting("tokenizer-type", "TYPE",
                       "Megatron's tokenizer of datasets without keel metadata: GPT2BPETokenizer, "

@@ -1,6 +1,7 @@
 // Validation of a TrainConfig: every rule with an error that names the flag, the value, the rule
-// and a fix, and the derived defaults (FFN size, max positions, global batch, decay length, padded
-// vocabulary), each reported as a note. Also the skip-range syntax.
+// and a fix. The values keel derives (FFN size, max positions, global batch, decay length, padded
+// vocabulary) are config_defaults.cc's; Validate checks the given values, resolves the defaults,
+// then checks what depends on them. Also the skip-range syntax.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,16 +21,15 @@ namespace keel {
 namespace {
 
 using config_internal::FindSetting;
+using config_internal::kMaxInt;
 using config_internal::ParseWhole;
+using config_internal::RoundUp;
 
 // ---------------------------------------------------------------------------------------------
 // Limits. Products of sizes are formed here in 128 bits, so checking them cannot overflow itself.
 
 using Wide = __int128;
 
-// Sizes the model and its kernels compute with in int: tokens and (sequence, head) pairs of a
-// micro-batch, the 3h and 4h widths, the layer count plus one, the padded vocabulary.
-constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
 // Elements of the parameters or of one micro-batch's activations, counted in size_t: 16 bytes per
 // parameter (weights, gradients, two Adam moments) must still fit a signed 64-bit byte count.
 constexpr Wide kMaxFloats = Wide{1} << 59;
@@ -50,10 +50,6 @@ std::string Count(Wide v) {
 
 Status Invalid(std::string msg) {
   return Status::InvalidArgument(std::move(msg));
-}
-
-int64_t RoundUp(int64_t x, int64_t m) {
-  return (x + m - 1) / m * m;
 }
 
 Status Positive(const char* flag, int64_t v) {
@@ -90,38 +86,6 @@ Status CheckSplit(const std::string& split) {
       split));
 }
 
-// RoPE's frequency scaling: Llama 3.x's bands or linear interpolation, one at a time (Hugging
-// Face's rope_scaling holds one), each with the bounds Hugging Face checks.
-Status ValidateRopeScaling(const TrainConfig& c) {
-  if (c.rotary_seq_len_interpolation_factor < 0) {
-    return Invalid(
-        fmt::format("--rotary-seq-len-interpolation-factor {} must be at least 1 (or 0 for none)",
-                    c.rotary_seq_len_interpolation_factor));
-  }
-  if (!c.use_rope_scaling) return Status::OK();
-  if (c.rotary_seq_len_interpolation_factor > 1) {
-    return Invalid(fmt::format(
-        "--use-rope-scaling and --rotary-seq-len-interpolation-factor {} both scale RoPE; choose "
-        "one (Llama 3.x checkpoints use --use-rope-scaling alone)",
-        c.rotary_seq_len_interpolation_factor));
-  }
-  if (!(c.rope_scaling_factor >= 1)) {
-    return Invalid(fmt::format(
-        "--rope-scaling-factor {} must be at least 1: it stretches the context the model was "
-        "pretrained on; Llama 3.1 uses 8, Llama 3.2 32",
-        c.rope_scaling_factor));
-  }
-  if (!(c.rope_scaling_low_freq_factor > 0 &&
-        c.rope_scaling_high_freq_factor > c.rope_scaling_low_freq_factor)) {
-    return Invalid(fmt::format(
-        "--rope-scaling-low-freq-factor {} and --rope-scaling-high-freq-factor {}: need 0 < low < "
-        "high (Llama 3.x: 1 and 4)",
-        c.rope_scaling_low_freq_factor, c.rope_scaling_high_freq_factor));
-  }
-  return Positive("rope-scaling-original-max-position-embeddings",
-                  c.rope_scaling_original_max_position_embeddings);
-}
-
 // Megatron-LM's --recompute-method and --recompute-num-layers refine full recomputation only.
 Status ValidateRecompute(const TrainConfig& c, std::vector<std::string>* notes) {
   const bool block = c.recompute_method == RecomputeMethod::kBlock;
@@ -138,12 +102,12 @@ Status ValidateRecompute(const TrainConfig& c, std::vector<std::string>* notes) 
     return Status::OK();
   }
   if (block) {
-    if (n < 0 || n > c.num_layers) {
+    if (n < 0 || n > c.model.num_layers) {
       return Invalid(fmt::format(
           "--recompute-num-layers {} with --recompute-method block must be from 0 to "
           "--num-layers {}: the first N layers recompute their forward, the rest keep their "
           "activations",
-          n, c.num_layers));
+          n, c.model.num_layers));
     }
     if (n == 0)
       notes->push_back("--recompute-method block --recompute-num-layers 0: no layer recomputes");
@@ -164,139 +128,32 @@ Status ValidateRecompute(const TrainConfig& c, std::vector<std::string>* notes) 
   return Status::OK();
 }
 
-Status ValidateModel(TrainConfig* c, std::vector<std::string>* notes) {
-  KEEL_RETURN_IF_ERROR(Positive("num-layers", c->num_layers));
-  KEEL_RETURN_IF_ERROR(Positive("hidden-size", c->hidden_size));
-  KEEL_RETURN_IF_ERROR(Positive("num-attention-heads", c->num_attention_heads));
+// The model's given sizes and options (before the defaults: the FFN and position defaults are
+// computed from sizes checked here).
+Status ValidateModel(const TrainConfig* c, std::vector<std::string>* notes) {
+  const GptSpec& m = c->model;
+  // The shape's own limits (config/model_shape.cc's table, which a checkpoint is held to too).
+  KEEL_RETURN_IF_ERROR(CheckShape(m, ShapeCheck::kGiven));
   KEEL_RETURN_IF_ERROR(Positive("seq-length", c->seq_length));
-  if (c->num_layers > kMaxInt - 1) {
-    return Invalid(fmt::format(
-        "--num-layers {} is more than {}: the model counts its num-layers + 1 residual streams in "
-        "32-bit integers; use fewer layers",
-        c->num_layers, kMaxInt - 1));
-  }
-  if (c->hidden_size > kMaxInt / 4) {
-    return Invalid(fmt::format(
-        "--hidden-size {} is more than {}: the model computes 4 x hidden-size (the default MLP "
-        "width; the QKV width is 3 x hidden-size) in 32-bit integers; use a smaller --hidden-size",
-        c->hidden_size, kMaxInt / 4));
-  }
-  if (c->hidden_size % c->num_attention_heads != 0) {
-    int h = c->hidden_size, n = c->num_attention_heads;
-    // Suggest a head dimension that is a multiple of 8, and a power-of-two head count.
-    int64_t step = int64_t{n} * 8;
-    int64_t try_hidden = std::max<int64_t>(step, (h + step / 2) / step * step);
-    int try_heads = 1;
-    while (try_heads * 2 <= n && h % (try_heads * 2) == 0) try_heads *= 2;
-    return Invalid(fmt::format(
-        "--hidden-size {} is not divisible by --num-attention-heads {}: hidden size must be a "
-        "multiple of the head count; try --hidden-size {} or --num-attention-heads {}",
-        h, n, try_hidden, try_heads));
-  }
-  KEEL_RETURN_IF_ERROR(NonNegative("ffn-hidden-size", c->ffn_hidden_size,
-                                   "set it to 0 for 4 * hidden-size, or give a positive size"));
-  if (c->ffn_hidden_size == 0 && c->swiglu) {
-    // Megatron-LM's rule: two thirds of 4h (the gated FFN has three matrices, not two, so this
-    // keeps its parameter count near the 4h FFN's), rounded down to a multiple of 64.
-    const int64_t f = (int64_t{4} * c->hidden_size * 2 / 3) / 64 * 64;
-    if (f == 0) {
-      return Invalid(fmt::format(
-          "--swiglu with --hidden-size {}: Megatron's FFN size rule (8h/3, rounded down to a "
-          "multiple of 64) gives 0; give --ffn-hidden-size (e.g. {})",
-          c->hidden_size, std::max(8, (8 * c->hidden_size / 3 + 7) / 8 * 8)));
-    }
-    c->ffn_hidden_size = static_cast<int>(f);
-    notes->push_back(fmt::format(
-        "--ffn-hidden-size not given: using Megatron's SwiGLU size int(4 * hidden-size * 2/3 / 64) "
-        "* 64 = {} (Llama-2 7B sets 11008 itself: pass --ffn-hidden-size to match a published "
-        "shape)",
-        c->ffn_hidden_size));
-  }
-  if (c->ffn_hidden_size == 0) {
-    c->ffn_hidden_size = 4 * c->hidden_size;
-    notes->push_back(
-        fmt::format("--ffn-hidden-size not given: using 4 * hidden-size = {}", c->ffn_hidden_size));
-  }
-  if (c->swiglu && c->ffn_hidden_size > kMaxInt / 2) {
-    return Invalid(fmt::format(
-        "--ffn-hidden-size {} with --swiglu: the fused gate and up product is 2 x ffn-hidden-size "
-        "wide, more than a 32-bit integer; use a smaller --ffn-hidden-size",
-        c->ffn_hidden_size));
-  }
-  // Grouped-query attention: the query heads share num-query-groups key/value heads.
-  if (c->group_query_attention) {
-    if (c->num_query_groups < 1 || c->num_query_groups > c->num_attention_heads ||
-        c->num_attention_heads % c->num_query_groups != 0) {
-      int g = std::min(std::max(c->num_query_groups, 1), c->num_attention_heads);
-      while (c->num_attention_heads % g != 0) --g;
-      return Invalid(fmt::format(
-          "--num-query-groups {} must divide --num-attention-heads {} (each key/value head serves "
-          "the same number of query heads); try --num-query-groups {}",
-          c->num_query_groups, c->num_attention_heads, g));
-    }
-  } else if (c->num_query_groups != 1) {
+  if (!m.group_query_attention && m.num_query_groups != 1) {
     notes->push_back(fmt::format(
         "--num-query-groups {} without --group-query-attention: ignored, every query head has its "
         "own key and value head (add --group-query-attention to share them)",
-        c->num_query_groups));
+        m.num_query_groups));
   }
-  if (c->position_embedding_type == PositionEmbedding::kRope) {
-    if (!(c->rotary_percent > 0 && c->rotary_percent <= 1)) {
-      return Invalid(fmt::format(
-          "--rotary-percent {} must be in (0, 1]: the share of each head's dimensions that turn; "
-          "try --rotary-percent 1.0",
-          c->rotary_percent));
-    }
-    const int rot = static_cast<int>(c->head_dim() * c->rotary_percent);
-    if (rot < 2 || rot % 2 != 0) {
-      return Invalid(fmt::format(
-          "--rotary-percent {} of the head dimension {} gives {} rotary dimensions; RoPE turns "
-          "them in pairs, so it needs an even number >= 2; try --rotary-percent 1.0",
-          c->rotary_percent, c->head_dim(), rot));
-    }
-    if (c->rotary_base < 1) {
-      return Invalid(fmt::format("--rotary-base {} must be at least 1; try --rotary-base 10000",
-                                 c->rotary_base));
-    }
-    KEEL_RETURN_IF_ERROR(ValidateRopeScaling(*c));
-  } else if (c->rotary_base != 10000 || c->rotary_percent != 1.0 || c->use_rope_scaling ||
-             c->rotary_seq_len_interpolation_factor != 0) {
+  if (!m.rope && (m.rotary_base != 10000 || m.rotary_percent != 1.0 || m.rope_llama3 ||
+                  m.rope_interpolation_factor != 0)) {
     notes->push_back(
         "--rotary-base / --rotary-percent / --use-rope-scaling / "
         "--rotary-seq-len-interpolation-factor given without --position-embedding-type rope: "
         "ignored");
   }
   KEEL_RETURN_IF_ERROR(ValidateRecompute(*c, notes));
-  KEEL_RETURN_IF_ERROR(NonNegative("max-position-embeddings", c->max_position_embeddings,
-                                   "set it to 0 to use --seq-length"));
-  if (c->max_position_embeddings == 0) {
-    c->max_position_embeddings = c->seq_length;
-    notes->push_back(
-        fmt::format("--max-position-embeddings not given: using --seq-length = {}", c->seq_length));
-  }
-  if (c->max_position_embeddings < c->seq_length) {
-    // ALiBi has no position table, but the model still runs at most max-position-embeddings
-    // tokens per sequence.
-    const bool learned = c->position_embedding_type == PositionEmbedding::kLearnedAbsolute;
-    return Invalid(fmt::format(
-        "--max-position-embeddings {} is smaller than --seq-length {}: {}; try "
-        "--max-position-embeddings {} (or 0 for --seq-length) or --seq-length {}",
-        c->max_position_embeddings, c->seq_length,
-        learned ? "learned absolute positions need a table row for every position"
-                : "the model runs sequences of at most max-position-embeddings tokens, with alibi "
-                  "positions too",
-        c->seq_length, c->max_position_embeddings));
-  }
   if (c->make_vocab_size_divisible_by < 1) {
     return Invalid(fmt::format(
         "--make-vocab-size-divisible-by {} must be at least 1; try --make-vocab-size-divisible-by "
         "128",
         c->make_vocab_size_divisible_by));
-  }
-  if (!(c->layernorm_epsilon > 0)) {
-    return Invalid(
-        fmt::format("--layernorm-epsilon {} must be positive; try --layernorm-epsilon 1e-5",
-                    c->layernorm_epsilon));
   }
   if (!(c->init_method_std > 0)) {
     return Invalid(fmt::format("--init-method-std {} must be positive; try --init-method-std 0.02",
@@ -305,7 +162,26 @@ Status ValidateModel(TrainConfig* c, std::vector<std::string>* notes) {
   return Status::OK();
 }
 
-Status ValidateBatch(TrainConfig* c, std::vector<std::string>* notes) {
+// The positions the model runs, once resolved (the SwiGLU width is the shape table's).
+Status ValidateResolvedModel(const TrainConfig* c) {
+  if (c->model.max_positions < c->seq_length) {
+    // ALiBi has no position table, but the model still runs at most max-position-embeddings
+    // tokens per sequence.
+    const bool learned = c->model.Position() == PositionEmbedding::kLearnedAbsolute;
+    return Invalid(fmt::format(
+        "--max-position-embeddings {} is smaller than --seq-length {}: {}; try "
+        "--max-position-embeddings {} (or 0 for --seq-length) or --seq-length {}",
+        c->model.max_positions, c->seq_length,
+        learned ? "learned absolute positions need a table row for every position"
+                : "the model runs sequences of at most max-position-embeddings tokens, with alibi "
+                  "positions too",
+        c->seq_length, c->model.max_positions));
+  }
+  return Status::OK();
+}
+
+// The batch sizes as given (the global batch's default is computed from them).
+Status ValidateBatch(const TrainConfig* c) {
   KEEL_RETURN_IF_ERROR(Positive("micro-batch-size", c->micro_batch_size));
   if (c->data_parallel_size < 1) {
     return Status::Internal(
@@ -319,28 +195,26 @@ Status ValidateBatch(TrainConfig* c, std::vector<std::string>* notes) {
         "--micro-batch-size or --seq-length",
         c->micro_batch_size, c->seq_length, mb_tokens, kMaxInt));
   }
-  const int64_t mb_heads = int64_t{c->micro_batch_size} * c->num_attention_heads;
+  const int64_t mb_heads = int64_t{c->micro_batch_size} * c->model.heads;
   if (mb_heads > kMaxInt) {
     return Invalid(fmt::format(
         "--micro-batch-size {} x --num-attention-heads {} = {} is more than {}: the attention "
         "kernels count (sequence, head) pairs in 32-bit integers; use a smaller --micro-batch-size",
-        c->micro_batch_size, c->num_attention_heads, mb_heads, kMaxInt));
+        c->micro_batch_size, c->model.heads, mb_heads, kMaxInt));
   }
+  return NonNegative("global-batch-size", c->global_batch_size,
+                     "set it to 0 for micro-batch-size * data-parallel size");
+}
+
+// The resolved global batch: DeepSpeed's product, whole micro-batches, the ramp-up.
+Status ValidateResolvedBatch(const TrainConfig* c) {
   const int64_t m = int64_t{c->micro_batch_size} * c->data_parallel_size;
   const std::string m_text = fmt::format("--micro-batch-size {} * data-parallel size {} = {}",
                                          c->micro_batch_size, c->data_parallel_size, m);
-  KEEL_RETURN_IF_ERROR(NonNegative("global-batch-size", c->global_batch_size,
-                                   "set it to 0 for micro-batch-size * data-parallel size"));
   if (c->gradient_accumulation_steps > 0) {
     // DeepSpeed's rule: train_batch_size = micro-batch x gradient accumulation x data-parallel.
     const int64_t want = m * c->gradient_accumulation_steps;
-    if (c->global_batch_size == 0 && want <= kMaxInt) {
-      c->global_batch_size = static_cast<int>(want);
-      notes->push_back(fmt::format(
-          "--global-batch-size not given: using {} x gradient_accumulation_steps {} = {} (the "
-          "DeepSpeed config's)",
-          m_text, c->gradient_accumulation_steps, want));
-    } else if (c->global_batch_size != want) {
+    if (c->global_batch_size != want) {
       return Invalid(fmt::format(
           "--global-batch-size {} is not {} x the DeepSpeed config's gradient_accumulation_steps "
           "{} = {}: DeepSpeed requires train_batch_size = micro-batch x gradient accumulation x "
@@ -348,16 +222,6 @@ Status ValidateBatch(TrainConfig* c, std::vector<std::string>* notes) {
           "derives from the other two)",
           c->global_batch_size, m_text, c->gradient_accumulation_steps, want));
     }
-  }
-  if (c->global_batch_size == 0) {
-    if (m > kMaxInt) {
-      return Invalid(fmt::format(
-          "--global-batch-size not given, and its default {} is more than {}, the largest global "
-          "batch; use a smaller --micro-batch-size",
-          m_text, kMaxInt));
-    }
-    c->global_batch_size = static_cast<int>(m);
-    notes->push_back(fmt::format("--global-batch-size not given: using {}", m_text));
   }
   const int64_t g = c->global_batch_size;
   if (g % m != 0) {
@@ -456,7 +320,8 @@ Status ValidateRunTokens(const TrainConfig& c) {
   return Status::OK();
 }
 
-Status ValidateSchedule(TrainConfig* c, std::vector<std::string>* notes) {
+// The run's length and LR schedule, once the global batch and the decay length are resolved.
+Status ValidateSchedule(const TrainConfig* c) {
   KEEL_RETURN_IF_ERROR(NonNegative("train-iters", c->train_iters, "give a positive length"));
   KEEL_RETURN_IF_ERROR(NonNegative("train-samples", c->train_samples, "give a positive length"));
   if (c->train_iters == 0 && c->train_samples == 0) {
@@ -493,14 +358,6 @@ Status ValidateSchedule(TrainConfig* c, std::vector<std::string>* notes) {
           "(--train-iters {}): use --lr-decay-iters {} instead",
           c->lr_decay_samples, c->train_iters, (c->lr_decay_samples + g - 1) / g));
     }
-    if (c->lr_decay_iters == 0) {
-      c->lr_decay_iters = c->train_iters;
-      if (!constant) {
-        notes->push_back(
-            fmt::format("--lr-decay-iters not given: decaying over the whole run, {} iterations",
-                        c->train_iters));
-      }
-    }
     if (!constant && c->lr_warmup_iters >= c->lr_decay_iters) {
       return Invalid(fmt::format(
           "--lr-warmup-iters {} is not smaller than --lr-decay-iters {}: warmup must end before "
@@ -521,14 +378,6 @@ Status ValidateSchedule(TrainConfig* c, std::vector<std::string>* notes) {
           "(--train-samples {}): use --lr-decay-samples {} (iterations * global batch {}) and "
           "--lr-decay-iters 0",
           c->lr_decay_iters, c->train_samples, c->lr_decay_iters * g, g));
-    }
-    if (c->lr_decay_samples == 0) {
-      c->lr_decay_samples = c->train_samples;
-      if (!constant) {
-        notes->push_back(
-            fmt::format("--lr-decay-samples not given: decaying over the whole run, {} samples",
-                        c->train_samples));
-      }
     }
     if (!constant && c->lr_warmup_samples >= c->lr_decay_samples) {
       return Invalid(fmt::format(
@@ -555,20 +404,12 @@ Status ValidateSchedule(TrainConfig* c, std::vector<std::string>* notes) {
   return Status::OK();
 }
 
-// --bf16 / --fp16 and fp16's loss scaler.
-Status ValidatePrecision(TrainConfig* c, std::vector<std::string>* notes) {
+// --bf16 / --fp16 and fp16's loss scaler (the recipe is resolved from the flags by then).
+Status ValidatePrecision(const TrainConfig* c, std::vector<std::string>* notes) {
   if (c->bf16 && c->fp16) {
     return Invalid(
         "--bf16 and --fp16 are both set: a run computes in one of them; keep --bf16 (fp32's "
         "range, no loss scaling) or --fp16 (with loss scaling), not both");
-  }
-  if (c->bf16) {
-    c->precision = Precision::kBf16;
-  } else if (c->fp16) {
-    c->precision = Precision::kFp16;
-  } else {
-    c->bf16 = c->precision == Precision::kBf16;
-    c->fp16 = c->precision == Precision::kFp16;
   }
   if (!(c->initial_loss_scale > 0)) {
     return Invalid(fmt::format(
@@ -624,7 +465,7 @@ Status ValidatePrecision(TrainConfig* c, std::vector<std::string>* notes) {
   return Status::OK();
 }
 
-Status ValidateOptimizerAndRun(TrainConfig* c) {
+Status ValidateOptimizerAndRun(const TrainConfig* c) {
   for (auto [flag, v] : {std::pair{"adam-beta1", c->adam_beta1}, {"adam-beta2", c->adam_beta2}}) {
     if (!(v >= 0 && v < 1)) {
       return Invalid(fmt::format(
@@ -739,9 +580,10 @@ Status ValidateOptimizerAndRun(TrainConfig* c) {
 }
 
 Status ValidateGuard(const TrainConfig& c) {
-  if (!(c.z_loss >= 0) || c.z_loss > 1)
-    return Invalid(fmt::format(
-        "--z-loss {} must be between 0 (off) and 1; PaLM used 1e-4, e.g. --z-loss 1e-4", c.z_loss));
+  if (!(c.model.z_loss >= 0) || c.model.z_loss > 1)
+    return Invalid(
+        fmt::format("--z-loss {} must be between 0 (off) and 1; PaLM used 1e-4, e.g. --z-loss 1e-4",
+                    c.model.z_loss));
   for (auto [flag, v] : {std::pair{"guard-z-threshold", c.guard_z_threshold},
                          std::pair{"guard-grad-z-threshold", c.guard_grad_z_threshold},
                          std::pair{"guard-divergence-rel", c.guard_divergence_rel}}) {
@@ -784,8 +626,8 @@ Status ValidateGuard(const TrainConfig& c) {
 // The parameter count and one micro-batch's activation floats (upper bounds of GptModel's own
 // counts) stay below kMaxFloats. Needs the derived sizes (FFN, max positions, padded vocab).
 Status ValidateModelSize(const TrainConfig& c) {
-  const Wide L = c.num_layers, h = c.hidden_size, F = c.ffn_hidden_size;
-  const Wide NH = c.num_attention_heads, Vp = c.padded_vocab_size, P = c.max_position_embeddings;
+  const Wide L = c.model.num_layers, h = c.model.hidden, F = c.model.ffn_hidden;
+  const Wide NH = c.model.heads, Vp = c.model.padded_vocab, P = c.model.max_positions;
   const Wide B = c.micro_batch_size, T = c.seq_length, N = B * T;
   const std::string limit = fmt::format("2^59 ({})", Count(kMaxFloats));
   // Per layer (upper bounds): QKV 3h^2+3h, projection h^2+h, MLP 3hF+2F+h (SwiGLU), norms 4h,
@@ -798,7 +640,7 @@ Status ValidateModelSize(const TrainConfig& c) {
         "--num-layers {}, --hidden-size {}, --ffn-hidden-size {}: {} parameters is more than {}: "
         "their weights, gradients and Adam moments (16 bytes each) would overflow 64-bit byte "
         "counts; use a smaller model",
-        c.num_layers, c.hidden_size, c.ffn_hidden_size, Count(params), limit));
+        c.model.num_layers, c.model.hidden, c.model.ffn_hidden, Count(params), limit));
   }
   // Per layer: attention probabilities B*NH*T^2, the (N, h), (N, 3h) and (N, F) buffers (QK-
   // LayerNorm included); then the logits (N, Vp), the final buffers and gradient scratch.
@@ -811,32 +653,23 @@ Status ValidateModelSize(const TrainConfig& c) {
         "--num-layers {} x --micro-batch-size {} x --num-attention-heads {} x --seq-length {} "
         "squared = {}), more than {}: their byte counts would overflow 64-bit sizes; use a "
         "smaller --micro-batch-size, --seq-length or --num-layers",
-        Count(acts), c.num_layers, c.micro_batch_size, c.num_attention_heads, c.seq_length,
+        Count(acts), c.model.num_layers, c.micro_batch_size, c.model.heads, c.seq_length,
         Count(attention), limit));
   }
   return Status::OK();
 }
 
-// Megatron's tokenizer flags: a type with the files it reads. pretrain_gpt.py defaults the type
-// to GPT2BPETokenizer, so --vocab-file and --merge-file alone select it (noted).
-Status ValidateTokenizerFlags(TrainConfig* c, std::vector<std::string>* notes) {
+// Megatron's tokenizer flags: a type with the files it reads (--vocab-file and --merge-file
+// alone have selected GPT2BPETokenizer by then, as pretrain_gpt.py's default).
+Status ValidateTokenizerFlags(const TrainConfig* c, std::vector<std::string>* notes) {
   static const char* kTypes[] = {"GPT2BPETokenizer", "SentencePieceTokenizer", "PretrainedFromHF"};
-  std::string& type = c->tokenizer_type;
+  const std::string& type = c->tokenizer_type;
   if (type.empty()) {
-    if (c->vocab_file.empty() && c->merge_file.empty() && c->tokenizer_model.empty() &&
-        c->tokenizer_name_or_path.empty())
-      return Status::OK();
-    if (!c->vocab_file.empty() || !c->merge_file.empty()) {
-      type = kTypes[0];
-      notes->push_back(
-          "--tokenizer-type not given: GPT2BPETokenizer, as pretrain_gpt.py defaults it, with "
-          "--vocab-file and --merge-file");
-    } else {
-      return Invalid(fmt::format(
-          "{} is given without --tokenizer-type: pass --tokenizer-type {}",
-          !c->tokenizer_model.empty() ? "--tokenizer-model" : "--tokenizer-name-or-path",
-          !c->tokenizer_model.empty() ? "SentencePieceTokenizer" : "PretrainedFromHF"));
-    }
+    if (c->tokenizer_model.empty() && c->tokenizer_name_or_path.empty()) return Status::OK();
+    return Invalid(
+        fmt::format("{} is given without --tokenizer-type: pass --tokenizer-type {}",
+                    !c->tokenizer_model.empty() ? "--tokenizer-model" : "--tokenizer-name-or-path",
+                    !c->tokenizer_model.empty() ? "SentencePieceTokenizer" : "PretrainedFromHF"));
   }
   if (type != kTypes[0] && type != kTypes[1] && type != kTypes[2])
     return Invalid(fmt::format(
@@ -917,53 +750,42 @@ Status ParseRanges(const std::vector<std::string>& text, const char* flag, int64
   return Status::OK();
 }
 
+// --pad-vocab-size-to against the vocabulary the data gave (Megatron-DeepSpeed's
+// _vocab_size_with_padding: exactly that size, which must hold the vocabulary and still be a
+// multiple of --make-vocab-size-divisible-by).
+Status ValidateVocab(const TrainConfig* c) {
+  if (c->model.vocab <= 0 || c->pad_vocab_size_to == 0) return Status::OK();
+  const int64_t to = c->pad_vocab_size_to, mult = c->make_vocab_size_divisible_by;
+  if (to < c->model.vocab)
+    return Invalid(fmt::format(
+        "--pad-vocab-size-to {} is smaller than the tokenizer's vocabulary of {} tokens: the "
+        "padded vocabulary must hold every token; use at least {}",
+        to, c->model.vocab, RoundUp(c->model.vocab, mult)));
+  if (to % mult != 0)
+    return Invalid(fmt::format(
+        "--pad-vocab-size-to {} is not a multiple of --make-vocab-size-divisible-by {} (a rule "
+        "of Megatron-DeepSpeed's); try --pad-vocab-size-to {}",
+        to, mult, RoundUp(to, mult)));
+  return Status::OK();
+}
+
 }  // namespace
 
 Status Validate(TrainConfig* cfg, std::vector<std::string>* notes) {
+  // The values as given: every size the defaults compute with is in range after these.
   KEEL_RETURN_IF_ERROR(ValidateModel(cfg, notes));
   KEEL_RETURN_IF_ERROR(ValidateGuard(*cfg));
-  KEEL_RETURN_IF_ERROR(ValidateBatch(cfg, notes));
-  KEEL_RETURN_IF_ERROR(ValidateSchedule(cfg, notes));
+  KEEL_RETURN_IF_ERROR(ValidateBatch(cfg));
+  KEEL_RETURN_IF_ERROR(ValidateDataFlags(*cfg));
+  KEEL_RETURN_IF_ERROR(ValidateVocab(cfg));
+  KEEL_RETURN_IF_ERROR(config_internal::ResolveDefaults(cfg, notes));
+  // The rules on resolved values.
+  KEEL_RETURN_IF_ERROR(ValidateResolvedModel(cfg));
+  KEEL_RETURN_IF_ERROR(ValidateResolvedBatch(cfg));
+  KEEL_RETURN_IF_ERROR(ValidateSchedule(cfg));
   KEEL_RETURN_IF_ERROR(ValidateOptimizerAndRun(cfg));
   KEEL_RETURN_IF_ERROR(ValidatePrecision(cfg, notes));
   KEEL_RETURN_IF_ERROR(ValidateTokenizerFlags(cfg, notes));
-  KEEL_RETURN_IF_ERROR(ValidateDataFlags(*cfg));
-  if (cfg->vocab_size < 0) {
-    return Status::InvalidArgument(
-        fmt::format("vocabulary size {} is negative: the dataset metadata is wrong; rebuild it",
-                    cfg->vocab_size));
-  }
-  if (cfg->vocab_size > 0 && cfg->pad_vocab_size_to > 0) {
-    // Megatron-DeepSpeed's _vocab_size_with_padding: exactly this size, which must hold the
-    // vocabulary and still be a multiple of --make-vocab-size-divisible-by.
-    const int64_t to = cfg->pad_vocab_size_to, mult = cfg->make_vocab_size_divisible_by;
-    if (to < cfg->vocab_size)
-      return Invalid(fmt::format(
-          "--pad-vocab-size-to {} is smaller than the tokenizer's vocabulary of {} tokens: the "
-          "padded vocabulary must hold every token; use at least {}",
-          to, cfg->vocab_size, RoundUp(cfg->vocab_size, mult)));
-    if (to % mult != 0)
-      return Invalid(fmt::format(
-          "--pad-vocab-size-to {} is not a multiple of --make-vocab-size-divisible-by {} (a rule "
-          "of Megatron-DeepSpeed's); try --pad-vocab-size-to {}",
-          to, mult, RoundUp(to, mult)));
-    cfg->padded_vocab_size = static_cast<int>(to);
-    notes->push_back(fmt::format("vocab {} padded to {} (--pad-vocab-size-to)", cfg->vocab_size,
-                                 cfg->padded_vocab_size));
-  } else if (cfg->vocab_size > 0) {
-    const int64_t mult = cfg->make_vocab_size_divisible_by;
-    const int64_t padded = RoundUp(cfg->vocab_size, mult);
-    if (padded > kMaxInt) {
-      return Invalid(fmt::format(
-          "--make-vocab-size-divisible-by {} pads the vocabulary of {} tokens to {}, more than "
-          "{}: the model counts vocabulary rows in 32-bit integers; try "
-          "--make-vocab-size-divisible-by 128",
-          mult, cfg->vocab_size, padded, kMaxInt));
-    }
-    cfg->padded_vocab_size = static_cast<int>(padded);
-    notes->push_back(fmt::format("vocab {} padded to {} (multiple of {})", cfg->vocab_size,
-                                 cfg->padded_vocab_size, mult));
-  }
   return ValidateModelSize(*cfg);
 }
 

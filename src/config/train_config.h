@@ -9,12 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "config/model_shape.h"
 #include "core/precision.h"
 
 namespace keel {
 
-enum class PositionEmbedding { kLearnedAbsolute, kAlibi, kRope };
-enum class Normalization { kLayerNorm, kRmsNorm };
 // Activation recomputation (model/gpt.h): none, the attention probabilities, or whole layers.
 enum class Recompute { kNone, kSelective, kFull };
 enum class RecomputeMethod { kUniform, kBlock };
@@ -34,41 +33,16 @@ inline constexpr double kMaxLearningRate = 10;
 
 struct TrainConfig {
   // ---- model ----
-  int num_layers = 4;
-  int hidden_size = 256;
-  int ffn_hidden_size = 0;  // 0: 4 * hidden_size (resolved by Validate, and logged)
-  int num_attention_heads = 4;
+  // The model's shape (config/model_shape.h): what GptModel is built from, with the vocabulary
+  // and EOD of the data filled in by Validate's caller and the padded vocabulary by Validate.
+  GptSpec model;
   int seq_length = 128;
-  int max_position_embeddings = 0;  // 0: seq_length
-  PositionEmbedding position_embedding_type = PositionEmbedding::kLearnedAbsolute;
-  bool embed_layernorm = false;  // BLOOM: LayerNorm right after the word embedding
   int make_vocab_size_divisible_by = 128;
   // > 0: the vocabulary is padded to exactly this many rows (Megatron-DeepSpeed's flag; BLOOM:
   // 250880), instead of up to a multiple of make_vocab_size_divisible_by.
   int pad_vocab_size_to = 0;
-  float layernorm_epsilon = 1e-5f;
   InitMethod init_method = InitMethod::kNormal;
   float init_method_std = 0.02f;  // used by kNormal; the named methods derive std from hidden size
-  bool qk_layernorm = false;      // LayerNorm of each head's query and key (docs/stability.md)
-  double z_loss = 0;              // PaLM's z-loss coefficient, e.g. 1e-4 (0: off)
-  // Llama family (docs/llama.md), Megatron-LM's flags:
-  int rotary_base = 10000;      // RoPE: w_i = base^(-2i/rot)
-  double rotary_percent = 1.0;  // RoPE: the share of each head's dims that turn
-  // RoPE frequency scaling for contexts longer than pretraining's (docs/llama.md): Llama 3.x's
-  // (--use-rope-scaling; Megatron-LM's defaults for the band edges) or linear position
-  // interpolation (--rotary-seq-len-interpolation-factor; 0: none).
-  bool use_rope_scaling = false;
-  double rope_scaling_factor = 8.0;
-  double rope_scaling_low_freq_factor = 1.0;
-  double rope_scaling_high_freq_factor = 4.0;
-  int rope_scaling_original_max_position_embeddings = 8192;
-  int rotary_seq_len_interpolation_factor = 0;
-  Normalization normalization = Normalization::kLayerNorm;  // of every norm but QK-LayerNorm
-  bool swiglu = false;  // gated FFN silu(x Wg) * (x Wu); FFN default 2/3 of 4h
-  bool group_query_attention = false;
-  int num_query_groups = 1;                          // key/value heads with group_query_attention
-  bool untie_embeddings_and_output_weights = false;  // an output layer of its own
-  bool disable_bias_linear = false;                  // no biases in the linear layers
 
   // Activation recomputation: Megatron-LM's --recompute-granularity (--recompute-activations is
   // selective; Megatron-DeepSpeed's --checkpoint-activations is full). Not part of the model's
@@ -158,12 +132,8 @@ struct TrainConfig {
   std::vector<std::string> data_path;
   std::string split = "969,30,1";  // train,valid,test weights over documents
   TokenizerKind tokenizer = TokenizerKind::kSentencePiece;  // default corpus only
-  int vocab_size = 0;   // from the dataset's metadata; padded by Validate
-  int32_t eod_id = -1;  // from the dataset's metadata (the document separator)
-  // Documents inside a packed sequence: restart position ids at each EOD, and/or let tokens attend
-  // only within their own document (Megatron's --reset-position-ids / --reset-attention-mask).
-  bool reset_position_ids = false;
-  bool reset_attention_mask = false;
+  // The vocabulary and EOD of the dataset's metadata are model.vocab and model.eod_id; packed
+  // documents (--reset-position-ids / --reset-attention-mask) are the model's too.
   // Megatron's tokenizer flags (data/megatron_tokenizer.h): the tokenizer of datasets without
   // keel metadata (those Megatron's tools wrote), checked against the metadata of those with it.
   // tokenizer_type: "" (none), GPT2BPETokenizer, SentencePieceTokenizer or PretrainedFromHF.
@@ -241,14 +211,9 @@ struct TrainConfig {
   int sample_tokens = 64;  // tokens generated at the end of training (0: none; kMaxSampleTokens)
   std::string sample_prompt = "Call me";
 
-  // ---- derived by Validate (not settable) ----
-  int padded_vocab_size = 0;
-  int head_dim() const { return hidden_size / num_attention_heads; }
-  // Key/value heads: num_query_groups with grouped-query attention, else one per query head.
-  int kv_heads() const { return group_query_attention ? num_query_groups : num_attention_heads; }
   // Standard deviation actually used for initialisation.
   float ResolvedInitStd() const {
-    const double h = hidden_size;
+    const double h = model.hidden;
     switch (init_method) {
       case InitMethod::kSmallInit:
         return static_cast<float>(std::sqrt(2.0 / (5.0 * h)));

@@ -28,7 +28,7 @@ class ConfigReader {
   ConfigReader(const json& doc, std::string path) : doc_(doc), path_(std::move(path)) {}
 
   // The first of `names` present and not null; nullptr when none is. `used` gets its name.
-  const json* Find(std::initializer_list<const char*> names, std::string* used = nullptr) const {
+  const json* Find(const std::vector<const char*>& names, std::string* used = nullptr) const {
     for (const char* n : names) {
       auto it = doc_.find(n);
       if (it != doc_.end() && !it->is_null()) {
@@ -41,7 +41,7 @@ class ConfigReader {
   bool Has(const char* name) const { return Find({name}) != nullptr; }
 
   // A required integer in [lo, hi], under any of its names.
-  int Int(std::initializer_list<const char*> names, int lo,
+  int Int(const std::vector<const char*>& names, int lo,
           int hi = std::numeric_limits<int32_t>::max()) {
     std::string used = *names.begin();
     const json* v = Find(names, &used);
@@ -126,7 +126,7 @@ class ConfigReader {
   }
 
  private:
-  static std::string Names(std::initializer_list<const char*> names) {
+  static std::string Names(const std::vector<const char*>& names) {
     std::string s;
     for (const char* n : names) s += (s.empty() ? "" : " (or ") + std::string(n);
     if (names.size() > 1) s += ")";
@@ -156,13 +156,30 @@ bool IsTanhGelu(const std::string& act) {
   return act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast";
 }
 
+int ArchIndex(HfArch arch) {
+  return arch == HfArch::kGpt2 ? 0 : arch == HfArch::kLlama ? 1 : 2;
+}
+
+// The sizes that are one integer of `arch`'s config.json (config/model_shape.h's table).
+void ReadShapeInts(ConfigReader& r, HfArch arch, GptSpec* s) {
+  for (const ShapeField& f : ShapeFields()) {
+    const std::vector<const char*>& keys = f.hf_keys[ArchIndex(arch)];
+    if (f.hf_member != nullptr && !keys.empty()) s->*f.hf_member = r.Int(keys, 1);
+  }
+}
+
+// The key the field of the checkpoint key `json_key` is written as in `arch`'s config.json.
+const char* HfKey(HfArch arch, const std::string& json_key) {
+  for (const ShapeField& f : ShapeFields())
+    if (f.json_key == json_key && !f.hf_keys[ArchIndex(arch)].empty())
+      return f.hf_keys[ArchIndex(arch)][0];
+  KEEL_CHECK(false, "no Hugging Face key in the shape table");
+  return "";
+}
+
 void ReadGpt2(ConfigReader& r, const HfConfigOptions& options, HfModelConfig* out) {
   GptSpec& s = out->spec;
-  s.vocab = r.Int({"vocab_size"}, 1);
-  s.hidden = r.Int({"n_embd", "hidden_size"}, 1);
-  s.num_layers = r.Int({"n_layer", "num_hidden_layers"}, 1);
-  s.heads = r.Int({"n_head", "num_attention_heads"}, 1);
-  s.max_positions = r.Int({"n_positions", "max_position_embeddings"}, 1);
+  ReadShapeInts(r, HfArch::kGpt2, &s);  // sizes, vocabulary, positions
   if (r.ok() && options.max_positions > 0 && options.max_positions != s.max_positions)
     r.Refuse(fmt::format(
         "GPT-2's positions are learned weights (n_positions {} rows): --max-position-embeddings "
@@ -241,7 +258,7 @@ void ReadRopeScaling(ConfigReader& r, const json& scaling, const std::string& wh
           "{}.factor {}: keel's linear interpolation (--rotary-seq-len-interpolation-factor, "
           "Megatron-LM's) takes a whole factor",
           where, *factor));
-    s->rope_linear_factor = *factor;
+    s->rope_interpolation_factor = static_cast<int>(*factor);
     return;
   }
   const std::optional<double> low = number("low_freq_factor");
@@ -267,12 +284,7 @@ void ReadLlama(ConfigReader& r, const HfConfigOptions& options, HfModelConfig* o
   s.rope = true;
   s.rmsnorm = true;
   s.swiglu = true;
-  s.vocab = r.Int({"vocab_size"}, 1);
-  s.hidden = r.Int({"hidden_size"}, 1);
-  s.ffn_hidden = r.Int({"intermediate_size"}, 1);
-  s.num_layers = r.Int({"num_hidden_layers"}, 1);
-  s.heads = r.Int({"num_attention_heads"}, 1);
-  s.max_positions = r.Int({"max_position_embeddings"}, 1);
+  ReadShapeInts(r, HfArch::kLlama, &s);  // sizes, vocabulary, positions
   if (options.max_positions > 0) {
     out->notes.push_back(fmt::format(
         "max positions {} from --max-position-embeddings (config.json: max_position_embeddings "
@@ -290,7 +302,7 @@ void ReadLlama(ConfigReader& r, const HfConfigOptions& options, HfModelConfig* o
     return r.Refuse(fmt::format(
         "num_key_value_heads {} does not divide num_attention_heads {} into equal groups", kv,
         s.heads));
-  s.kv_heads = kv == s.heads ? 0 : kv;
+  s.SetKvHeads(kv == s.heads ? 0 : kv);
   if (r.Has("head_dim")) {
     const int head_dim = r.Int({"head_dim"}, 1);
     if (r.ok() && head_dim != s.hidden / s.heads)
@@ -349,7 +361,7 @@ void ReadLlama(ConfigReader& r, const HfConfigOptions& options, HfModelConfig* o
     return r.Refuse(fmt::format(
         "rope_theta {} is not an integer from 1 to 2147483647, which keel's --rotary-base takes",
         theta));
-  s.rotary_base = theta;
+  s.rotary_base = static_cast<int>(theta);
   if (const json* f = r.Find({"partial_rotary_factor"});
       f != nullptr && (!f->is_number() || f->get<double>() != 1.0))
     return r.Refuse("partial_rotary_factor " + f->dump() +
@@ -381,10 +393,7 @@ void ReadBloom(ConfigReader& r, const HfConfigOptions& options, HfModelConfig* o
   GptSpec& s = out->spec;
   s.alibi = true;
   s.embed_layernorm = true;
-  s.vocab = r.Int({"vocab_size"}, 1);
-  s.hidden = r.Int({"hidden_size", "n_embed"}, 1);
-  s.num_layers = r.Int({"n_layer", "num_hidden_layers"}, 1);
-  s.heads = r.Int({"n_head", "num_attention_heads"}, 1);
+  ReadShapeInts(r, HfArch::kBloom, &s);  // sizes and vocabulary (positions: below)
   if (!r.ok()) return;
   s.ffn_hidden = 4 * s.hidden;
   if (const json* inner = r.Find({"n_inner"}); inner != nullptr && *inner != json(4 * s.hidden))
@@ -425,14 +434,14 @@ ojson HfConfigJson(HfArch arch, const GptSpec& spec, int32_t eod_id) {
   ojson c;
   c["model_type"] = HfModelType(arch);
   c["architectures"] = {HfModelClass(arch)};
-  c["vocab_size"] = spec.vocab;  // the real vocabulary: keel's padding rows are dropped
+  c[HfKey(arch, "vocab")] = spec.vocab;  // the real vocabulary: keel's padding rows are dropped
   switch (arch) {
     case HfArch::kGpt2:
-      c["n_positions"] = spec.max_positions;
+      c[HfKey(arch, "max_positions")] = spec.max_positions;
       c["n_ctx"] = spec.max_positions;
-      c["n_embd"] = spec.hidden;
-      c["n_layer"] = spec.num_layers;
-      c["n_head"] = spec.heads;
+      c[HfKey(arch, "hidden")] = spec.hidden;
+      c[HfKey(arch, "num_layers")] = spec.num_layers;
+      c[HfKey(arch, "heads")] = spec.heads;
       // HF reads null as 4 * n_embd.
       c["n_inner"] = spec.ffn_hidden == 4 * spec.hidden ? ojson(nullptr) : ojson(spec.ffn_hidden);
       // Backend::GeluForward is the tanh approximation, which HF calls gelu_new ("gelu" is erf).
@@ -447,25 +456,25 @@ ojson HfConfigJson(HfArch arch, const GptSpec& spec, int32_t eod_id) {
       c["reorder_and_upcast_attn"] = false;
       break;
     case HfArch::kLlama:
-      c["hidden_size"] = spec.hidden;
-      c["intermediate_size"] = spec.ffn_hidden;
-      c["num_hidden_layers"] = spec.num_layers;
-      c["num_attention_heads"] = spec.heads;
+      c[HfKey(arch, "hidden")] = spec.hidden;
+      c[HfKey(arch, "ffn_hidden")] = spec.ffn_hidden;
+      c[HfKey(arch, "num_layers")] = spec.num_layers;
+      c[HfKey(arch, "heads")] = spec.heads;
       c["num_key_value_heads"] = spec.KvHeads();
       c["head_dim"] = spec.HeadDim();
       c["hidden_act"] = "silu";  // SwiGLU's gate
-      c["max_position_embeddings"] = spec.max_positions;
+      c[HfKey(arch, "max_positions")] = spec.max_positions;
       c["rms_norm_eps"] = ShortestDouble(spec.layernorm_eps);
-      c["rope_theta"] = spec.rotary_base;
-      if (spec.rope_llama3) {
+      c["rope_theta"] = static_cast<double>(spec.rotary_base);  // as HF writes it: 10000.0
+      if (spec.RopeLlama3()) {
         c["rope_scaling"] = {
             {"rope_type", "llama3"},
             {"factor", spec.rope_llama3_factor},
             {"low_freq_factor", spec.rope_low_freq_factor},
             {"high_freq_factor", spec.rope_high_freq_factor},
             {"original_max_position_embeddings", spec.rope_original_max_positions}};
-      } else if (spec.rope_linear_factor != 1) {
-        c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", spec.rope_linear_factor}};
+      } else if (spec.RopeLinearFactor() != 1) {
+        c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", spec.RopeLinearFactor()}};
       } else {
         c["rope_scaling"] = nullptr;
       }
@@ -476,9 +485,9 @@ ojson HfConfigJson(HfArch arch, const GptSpec& spec, int32_t eod_id) {
       c["pretraining_tp"] = 1;
       break;
     case HfArch::kBloom:
-      c["hidden_size"] = spec.hidden;
-      c["n_layer"] = spec.num_layers;
-      c["n_head"] = spec.heads;
+      c[HfKey(arch, "hidden")] = spec.hidden;
+      c[HfKey(arch, "num_layers")] = spec.num_layers;
+      c[HfKey(arch, "heads")] = spec.heads;
       c["layer_norm_epsilon"] = ShortestDouble(spec.layernorm_eps);
       c["apply_residual_connection_post_layernorm"] = false;
       c["hidden_dropout"] = 0.0;

@@ -71,48 +71,17 @@ std::string Unquoted(const std::string& literal) {
 Status TrainConfigForSpec(const GptSpec& spec, const CheckpointTokenizer& tok, TrainConfig* out,
                           std::vector<std::string>* notes) {
   TrainConfig c;
-  c.num_layers = spec.num_layers;
-  c.hidden_size = spec.hidden;
-  c.ffn_hidden_size = spec.ffn_hidden;
-  c.num_attention_heads = spec.heads;
-  c.max_position_embeddings = spec.max_positions;
+  c.model = spec;  // the shape is the config's own; the run's sizes follow it
   c.seq_length = spec.max_positions;
   c.micro_batch_size = 1;
-  c.position_embedding_type = spec.rope    ? PositionEmbedding::kRope
-                              : spec.alibi ? PositionEmbedding::kAlibi
-                                           : PositionEmbedding::kLearnedAbsolute;
-  c.embed_layernorm = spec.embed_layernorm;
-  c.layernorm_epsilon = spec.layernorm_eps;
-  c.qk_layernorm = spec.qk_layernorm;
-  if (spec.rope) {
-    c.rotary_base = static_cast<int>(spec.rotary_base);
-    c.rotary_percent = spec.rotary_percent;
-    c.use_rope_scaling = spec.rope_llama3;
-    if (spec.rope_llama3) {
-      c.rope_scaling_factor = spec.rope_llama3_factor;
-      c.rope_scaling_low_freq_factor = spec.rope_low_freq_factor;
-      c.rope_scaling_high_freq_factor = spec.rope_high_freq_factor;
-      c.rope_scaling_original_max_position_embeddings = spec.rope_original_max_positions;
-    }
-    if (spec.rope_linear_factor != 1)
-      c.rotary_seq_len_interpolation_factor = static_cast<int>(spec.rope_linear_factor);
-  }
-  c.normalization = spec.rmsnorm ? Normalization::kRmsNorm : Normalization::kLayerNorm;
-  c.swiglu = spec.swiglu;
-  c.group_query_attention = spec.KvHeads() != spec.heads;
-  c.num_query_groups = c.group_query_attention ? spec.KvHeads() : 1;
-  c.untie_embeddings_and_output_weights = spec.untie_embeddings;
-  c.disable_bias_linear = !spec.bias;
   c.tokenizer = tok.kind == "gpt2" ? TokenizerKind::kGpt2 : TokenizerKind::kSentencePiece;
-  c.vocab_size = spec.vocab;
-  c.eod_id = tok.eod_id;
+  c.model.eod_id = tok.eod_id;
   Status st = Validate(&c, notes);
   if (!st.ok())
     return Status::InvalidArgument("the model is outside what keel trains: " + st.message());
   // The config must describe exactly this model (a rule of Validate's would show here).
-  GptSpec back = SpecFromConfig(c), want = spec;
+  GptSpec back = c.model, want = spec;
   if (want.padded_vocab == 0) want.padded_vocab = back.padded_vocab;
-  if (want.KvHeads() == want.heads) want.kv_heads = 0;
   want.eod_id = back.eod_id;
   if (SpecToJson(back) != SpecToJson(want))
     return Status::Internal("the config of the imported model describes another model: " +
@@ -267,7 +236,7 @@ Status ImportSteps(Env* env, const std::string& hf_dir, const std::string& out_d
   TrainConfig cfg;
   std::vector<std::string> defaults;  // of the config's other settings: not the user's concern
   KEEL_RETURN_IF_ERROR(TrainConfigForSpec(mc.spec, report->tokenizer, &cfg, &defaults));
-  const GptSpec spec = SpecFromConfig(cfg);
+  const GptSpec spec = cfg.model;
   report->vocab = spec.vocab;
   report->padded_vocab = spec.padded_vocab;
   report->model_flags = ModelFlags(cfg);

@@ -67,7 +67,7 @@ std::string ModelToml(const TrainConfig& cfg);
 std::string ModelFlags(const TrainConfig& cfg);
 
 // What an import writes, from a model in memory: the run directory `out_dir` (as `out_dir`.tmp,
-// then one rename) with checkpoint iter_0000000 of `model` (config `cfg`, SpecFromConfig(cfg) ==
+// then one rename) with checkpoint iter_0000000 of `model` (config `cfg`, cfg.model ==
 // the model's) and zero Adam moments, its state.json marked with `provenance` under
 // kImportStateKey, and model.toml. Used by ImportHf, and by tests to make checkpoints of models
 // built in memory.

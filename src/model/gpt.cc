@@ -142,8 +142,8 @@ std::vector<double> RopeFrequencies(const GptSpec& spec) {
   const int rot = spec.RotaryDim();
   std::vector<double> w(rot / 2);
   for (int i = 0; i < rot / 2; ++i) {
-    w[i] = std::pow(spec.rotary_base, -2.0 * i / rot) / spec.rope_linear_factor;
-    if (!spec.rope_llama3) continue;
+    w[i] = std::pow(spec.rotary_base, -2.0 * i / rot) / spec.RopeLinearFactor();
+    if (!spec.RopeLlama3()) continue;
     const double wavelength = 2 * std::numbers::pi / w[i];
     const double original = spec.rope_original_max_positions;
     if (wavelength < original / spec.rope_high_freq_factor) continue;  // fast: kept
@@ -160,12 +160,12 @@ std::vector<double> RopeFrequencies(const GptSpec& spec) {
 
 std::string DescribeRope(const GptSpec& spec) {
   std::string scaling;
-  if (spec.rope_llama3)
+  if (spec.RopeLlama3())
     scaling = fmt::format(", Llama 3 scaling x{} of {} positions, bands {}-{}",
                           spec.rope_llama3_factor, spec.rope_original_max_positions,
                           spec.rope_low_freq_factor, spec.rope_high_freq_factor);
-  if (spec.rope_linear_factor != 1)
-    scaling += fmt::format(", positions / {}", spec.rope_linear_factor);
+  if (spec.RopeLinearFactor() != 1)
+    scaling += fmt::format(", positions / {}", spec.RopeLinearFactor());
   return fmt::format("RoPE (base {}, {} of {} dims{})", spec.rotary_base, spec.RotaryDim(),
                      spec.HeadDim(), scaling);
 }
@@ -565,7 +565,7 @@ void GptModel::LayerForward(int l, const LayerWeights& w) {
   if (spec_.qk_layernorm) {
     be->MatmulForward(y.qkv_raw, y.ln1, w.qkvw, w.qkvb, N, C, W, Lowp(w.qkvw), ln1_lowp);
     be->QkLayerNormForward(y.qkv, y.qk_mean, y.qk_rstd, y.qkv_raw, w.qlnw, w.qlnb, w.klnw, w.klnb,
-                           N, C, NH, spec_.layernorm_eps, G);
+                           N, C, NH, spec_.QkLayerNormEps(), G);
     be->RoundToStorage(y.qkv, NW);
   } else {
     be->MatmulForward(y.qkv, y.ln1, w.qkvw, w.qkvb, N, C, W, Lowp(w.qkvw), ln1_lowp);
@@ -676,7 +676,7 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   if (!has_targets_) return 0.0;
   be->CopyIntsToDevice(a.targets, targets, N);
   be->CrossEntropyForwardBackward(a.losses, a.logz, a.logits, a.targets, N, V, Vp, dloss,
-                                  spec_.z_loss);
+                                  spec_.ZLoss());
   be->CopyToHost(a.host_losses.data(), a.losses, N);
   double sum = 0.0;
   for (float v : a.host_losses) sum += v;
@@ -855,13 +855,13 @@ std::vector<float> GptModel::LogitsAt(int b, int t) {
 
 double GptModel::LastZLoss() {
   KEEL_CHECK(acts_ && has_targets_, "LastZLoss needs a Forward with targets");
-  if (spec_.z_loss == 0.0f) return 0.0;
+  if (spec_.ZLoss() == 0.0f) return 0.0;
   const int N = cur_B_ * cur_T_;
   std::vector<float> h(N);
   backend_->CopyToHost(h.data(), acts_->logz, N);
   double s = 0.0;
   for (float v : h) s += double(v) * v;
-  return spec_.z_loss * s / N;
+  return spec_.ZLoss() * s / N;
 }
 
 double GptModel::LastMaxAttentionLogit() {
@@ -893,43 +893,6 @@ double GptModel::MeanLogZ() {
   double s = 0.0;
   for (float v : h) s += v;
   return s / N;
-}
-
-GptSpec SpecFromConfig(const TrainConfig& cfg) {
-  GptSpec s;
-  s.num_layers = cfg.num_layers;
-  s.hidden = cfg.hidden_size;
-  s.ffn_hidden = cfg.ffn_hidden_size;
-  s.heads = cfg.num_attention_heads;
-  s.max_positions = cfg.max_position_embeddings;
-  s.vocab = cfg.vocab_size;
-  s.padded_vocab = cfg.padded_vocab_size;
-  s.alibi = cfg.position_embedding_type == PositionEmbedding::kAlibi;
-  s.rope = cfg.position_embedding_type == PositionEmbedding::kRope;
-  s.rotary_base = cfg.rotary_base;
-  s.rotary_percent = cfg.rotary_percent;
-  if (s.rope && cfg.rotary_seq_len_interpolation_factor > 1)
-    s.rope_linear_factor = cfg.rotary_seq_len_interpolation_factor;
-  if (s.rope && cfg.use_rope_scaling) {
-    s.rope_llama3 = true;
-    s.rope_llama3_factor = cfg.rope_scaling_factor;
-    s.rope_low_freq_factor = cfg.rope_scaling_low_freq_factor;
-    s.rope_high_freq_factor = cfg.rope_scaling_high_freq_factor;
-    s.rope_original_max_positions = cfg.rope_scaling_original_max_position_embeddings;
-  }
-  s.rmsnorm = cfg.normalization == Normalization::kRmsNorm;
-  s.swiglu = cfg.swiglu;
-  s.kv_heads = cfg.group_query_attention ? cfg.num_query_groups : 0;
-  s.untie_embeddings = cfg.untie_embeddings_and_output_weights;
-  s.bias = !cfg.disable_bias_linear;
-  s.embed_layernorm = cfg.embed_layernorm;
-  s.layernorm_eps = cfg.layernorm_epsilon;
-  s.qk_layernorm = cfg.qk_layernorm;
-  s.z_loss = static_cast<float>(cfg.z_loss);
-  s.reset_position_ids = cfg.reset_position_ids;
-  s.reset_attention_mask = cfg.reset_attention_mask;
-  s.eod_id = cfg.eod_id;
-  return s;
 }
 
 Status CheckBackendSupports(const Backend& backend, const GptSpec& spec, Precision p) {

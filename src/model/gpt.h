@@ -26,58 +26,11 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "config/model_shape.h"
 #include "config/train_config.h"
 #include "core/status.h"
 
 namespace keel {
-
-struct GptSpec {
-  int num_layers = 0;
-  int hidden = 0;      // C
-  int ffn_hidden = 0;  // F
-  int heads = 0;       // NH
-  int max_positions = 0;
-  int vocab = 0;         // V, real vocabulary
-  int padded_vocab = 0;  // Vp, multiple of 128 by default
-  bool alibi = false;    // ALiBi instead of learned absolute positions
-  bool embed_layernorm = false;
-  float layernorm_eps = 1e-5f;
-  bool qk_layernorm = false;  // LayerNorm of each head's query and key (docs/stability.md)
-  float z_loss = 0.0f;        // coefficient of the z-loss (docs/stability.md)
-  // Packed documents (Megatron's --reset-position-ids / --reset-attention-mask): after each
-  // eod_id token of the input, positions restart at 0 and/or attention stops at the boundary.
-  bool reset_position_ids = false;
-  bool reset_attention_mask = false;
-  int32_t eod_id = -1;
-  // The Llama family (Megatron-LM's flags in parentheses).
-  bool rope = false;            // rotary positions (--position-embedding-type rope), no table
-  double rotary_base = 10000;   // (--rotary-base)
-  double rotary_percent = 1.0;  // share of each head's dims that turn (--rotary-percent)
-  // RoPE frequency scaling (one at most): Llama 3.x's bands (--use-rope-scaling; Hugging Face's
-  // rope_type "llama3"), or positions divided by rope_linear_factor (Megatron-LM's
-  // --rotary-seq-len-interpolation-factor; Hugging Face's "linear"). Factor 1: none.
-  double rope_linear_factor = 1;
-  bool rope_llama3 = false;
-  double rope_llama3_factor = 8;
-  double rope_low_freq_factor = 1;
-  double rope_high_freq_factor = 4;
-  int rope_original_max_positions = 8192;
-  bool rmsnorm = false;           // RMSNorm instead of LayerNorm (--normalization RMSNorm)
-  bool swiglu = false;            // gated FFN: W1 is (2F, C), [gate | up] (--swiglu)
-  int kv_heads = 0;               // key/value heads G; 0 = heads (--num-query-groups)
-  bool untie_embeddings = false;  // output_layer.weight of its own (--untie-embeddings-...)
-  bool bias = true;               // biases in the linear layers (off: --disable-bias-linear)
-
-  int KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
-  int HeadDim() const { return hidden / heads; }
-  // Rows of the fused QKV weight: NH query heads, then G key and G value heads.
-  int QkvWidth() const { return (heads + 2 * KvHeads()) * HeadDim(); }
-  // Rows of the first FFN weight: F, or 2F with SwiGLU (gate then up).
-  int Fc1Width() const { return swiglu ? 2 * ffn_hidden : ffn_hidden; }
-  // Dimensions of each head that RoPE turns (even; Megatron's int(hs * rotary_percent)).
-  int RotaryDim() const { return static_cast<int>(HeadDim() * rotary_percent) / 2 * 2; }
-  bool LearnedPositions() const { return !alibi && !rope; }
-};
 
 // Activation recomputation (Recompute, config/train_config.h; Korthikanti et al. 2022) trades
 // compute for activation memory; the gradients are the same bits either way:
@@ -276,9 +229,6 @@ std::vector<float> RopeCosSin(const GptSpec& spec);
 // ALiBi head slopes (Press et al.): geometric sequence 2^(-8/n * (i+1)) for n a power of two,
 // with the interpolation BLOOM uses for other head counts.
 std::vector<float> AlibiSlopes(int heads);
-
-// The model shape a validated config describes.
-GptSpec SpecFromConfig(const TrainConfig& cfg);
 
 // Whether `backend` implements every op that training `spec` in precision `p` runs (the model,
 // the gradient norm and AdamW); else InvalidArgument naming the first op it lacks and the setting

@@ -112,23 +112,23 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
         in.num_nodes, in.gpus_per_node, p.world, tp, pp, tp * pp));
   }
   p.dp = p.world / (tp * pp);
-  if (c.num_attention_heads % tp != 0 || c.ffn_hidden_size % tp != 0) {
+  if (c.model.heads % tp != 0 || c.model.ffn_hidden % tp != 0) {
     return Invalid(fmt::format(
         "--tensor-model-parallel-size {} must divide --num-attention-heads {} and the FFN size {}: "
         "each rank holds whole heads and an equal slice of the MLP",
-        tp, c.num_attention_heads, c.ffn_hidden_size));
+        tp, c.model.heads, c.model.ffn_hidden));
   }
-  if (c.kv_heads() % tp != 0) {
+  if (c.model.KvHeads() % tp != 0) {
     return Invalid(fmt::format(
         "--tensor-model-parallel-size {} must divide --num-query-groups {}: each rank holds whole "
         "key/value heads (as Megatron-LM requires)",
-        tp, c.kv_heads()));
+        tp, c.model.KvHeads()));
   }
-  if (c.num_layers < pp) {
+  if (c.model.num_layers < pp) {
     return Invalid(fmt::format(
         "--pipeline-model-parallel-size {} is larger than --num-layers {}: every pipeline stage "
         "needs at least one layer; use a pipeline size of at most {}",
-        pp, c.num_layers, c.num_layers));
+        pp, c.model.num_layers, c.model.num_layers));
   }
   const int64_t unit = int64_t{c.micro_batch_size} * p.dp;
   if (c.global_batch_size % unit != 0) {
@@ -145,15 +145,15 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
   }
 
   // Parameters: the model's own layout with Megatron's vocabulary padding for TP.
-  GptSpec spec = SpecFromConfig(c);
+  GptSpec spec = c.model;
   const int64_t pad = int64_t{c.make_vocab_size_divisible_by} * tp;
-  p.padded_vocab = (c.vocab_size + pad - 1) / pad * pad;
+  p.padded_vocab = (c.model.vocab + pad - 1) / pad * pad;
   spec.padded_vocab = static_cast<int>(p.padded_vocab);
   if (tp > 1) {
     p.notes.push_back(
         fmt::format("vocab {} padded to {} (multiple of --make-vocab-size-divisible-by "
                     "{} x tensor parallel {})",
-                    c.vocab_size, p.padded_vocab, c.make_vocab_size_divisible_by, tp));
+                    c.model.vocab, p.padded_vocab, c.make_vocab_size_divisible_by, tp));
   }
   // Every layer's tensors are alike: one layer's layout stands for all of them, so a plan of a
   // billion layers lists 16 tensors, not 16 billion.
@@ -165,18 +165,18 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
   // Layers per stage: equal, or (DeepSpeed's uniform partition) the first L % PP stages one more.
   std::vector<int64_t> stage_layers(pp);
   for (int s = 0; s < pp; ++s)
-    stage_layers[s] = c.num_layers / pp + (s < c.num_layers % pp ? 1 : 0);
-  if (c.num_layers % pp != 0) {
+    stage_layers[s] = c.model.num_layers / pp + (s < c.model.num_layers % pp ? 1 : 0);
+  if (c.model.num_layers % pp != 0) {
     p.notes.push_back(fmt::format(
         "{} layers over {} pipeline stages: {} stages of {} and {} of {} (Megatron-DeepSpeed's "
         "uniform partition; Megatron-LM needs --num-layers divisible by the pipeline size)",
-        c.num_layers, pp, c.num_layers % pp, c.num_layers / pp + 1, pp - c.num_layers % pp,
-        c.num_layers / pp));
+        c.model.num_layers, pp, c.model.num_layers % pp, c.model.num_layers / pp + 1,
+        pp - c.model.num_layers % pp, c.model.num_layers / pp));
   }
   for (const ParamInfo& info : layout) {
     const int64_t shard = ShardNumel(info, tp);
     if (LayerOf(info.name) >= 0) {
-      p.params_total += static_cast<int64_t>(info.numel) * c.num_layers;
+      p.params_total += static_cast<int64_t>(info.numel) * c.model.num_layers;
       for (int s = 0; s < pp; ++s) p.params_per_stage[s] += shard * stage_layers[s];
       continue;
     }
@@ -286,11 +286,11 @@ namespace {
 // ", RoPE, RMSNorm, untied output, no linear biases": what sets the shape apart from GPT-2's.
 std::string ModelOptions(const TrainConfig& c) {
   std::string s;
-  if (c.position_embedding_type == PositionEmbedding::kRope) s += ", RoPE";
-  if (c.position_embedding_type == PositionEmbedding::kAlibi) s += ", ALiBi";
-  if (c.normalization == Normalization::kRmsNorm) s += ", RMSNorm";
-  if (c.untie_embeddings_and_output_weights) s += ", untied output layer";
-  if (c.disable_bias_linear) s += ", no linear biases";
+  if (c.model.Position() == PositionEmbedding::kRope) s += ", RoPE";
+  if (c.model.Position() == PositionEmbedding::kAlibi) s += ", ALiBi";
+  if (c.model.rmsnorm) s += ", RMSNorm";
+  if (c.model.untie_embeddings) s += ", untied output layer";
+  if (!c.model.bias) s += ", no linear biases";
   return s;
 }
 
@@ -301,11 +301,11 @@ std::string FormatRunPlan(const PlanInput& in, const RunPlan& p) {
   std::string s;
   s += fmt::format(
       "model: {} layers, hidden {}, {} heads{}, FFN {}{}, sequence {}, vocab {} (padded {}){}\n",
-      c.num_layers, c.hidden_size, c.num_attention_heads,
-      c.group_query_attention ? fmt::format(" ({} key/value)", c.num_query_groups) : "",
-      c.ffn_hidden_size, c.swiglu ? " SwiGLU" : "", c.seq_length, c.vocab_size, p.padded_vocab,
-      ModelOptions(c));
-  if (GptModel::IsGpt2Shape(SpecFromConfig(c))) {
+      c.model.num_layers, c.model.hidden, c.model.heads,
+      c.model.group_query_attention ? fmt::format(" ({} key/value)", c.model.num_query_groups) : "",
+      c.model.ffn_hidden, c.model.swiglu ? " SwiGLU" : "", c.seq_length, c.model.vocab,
+      p.padded_vocab, ModelOptions(c));
+  if (GptModel::IsGpt2Shape(c.model)) {
     s += fmt::format(
         "parameters: {} exact ({}); formula n(12h^2+13h)+vh+sh+2h gives {}{}\n",
         Thousands(p.params_total), Human(static_cast<double>(p.params_total)),
@@ -393,55 +393,54 @@ nlohmann::json RunPlanJson(const PlanInput& in, const RunPlan& p) {
                       {"first_iteration", st.first_iteration},
                       {"feasible", st.feasible}});
   }
-  json j = {
-      {"model",
-       {{"num_layers", c.num_layers},
-        {"hidden_size", c.hidden_size},
-        {"num_attention_heads", c.num_attention_heads},
-        {"ffn_hidden_size", c.ffn_hidden_size},
-        {"num_query_groups", c.kv_heads()},
-        {"swiglu", c.swiglu},
-        {"normalization", c.normalization == Normalization::kRmsNorm ? "RMSNorm" : "LayerNorm"},
-        {"position_embedding_type", c.position_embedding_type == PositionEmbedding::kRope ? "rope"
-                                    : c.position_embedding_type == PositionEmbedding::kAlibi
-                                        ? "alibi"
-                                        : "learned_absolute"},
-        {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights},
-        {"add_bias_linear", !c.disable_bias_linear},
-        {"seq_length", c.seq_length},
-        {"vocab_size", c.vocab_size},
-        {"padded_vocab_size", p.padded_vocab}}},
-      {"parameters", p.params_total},
-      {"parameters_formula", p.params_formula},
-      {"layout",
-       {{"num_nodes", in.num_nodes},
-        {"gpus_per_node", in.gpus_per_node},
-        {"world_size", p.world},
-        {"tensor_model_parallel_size", in.tensor_parallel},
-        {"pipeline_model_parallel_size", in.pipeline_parallel},
-        {"data_parallel_size", p.dp},
-        {"zero_stage", in.zero_stage}}},
-      {"parameters_per_gpu", p.params_per_stage},
-      {"most_loaded_stage", p.max_stage},
-      {"memory_per_gpu", memory},
-      {"global_batch_size", c.global_batch_size},
-      {"micro_batch_size", c.micro_batch_size},
-      {"micro_batches_per_iteration", p.micro_batches_per_iteration},
-      {"rampup_stages", stages},
-      {"max_rampup_data_parallel_size", p.max_rampup_dp},
-      {"train_iters", p.train_iters},
-      {"train_samples", p.train_samples},
-      {"train_tokens", p.train_tokens},
-      {"flops_per_iteration", p.flops_per_iteration},
-      {"total_flops", p.total_flops},
-      {"seconds", p.seconds},
-      {"days", p.days},
-      {"hours_per_day", in.hours_per_day},
-      {"tflops_per_gpu", p.tflops_per_gpu},
-      {"recompute_activations", in.recompute_activations},
-      {"feasible", p.problems.empty()},
-      {"problems", p.problems},
-      {"notes", p.notes}};
+  json j = {{"model",
+             {{"num_layers", c.model.num_layers},
+              {"hidden_size", c.model.hidden},
+              {"num_attention_heads", c.model.heads},
+              {"ffn_hidden_size", c.model.ffn_hidden},
+              {"num_query_groups", c.model.KvHeads()},
+              {"swiglu", c.model.swiglu},
+              {"normalization", c.model.rmsnorm ? "RMSNorm" : "LayerNorm"},
+              {"position_embedding_type", c.model.Position() == PositionEmbedding::kRope ? "rope"
+                                          : c.model.Position() == PositionEmbedding::kAlibi
+                                              ? "alibi"
+                                              : "learned_absolute"},
+              {"untie_embeddings_and_output_weights", c.model.untie_embeddings},
+              {"add_bias_linear", !!c.model.bias},
+              {"seq_length", c.seq_length},
+              {"vocab_size", c.model.vocab},
+              {"padded_vocab_size", p.padded_vocab}}},
+            {"parameters", p.params_total},
+            {"parameters_formula", p.params_formula},
+            {"layout",
+             {{"num_nodes", in.num_nodes},
+              {"gpus_per_node", in.gpus_per_node},
+              {"world_size", p.world},
+              {"tensor_model_parallel_size", in.tensor_parallel},
+              {"pipeline_model_parallel_size", in.pipeline_parallel},
+              {"data_parallel_size", p.dp},
+              {"zero_stage", in.zero_stage}}},
+            {"parameters_per_gpu", p.params_per_stage},
+            {"most_loaded_stage", p.max_stage},
+            {"memory_per_gpu", memory},
+            {"global_batch_size", c.global_batch_size},
+            {"micro_batch_size", c.micro_batch_size},
+            {"micro_batches_per_iteration", p.micro_batches_per_iteration},
+            {"rampup_stages", stages},
+            {"max_rampup_data_parallel_size", p.max_rampup_dp},
+            {"train_iters", p.train_iters},
+            {"train_samples", p.train_samples},
+            {"train_tokens", p.train_tokens},
+            {"flops_per_iteration", p.flops_per_iteration},
+            {"total_flops", p.total_flops},
+            {"seconds", p.seconds},
+            {"days", p.days},
+            {"hours_per_day", in.hours_per_day},
+            {"tflops_per_gpu", p.tflops_per_gpu},
+            {"recompute_activations", in.recompute_activations},
+            {"feasible", p.problems.empty()},
+            {"problems", p.problems},
+            {"notes", p.notes}};
   if (p.all_feasible_from >= 0) {
     const PlanRampStage& st = p.stages[p.all_feasible_from];
     j["feasible_from"] = {

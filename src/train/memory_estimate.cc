@@ -24,7 +24,7 @@ Status OutOfMemoryError(const std::string& doing) {
 }
 
 MemoryEstimate EstimateRunMemory(const TrainConfig& cfg) {
-  const GptSpec spec = SpecFromConfig(cfg);
+  const GptSpec spec = cfg.model;
   MemoryEstimate e;
   e.params = GptModel::ParamCount(spec);
   // fp32 master weights, plus the 16-bit compute copy that bf16 and fp16 products read.
@@ -123,16 +123,16 @@ Status CheckMemoryFits(const TrainConfig& cfg, const MemoryEstimate& e,
     // at this width with micro-batch 1 (the estimate grows with the layer count).
     TrainConfig c = cfg;
     c.micro_batch_size = 1;
-    int lo = 0, hi = cfg.num_layers;  // lo fits (0: nothing does), hi does not
+    int lo = 0, hi = cfg.model.num_layers;  // lo fits (0: nothing does), hi does not
     while (hi - lo > 1) {
-      c.num_layers = lo + (hi - lo) / 2;
-      (EstimateRunMemory(c).total() <= available.bytes ? lo : hi) = c.num_layers;
+      c.model.num_layers = lo + (hi - lo) / 2;
+      (EstimateRunMemory(c).total() <= available.bytes ? lo : hi) = c.model.num_layers;
     }
     if (lo >= 1)
       fits = fmt::format(
           "even --micro-batch-size 1 does not fit; reduce --num-layers (at most {} fit at "
           "--hidden-size {} with micro-batch 1) or --hidden-size",
-          lo, cfg.hidden_size);
+          lo, cfg.model.hidden);
     else
       fits =
           "even one layer at --micro-batch-size 1 does not fit; reduce --hidden-size, "

@@ -53,9 +53,9 @@ Status OpenRunData(Env* env, TrainConfig* cfg, RunData* out, std::vector<std::st
     return Status::InvalidArgument(out->prefix + ".meta.json gives no vocabulary size for " +
                                    out->prefix +
                                    ": prepare the data again with `keel data prepare`");
-  cfg->vocab_size = out->meta.vocab_size;
-  cfg->eod_id = out->meta.eod_id;
-  if ((cfg->reset_position_ids || cfg->reset_attention_mask) && out->meta.eod_id < 0)
+  cfg->model.vocab = out->meta.vocab_size;
+  cfg->model.eod_id = out->meta.eod_id;
+  if ((cfg->model.reset_position_ids || cfg->model.reset_attention_mask) && out->meta.eod_id < 0)
     return Status::InvalidArgument(
         "--reset-position-ids / --reset-attention-mask find documents by their end-of-document "
         "token, but " +
@@ -138,7 +138,7 @@ Status RunSamples::CheckTokens(const SampleOrigin& o, const int32_t* tokens, boo
                                const SampleRequest& r) const {
   // Against the tokenizer's vocabulary, not the padded one: an id in the padding would train a
   // row the output never predicts. One unsigned compare per token also catches negative ids.
-  const uint32_t vocab = static_cast<uint32_t>(cfg_.vocab_size);
+  const uint32_t vocab = static_cast<uint32_t>(cfg_.model.vocab);
   int bad = -1;
   for (int t = 0; t <= cfg_.seq_length && bad < 0; ++t)
     if (static_cast<uint32_t>(tokens[t]) >= vocab) bad = t;
@@ -150,14 +150,14 @@ Status RunSamples::CheckTokens(const SampleOrigin& o, const int32_t* tokens, boo
       "with another tokenizer, or is corrupt: `keel data verify {}` lists every such id; prepare "
       "it again with the tokenizer it is meant for (`keel data prepare --tokenizer ...`)",
       l.name, l.prefix, l.sharded ? ", shard " + l.shard : "", l.token, l.document, tokens[bad],
-      cfg_.vocab_size, meta_.tokenizer.empty() ? "unknown" : meta_.tokenizer,
+      cfg_.model.vocab, meta_.tokenizer.empty() ? "unknown" : meta_.tokenizer,
       train ? "training" : "validation", r.index,
       train ? "of iteration" : "of the evaluation after iteration", r.iteration, l.shard));
 }
 
 Status RunSamples::ReadTrain(const SampleRequest& r, int32_t* tokens, int* dataset) {
   if (hooks_ != nullptr && hooks_->Poisoned(r.iteration)) {
-    TestHooks::PoisonSample(cfg_.seed, r.index, cfg_.seq_length, cfg_.vocab_size, tokens);
+    TestHooks::PoisonSample(cfg_.seed, r.index, cfg_.seq_length, cfg_.model.vocab, tokens);
     *dataset = 0;
     return Status::OK();
   }

@@ -28,7 +28,7 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, T
   watch_ = cfg_.guard != GuardLevel::kOff;
   // The products' precision is the backend's; the model follows it (and keeps 16-bit weights).
   backend_->SetPrecision(cfg_.precision);
-  model_ = std::make_unique<GptModel>(backend_, SpecFromConfig(cfg_));
+  model_ = std::make_unique<GptModel>(backend_, cfg_.model);
   model_->set_recompute(cfg_.recompute_granularity, cfg_.full_recompute_layers());
   ResetLossScaler();
   AdamWConfig oc;

@@ -122,7 +122,7 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   *doing = "building the model and the optimizer";
   KEEL_RETURN_IF_ERROR(MakeBackend(r.cfg_.backend, r.cfg_.threads, &r.backend_));
   // A config that needs an op the backend lacks stops here, naming both, not mid-iteration.
-  KEEL_RETURN_IF_ERROR(CheckBackendSupports(*r.backend_, SpecFromConfig(r.cfg_), r.cfg_.precision));
+  KEEL_RETURN_IF_ERROR(CheckBackendSupports(*r.backend_, r.cfg_.model, r.cfg_.precision));
   r.backend_->SetPrecision(r.cfg_.precision);  // the trainer sets it too; the log says it now
   Log("backend: {}", r.backend_->Describe());
   auto samples = std::make_shared<RunSamples>(r.cfg_, r.data_, r.test_hooks_);

@@ -24,15 +24,15 @@ namespace fs = std::filesystem;
 
 TrainConfig Tiny() {
   TrainConfig c;
-  c.num_layers = 1;
-  c.hidden_size = 16;
-  c.num_attention_heads = 2;
+  c.model.num_layers = 1;
+  c.model.hidden = 16;
+  c.model.heads = 2;
   c.seq_length = 8;
   c.micro_batch_size = 2;
   c.global_batch_size = 4;
   c.train_iters = 40;
   c.lr_warmup_iters = 2;
-  c.vocab_size = 50;
+  c.model.vocab = 50;
   c.threads = 1;
   std::vector<std::string> notes;
   Status st = Validate(&c, &notes);
@@ -128,8 +128,8 @@ TEST(FinetuneTest, AnotherShapeIsRefusedWithTheDiff) {
   f.load = src;
   f.save = run;
   f.finetune = true;
-  f.hidden_size = 32;
-  f.ffn_hidden_size = 0;
+  f.model.hidden = 32;
+  f.model.ffn_hidden = 0;
   std::vector<std::string> notes;
   ASSERT_TRUE(Validate(&f, &notes).ok()) << Validate(&f, &notes).ToString();
   ResumePoint p;
@@ -164,7 +164,7 @@ TEST(FinetuneTest, AnImportLoadsAsFinetuneAndTheSameCommandResumes) {
   TrainConfig c = Tiny();
   // An import of the Tiny model, written as `keel ckpt import` writes it.
   auto be = MakeCpuBackend(1);
-  GptModel model(be.get(), SpecFromConfig(c));
+  GptModel model(be.get(), c.model);
   model.Initialize(1, 0.02f);
   CheckpointTokenizer tok;
   tok.kind = "none";

@@ -18,15 +18,15 @@ namespace fs = std::filesystem;
 
 TrainConfig Tiny() {
   TrainConfig c;
-  c.num_layers = 1;
-  c.hidden_size = 16;
-  c.num_attention_heads = 2;
+  c.model.num_layers = 1;
+  c.model.hidden = 16;
+  c.model.heads = 2;
   c.seq_length = 8;
   c.micro_batch_size = 2;
   c.global_batch_size = 4;
   c.train_iters = 40;
   c.lr_warmup_iters = 2;
-  c.vocab_size = 50;
+  c.model.vocab = 50;
   c.threads = 1;
   std::vector<std::string> notes;
   Status st = Validate(&c, &notes);
@@ -305,7 +305,7 @@ TEST(ResumeTest, ConfigChangesNeedTheirFlagAndAreReportedWhenAccepted) {
   EXPECT_EQ(p.accepted[0].key, "lr");
   ASSERT_EQ(p.notes.size(), 1u);
   EXPECT_NE(p.notes[0].find("log-interval"), std::string::npos);
-  now.hidden_size = 32;  // the model's shape: never
+  now.model.hidden = 32;  // the model's shape: never
   st = ResolveResumePoint(Env::Default(), now, Logger, &p);
   EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
   EXPECT_NE(st.message().find("model shape"), std::string::npos) << st.message();

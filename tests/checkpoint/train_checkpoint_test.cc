@@ -31,9 +31,9 @@ using test_loop::TestLoop;
 
 TrainConfig Tiny(bool ramp = true) {
   TrainConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
+  c.model.num_layers = 2;
+  c.model.hidden = 32;
+  c.model.heads = 4;
   c.seq_length = 16;
   c.micro_batch_size = 2;
   c.global_batch_size = 8;
@@ -49,7 +49,7 @@ TrainConfig Tiny(bool ramp = true) {
   }
   c.lr = 3e-3;
   c.min_lr = 3e-4;
-  c.vocab_size = 50;
+  c.model.vocab = 50;
   c.log_interval = 4;
   c.eval_interval = 7;
   c.eval_iters = 1;
@@ -287,11 +287,48 @@ TEST(TrainCheckpointTest, CheckpointOfAnotherShapeIsRefused) {
   SavedTrainState saved;
   ASSERT_TRUE(ReadSavedTrainState(Env::Default(), root + "/iter_0000000", &saved).ok());
   TrainConfig other = c;
-  other.hidden_size = 64;
+  other.model.hidden = 64;
   Harness h(other);
   Status st = RestoreTrainer(Env::Default(), saved, &h.tr);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("differs from this run's"), std::string::npos) << st.message();
+  fs::remove_all(root);
+}
+
+// --qk-layernorm-epsilon is in the checkpoint's model (where it differs from the LayerNorm
+// epsilon) and its config: it comes back, and a run with another one is refused.
+TEST(TrainCheckpointTest, QkLayerNormEpsilonRoundTripsThroughACheckpoint) {
+  TrainConfig c = Tiny();
+  c.model.qk_layernorm = true;
+  c.model.qk_layernorm_eps = 1e-3f;
+  const std::string root =
+      ::testing::TempDir() + "/keel_train_ckpt_qkeps_" + std::to_string(getpid());
+  fs::remove_all(root);
+  {
+    Harness h(c);
+    h.tr.InitializeWeights();
+    CheckpointStore store(Env::Default(), root, nullptr);
+    CheckpointController ctl(c, Env::Default(), &store, &h.tr, NoTokenizer(),
+                             nlohmann::json::array(), nullptr);
+    ASSERT_TRUE(ctl.SaveNow("test").ok());
+  }
+  SavedTrainState saved;
+  ASSERT_TRUE(ReadSavedTrainState(Env::Default(), root + "/iter_0000000", &saved).ok());
+  EXPECT_EQ(saved.spec.qk_layernorm_eps, 1e-3f);
+  EXPECT_EQ(saved.config.model.qk_layernorm_eps, 1e-3f);
+  {
+    Harness h(c);
+    EXPECT_TRUE(RestoreTrainer(Env::Default(), saved, &h.tr).ok());
+  }
+  TrainConfig other = c;
+  other.model.qk_layernorm_eps = 0;  // the LayerNorm epsilon, 1e-5
+  Harness h(other);
+  const Status st = RestoreTrainer(Env::Default(), saved, &h.tr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("differs from this run's"), std::string::npos) << st.message();
+  std::map<std::string, ConfigChange::Kind> kinds;
+  for (const auto& ch : DiffConfigForResume(c, other)) kinds[ch.key] = ch.kind;
+  EXPECT_EQ(kinds.at("qk-layernorm-epsilon"), ConfigChange::Kind::kShape);
   fs::remove_all(root);
 }
 
@@ -335,7 +372,7 @@ TEST(TrainCheckpointTest, ConfigChangesAreClassifiedAndNeedTheRightFlag) {
 
   // A shape change is refused whatever the flags.
   TrainConfig bigger = saved;
-  bigger.num_layers = 3;
+  bigger.model.num_layers = 3;
   bigger.override_scheduler = bigger.override_data_order = true;
   st = CheckResumeChanges(DiffConfigForResume(saved, bigger), bigger, &accepted, &free);
   ASSERT_FALSE(st.ok());
@@ -345,8 +382,8 @@ TEST(TrainCheckpointTest, ConfigChangesAreClassifiedAndNeedTheRightFlag) {
   // QK-LayerNorm adds parameters: a shape change. The z-loss changes the objective: a scheduler
   // change. Guard settings and skip ranges are free.
   TrainConfig stab = saved;
-  stab.qk_layernorm = true;
-  stab.z_loss = 1e-4;
+  stab.model.qk_layernorm = true;
+  stab.model.z_loss = 1e-4;
   stab.guard_lr_cut = 0.25;
   stab.skip_train_iteration_range = {"3-4"};
   kinds.clear();
@@ -358,9 +395,9 @@ TEST(TrainCheckpointTest, ConfigChangesAreClassifiedAndNeedTheRightFlag) {
 
   // RoPE's scaling changes what every angle is: refused on resume like the base.
   TrainConfig scaled = saved;
-  scaled.use_rope_scaling = true;
-  scaled.rope_scaling_factor = 32;
-  scaled.rotary_seq_len_interpolation_factor = 2;
+  scaled.model.rope_llama3 = true;
+  scaled.model.rope_llama3_factor = 32;
+  scaled.model.rope_interpolation_factor = 2;
   kinds.clear();
   for (const auto& ch : DiffConfigForResume(saved, scaled)) kinds[ch.key] = ch.kind;
   for (const char* key :

@@ -54,8 +54,8 @@ TEST(ConfigTest, DefaultsValidateAndResolveDerivedValues) {
   ASSERT_TRUE(Parse({}, &p).ok());
   EXPECT_FALSE(p.help_requested);
   const TrainConfig& c = p.config;
-  EXPECT_EQ(c.ffn_hidden_size, 1024);
-  EXPECT_EQ(c.max_position_embeddings, 128);
+  EXPECT_EQ(c.model.ffn_hidden, 1024);
+  EXPECT_EQ(c.model.max_positions, 128);
   EXPECT_EQ(c.global_batch_size, 16);
   EXPECT_EQ(c.lr_decay_iters, 400);
   EXPECT_EQ(c.train_iters, 400);
@@ -64,17 +64,17 @@ TEST(ConfigTest, DefaultsValidateAndResolveDerivedValues) {
   EXPECT_TRUE(HasNote(p, "--max-position-embeddings not given"));
   EXPECT_TRUE(HasNote(p, "--lr-decay-iters not given"));
   // as_given keeps the unresolved values for a later Validate with the real data-parallel size.
-  EXPECT_EQ(p.as_given.ffn_hidden_size, 0);
-  EXPECT_EQ(p.as_given.max_position_embeddings, 0);
+  EXPECT_EQ(p.as_given.model.ffn_hidden, 0);
+  EXPECT_EQ(p.as_given.model.max_positions, 0);
 }
 
 TEST(ConfigTest, FfnNoteNamesTheResolvedSize) {
   ParsedConfig p;
   ASSERT_TRUE(Parse({"--hidden-size", "512", "--num-attention-heads", "8"}, &p).ok());
-  EXPECT_EQ(p.config.ffn_hidden_size, 2048);
+  EXPECT_EQ(p.config.model.ffn_hidden, 2048);
   EXPECT_TRUE(HasNote(p, "--ffn-hidden-size not given: using 4 * hidden-size = 2048"));
   ASSERT_TRUE(Parse({"--ffn-hidden-size", "1000"}, &p).ok());
-  EXPECT_EQ(p.config.ffn_hidden_size, 1000);
+  EXPECT_EQ(p.config.model.ffn_hidden, 1000);
   EXPECT_FALSE(HasNote(p, "--ffn-hidden-size"));
 }
 
@@ -187,12 +187,12 @@ TEST(ConfigTest, EveryFlagIsAcceptedOnTheCommandLine) {
                     &p);
   ASSERT_TRUE(st.ok()) << st.ToString();
   const TrainConfig& c = p.config;
-  EXPECT_EQ(c.num_layers, 2);
-  EXPECT_EQ(c.ffn_hidden_size, 100);
-  EXPECT_EQ(c.position_embedding_type, PositionEmbedding::kAlibi);
-  EXPECT_TRUE(c.embed_layernorm);
+  EXPECT_EQ(c.model.num_layers, 2);
+  EXPECT_EQ(c.model.ffn_hidden, 100);
+  EXPECT_EQ(c.model.Position(), PositionEmbedding::kAlibi);
+  EXPECT_TRUE(c.model.embed_layernorm);
   EXPECT_EQ(c.make_vocab_size_divisible_by, 64);
-  EXPECT_FLOAT_EQ(c.layernorm_epsilon, 1e-6f);
+  EXPECT_FLOAT_EQ(c.model.layernorm_eps, 1e-6f);
   EXPECT_EQ(c.init_method, InitMethod::kSmallInit);
   EXPECT_EQ(c.rampup_batch_size, (std::vector<int64_t>{4, 4, 100}));
   EXPECT_EQ(c.train_iters, 0);
@@ -208,7 +208,7 @@ TEST(ConfigTest, EveryFlagIsAcceptedOnTheCommandLine) {
   // The resolved config round-trips through its own TOML form.
   TrainConfig back;
   ASSERT_TRUE(ApplyToml(FormatConfig(c), "formatted", &back).ok());
-  back.padded_vocab_size = c.padded_vocab_size;
+  back.model.padded_vocab = c.model.padded_vocab;
   EXPECT_EQ(FormatConfig(back), FormatConfig(c));
 }
 
@@ -376,15 +376,15 @@ TEST(ConfigTest, TomlLoadsAndFlagsOverrideTheFile) {
   ParsedConfig p;
   Status st = Parse({"--config", path, "--num-layers", "2", "--lr", "5e-4"}, &p);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(p.config.num_layers, 2);     // flag beats file
-  EXPECT_DOUBLE_EQ(p.config.lr, 5e-4);   // flag beats file
-  EXPECT_EQ(p.config.hidden_size, 512);  // file beats default
-  EXPECT_EQ(p.config.num_attention_heads, 8);
+  EXPECT_EQ(p.config.model.num_layers, 2);  // flag beats file
+  EXPECT_DOUBLE_EQ(p.config.lr, 5e-4);      // flag beats file
+  EXPECT_EQ(p.config.model.hidden, 512);    // file beats default
+  EXPECT_EQ(p.config.model.heads, 8);
   EXPECT_EQ(p.config.lr_decay_style, LrDecayStyle::kLinear);
   EXPECT_EQ(p.config.seq_length, 128);  // default
   // The flag order does not matter: --config is always read first.
   ASSERT_TRUE(Parse({"--num-layers", "2", "--config", path}, &p).ok());
-  EXPECT_EQ(p.config.num_layers, 2);
+  EXPECT_EQ(p.config.model.num_layers, 2);
 }
 
 TEST(ConfigTest, FlagSwitchesAFileRunFromIterationsToSamples) {
@@ -531,15 +531,15 @@ TEST(ConfigTest, ExampleConfigsValidate) {
   std::string dir = std::string(KEEL_SOURCE_DIR) + "/examples/";
   Status st = Parse({"--config", dir + "gpt2-124m.toml"}, &p);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(p.config.num_layers, 12);
-  EXPECT_EQ(p.config.hidden_size, 768);
+  EXPECT_EQ(p.config.model.num_layers, 12);
+  EXPECT_EQ(p.config.model.hidden, 768);
   EXPECT_EQ(p.config.tokenizer, TokenizerKind::kGpt2);
   EXPECT_EQ(p.config.lr_warmup_iters, 700);
 
   st = Parse({"--config", dir + "bloom-tiny-alibi.toml"}, &p);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(p.config.position_embedding_type, PositionEmbedding::kAlibi);
-  EXPECT_TRUE(p.config.embed_layernorm);
+  EXPECT_EQ(p.config.model.Position(), PositionEmbedding::kAlibi);
+  EXPECT_TRUE(p.config.model.embed_layernorm);
   EXPECT_EQ(p.config.init_method, InitMethod::kMegatron530B);
   EXPECT_EQ(p.config.train_iters, 0);
   EXPECT_EQ(p.config.lr_warmup_iters, 0);
@@ -779,7 +779,7 @@ TEST(ConfigTest, SizesWhoseProductsOverflowAreRefusedWithTheLimit) {
 
   // The padded vocabulary is a 32-bit count too (known once the data is).
   TrainConfig c;
-  c.vocab_size = 1073741825;
+  c.model.vocab = 1073741825;
   c.make_vocab_size_divisible_by = 1073741824;
   std::vector<std::string> notes;
   Status st = Validate(&c, &notes);
@@ -793,9 +793,9 @@ TEST(ConfigTest, LargeRealModelsAreWithinTheLimits) {
   // GPT-3 175B's shape and run (Brown et al. 2020), BLOOM-176B's vocabulary and ALiBi: far beyond
   // this CPU, but nothing in them overflows.
   TrainConfig c;
-  c.num_layers = 96;
-  c.hidden_size = 12288;
-  c.num_attention_heads = 96;
+  c.model.num_layers = 96;
+  c.model.hidden = 12288;
+  c.model.heads = 96;
   c.seq_length = 2048;
   c.micro_batch_size = 1;
   c.global_batch_size = 1536;
@@ -804,8 +804,8 @@ TEST(ConfigTest, LargeRealModelsAreWithinTheLimits) {
   c.train_samples = 146484375;  // 300B tokens
   c.lr_warmup_samples = 183105;
   c.eval_iters = 100;
-  c.vocab_size = 250680;
-  c.position_embedding_type = PositionEmbedding::kAlibi;
+  c.model.vocab = 250680;
+  c.model.SetPosition(PositionEmbedding::kAlibi);
   std::vector<std::string> notes;
   Status st = Validate(&c, &notes);
   EXPECT_TRUE(st.ok()) << st.ToString();
@@ -854,23 +854,23 @@ TEST(ConfigTest, ConstantDecayAllowsWarmupPastDecay) {
 
 TEST(ConfigTest, VocabIsPaddedWithANote) {
   TrainConfig c;
-  c.vocab_size = 50257;
+  c.model.vocab = 50257;
   std::vector<std::string> notes;
   ASSERT_TRUE(Validate(&c, &notes).ok());
-  EXPECT_EQ(c.padded_vocab_size, 50304);
+  EXPECT_EQ(c.model.padded_vocab, 50304);
   bool found = false;
   for (const auto& n : notes) found |= n == "vocab 50257 padded to 50304 (multiple of 128)";
   EXPECT_TRUE(found);
-  c.vocab_size = 256;
+  c.model.vocab = 256;
   ASSERT_TRUE(Validate(&c, &notes).ok());
-  EXPECT_EQ(c.padded_vocab_size, 256);
-  c.vocab_size = -1;
+  EXPECT_EQ(c.model.padded_vocab, 256);
+  c.model.vocab = -1;
   EXPECT_FALSE(Validate(&c, &notes).ok());
 }
 
 TEST(ConfigTest, ResolvedInitStd) {
   TrainConfig c;
-  c.hidden_size = 1024;
+  c.model.hidden = 1024;
   c.init_method_std = 0.006f;
   EXPECT_FLOAT_EQ(c.ResolvedInitStd(), 0.006f);
   c.init_method = InitMethod::kSmallInit;
@@ -901,8 +901,8 @@ TEST(ConfigTest, StabilityOptionsParseAndValidate) {
   const char* ok[] = {"train", "--qk-layernorm", "--z-loss", "1e-4"};
   ParsedConfig p;
   ASSERT_TRUE(ParseTrainArgs(4, ok, &p).ok());
-  EXPECT_TRUE(p.config.qk_layernorm);
-  EXPECT_DOUBLE_EQ(p.config.z_loss, 1e-4);
+  EXPECT_TRUE(p.config.model.qk_layernorm);
+  EXPECT_DOUBLE_EQ(p.config.model.z_loss, 1e-4);
   const char* neg[] = {"train", "--z-loss", "-0.1"};
   Status st = ParseTrainArgs(3, neg, &p);
   EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
@@ -910,8 +910,8 @@ TEST(ConfigTest, StabilityOptionsParseAndValidate) {
       << st.message();
   TrainConfig c;
   ASSERT_TRUE(ApplyToml("qk-layernorm = true\nz-loss = 0.001\n", "t.toml", &c).ok());
-  EXPECT_TRUE(c.qk_layernorm);
-  EXPECT_DOUBLE_EQ(c.z_loss, 0.001);
+  EXPECT_TRUE(c.model.qk_layernorm);
+  EXPECT_DOUBLE_EQ(c.model.z_loss, 0.001);
 }
 
 // ---- the Llama family (docs/llama.md) ----
@@ -925,20 +925,20 @@ TEST(ConfigLlamaTest, MegatronFlagsSetTheShape) {
                     &p)
                   .ok());
   const TrainConfig& c = p.config;
-  EXPECT_EQ(c.position_embedding_type, PositionEmbedding::kRope);
-  EXPECT_EQ(c.rotary_base, 500000);
-  EXPECT_DOUBLE_EQ(c.rotary_percent, 0.5);
-  EXPECT_EQ(c.normalization, Normalization::kRmsNorm);
-  EXPECT_TRUE(c.swiglu);
-  EXPECT_EQ(c.kv_heads(), 2);
-  EXPECT_TRUE(c.untie_embeddings_and_output_weights);
-  EXPECT_TRUE(c.disable_bias_linear);
+  EXPECT_EQ(c.model.Position(), PositionEmbedding::kRope);
+  EXPECT_EQ(c.model.rotary_base, 500000);
+  EXPECT_DOUBLE_EQ(c.model.rotary_percent, 0.5);
+  EXPECT_TRUE(c.model.rmsnorm);
+  EXPECT_TRUE(c.model.swiglu);
+  EXPECT_EQ(c.model.KvHeads(), 2);
+  EXPECT_TRUE(c.model.untie_embeddings);
+  EXPECT_TRUE(!c.model.bias);
   // The file spelling of every one of them round-trips through FormatConfig.
   TrainConfig back;
   ASSERT_TRUE(ApplyToml(FormatConfig(c), "formatted.toml", &back).ok());
   EXPECT_EQ(FormatConfig(back), FormatConfig(c));
-  EXPECT_EQ(back.kv_heads(), 2);
-  EXPECT_EQ(back.normalization, Normalization::kRmsNorm);
+  EXPECT_EQ(back.model.KvHeads(), 2);
+  EXPECT_TRUE(back.model.rmsnorm);
 }
 
 // Llama 3.x's RoPE scaling by Megatron-LM's flags (its defaults for the band edges), and linear
@@ -949,13 +949,13 @@ TEST(ConfigLlamaTest, RopeScalingFlagsReachTheModel) {
                      "--rope-scaling-factor", "32", "--rotary-base", "500000"},
                     &p)
                   .ok());
-  GptSpec s = SpecFromConfig(p.config);
+  GptSpec s = p.config.model;
   EXPECT_TRUE(s.rope_llama3);
   EXPECT_EQ(s.rope_llama3_factor, 32);
   EXPECT_EQ(s.rope_low_freq_factor, 1);
   EXPECT_EQ(s.rope_high_freq_factor, 4);
   EXPECT_EQ(s.rope_original_max_positions, 8192);
-  EXPECT_EQ(s.rope_linear_factor, 1);
+  EXPECT_EQ(s.RopeLinearFactor(), 1);
   TrainConfig back;
   ASSERT_TRUE(ApplyToml(FormatConfig(p.config), "formatted.toml", &back).ok());
   EXPECT_EQ(FormatConfig(back), FormatConfig(p.config));
@@ -963,28 +963,28 @@ TEST(ConfigLlamaTest, RopeScalingFlagsReachTheModel) {
   ASSERT_TRUE(
       Parse({"--position-embedding-type", "rope", "--rotary-seq-len-interpolation-factor", "4"}, &p)
           .ok());
-  s = SpecFromConfig(p.config);
+  s = p.config.model;
   EXPECT_FALSE(s.rope_llama3);
-  EXPECT_EQ(s.rope_linear_factor, 4);
+  EXPECT_EQ(s.RopeLinearFactor(), 4);
 
   ASSERT_TRUE(Parse({"--use-rope-scaling"}, &p).ok());
   EXPECT_TRUE(HasNote(p, "--use-rope-scaling"));
-  EXPECT_FALSE(SpecFromConfig(p.config).rope_llama3);
+  EXPECT_FALSE(p.config.model.RopeLlama3());  // kept as given, not applied
 }
 
 // Megatron-LM's SwiGLU rule int(4h * 2/3 / 64) * 64, said in a note; a given size is kept.
 TEST(ConfigLlamaTest, SwigluFfnSizeFollowsMegatronsRule) {
   ParsedConfig p;
   ASSERT_TRUE(Parse({"--swiglu"}, &p).ok());
-  EXPECT_EQ(p.config.ffn_hidden_size, 640);  // 4 * 256 * 2/3 = 682.7 -> 640
+  EXPECT_EQ(p.config.model.ffn_hidden, 640);  // 4 * 256 * 2/3 = 682.7 -> 640
   EXPECT_TRUE(HasNote(p, "Megatron's SwiGLU size int(4 * hidden-size * 2/3 / 64) * 64 = 640"));
   ASSERT_TRUE(Parse({"--swiglu", "--hidden-size", "4096", "--num-attention-heads", "32"}, &p).ok());
-  EXPECT_EQ(p.config.ffn_hidden_size, 10880);
+  EXPECT_EQ(p.config.model.ffn_hidden, 10880);
   ASSERT_TRUE(Parse({"--swiglu", "--hidden-size", "4096", "--num-attention-heads", "32",
                      "--ffn-hidden-size", "11008"},
                     &p)
                   .ok());
-  EXPECT_EQ(p.config.ffn_hidden_size, 11008);
+  EXPECT_EQ(p.config.model.ffn_hidden, 11008);
   EXPECT_FALSE(HasNote(p, "SwiGLU size"));
 }
 
@@ -1036,7 +1036,7 @@ TEST(ConfigLlamaTest, InconsistentShapesAreRefusedWithTheFix) {
 TEST(ConfigLlamaTest, SettingsWithoutTheirFeatureAreNotedAsIgnored) {
   ParsedConfig p;
   ASSERT_TRUE(Parse({"--num-query-groups", "2"}, &p).ok());
-  EXPECT_EQ(p.config.kv_heads(), 4);
+  EXPECT_EQ(p.config.model.KvHeads(), 4);
   EXPECT_TRUE(HasNote(p, "--num-query-groups 2 without --group-query-attention: ignored"));
   ASSERT_TRUE(Parse({"--rotary-base", "500000"}, &p).ok());
   EXPECT_TRUE(HasNote(p, "given without --position-embedding-type rope: ignored"));
@@ -1069,7 +1069,7 @@ TEST(ConfigTest, RecomputeMethodAndLayersRefineFullRecomputation) {
                   .ok());
   EXPECT_EQ(p.config.recompute_method, RecomputeMethod::kBlock);
   EXPECT_EQ(p.config.full_recompute_layers(), 2);
-  const GptSpec spec = SpecFromConfig(p.config);
+  const GptSpec spec = p.config.model;
   EXPECT_EQ(GptModel::FullRecomputeLayers(spec, Recompute::kFull, p.config.full_recompute_layers()),
             2);
   ASSERT_TRUE(Parse({"--checkpoint-activations", "--recompute-method", "uniform",
@@ -1077,7 +1077,7 @@ TEST(ConfigTest, RecomputeMethodAndLayersRefineFullRecomputation) {
                     &p)
                   .ok());
   EXPECT_EQ(p.config.full_recompute_layers(), -1);
-  EXPECT_EQ(GptModel::FullRecomputeLayers(SpecFromConfig(p.config), Recompute::kFull, -1), 4);
+  EXPECT_EQ(GptModel::FullRecomputeLayers(p.config.model, Recompute::kFull, -1), 4);
   EXPECT_TRUE(HasNote(p, "recomputes one layer at a time"));
   // Megatron-DeepSpeed's spelling of the chunk size.
   ASSERT_TRUE(Parse({"--checkpoint-activations", "--checkpoint-num-layers", "1"}, &p).ok());
@@ -1135,19 +1135,19 @@ TEST(ConfigLlamaTest, ExampleLlamaConfigIsTheDefaultJobLlamaShaped) {
       Parse({"--config", std::string(KEEL_SOURCE_DIR) + "/examples/llama-small.toml"}, &p);
   ASSERT_TRUE(st.ok()) << st.ToString();
   const TrainConfig& c = p.config;
-  EXPECT_EQ(c.position_embedding_type, PositionEmbedding::kRope);
-  EXPECT_EQ(c.normalization, Normalization::kRmsNorm);
-  EXPECT_TRUE(c.swiglu);
-  EXPECT_EQ(c.kv_heads(), 2);
-  EXPECT_TRUE(c.disable_bias_linear);
+  EXPECT_EQ(c.model.Position(), PositionEmbedding::kRope);
+  EXPECT_TRUE(c.model.rmsnorm);
+  EXPECT_TRUE(c.model.swiglu);
+  EXPECT_EQ(c.model.KvHeads(), 2);
+  EXPECT_TRUE(!c.model.bias);
   EXPECT_DOUBLE_EQ(c.lr, 1e-3);  // half the default's (docs/llama.md)
   // Everything else is the default job's: corpus, length, batch, width.
   const TrainConfig d;
   EXPECT_EQ(c.data_path, d.data_path);
   EXPECT_EQ(c.train_iters, d.train_iters);
   EXPECT_EQ(c.global_batch_size, d.global_batch_size);
-  EXPECT_EQ(c.hidden_size, d.hidden_size);
-  EXPECT_EQ(c.num_layers, d.num_layers);
+  EXPECT_EQ(c.model.hidden, d.model.hidden);
+  EXPECT_EQ(c.model.num_layers, d.model.num_layers);
 }
 
 TEST(ConfigTest, GuardSettingsParseAndValidate) {

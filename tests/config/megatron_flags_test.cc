@@ -330,11 +330,11 @@ TEST(MegatronFlagsTest, TokenizerFlags) {
 
 TEST(MegatronFlagsTest, PadVocabSizeTo) {
   TrainConfig c;
-  c.vocab_size = 250680;
+  c.model.vocab = 250680;
   c.pad_vocab_size_to = 250880;  // BLOOM's
   std::vector<std::string> notes;
   ASSERT_TRUE(Validate(&c, &notes).ok());
-  EXPECT_EQ(c.padded_vocab_size, 250880);
+  EXPECT_EQ(c.model.padded_vocab, 250880);
   EXPECT_TRUE(HasNote(notes, "vocab 250680 padded to 250880 (--pad-vocab-size-to)"));
   c.pad_vocab_size_to = 250000;
   Status st = Validate(&c, &notes);

@@ -39,7 +39,7 @@ GptSpec LlamaSpec() {
 // Llama with grouped-query attention (2 key/value heads for 4), an untied head, no biases.
 GptSpec LlamaGqaUntied() {
   GptSpec s = LlamaSpec();
-  s.kv_heads = 2;
+  s.SetKvHeads(2);
   s.untie_embeddings = true;
   s.bias = false;
   return s;
@@ -206,7 +206,7 @@ TEST(HfArchReferenceTest, LlamaRopeScalingMatchesIndependentReader) {
   fs::remove_all(e.base);
 
   GptSpec lin = LlamaGqaUntied();
-  lin.rope_linear_factor = 4;
+  lin.rope_interpolation_factor = 4;
   Exported el = Export("linear_scaling", lin);
   EXPECT_EQ(json::parse(Slurp(el.hf + "/config.json"))["rope_scaling"],
             json({{"rope_type", "linear"}, {"factor", 4.0}}));

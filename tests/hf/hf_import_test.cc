@@ -42,7 +42,7 @@ GptSpec Llama(bool gqa, bool tied, bool bias) {
   GptSpec s = Base();
   s.rope = s.rmsnorm = s.swiglu = true;
   s.ffn_hidden = 96;
-  s.kv_heads = gqa ? 2 : 0;
+  s.SetKvHeads(gqa ? 2 : 0);
   s.untie_embeddings = !tied;
   s.bias = bias;
   s.rotary_base = 500000;
@@ -59,7 +59,7 @@ GptSpec ScaledLlama(bool llama3) {
     s.rope_llama3_factor = 8;
     s.rope_original_max_positions = 64;
   } else {
-    s.rope_linear_factor = 4;
+    s.rope_interpolation_factor = 4;
   }
   return s;
 }
@@ -672,7 +672,7 @@ TEST(HfImportTest, ExportRefusesWhatNoArchitectureRepresents) {
   const std::vector<Refusal> bloom = {
       {"no embedding LayerNorm", [](GptSpec& s) { s.embed_layernorm = false; },
        "ALiBi without a LayerNorm after the word embedding"},
-      {"GQA", [](GptSpec& s) { s.kv_heads = 2; }, "grouped-query attention"},
+      {"GQA", [](GptSpec& s) { s.SetKvHeads(2); }, "grouped-query attention"},
       {"untied", [](GptSpec& s) { s.untie_embeddings = true; }, "output layer of its own"},
       {"FFN", [](GptSpec& s) { s.ffn_hidden = 100; }, "FFN size 100"},
       {"no bias", [](GptSpec& s) { s.bias = false; }, "no linear biases"},

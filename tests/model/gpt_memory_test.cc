@@ -24,7 +24,7 @@ GptSpec Spec(int layers, bool alibi, bool embed_ln, bool qk_ln) {
 GptSpec Llama(int layers, bool qk_ln) {
   GptSpec s = Spec(layers, false, false, qk_ln);
   s.rope = s.rmsnorm = s.swiglu = s.untie_embeddings = true;
-  s.kv_heads = 2;
+  s.SetKvHeads(2);
   s.bias = false;
   return s;
 }

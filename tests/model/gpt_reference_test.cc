@@ -69,8 +69,8 @@ double RefLoss(const RefModel& m, const std::vector<int32_t>& tok, const std::ve
                int B, int T, std::vector<double>* logits_out = nullptr, double* z_out = nullptr) {
   const GptSpec& s = m.s;
   const int C = s.hidden, NH = s.heads, hs = C / NH, N = B * T, F = s.ffn_hidden;
-  const int G = s.kv_heads > 0 ? s.kv_heads : NH;  // key/value heads
-  const int W = (NH + 2 * G) * hs;                 // q heads, then k heads, then v heads
+  const int G = s.KvHeads();        // key/value heads
+  const int W = (NH + 2 * G) * hs;  // q heads, then k heads, then v heads
   auto P = [&](const std::string& n) { return m.p.at(n); };
   // Tensors a shape may lack (biases, norm biases): null then.
   auto Opt = [&](const std::string& n) -> const double* {
@@ -250,8 +250,8 @@ TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
   s.rotary_percent = GetCase().rotary_percent;
   s.rmsnorm = GetCase().rmsnorm;
   s.swiglu = GetCase().swiglu;
-  s.kv_heads = GetCase().kv_heads;
-  if (s.kv_heads == 2) s.heads = 4;  // 4 query heads of hs 2 sharing 2 key/value heads
+  s.SetKvHeads(GetCase().kv_heads);
+  if (GetCase().kv_heads == 2) s.heads = 4;  // 4 query heads of hs 2 sharing 2 key/value heads
   s.untie_embeddings = GetCase().untie;
   s.bias = !GetCase().no_bias;
   const int B = 2, T = 5, N = B * T;
@@ -533,7 +533,7 @@ TEST_P(GptModelBackendTest, RecomputationGivesTheSameBits) {
     if (llama) {
       run.spec.alibi = run.spec.embed_layernorm = false;
       run.spec.rope = run.spec.rmsnorm = run.spec.swiglu = run.spec.untie_embeddings = true;
-      run.spec.kv_heads = 1;
+      run.spec.SetKvHeads(1);
       run.spec.bias = false;
       run.spec.num_layers = 3;
     }
@@ -619,7 +619,7 @@ TEST(GptModelTest, RopeFrequenciesFollowLlama3ScalingAndLinearInterpolation) {
   EXPECT_FLOAT_EQ(table[2 * 128 + 64 + 40], static_cast<float>(std::sin(2 * scaled[40])));
   // Linear interpolation: every frequency over the factor (positions / factor).
   s.rope_llama3 = false;
-  s.rope_linear_factor = 4;
+  s.rope_interpolation_factor = 4;
   const std::vector<double> linear = RopeFrequencies(s);
   for (int i = 0; i < 64; ++i) EXPECT_DOUBLE_EQ(linear[i], plain[i] / 4) << i;
 }

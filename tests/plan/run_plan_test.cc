@@ -17,7 +17,7 @@ PlanInput Input(std::vector<std::string> flags, int vocab, int nodes, int gpus, 
   EXPECT_TRUE(st.ok()) << st.message();
   PlanInput in;
   in.cfg = parsed.config;
-  in.cfg.vocab_size = vocab;
+  in.cfg.model.vocab = vocab;
   in.num_nodes = nodes;
   in.gpus_per_node = gpus;
   in.tensor_parallel = tp;
@@ -104,19 +104,29 @@ TEST(RunPlanTest, Bloom176BMatchesItsPublishedSizeIterationsAndTflops) {
 // SwiGLU with FFN 11008 / 28672, untied output layer, no linear biases, vocab 32000; 70B shares
 // 8 key/value heads among its 64 query heads.
 PlanInput Llama2(bool big) {
-  std::vector<std::string> flags = {"--num-layers", big ? "80" : "32",
-                                    "--hidden-size", big ? "8192" : "4096",
-                                    "--ffn-hidden-size", big ? "28672" : "11008",
-                                    "--num-attention-heads", big ? "64" : "32",
-                                    "--seq-length", "4096",
-                                    "--position-embedding-type", "rope",
-                                    "--normalization", "RMSNorm",
+  std::vector<std::string> flags = {"--num-layers",
+                                    big ? "80" : "32",
+                                    "--hidden-size",
+                                    big ? "8192" : "4096",
+                                    "--ffn-hidden-size",
+                                    big ? "28672" : "11008",
+                                    "--num-attention-heads",
+                                    big ? "64" : "32",
+                                    "--seq-length",
+                                    "4096",
+                                    "--position-embedding-type",
+                                    "rope",
+                                    "--normalization",
+                                    "RMSNorm",
                                     "--swiglu",
                                     "--untie-embeddings-and-output-weights",
                                     "--disable-bias-linear",
-                                    "--micro-batch-size", "1",
-                                    "--global-batch-size", "1024",
-                                    "--train-iters", "500000"};
+                                    "--micro-batch-size",
+                                    "1",
+                                    "--global-batch-size",
+                                    "1024",
+                                    "--train-iters",
+                                    "500000"};
   if (big) {
     // Megatron pads the vocabulary to a multiple of make-vocab-size-divisible-by x TP: 16 x 8 =
     // 128 keeps Meta's 32000 rows (the default 128 x 8 would pad to 32768).
@@ -148,9 +158,9 @@ TEST(RunPlanTest, Llama2ParameterCountsAreThePublishedOnes) {
   EXPECT_EQ(p70.params_per_stage[3], 20 * layer + V * h / 8 + h);
   // FLOPs: QKV 2h(h + 2kv), projection 2h^2, SwiGLU 6hF, attention 4sh per layer; head 2hV.
   const double s = 4096;
-  const double fwd7 = 32 * (2.0 * 4096 * 3 * 4096 + 2.0 * 4096 * 4096 + 6.0 * 4096 * 11008 +
-                            4 * s * 4096) +
-                      2.0 * 4096 * V;
+  const double fwd7 =
+      32 * (2.0 * 4096 * 3 * 4096 + 2.0 * 4096 * 4096 + 6.0 * 4096 * 11008 + 4 * s * 4096) +
+      2.0 * 4096 * V;
   EXPECT_DOUBLE_EQ(p7.flops_per_iteration, 3 * fwd7 * 1024 * s);
 }
 

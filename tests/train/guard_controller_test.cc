@@ -25,9 +25,9 @@ using json = nlohmann::json;
 
 TrainConfig GuardTiny() {
   TrainConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
+  c.model.num_layers = 2;
+  c.model.hidden = 32;
+  c.model.heads = 4;
   c.seq_length = 16;
   c.micro_batch_size = 2;
   c.global_batch_size = 4;
@@ -35,7 +35,7 @@ TrainConfig GuardTiny() {
   c.lr = 1e-2;
   c.min_lr = 1e-3;
   c.lr_warmup_iters = 5;
-  c.vocab_size = 50;
+  c.model.vocab = 50;
   c.log_interval = 10;
   c.eval_interval = 1000;
   c.eval_iters = 0;

@@ -16,15 +16,15 @@ namespace {
 
 TrainConfig Validated(int layers, int micro, int global) {
   TrainConfig c;
-  c.num_layers = layers;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
+  c.model.num_layers = layers;
+  c.model.hidden = 64;
+  c.model.heads = 4;
   c.seq_length = 64;
   c.micro_batch_size = micro;
   c.global_batch_size = global;
   c.train_iters = 10;
   c.lr_warmup_iters = 1;
-  c.vocab_size = 1000;
+  c.model.vocab = 1000;
   std::vector<std::string> notes;
   const Status st = Validate(&c, &notes);
   EXPECT_TRUE(st.ok()) << st.ToString();
@@ -34,7 +34,7 @@ TrainConfig Validated(int layers, int micro, int global) {
 TEST(MemoryEstimateTest, TermsComeFromTheModelsOwnCounts) {
   const TrainConfig c = Validated(2, 4, 32);
   const MemoryEstimate e = EstimateRunMemory(c);
-  const GptSpec spec = SpecFromConfig(c);
+  const GptSpec spec = c.model;
   EXPECT_EQ(e.params, GptModel::ParamCount(spec));
   EXPECT_EQ(e.weights, 4 * e.params);
   EXPECT_EQ(e.gradients, 4 * e.params);

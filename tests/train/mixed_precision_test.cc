@@ -17,9 +17,9 @@ namespace {
 
 TrainConfig TinyConfig(Precision p) {
   TrainConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
+  c.model.num_layers = 2;
+  c.model.hidden = 32;
+  c.model.heads = 4;
   c.seq_length = 16;
   c.micro_batch_size = 2;
   c.global_batch_size = 4;
@@ -27,7 +27,7 @@ TrainConfig TinyConfig(Precision p) {
   c.lr = 1e-2;
   c.min_lr = 1e-3;
   c.lr_warmup_iters = 5;
-  c.vocab_size = 50;
+  c.model.vocab = 50;
   c.threads = 2;
   c.precision = p;
   c.initial_loss_scale = 1024;

@@ -22,9 +22,9 @@ using test_loop::TestLoop;
 
 TrainConfig TinyConfig() {
   TrainConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
+  c.model.num_layers = 2;
+  c.model.hidden = 32;
+  c.model.heads = 4;
   c.seq_length = 16;
   c.micro_batch_size = 2;
   c.global_batch_size = 4;  // two micro-batches: exercises gradient accumulation
@@ -32,7 +32,7 @@ TrainConfig TinyConfig() {
   c.lr = 3e-3;
   c.min_lr = 3e-4;
   c.lr_warmup_iters = 5;
-  c.vocab_size = 50;
+  c.model.vocab = 50;
   c.log_interval = 10;
   c.eval_interval = 20;
   c.eval_iters = 2;

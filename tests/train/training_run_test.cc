@@ -52,9 +52,9 @@ const std::string& DatasetPrefix() {
 
 TrainConfig Tiny(const std::string& save) {
   TrainConfig c;
-  c.num_layers = 1;
-  c.hidden_size = 32;
-  c.num_attention_heads = 2;
+  c.model.num_layers = 1;
+  c.model.hidden = 32;
+  c.model.heads = 2;
   c.seq_length = 16;
   c.micro_batch_size = 2;
   c.global_batch_size = 4;
@@ -134,15 +134,15 @@ TEST(TrainingRunTest, StoppedAndReopenedRunEndsOnTheUninterruptedBits) {
 // stops and resumes to the same bits as GPT-2's shape; its shape cannot change on resume.
 TrainConfig TinyLlama(const std::string& save) {
   TrainConfig c = Tiny(save);
-  c.num_attention_heads = 4;
-  c.position_embedding_type = PositionEmbedding::kRope;
-  c.normalization = Normalization::kRmsNorm;
-  c.swiglu = true;
-  c.ffn_hidden_size = 64;
-  c.group_query_attention = true;
-  c.num_query_groups = 2;
-  c.untie_embeddings_and_output_weights = true;
-  c.disable_bias_linear = true;
+  c.model.heads = 4;
+  c.model.SetPosition(PositionEmbedding::kRope);
+  c.model.rmsnorm = true;
+  c.model.swiglu = true;
+  c.model.ffn_hidden = 64;
+  c.model.group_query_attention = true;
+  c.model.num_query_groups = 2;
+  c.model.untie_embeddings = true;
+  c.model.bias = false;
   return c;
 }
 
@@ -172,22 +172,22 @@ TEST(TrainingRunTest, LlamaShapedRunResumesToTheUninterruptedBits) {
     const char* key = "";
     switch (option) {
       case 0:
-        changed.position_embedding_type = PositionEmbedding::kLearnedAbsolute, key = "position";
+        changed.model.SetPosition(PositionEmbedding::kLearnedAbsolute), key = "position";
         break;
       case 1:
-        changed.normalization = Normalization::kLayerNorm, key = "normalization";
+        changed.model.rmsnorm = false, key = "normalization";
         break;
       case 2:
-        changed.swiglu = false, key = "swiglu";
+        changed.model.swiglu = false, key = "swiglu";
         break;
       case 3:
-        changed.num_query_groups = 4, key = "num-query-groups";
+        changed.model.num_query_groups = 4, key = "num-query-groups";
         break;
       case 4:
-        changed.untie_embeddings_and_output_weights = false, key = "untie";
+        changed.model.untie_embeddings = false, key = "untie";
         break;
       case 5:
-        changed.disable_bias_linear = false, key = "disable-bias-linear";
+        changed.model.bias = true, key = "disable-bias-linear";
         break;
     }
     const RunResult r = OpenAndTrain(changed);
@@ -234,7 +234,7 @@ TEST(TrainingRunTest, WrongInputsAreRefusedBeforeAnyWork) {
   RunResult r = OpenAndTrain(c);
   EXPECT_FALSE(r.status.ok());
   c = Tiny(dir.Join("run"));
-  c.num_attention_heads = 3;  // 32 % 3 != 0
+  c.model.heads = 3;  // 32 % 3 != 0
   r = OpenAndTrain(c);
   EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument) << r.status.ToString();
   EXPECT_FALSE(fs::exists(dir.Join("run/iter_0000005")));
@@ -254,7 +254,7 @@ TEST(TrainingRunTest, ABackendThatLacksAnOpTheConfigNeedsIsRefusedAtOpen) {
   EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument) << r.status.ToString();
   EXPECT_NE(r.status.message().find("no such backend"), std::string::npos) << r.status.message();
   c.backend = "lacks-rope";
-  c.position_embedding_type = PositionEmbedding::kRope;
+  c.model.SetPosition(PositionEmbedding::kRope);
   r = OpenAndTrain(c);
   EXPECT_EQ(r.status.code(), Status::Code::kInvalidArgument) << r.status.ToString();
   EXPECT_NE(r.status.message().find("lacks RopeBackward, needed by --position-embedding-type rope"),
@@ -288,7 +288,7 @@ TEST(TrainingRunTest, ARunThatCannotFitIsRefusedWithTheNumbersBeforeAnyWork) {
   TrainConfig c = Tiny(dir.Join("run"));
   // What this run needs, as the run computes it once the vocabulary is known.
   TrainConfig resolved = c;
-  resolved.vocab_size = 300;  // DatasetPrefix's
+  resolved.model.vocab = 300;  // DatasetPrefix's
   std::vector<std::string> notes;
   ASSERT_TRUE(Validate(&resolved, &notes).ok());
   const MemoryEstimate need = EstimateRunMemory(resolved);
