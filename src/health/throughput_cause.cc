@@ -1,18 +1,8 @@
 #include "health/throughput_cause.h"
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 namespace keel {
-
-double ProcessCpuSeconds() {
-  rusage u{};
-  if (getrusage(RUSAGE_SELF, &u) != 0) return NAN;
-  auto secs = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
-  };
-  return secs(u.ru_utime) + secs(u.ru_stime);
-}
 
 std::string DropCause(const IterationCost& before, const IterationCost& now, int64_t saves,
                       double save_seconds) {

@@ -16,9 +16,6 @@ struct IterationCost {
   double data_wait = NAN;  // seconds the loop waited for the iteration's samples (Phase::kData)
 };
 
-// The process's CPU seconds so far (user and system, every thread); NaN where not known.
-double ProcessCpuSeconds();
-
 // One sentence naming the cause of a slowdown from `before` to `now` (medians of IterationCost
 // per iteration), given `saves` saves (`save_seconds` in all) since the drop began. The rules, on
 // the rise of the wall time dW = now.wall - before.wall (nothing to explain when dW <= 0):

@@ -443,9 +443,11 @@ void LogEventScanner::Add(const LogRecord& r) {
   if (!r.gap) {
     if (!has_signal_) {
       has_signal_ = true;
-      signal_ = std::isfinite(r.tflops)               ? ThroughputSignal::kTflops
-                : std::isfinite(r.samples_per_second) ? ThroughputSignal::kSamplesPerSecond
-                                                      : ThroughputSignal::kIterationsPerSecond;
+      const bool sps = std::isfinite(r.samples_per_second);
+      signal_ = std::isfinite(r.tflops) && !(sps && r.samples_per_second > r.tflops)
+                    ? ThroughputSignal::kTflops
+                : sps ? ThroughputSignal::kSamplesPerSecond
+                      : ThroughputSignal::kIterationsPerSecond;
     }
     const double v = signal_ == ThroughputSignal::kTflops             ? r.tflops
                      : signal_ == ThroughputSignal::kSamplesPerSecond ? r.samples_per_second

@@ -179,7 +179,7 @@ void RunHealth::WatchThroughput(const StepResult& r, int64_t it) {
   // the cores (or a wait) from the process's own work; the data wait, a starving loader.
   IterationCost cost;
   const uint64_t now_us = env_->NowMicros();
-  const double cpu = ProcessCpuSeconds();
+  const double cpu = env_->ProcessCpuSeconds();
   if (last_step_us_ > 0) {
     cost.wall = static_cast<double>(now_us - last_step_us_) * 1e-6;
     cost.cpu = cpu - last_cpu_seconds_;
