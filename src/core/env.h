@@ -113,6 +113,9 @@ class Env {
   // (archive directories); durations use NowMicros. Tests fix it to force name collisions.
   virtual int64_t NowUnixMicros();
   virtual void SleepForMicros(uint64_t micros) = 0;
+  // The process's CPU seconds so far (user and system, every thread; NaN where not known): set
+  // against NowMicros, it tells another process on the cores from the process's own work.
+  virtual double ProcessCpuSeconds();
 
   // Memory this process can still allocate: MemAvailable of /proc/meminfo, or what the limit of
   // its cgroup (memory.max; memory.limit_in_bytes in cgroup v1) leaves when that is less. NotFound

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>  // renameat2
 #include <cstdlib>
 #include <cstring>
@@ -464,6 +466,15 @@ Status NotRegularFile(const std::string& path, FileType type) {
 Status FileTooLarge(const std::string& path, uint64_t max_bytes) {
   return Status::InvalidArgument("'" + path + "' is larger than " + FormatByteCap(max_bytes) +
                                  ", the most keel reads of such a file: is it the right file?");
+}
+
+double Env::ProcessCpuSeconds() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return NAN;
+  auto secs = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return secs(u.ru_utime) + secs(u.ru_stime);
 }
 
 int64_t Env::NowUnixMicros() {

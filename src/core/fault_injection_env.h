@@ -65,6 +65,7 @@ class FaultInjectionEnv : public Env {
   Status SyncDir(const std::string& dir) override;
   uint64_t NowMicros() override { return base_->NowMicros(); }
   int64_t NowUnixMicros() override { return base_->NowUnixMicros(); }
+  double ProcessCpuSeconds() override { return base_->ProcessCpuSeconds(); }
   void SleepForMicros(uint64_t micros) override { base_->SleepForMicros(micros); }
   Status AvailableMemory(MemoryAvailable* out) override { return base_->AvailableMemory(out); }
   Status LockFile(const std::string& path, const std::string& me, std::unique_ptr<FileLock>* lock,

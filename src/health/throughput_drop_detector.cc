@@ -8,80 +8,109 @@
 namespace keel {
 namespace {
 
-bool Valid(double seconds) {
-  return std::isfinite(seconds) && seconds > 0;
+bool Valid(double v) {
+  return std::isfinite(v) && v > 0;
 }
 
 }  // namespace
 
 ThroughputDropDetector::ThroughputDropDetector(int world_size, ThroughputDropOptions o)
-    : world_size_(std::max(world_size, 1)), opt_(o), rule_{o.threshold, Worse::kHigher} {
+    : world_size_(std::max(world_size, 1)), opt_(o), rule_{o.threshold, Worse::kLower} {
   opt_.window = std::max(opt_.window, 1);
   opt_.warmup = std::max(opt_.warmup, 0);
-  opt_.baseline_windows = std::max(opt_.baseline_windows, 1);
+  opt_.percentile = std::clamp(opt_.percentile, 0.0, 1.0);
   Rebaseline();
 }
 
 void ThroughputDropDetector::Rebaseline() {
   const size_t n = static_cast<size_t>(world_size_), w = static_cast<size_t>(opt_.window);
   seen_ = 0;
-  base_job_.clear();
-  base_compute_.assign(n, {});
-  baseline_ = NAN;
+  cur_tp_.clear();
+  cur_job_.clear();
+  cur_compute_.assign(n, {});
+  windows_.clear();
+  baseline_ = base_job_seconds_ = NAN;
   rank_baselines_.assign(n, NAN);
   recent_ = RobustWindow(w);
+  recent_job_ = RobustWindow(w);
   recent_compute_.assign(n, RobustWindow(w));
   history_.clear();
   open_ = false;
   streak_ = 0;
   follows_ = -1;
-  last_drop_ = NAN;
+  level_ = last_drop_ = NAN;
+}
+
+void ThroughputDropDetector::CloseWindow() {
+  Window win;
+  win.median = MedianOf(std::move(cur_tp_));
+  win.job_seconds = MedianOf(std::move(cur_job_));
+  win.compute.resize(cur_compute_.size());
+  for (size_t r = 0; r < cur_compute_.size(); ++r) {
+    win.compute[r] = MedianOf(std::move(cur_compute_[r]));
+    cur_compute_[r].clear();
+  }
+  cur_tp_.clear();
+  cur_job_.clear();
+  // A window that ended in a drop is not a level the job sustains when healthy.
+  if (open_) return;
+  windows_.push_back(std::move(win));
+  while (windows_.size() > kMaxWindows) windows_.pop_front();
+  SetBaseline();
+}
+
+void ThroughputDropDetector::SetBaseline() {
+  std::vector<size_t> order(windows_.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return windows_[a].median < windows_[b].median; });
+  // Nearest rank: the smallest median at or above `percentile` of them.
+  const double rank = std::ceil(opt_.percentile * static_cast<double>(order.size()));
+  const size_t at = static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(order.size())));
+  const Window& b = windows_[order[at - 1]];
+  baseline_ = b.median;
+  base_job_seconds_ = b.job_seconds;
+  rank_baselines_ = b.compute;
 }
 
 std::optional<ThroughputDropEvent> ThroughputDropDetector::Add(
-    int64_t iteration, double job_seconds, const std::vector<double>& compute_seconds) {
-  if (!Valid(job_seconds)) return std::nullopt;
+    int64_t iteration, double throughput, double job_seconds,
+    const std::vector<double>& compute_seconds) {
+  if (!Valid(throughput)) return std::nullopt;
   if (seen_++ < opt_.warmup) return std::nullopt;
   const size_t w = static_cast<size_t>(opt_.window);
-  recent_.Add(job_seconds);
-  history_.push_back({iteration, job_seconds});
+  recent_.Add(throughput);
+  if (Valid(job_seconds)) recent_job_.Add(job_seconds);
+  history_.push_back({iteration, throughput});
   while (history_.size() > 3 * w) history_.pop_front();
+  cur_tp_.push_back(throughput);
+  if (Valid(job_seconds)) cur_job_.push_back(job_seconds);
   for (size_t r = 0; r < recent_compute_.size() && r < compute_seconds.size(); ++r) {
-    if (Valid(compute_seconds[r])) recent_compute_[r].Add(compute_seconds[r]);
+    if (!Valid(compute_seconds[r])) continue;
+    recent_compute_[r].Add(compute_seconds[r]);
+    cur_compute_[r].push_back(compute_seconds[r]);
   }
+  if (cur_tp_.size() == w) CloseWindow();
+  if (std::isnan(baseline_)) return std::nullopt;
 
-  if (std::isnan(baseline_)) {
-    base_job_.push_back(job_seconds);
-    for (size_t r = 0; r < base_compute_.size() && r < compute_seconds.size(); ++r) {
-      if (Valid(compute_seconds[r])) base_compute_[r].push_back(compute_seconds[r]);
-    }
-    if (base_job_.size() < static_cast<size_t>(opt_.baseline_windows) * w) return std::nullopt;
-    baseline_ = MedianOf(std::move(base_job_));
-    base_job_.clear();
-    for (size_t r = 0; r < base_compute_.size(); ++r) {
-      rank_baselines_[r] = MedianOf(std::move(base_compute_[r]));
-      base_compute_[r].clear();
-    }
-  }
-
-  const double level = recent_.Median();
-  last_drop_ = rule_.Worsening(level, baseline_);
-  const bool towards = open_ ? rule_.Back(level, baseline_) : rule_.Shifted(level, baseline_);
+  level_ = recent_.Median();
+  last_drop_ = baseline_ / level_ - 1;
+  const bool towards = open_ ? rule_.Back(level_, baseline_) : rule_.Shifted(level_, baseline_);
   streak_ = towards ? streak_ + 1 : 0;
   if (streak_ < opt_.window) return std::nullopt;
   streak_ = 0;
   const int64_t since = ChangePoint(/*after_is_slow=*/!open_);
   open_ = !open_;
-  if (open_) follows_ = FollowedRank(level);
-  return ThroughputDropEvent{open_,      since,    iteration,
-                             last_drop_, follows_, follows_ >= 0 ? Rise(follows_) : 0};
+  follows_ = open_ ? FollowedRank() : follows_;
+  return ThroughputDropEvent{open_,     since,  iteration, last_drop_,
+                             baseline_, level_, follows_,  follows_ >= 0 ? Rise(follows_) : 0};
 }
 
 int64_t ThroughputDropDetector::ChangePoint(bool after_is_slow) const {
   // score(j) = #{i < j: sample i is in the old state} + #{i >= j: sample i is in the new one}
   auto in_new_state = [&](const Sample& s) {
-    return after_is_slow ? rule_.Shifted(s.job_seconds, baseline_)
-                         : rule_.Back(s.job_seconds, baseline_);
+    return after_is_slow ? rule_.Shifted(s.throughput, baseline_)
+                         : rule_.Back(s.throughput, baseline_);
   };
   int64_t score = std::count_if(history_.begin(), history_.end(), in_new_state);
   int64_t best_score = score;
@@ -94,15 +123,16 @@ int64_t ThroughputDropDetector::ChangePoint(bool after_is_slow) const {
 }
 
 double ThroughputDropDetector::Rise(int rank) const {
-  return rule_.Worsening(recent_compute_[static_cast<size_t>(rank)].Median(),
-                         rank_baselines_[static_cast<size_t>(rank)]);
+  const size_t r = static_cast<size_t>(rank);
+  if (r >= rank_baselines_.size()) return NAN;
+  return recent_compute_[r].Median() / rank_baselines_[r] - 1;
 }
 
-int ThroughputDropDetector::FollowedRank(double level) const {
+int ThroughputDropDetector::FollowedRank() const {
   int best = -1;
   double best_rise = -std::numeric_limits<double>::infinity(), best_seconds = 0;
   std::vector<double> rises_seconds;
-  for (size_t r = 0; r < recent_compute_.size(); ++r) {
+  for (size_t r = 0; r < recent_compute_.size() && r < rank_baselines_.size(); ++r) {
     const double now = recent_compute_[r].Median(), base = rank_baselines_[r];
     if (!std::isfinite(now) || !std::isfinite(base)) continue;
     rises_seconds.push_back(now - base);
@@ -112,8 +142,9 @@ int ThroughputDropDetector::FollowedRank(double level) const {
   if (best < 0) return -1;
   const double shared =
       rises_seconds.size() < 2 ? 0.0 : std::max(0.0, LowerMedianOf(std::move(rises_seconds)));
-  const double job_rise = level - baseline_;
-  return best_seconds - shared >= 0.5 * job_rise && job_rise > 0 ? best : -1;
+  const double job_rise = recent_job_.Median() - base_job_seconds_;
+  return std::isfinite(job_rise) && job_rise > 0 && best_seconds - shared >= 0.5 * job_rise ? best
+                                                                                            : -1;
 }
 
 }  // namespace keel

@@ -352,6 +352,11 @@ struct JobSlowdownEvent final : JournalEvent {
   double drop = 0;
   int64_t follows_rank = -1;        // the rank whose own compute time rose; -1: none
   std::optional<std::string> host;  // that rank's host
+  // The level against which it is judged (the best sustained one) and the level now, in samples
+  // per second; the visible cause of a drop (CPU time against wall time, data wait, saves).
+  // Absent in journals of keel before they were written.
+  std::optional<double> baseline, level;
+  std::optional<std::string> reason;
   template <class F>
   void Fields(F& f) {
     f("iteration", iteration);
@@ -359,6 +364,9 @@ struct JobSlowdownEvent final : JournalEvent {
     f("drop", drop);
     f("follows_rank", follows_rank);
     f("host", host);
+    f("baseline", baseline);
+    f("level", level);
+    f("reason", reason);
   }
 };
 

@@ -58,13 +58,15 @@ Status AnalyzeLog(const ParsedLog& log, const LogAnalysisOptions& opt, LogAnalys
   a.iteration_seconds = Stats(recs, &LogRecord::iteration_seconds);
 
   // Throughput: TFLOPs where every record that trained has them, else samples/s, else
-  // iterations/s.
+  // iterations/s; samples/s before TFLOPs where its median is the larger: both are printed to 2
+  // or 3 decimals, so it has more significant digits (a small model's TFLOPs print as 0.00).
   int64_t trained = 0;
   for (const LogRecord& r : recs) trained += !r.gap;
-  const ThroughputSignal signal = a.tflops.count == trained ? ThroughputSignal::kTflops
-                                  : a.samples_per_second.count == trained
-                                      ? ThroughputSignal::kSamplesPerSecond
-                                      : ThroughputSignal::kIterationsPerSecond;
+  const bool tflops = a.tflops.count == trained, sps = a.samples_per_second.count == trained;
+  const ThroughputSignal signal = tflops && !(sps && a.samples_per_second.median > a.tflops.median)
+                                      ? ThroughputSignal::kTflops
+                                  : sps ? ThroughputSignal::kSamplesPerSecond
+                                        : ThroughputSignal::kIterationsPerSecond;
   a.throughput_signal = ThroughputSignalName(signal);
   int64_t measured = 0;  // the values the drop test sees
   for (const LogRecord& r : recs) {

@@ -320,7 +320,18 @@ class LogEventScanner::Drops {
       : owner_(owner),
         scan_(opt.drop_threshold, window, [this](const ThroughputDrop& d) { OnChange(d); }) {}
 
-  void Add(int64_t iteration, double v) { scan_.Add(iteration, v); }
+  // `global_batch`: NaN where the log does not say; a new size is new work per iteration.
+  void Add(int64_t iteration, double v, double global_batch) {
+    if (std::isfinite(global_batch) && std::isfinite(batch_) && global_batch != batch_)
+      Rebaseline("the global batch size changed");
+    if (std::isfinite(global_batch)) batch_ = global_batch;
+    scan_.Add(iteration, v);
+  }
+  // A restart: the next process's pace is its own (the live detector starts afresh too).
+  void Rebaseline(const std::string& why) {
+    end_of_what_ = why;
+    scan_.Rebaseline();
+  }
   void Finish(const std::string& end_of_what) {
     end_of_what_ = end_of_what;
     scan_.Finish();
@@ -337,8 +348,10 @@ class LogEventScanner::Drops {
     e.signal = signal;
     e.value = d.level;
     e.baseline = d.baseline;
-    e.detail = fmt::format("{} fell from {:.4g} to {:.4g} ({:+.1f}%) at iteration {}", signal,
-                           d.baseline, d.level, 100 * (d.level / d.baseline - 1), d.start);
+    e.detail = fmt::format(
+        "{} fell from {:.4g} (its best sustained level) to {:.4g} ({:+.1f}%) at iteration {} "
+        "(found at iteration {})",
+        signal, d.baseline, d.level, 100 * (d.level / d.baseline - 1), d.start, d.found);
     if (!d.open)
       e.detail += d.back
                       ? fmt::format(" and was back by iteration {}", d.end)
@@ -348,6 +361,7 @@ class LogEventScanner::Drops {
 
   LogEventScanner* owner_;
   ThroughputDropScan scan_;
+  double batch_ = NAN;
   int64_t id_ = 0;
   std::string end_of_what_;
 };
@@ -415,6 +429,7 @@ void LogEventScanner::Add(const LogRecord& r) {
     CloseRun(&skipped_run_);
     sink_({NextId(), false, e});
     instability_->Restart(prev_, r.iteration);
+    drops_->Rebaseline("the restart");
     prev_ = -1;  // counters of the first record after a restart cover an unknown interval
   }
   const int64_t from = prev_ >= 0 ? prev_ + 1 : r.iteration;
@@ -428,14 +443,16 @@ void LogEventScanner::Add(const LogRecord& r) {
   if (!r.gap) {
     if (!has_signal_) {
       has_signal_ = true;
-      signal_ = std::isfinite(r.tflops)               ? ThroughputSignal::kTflops
-                : std::isfinite(r.samples_per_second) ? ThroughputSignal::kSamplesPerSecond
-                                                      : ThroughputSignal::kIterationsPerSecond;
+      const bool sps = std::isfinite(r.samples_per_second);
+      signal_ = std::isfinite(r.tflops) && !(sps && r.samples_per_second > r.tflops)
+                    ? ThroughputSignal::kTflops
+                : sps ? ThroughputSignal::kSamplesPerSecond
+                      : ThroughputSignal::kIterationsPerSecond;
     }
     const double v = signal_ == ThroughputSignal::kTflops             ? r.tflops
                      : signal_ == ThroughputSignal::kSamplesPerSecond ? r.samples_per_second
                                                                       : 1.0 / r.iteration_seconds;
-    if (std::isfinite(v)) drops_->Add(r.iteration, v);
+    if (std::isfinite(v)) drops_->Add(r.iteration, v, r.global_batch);
   }
   prev_ = r.iteration;
   last_iteration_ = r.iteration;

@@ -75,7 +75,8 @@ class LogEventScanner {
   using Sink = std::function<void(const LogEventUpdate&)>;
   // `drop_window`: records per median window of the drop test (> 0). `signal`: what the drop test
   // watches; without one, the first record that trained an iteration decides (TFLOPs where it has
-  // them, else samples per second, else iterations per second).
+  // them and they are not below its samples per second, which then has more significant digits;
+  // else samples per second, else iterations per second).
   LogEventScanner(const LogAnalysisOptions& opt, int drop_window, Sink sink,
                   const ThroughputSignal* signal = nullptr);
   ~LogEventScanner();

@@ -1,60 +1,49 @@
 // ThroughputDropScan: a sustained drop of a throughput, value by value, for a log read at once
 // (`keel logs analyze`) or followed as it is written (`keel logs watch`); both find the same drops.
-// The median of the `window` values after a point is compared with the median of the `window`
-// before it by the live detectors' rule (health/level_shift.h): a stretch of points where it fell
-// by more than `threshold` is one drop, placed at its deepest point; it lasts until a window is
-// back within half the threshold of the level before (its end is then half a window into that
-// window), or to the end. A point is judged once `window` values after it are known, so a drop is
-// reported a window after it began.
+// It is the live run's detector (health/throughput_drop_detector.h) with the log's records as its
+// iterations: a drop is found once it lasted a window past the baseline's threshold, begins at its
+// change point, and ends where the detector finds the recovery's change point (or at the end, or
+// at a Rebaseline: a restart, a new global batch size). So a keel run's journal and the analysis
+// of its log (one record an iteration, the same window and threshold) agree.
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <string>
 
-#include "health/level_shift.h"
+#include "health/throughput_drop_detector.h"
 
 namespace keel {
 
 struct ThroughputDrop {
-  int64_t start = 0, end = 0;  // iterations: the deepest point; the last iteration down
+  int64_t start = 0, end = 0;  // iterations: the change point; the last iteration down
+  int64_t found = 0;           // the iteration where the detector decided the drop
   double baseline = 0, level = 0;
   bool open = true;   // not back yet
-  bool back = false;  // closed because it came back (not by Finish)
+  bool back = false;  // closed because it came back (not by Finish or Rebaseline)
 };
 
 class ThroughputDropScan {
  public:
-  // `on_change` hears of a drop when it is found (open) and when it ends (closed).
+  // `on_change` hears of a drop when it is found (open) and when it ends (closed). The detector's
+  // warm-up is two windows.
   ThroughputDropScan(double threshold, int window,
                      std::function<void(const ThroughputDrop&)> on_change);
 
   void Add(int64_t iteration, double value);
-  // No more values: a stretch of drops still being measured is placed, an open drop closes.
+  // The work of an iteration changed (a restart, another global batch size): an open drop closes
+  // where it stood (not back), and the baseline is set again.
+  void Rebaseline();
+  // No more values: an open drop closes.
   void Finish();
-  int window() const { return w_; }
+  int window() const { return detector_.options().window; }
 
  private:
-  enum class State { kSeek, kDeepest, kLasting };
-  void Advance(bool finishing);
-  double Median(int64_t from, int64_t to) const;  // over positions [from, to)
-  int64_t size() const { return base_ + static_cast<int64_t>(values_.size()); }
-  void Trim();
+  void CloseOpen();
 
-  const LevelShift drop_;
-  const int64_t w_;
+  ThroughputDropDetector detector_;
   std::function<void(const ThroughputDrop&)> on_change_;
-  // Values and iterations from position base_ on (older ones are no longer needed).
-  std::deque<double> values_;
-  std::deque<int64_t> iters_;
-  int64_t base_ = 0;
-  State state_ = State::kSeek;
-  int64_t i_ = 0;     // kSeek: the next point to judge
-  int64_t best_ = 0;  // kDeepest, kLasting: the deepest point of the stretch
-  double deepest_ = 0;
-  int64_t j_ = 0;  // kDeepest: the next point of the stretch; kLasting: the next window start
   ThroughputDrop cur_;
+  int64_t last_ = 0;  // the last iteration added
 };
 
 }  // namespace keel

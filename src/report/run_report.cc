@@ -147,7 +147,8 @@ constexpr const char* kPageScript = R"JS(
   const colors = {rollback: '#d62728', divergence: '#d62728', detected: '#ff7f0e',
     spike_recovered: '#ff7f0e', resume_spike: '#ff7f0e', spike_unresolved: '#ff7f0e',
     skip: '#7f7f7f', skipped: '#7f7f7f', skip_range: '#7f7f7f', nan: '#9467bd',
-    restart: '#1f77b4', resume: '#1f77b4', resumed: '#1f77b4', throughput_drop: '#8c564b'};
+    restart: '#1f77b4', resume: '#1f77b4', resumed: '#1f77b4', throughput_drop: '#8c564b',
+    throughput_recovered: '#bcbd22'};
   const colorOf = (k) => Object.prototype.hasOwnProperty.call(colors, k) ? colors[k] : '#17becf';
   const palette = ['#1f77b4', '#2ca02c', '#9467bd', '#8c564b', '#e377c2', '#17becf', '#bcbd22'];
 

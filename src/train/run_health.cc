@@ -90,7 +90,6 @@ Status RunHealth::Start(const TrainConfig& cfg) {
       so.threshold = cfg.straggler_threshold;
       stragglers_ = std::make_unique<StragglerDetector>(world, so);
     }
-    drops_ = std::make_unique<ThroughputDropDetector>(world, ThroughputDropOptions{});
     Log("checks: collectives in step {}; replicas {}; stragglers {}",
         cfg.debug_collectives ? "before every collective (--debug-collectives)"
                               : "at every host collective",
@@ -101,6 +100,13 @@ Status RunHealth::Start(const TrainConfig& cfg) {
                                   5 * cfg.straggler_window)
                     : std::string("off"));
   }
+  drops_ = std::make_unique<ThroughputDropDetector>(world, ThroughputDropOptions{});
+  const ThroughputDropOptions& t = drops_->options();
+  Log("checks: throughput: samples per second {:g}% or more below the best level the run "
+      "sustained (the {:g}th percentile of its {}-iteration windows' medians) for {} iterations is "
+      "a drop, journaled with its recovery; the baseline is set anew after {} iterations of "
+      "warm-up at the start, at each batch ramp-up stage and after a rollback",
+      100 * t.threshold, 100 * t.percentile, t.window, t.window, t.warmup);
   return Status::OK();
 }
 
@@ -129,6 +135,7 @@ void RunHealth::Journal(const JournalEvent& event, const std::string& sentence) 
 
 void RunHealth::OnStep(const StepResult& r) {
   const int64_t it = trainer_->state().counters.iteration;
+  WatchThroughput(r, it);
   // The first iteration of a process warms caches and threads: not a rank's pace.
   if (++steps_seen_ == 1 || r.data_skipped) return;
   // The first iterations of a process fault in pages and fill caches and pools, unevenly across
@@ -160,34 +167,116 @@ void RunHealth::OnStep(const StepResult& r) {
       (void)metrics_->AppendScalar(it, "stragglers/slowest_rank", static_cast<double>(worst));
     }
   }
-  if (drops_) {
-    // A batch ramp-up stage changes an iteration's work: not a drop.
-    if (r.global_batch != last_global_batch_) drops_->Rebaseline();
-    last_global_batch_ = r.global_batch;
-    std::vector<double> secs(r.rank_compute_ms.size());
-    for (size_t k = 0; k < secs.size(); ++k) secs[k] = r.rank_compute_ms[k] * 1e-3;
-    if (auto d = drops_->Add(it, r.step_ms * 1e-3, secs)) {
-      const std::string follows =
-          d->follows_rank >= 0
-              ? fmt::format("it follows {}, whose own compute time rose {:.1f}%",
-                            RankText(d->follows_rank), 100 * d->rank_rise)
-              : std::string(
-                    "no single rank explains it: every rank slowed (the filesystem, the "
-                    "network or the machines)");
-      JobSlowdownEvent ev;
-      ev.recovered = !d->dropped;
-      ev.iteration = it;
-      ev.since_iteration = d->since_iteration;
-      ev.drop = d->drop;
-      ev.follows_rank = d->follows_rank;
-      if (d->follows_rank >= 0) ev.host = hosts_[d->follows_rank];
-      Journal(ev, d->dropped ? fmt::format(
-                                   "iteration {}: the job slowed by {:.1f}% since iteration {}; {}",
-                                   it, 100 * d->drop, d->since_iteration, follows)
-                             : fmt::format("iteration {}: throughput recovered since iteration {}",
-                                           it, d->since_iteration));
-    }
+}
+
+void RunHealth::OnSave(double seconds) {
+  saves_.push_back({last_iteration_, seconds});
+  while (saves_.size() > 100) saves_.pop_front();
+}
+
+void RunHealth::WatchThroughput(const StepResult& r, int64_t it) {
+  // What the time since the previous iteration went to: the CPU share tells another process on
+  // the cores (or a wait) from the process's own work; the data wait, a starving loader.
+  IterationCost cost;
+  const uint64_t now_us = env_->NowMicros();
+  const double cpu = env_->ProcessCpuSeconds();
+  if (last_step_us_ > 0) {
+    cost.wall = static_cast<double>(now_us - last_step_us_) * 1e-6;
+    cost.cpu = cpu - last_cpu_seconds_;
   }
+  cost.data_wait = phases_.IterationSeconds(Phase::kData);
+  last_step_us_ = now_us;
+  last_cpu_seconds_ = cpu;
+  if (!drops_) return;  // not started
+  // A batch ramp-up stage changes an iteration's work, and a rollback (the iteration went back)
+  // restarts the pace: neither is a drop. A resume is a new process: a new detector.
+  if (r.global_batch != last_global_batch_ || it <= last_iteration_) {
+    drops_->Rebaseline();
+    anchor_iteration_ = it;
+    costs_.clear();
+  }
+  last_global_batch_ = r.global_batch;
+  last_iteration_ = it;
+  if (r.data_skipped) return;  // nothing computed: no throughput (a gap in the log too)
+  costs_.push_back({it, cost});
+  while (costs_.size() > 200) costs_.pop_front();
+  const double secs = r.step_ms * 1e-3;
+  std::vector<double> compute(r.rank_compute_ms.size());
+  for (size_t k = 0; k < compute.size(); ++k) compute[k] = r.rank_compute_ms[k] * 1e-3;
+  // Samples per second: what the iteration line reports, so `keel logs analyze` of this run's log
+  // reads the same series.
+  const auto d = drops_->Add(it, static_cast<double>(r.global_batch) / secs, secs, compute);
+  const int window = drops_->options().window;
+  if (metrics_ && it % window == 0 && std::isfinite(drops_->baseline())) {
+    (void)metrics_->AppendScalar(it, "throughput/baseline_samples_per_second", drops_->baseline());
+    (void)metrics_->AppendScalar(it, "throughput/slowdown", drops_->last_drop());
+  }
+  if (!d) return;
+  JobSlowdownEvent ev;
+  ev.recovered = !d->dropped;
+  ev.iteration = it;
+  ev.since_iteration = d->since_iteration;
+  ev.drop = d->drop;
+  ev.baseline = d->baseline;
+  ev.level = d->level;
+  const bool many = comm_.world_size() > 1;
+  if (many) {
+    ev.follows_rank = d->follows_rank;
+    if (d->follows_rank >= 0) ev.host = hosts_[static_cast<size_t>(d->follows_rank)];
+  }
+  if (!d->dropped) {
+    Journal(ev, fmt::format("iteration {}: throughput recovered since iteration {}: {:.4g} samples "
+                            "per second against {:.4g} ({:+.1f}% time per iteration)",
+                            it, d->since_iteration, d->level, d->baseline, 100 * d->drop));
+    return;
+  }
+  std::string cause = ThroughputCause(d->since_iteration);
+  if (!cause.empty()) ev.reason = cause;
+  if (many)
+    cause += (cause.empty() ? "" : "; ") +
+             (d->follows_rank >= 0
+                  ? fmt::format("it follows {}, whose own compute time rose {:.1f}%",
+                                RankText(d->follows_rank), 100 * d->rank_rise)
+                  : std::string("no single rank explains it: every rank slowed (the filesystem, "
+                                "the network or the machines)"));
+  if (cause.empty()) cause = "no cause visible in the process's CPU time, data wait or saves";
+  Journal(ev, fmt::format("iteration {}: the job slowed: an iteration takes {:.1f}% longer since "
+                          "iteration {}: {:.4g} samples per second against {:.4g}, the best level "
+                          "it sustained since iteration {}; {}",
+                          it, 100 * d->drop, d->since_iteration, d->level, d->baseline,
+                          anchor_iteration_, cause));
+}
+
+std::string RunHealth::ThroughputCause(int64_t since) const {
+  const size_t w = static_cast<size_t>(drops_->options().window);
+  std::vector<IterationCost> before, now;
+  for (const Cost& c : costs_)
+    if (c.iteration < since) before.push_back(c.cost);
+  if (before.size() > w) before.erase(before.begin(), before.end() - static_cast<long>(w));
+  for (size_t k = costs_.size() > w ? costs_.size() - w : 0; k < costs_.size(); ++k)
+    now.push_back(costs_[k].cost);
+  int64_t saves = 0;
+  double save_seconds = 0;
+  for (const SaveTime& s : saves_) {
+    if (s.after_iteration < since - 1) continue;
+    ++saves;
+    save_seconds += s.seconds;
+  }
+  auto median = [](const std::vector<IterationCost>& v) {
+    IterationCost m;
+    if (v.size() < 3) return m;  // too few to say
+    std::vector<double> wall, cpu, data;
+    for (const IterationCost& c : v) {
+      if (std::isfinite(c.wall)) wall.push_back(c.wall);
+      if (std::isfinite(c.cpu)) cpu.push_back(c.cpu);
+      if (std::isfinite(c.data_wait)) data.push_back(c.data_wait);
+    }
+    m.wall = MedianOf(std::move(wall));
+    m.cpu = MedianOf(std::move(cpu));
+    m.data_wait = MedianOf(std::move(data));
+    return m;
+  };
+  return DropCause(median(before), median(now), saves, save_seconds);
 }
 
 Status RunHealth::AfterIteration() {

@@ -3,14 +3,17 @@
 //     ranks out of step (comm/recording_communicator.h);
 //   - the phase tracker the trainer reports to, and the watchdog thread that turns a phase
 //     lasting past its limit into stack dumps of every rank and exit 4 (watchdog/watchdog.h);
-//   - stragglers and throughput drops, from every rank's compute time per iteration
-//     (health/straggler_detector.h, health/throughput_drop_detector.h): logged, journaled and
-//     written to TensorBoard;
+//   - stragglers (many ranks), from every rank's compute time per iteration
+//     (health/straggler_detector.h), and throughput drops (every run, one process included), from
+//     the samples per second of every iteration, through the detector `keel logs analyze` uses
+//     (health/throughput_drop_detector.h) with the visible cause (health/throughput_cause.h):
+//     logged, journaled (CHRONICLE.md too) and written to TensorBoard;
 //   - replica checks every --check-replicas-interval iterations and before every save
 //     (train/replica_check.h).
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "config/config.h"
 #include "core/env.h"
 #include "health/straggler_detector.h"
+#include "health/throughput_cause.h"
 #include "health/throughput_drop_detector.h"
 #include "journal/run_journal.h"
 #include "metrics/run_metrics.h"
@@ -48,6 +52,8 @@ class RunHealth {
   void Attach(Trainer* trainer, RunJournal* journal, RunMetrics* metrics);
   // After every iteration's update, with its result: the straggler and throughput detectors.
   void OnStep(const StepResult& r);
+  // A save took `seconds` (a cause a throughput drop may name).
+  void OnSave(double seconds);
   // After every iteration: a replica check when one is due. An error stops the run unsaved.
   Status AfterIteration();
   // Every rank, at the same point (before a save): Corruption when the replicas differ.
@@ -58,6 +64,8 @@ class RunHealth {
  private:
   void Journal(const JournalEvent& event, const std::string& sentence);
   std::string RankText(int rank) const;
+  void WatchThroughput(const StepResult& r, int64_t it);
+  std::string ThroughputCause(int64_t since) const;
 
   Env* env_;
   const TestHooks* hooks_;
@@ -74,6 +82,21 @@ class RunHealth {
   RunMetrics* metrics_ = nullptr;
   int64_t steps_seen_ = 0;
   int64_t last_global_batch_ = -1;
+  int64_t last_iteration_ = -1;
+  int64_t anchor_iteration_ = 0;  // where the throughput baseline was last set anew
+  // What each recent iteration's time went to (at most the last 200), and the saves.
+  struct Cost {
+    int64_t iteration;
+    IterationCost cost;
+  };
+  std::deque<Cost> costs_;
+  struct SaveTime {
+    int64_t after_iteration;
+    double seconds;
+  };
+  std::deque<SaveTime> saves_;
+  uint64_t last_step_us_ = 0;
+  double last_cpu_seconds_ = NAN;
   bool first_replica_check_ = true;
 };
 

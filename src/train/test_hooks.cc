@@ -24,7 +24,7 @@ Status BadFaults(const std::string& text, const std::string& why) {
       "hang=N, kill=N, "
       "bitflip=N, skip-collective=N, corrupt=N (iterations), slow=F (a fraction), each optionally "
       "followed "
-      "by :rank=R, :attempt=A and (skip-collective) :kind=K");
+      "by :rank=R, :attempt=A, (skip-collective) :kind=K and (slow) :iters=A-B");
 }
 
 bool ParseInt(const std::string& s, int64_t* v) {
@@ -109,6 +109,11 @@ Status ParseFaultItem(const std::string& text, const std::string& item, const st
       armed = attempt == v;
     } else if (k == "kind" && f.kind == RankFault::Kind::kSkipCollective && !v.empty()) {
       f.collective = v;
+    } else if (k == "iters" && f.kind == RankFault::Kind::kSlow) {
+      std::vector<std::pair<int64_t, int64_t>> r;
+      if (!ParseIterationRanges({v}, &r).ok() || r.size() != 1)
+        return BadFaults(text, "'" + parts[i] + "' in '" + item + "' is not one iteration range");
+      f.iterations = {r[0].first, r[0].second};
     } else {
       return BadFaults(text, "'" + parts[i] + "' in '" + item + "'");
     }
@@ -180,8 +185,8 @@ namespace {
 // The trainer's faults of one rank, from the parsed KEEL_TRAIN_FAULTS items.
 class RankTrainerFaults : public TrainerFaults {
  public:
-  RankTrainerFaults(const TestHooks& h, int rank, Backend* backend)
-      : rank_(rank), backend_(backend), nan_(h.nan_grad), inf_(h.overflow), lr_(h.lr) {
+  RankTrainerFaults(const TestHooks& h, int rank, Backend* backend, Env* env)
+      : rank_(rank), backend_(backend), env_(env), nan_(h.nan_grad), inf_(h.overflow), lr_(h.lr) {
     for (const RankFault& f : h.rank_faults) {
       if (f.rank != rank) continue;
       if (f.kind == RankFault::Kind::kCorrupt) corrupt_.push_back({f.iteration, false});
@@ -215,7 +220,11 @@ class RankTrainerFaults : public TrainerFaults {
   void AfterBackward(int64_t it, double compute_seconds) override {
     for (const RankFault& f : compute_) {
       if (f.kind == RankFault::Kind::kSlow) {
-        std::this_thread::sleep_for(std::chrono::duration<double>(f.fraction * compute_seconds));
+        if (!f.iterations.Contains(it)) continue;
+        if (env_)
+          env_->SleepForMicros(static_cast<uint64_t>(f.fraction * compute_seconds * 1e6));
+        else
+          std::this_thread::sleep_for(std::chrono::duration<double>(f.fraction * compute_seconds));
       } else if (f.iteration == it && f.kind == RankFault::Kind::kKill) {
         LogError(fmt::format("fault: rank {} kills itself (SIGKILL) at iteration {}", rank_, it));
         std::raise(SIGKILL);
@@ -240,6 +249,7 @@ class RankTrainerFaults : public TrainerFaults {
  private:
   int rank_;
   Backend* backend_;
+  Env* env_;  // slow sleeps through it (null: the thread sleeps)
   std::vector<IterationRange> nan_, inf_;
   std::vector<TestHooks::LrFactor> lr_;
   std::vector<std::pair<int64_t, bool>> corrupt_;  // iteration, fired
@@ -248,8 +258,9 @@ class RankTrainerFaults : public TrainerFaults {
 
 }  // namespace
 
-std::unique_ptr<TrainerFaults> TestHooks::TrainerFaultsFor(int rank, Backend* backend) const {
-  auto f = std::make_unique<RankTrainerFaults>(*this, rank, backend);
+std::unique_ptr<TrainerFaults> TestHooks::TrainerFaultsFor(int rank, Backend* backend,
+                                                           Env* env) const {
+  auto f = std::make_unique<RankTrainerFaults>(*this, rank, backend, env);
   if (!f->armed()) return nullptr;
   return f;
 }

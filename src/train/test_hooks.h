@@ -13,7 +13,9 @@
 //                     skip-collective=N:rank=R[:kind=K],corrupt=N:rank=R
 //       per-rank faults of data-parallel runs (rank 0 when no rank= is given): after the
 //       backward of iteration N the rank stops (sleeps for ever, no collective) or kills itself
-//       with SIGKILL; `slow` makes it sleep fraction F of its compute time every iteration;
+//       with SIGKILL; `slow` makes it sleep fraction F of its compute time every iteration (with
+//       :iters=A-B only in iterations A..B: `slow=1:iters=1-60,slow=0.1:iters=141-200` slows one
+//       process twice, the throughput watching's tests);
 //       `bitflip` flips one bit of one weight after iteration N's update; `skip-collective`
 //       skips the first collective of kind K (default all-reduce-sum) of iteration N; `corrupt`
 //       runs iteration N's forward and backward once on a corrupted weight (a transient fault
@@ -49,6 +51,7 @@ struct RankFault {
   int rank = 0;
   int64_t iteration = 0;                      // hang, kill, bitflip, skip-collective, corrupt
   double fraction = 0;                        // slow
+  IterationRange iterations{1, INT64_MAX};    // slow: the iterations it slows (:iters=A-B)
   std::string collective = "all-reduce-sum";  // skip-collective
 };
 
@@ -76,8 +79,9 @@ struct TestHooks {
   static void PoisonSample(uint64_t seed, int64_t index, int seq_length, int vocab,
                            int32_t* tokens);
   // The trainer's faults on rank `rank` (nan-grad, overflow, lr, corrupt, hang, kill, slow);
-  // null when none is armed for it.
-  std::unique_ptr<TrainerFaults> TrainerFaultsFor(int rank, Backend* backend) const;
+  // null when none is armed for it. `slow` sleeps through `env` where given (the run's clock).
+  std::unique_ptr<TrainerFaults> TrainerFaultsFor(int rank, Backend* backend,
+                                                  Env* env = nullptr) const;
   // Whether rank `rank` flips a weight bit after iteration `iteration`.
   bool BitFlipAt(int rank, int64_t iteration) const;
   // The communicator's skip seam for rank `rank` (`iteration` says which iteration is under

@@ -83,7 +83,9 @@ Status TrainingRun::Save(const std::string& why) {
   // A damaged replica is never saved: the replicas are compared first (data parallel).
   if (Status check = health_->CheckReplicas("before a save"); !check.ok())
     return ckpt_->CheckFailed(check);
+  const auto t0 = std::chrono::steady_clock::now();
   KEEL_RETURN_IF_ERROR(ckpt_->SaveNow(why, guard_->StateForCheckpoint()));
+  health_->OnSave(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   guard_->AfterSave(ckpt_->last_saved_iteration());  // the first save after a spike is pinned
   ckpt_->ApplyRetention();
   return Status::OK();

@@ -131,7 +131,7 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
       std::make_unique<Trainer>(r.cfg_, r.backend_.get(), r.comm_, samples->Describe(samples));
   r.LogSkippedSampleRanges();
   if (r.test_hooks_ != nullptr) {
-    r.faults_ = r.test_hooks_->TrainerFaultsFor(r.comm_->rank(), r.backend_.get());
+    r.faults_ = r.test_hooks_->TrainerFaultsFor(r.comm_->rank(), r.backend_.get(), r.env_);
     r.trainer_->set_faults(r.faults_.get());
   }
   r.LogModel();

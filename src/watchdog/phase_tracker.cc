@@ -77,6 +77,14 @@ double PhaseTracker::IterationSeconds(Phase p) const {
   return static_cast<double>(us) * 1e-6;
 }
 
+double PhaseTracker::IterationWallSeconds() const {
+  const uint64_t now = env_->NowMicros();
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t us = now - now_.since_us;
+  for (uint64_t t : iteration_us_) us += t;
+  return static_cast<double>(us) * 1e-6;
+}
+
 double PhaseTracker::ComputeSeconds() const {
   double s = 0;
   for (Phase p : {Phase::kData, Phase::kForward, Phase::kBackward, Phase::kOptimizer})

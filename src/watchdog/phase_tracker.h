@@ -49,6 +49,8 @@ class PhaseTracker {
   PhaseSnapshot Snapshot() const;
   // Seconds spent in `p` since BeginIteration (main thread).
   double IterationSeconds(Phase p) const;
+  // Seconds since BeginIteration, every phase (by the Env's clock: what an iteration takes).
+  double IterationWallSeconds() const;
   // This iteration's own work: data wait, forward, backward and optimizer, not reduce (the wait
   // for other ranks), check or idle. What the straggler detector compares across ranks.
   double ComputeSeconds() const;

@@ -55,6 +55,8 @@ TEST(GuardCliTest, PoisonedWindowIsRolledBackSkippedAndJournaled) {
   int rollbacks = 0;
   for (const json& e : ev) {
     EXPECT_TRUE(e.contains("at")) << e.dump();
+    // Every run watches its throughput: a busy machine's drop is journaled too, not the guard's.
+    if (e["event"].get<std::string>().rfind("throughput_", 0) == 0) continue;
     EXPECT_TRUE(e.contains("consumed_samples")) << e.dump();
     if (e["event"] == "rollback") ++rollbacks;
   }
@@ -189,7 +191,9 @@ TEST(GuardCliTest, DefaultJobRaisesNoFalseAlarm) {
   EXPECT_NE(r.out.find(" iteration      150/     150 |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("guard: act"), std::string::npos);
   EXPECT_EQ(r.out.find("guard: iteration"), std::string::npos) << r.out;
-  EXPECT_FALSE(fs::exists(dir + "/run/events.jsonl"));
+  // Nothing journaled but, on a busy machine, its throughput drops (every run watches them).
+  for (const json& e : Events(dir + "/run"))
+    EXPECT_EQ(e["event"].get<std::string>().rfind("throughput_", 0), 0u) << e.dump();
   EXPECT_NE(r.out.find("number of skipped iterations:   0 | number of nan iterations:   0"),
             std::string::npos);
   fs::remove_all(dir);

@@ -1,7 +1,9 @@
 // ThroughputDropDetector on synthetic data-parallel runs: each rank computes ~1 s (±2%), the job's
-// iteration is the slowest rank's compute plus ~0.2 s of communication. A rank that slows is the
-// drop's rank; all ranks slowing, or the communication, is no single rank; noise and outlier
-// iterations are no drop; a recovery is reported; skipped iterations and Rebaseline().
+// iteration is the slowest rank's compute plus ~0.2 s of communication, its throughput 1 / that.
+// A rank that slows is the drop's rank; all ranks slowing, or the communication, is no single
+// rank; noise and outlier iterations are no drop; a recovery is reported; skipped iterations and
+// Rebaseline(). Then one process's exact series (issue 37): a slow start does not hide the drops
+// after a fast phase, each drop and recovery is found once with its size and change point.
 #include "health/throughput_drop_detector.h"
 
 #include <gtest/gtest.h>
@@ -45,7 +47,7 @@ std::vector<ThroughputDropEvent> Feed(ThroughputDropDetector* d, int n, int64_t 
     }
     const double comm = 0.2 * (1 + Noise(seed, 99, it, 0.02)) * (in ? s.comm : 1.0);
     const double job = *std::max_element(compute.begin(), compute.end()) + comm;
-    if (auto e = d->Add(it, job, compute)) events.push_back(*e);
+    if (auto e = d->Add(it, 1.0 / job, job, compute)) events.push_back(*e);
   }
   return events;
 }
@@ -152,7 +154,7 @@ TEST(ThroughputDropDetectorTest, SkippedIterationsAreIgnored) {
     double job = *std::max_element(compute.begin(), compute.end()) + 0.2;
     if (it % 4 == 0) job = 0, compute.assign(4, 0);  // a skipped iteration computes nothing
     if (it % 11 == 0) job = NAN, compute[3] = INFINITY;
-    if (auto e = d.Add(it, job, compute)) events.push_back(*e);
+    if (auto e = d.Add(it, 1.0 / job, job, compute)) events.push_back(*e);
   }
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].follows_rank, 3);
@@ -165,9 +167,9 @@ TEST(ThroughputDropDetectorTest, RebaselineFollowsANewWorkPerIteration) {
   const Slowdown doubled{.rank = -1, .compute = 2.0, .comm = 2.0, .from = 400};
   EXPECT_TRUE(Feed(&with, 2, 1, 399, 7, doubled).empty());
   with.Rebaseline();
-  EXPECT_TRUE(std::isnan(with.baseline_seconds()));
+  EXPECT_TRUE(std::isnan(with.baseline()));
   EXPECT_TRUE(Feed(&with, 2, 400, 900, 7, doubled).empty());
-  EXPECT_NEAR(with.baseline_seconds(), 2 * 1.2, 0.1);
+  EXPECT_NEAR(1 / with.baseline(), 2 * 1.2, 0.1);
   const auto events = Feed(&without, 2, 1, 900, 7, doubled);
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].follows_rank, -1);
@@ -178,6 +180,97 @@ TEST(ThroughputDropDetectorTest, WorldOfOneFollowsItsCompute) {
   const auto events = Feed(&d, 1, 1, 500, 9, {.rank = 0, .compute = 1.2, .from = 300});
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].follows_rank, 0);
+}
+
+// Issue 37's scenario on an exact series: a slow start (half speed, iterations 1-60), a fast
+// phase, 10% slower (time per iteration) for 60 iterations, fast again, 60% slower for 20, fast.
+std::vector<double> SlowStartSeries() {
+  std::vector<double> v;
+  for (int64_t it = 1; it <= 340; ++it) {
+    double time = 1.0;
+    if (it <= 60) time = 2.0;
+    if (it >= 141 && it <= 200) time = 1.1;
+    if (it >= 261 && it <= 280) time = 1.6;
+    v.push_back(100.0 / time);
+  }
+  return v;
+}
+
+TEST(ThroughputDropDetectorTest, SlowStartDoesNotHideLaterDrops) {
+  ThroughputDropDetector d(1, {});
+  std::vector<ThroughputDropEvent> events;
+  const std::vector<double> series = SlowStartSeries();
+  for (size_t k = 0; k < series.size(); ++k) {
+    const int64_t it = static_cast<int64_t>(k) + 1;
+    if (it == 40) {
+      EXPECT_DOUBLE_EQ(d.baseline(), 50);  // the slow start, until a faster window
+    }
+    if (auto e = d.Add(it, series[k], 1.0 / series[k], {1.0 / series[k]})) events.push_back(*e);
+    if (it == 70) {
+      EXPECT_DOUBLE_EQ(d.baseline(), 100);  // its first fast window
+    }
+  }
+  ASSERT_EQ(events.size(), 4u);
+  // A window's median (of 10: the mean of the middle two) passes the threshold once 6 of 10 are
+  // 10% slow (5 for 60%: the mean of 62.5 and 100 is already 19% under 100), and a drop is
+  // decided after a window of such iterations: 141 + 5 + 9, 261 + 4 + 9.
+  const struct {
+    bool dropped;
+    int64_t since, iteration;
+    double drop, level;
+  } want[] = {{true, 141, 155, 0.1, 100 / 1.1},
+              {false, 201, 215, 0.0, 100},
+              {true, 261, 274, 0.6, 62.5},
+              {false, 281, 295, 0.0, 100}};
+  for (size_t k = 0; k < 4; ++k) {
+    SCOPED_TRACE(k);
+    EXPECT_EQ(events[k].dropped, want[k].dropped);
+    EXPECT_EQ(events[k].since_iteration, want[k].since);
+    EXPECT_EQ(events[k].iteration, want[k].iteration);
+    EXPECT_NEAR(events[k].drop, want[k].drop, 1e-9);
+    EXPECT_DOUBLE_EQ(events[k].baseline, 100);
+    EXPECT_NEAR(events[k].level, want[k].level, 1e-9);
+    EXPECT_EQ(events[k].follows_rank, 0);  // one process: its own compute time rose
+  }
+  EXPECT_FALSE(d.dropped());
+}
+
+// The old rule (the median of the first windows after warm-up, fixed) took the slow start as the
+// level: the fast phase rose above it and the drops back under the fast level were never below it.
+TEST(ThroughputDropDetectorTest, BaselineIsTheBestSustainedLevel) {
+  ThroughputDropDetector d(1, {});
+  // Windows of 10 after the warm-up of 20: medians 50, 60, 70, 80, 90, 100, then 80 forever
+  // after; and one fast burst of 4 iterations at 500 (not most of a window: no level).
+  std::vector<ThroughputDropEvent> events;
+  for (int64_t it = 1; it <= 300; ++it) {
+    double v = it <= 20 ? 10 : it <= 80 ? 50 + 10 * static_cast<double>((it - 21) / 10) : 80;
+    if (it >= 95 && it <= 98) v = 500;
+    if (auto e = d.Add(it, v)) events.push_back(*e);
+    if (it == 80) {
+      EXPECT_DOUBLE_EQ(d.baseline(), 100);
+    }
+  }
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_TRUE(events[0].dropped);
+  EXPECT_EQ(events[0].since_iteration, 81);
+  EXPECT_NEAR(events[0].drop, 0.25, 1e-9);  // 100 / 80 - 1
+  EXPECT_EQ(events[0].follows_rank, -1);    // no compute given
+  EXPECT_DOUBLE_EQ(d.baseline(), 100);      // the drop never leaks into it
+}
+
+TEST(ThroughputDropDetectorTest, FiveHundredHealthyNoisyIterationsAreNoDrop) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE(seed);
+    ThroughputDropDetector d(1, {});
+    int events = 0;
+    for (int64_t it = 1; it <= 500; ++it) {
+      // ±5% on every iteration, 3% of iterations twice as slow (a page fault, a log flush).
+      double time = 1 + Noise(seed, 0, it, 0.05);
+      if (UniformAt({seed, RngPurpose::kTest, 1}, static_cast<uint64_t>(it)) < 0.03) time *= 2;
+      events += d.Add(it, 1 / time).has_value();
+    }
+    EXPECT_EQ(events, 0);
+  }
 }
 
 }  // namespace
