@@ -68,18 +68,18 @@ inline std::unique_ptr<Backend> WithPrecision(std::unique_ptr<Backend> b, Precis
 
 inline const std::vector<TestBackend>& TestBackends() {
   static const std::vector<TestBackend> backends = {
-      {"cpu", [](int threads) { return MakeCpuBackend(threads); }, Tolerances{}},
+      {"cpu", [](int threads) { return MakeCpuBackend(threads); }, Tolerances{}, {}},
       // The same backend with bf16 and fp16 products (--bf16, --fp16): every op test runs on
       // them; LayerNorm, GELU, softmax, cross-entropy and AdamW must still match fp32 exactly.
       {"cpu_bf16",
        [](int threads) { return WithPrecision(MakeCpuBackend(threads), Precision::kBf16); },
-       Tolerances{1.0, 0.0, 1.5e-2, 500.0}},
+       Tolerances{1.0, 0.0, 1.5e-2, 500.0}, {}},
       // fp16's model factor: SwiGLU and shared key/value heads compound the roundings to 0.008
       // on the reference test's logits (measured; 0.0034 in GPT-2's shape); bf16's is 5x it
       // for an 8x coarser rounding unit.
       {"cpu_fp16",
        [](int threads) { return WithPrecision(MakeCpuBackend(threads), Precision::kFp16); },
-       Tolerances{1.0, 0.0, 3e-3, 100.0}},
+       Tolerances{1.0, 0.0, 3e-3, 100.0}, {}},
 #ifdef KEEL_WITH_CUDA
       // The CUDA backend (KEEL_CUDA builds): fp32 with the CPU's tolerances, bf16 with
       // cpu_bf16's (the same roundings of the products' operands, summed in another order).
