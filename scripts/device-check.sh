@@ -30,6 +30,14 @@ SUMMARY=$OUT/summary.txt
 say() { echo "$*" | tee -a "$SUMMARY"; }
 start=$(date +%s)
 elapsed() { echo "$(($(date +%s) - start))s"; }
+# The device tool allows 600 s a command: every step gets at most its cap and what is left before
+# DEADLINE (default 570 s after the start), so the logs always come back.
+DEADLINE=$((start + ${DEADLINE_S:-570}))
+limit() {  # limit CAP: seconds for the next step (1 when none is left)
+  local left=$((DEADLINE - $(date +%s) - 5))
+  ((left < 1)) && left=1  # (timeout 0 would mean no limit)
+  echo $((left < $1 ? left : $1))
+}
 
 # ---- the dependencies: the carried .deb files unpacked (dpkg-deb, or ar + tar where no dpkg) ----
 if [[ ! -d .devdeps/debs ]]; then
@@ -66,7 +74,7 @@ build() {
     -DPKG_CONFIG_EXECUTABLE="$D/usr/bin/pkgconf" -DCMAKE_CXX_FLAGS=-Wno-error \
     -DKEEL_ASSETS_DIR="$KEEL_ASSETS_DIR" -DKEEL_CACHE_DIR="$KEEL_CACHE_DIR" \
     ${CMAKE_EXTRA:-} >>"$OUT/build.log" 2>&1 &&
-    timeout "${BUILD_TIMEOUT:-420}" cmake --build "$BUILD" -j"$(nproc)" --target keel keel_tests \
+    timeout "$(limit "${BUILD_TIMEOUT:-400}")" cmake --build "$BUILD" -j"$(nproc)" --target keel keel_tests \
       >>"$OUT/build.log" 2>&1
 }
 : >"$OUT/build.log"
@@ -79,6 +87,13 @@ if [[ "$MODE" == "--build-only" || "${REBUILD:-0}" == 1 || ! -x $BUILD/keel_test
   say "build: done, $(elapsed)"
 else
   say "build: using the carried $BUILD/keel and $BUILD/keel_tests"
+  # They were built elsewhere against .devdeps-root at that checkout's path, which the binary
+  # names for OpenBLAS (dlopen'd by absolute path): that path, if absent here, points at ours.
+  built=$(grep -aoE '/[^[:space:]"]*/\.devdeps-root/' "$BUILD/keel" | head -1)
+  built=${built%/}
+  if [[ -n $built && $built != "$D" && ! -e $built ]]; then
+    mkdir -p "$(dirname "$built")" && ln -s "$D" "$built" && say "build: linked $built -> $D"
+  fi
 fi
 [[ "$MODE" == "--build-only" ]] && exit 0
 
@@ -89,7 +104,7 @@ say "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 # ---- the CUDA op tests, the whole-model reference test, the checkpoint round trip ---------------
 FILTER='Backends/BackendOpsTest.*/cuda*:BackendRegistryTest.*:Variants/GptReferenceTest.*/cuda*'
 FILTER+=':Backends/GptModelBackendTest.*/cuda*:Precisions/CudaCheckpointTest.*:*BackendSupport*'
-timeout "${TEST_TIMEOUT:-240}" "$BUILD/keel_tests" --gtest_filter="$FILTER" \
+timeout "$(limit "${TEST_TIMEOUT:-180}")" "$BUILD/keel_tests" --gtest_filter="$FILTER" \
   --gtest_output=xml:"$OUT/tests.xml" >"$OUT/tests.log" 2>&1
 tests_rc=$?
 say "tests: exit $tests_rc, $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]' "$OUT/tests.log" | grep -v '\.' | tr '\n' ' ')$(elapsed)"
@@ -99,9 +114,10 @@ grep -E '^\[  FAILED  \] .*/' "$OUT/tests.log" | sort -u | head -40 | sed 's/^/ 
 # ---- the default job on cuda and on cpu, side by side (the CPU on all cores but one) ---------
 RUNS=$(mktemp -d)
 TRAIN_ITERS=${TRAIN_ITERS:-400}
-(timeout 240 "$BUILD/keel" train --backend cuda --train-iters "$TRAIN_ITERS" --save "$RUNS/cuda" \
+t=$(limit 150)
+(timeout "$t" "$BUILD/keel" train --backend cuda --train-iters "$TRAIN_ITERS" --save "$RUNS/cuda" \
   >"$RUNS/cuda.log" 2>&1; echo "exit $?" >>"$RUNS/cuda.log") &
-(timeout 240 "$BUILD/keel" train --backend cpu --threads $(($(nproc) - 1)) \
+(timeout "$t" "$BUILD/keel" train --backend cpu --threads $(($(nproc) - 1)) \
   --train-iters "$TRAIN_ITERS" --save "$RUNS/cpu" >"$RUNS/cpu.log" 2>&1
   echo "exit $?" >>"$RUNS/cpu.log") &
 wait
@@ -112,17 +128,18 @@ done
 
 # ---- killed and resumed on cuda: the same fingerprint as the uninterrupted run ---------------
 {
-  timeout 60 "$BUILD/keel" train --backend cuda --train-iters 40 --save "$RUNS/whole"
+  timeout "$(limit 40)" "$BUILD/keel" train --backend cuda --train-iters 40 --save "$RUNS/whole"
   echo "== stopped at 20, then resumed"
-  timeout 60 "$BUILD/keel" train --backend cuda --train-iters 40 --exit-interval 20 --save "$RUNS/split"
-  timeout 60 "$BUILD/keel" train --backend cuda --train-iters 40 --save "$RUNS/split"
+  timeout "$(limit 30)" "$BUILD/keel" train --backend cuda --train-iters 40 --exit-interval 20 \
+    --save "$RUNS/split"
+  timeout "$(limit 30)" "$BUILD/keel" train --backend cuda --train-iters 40 --save "$RUNS/split"
 } >"$OUT/resume.log" 2>&1
 fp_whole=$(grep 'state fingerprint' "$OUT/resume.log" | head -1 | awk '{print $NF}')
 fp_split=$(grep 'state fingerprint' "$OUT/resume.log" | tail -1 | awk '{print $NF}')
 say "resume: uninterrupted $fp_whole, resumed $fp_split: $([[ -n $fp_whole && $fp_whole == "$fp_split" ]] && echo SAME || echo DIFFERENT)"
 
 # ---- GPT-2 124M's shape in bf16 (micro-batch 16, sequence 1024): the iteration line's figures ---
-timeout "${BENCH_TIMEOUT:-120}" "$BUILD/keel" train --backend cuda --bf16 --num-layers 12 \
+timeout "$(limit "${BENCH_TIMEOUT:-90}")" "$BUILD/keel" train --backend cuda --bf16 --num-layers 12 \
   --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --micro-batch-size 16 \
   --global-batch-size 16 --train-iters 6 --log-interval 1 --eval-iters 0 --lr-warmup-iters 0 \
   --save "$RUNS/bench" >"$OUT/bench.log" 2>&1

@@ -152,9 +152,7 @@ TEST_P(CudaCheckpointTest, SavedOnTheGpuResumesOnTheCpuAndOnTheGpu) {
 
 INSTANTIATE_TEST_SUITE_P(Precisions, CudaCheckpointTest,
                          ::testing::Values(Precision::kFp32, Precision::kBf16),
-                         [](const auto& info) {
-                           return std::string(PrecisionName(info.param));
-                         });
+                         [](const auto& info) { return std::string(PrecisionName(info.param)); });
 
 }  // namespace
 }  // namespace keel

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -20,19 +21,20 @@ namespace keel {
 namespace {
 
 [[noreturn]] void Fail(const char* what, const std::string& why, const char* file, int line) {
-  throw KeelError(Status::Internal(fmt::format("{}:{}: CUDA: {} failed: {}", file, line, what, why)));
+  throw KeelError(
+      Status::Internal(fmt::format("{}:{}: CUDA: {} failed: {}", file, line, what, why)));
 }
 
-#define KEEL_CUDA_CHECK(expr)                                                          \
-  do {                                                                                 \
-    const cudaError_t e_ = (expr);                                                     \
-    if (e_ != cudaSuccess) Fail(#expr, cudaGetErrorString(e_), __FILE__, __LINE__);    \
+#define KEEL_CUDA_CHECK(expr)                                                       \
+  do {                                                                              \
+    const cudaError_t e_ = (expr);                                                  \
+    if (e_ != cudaSuccess) Fail(#expr, cudaGetErrorString(e_), __FILE__, __LINE__); \
   } while (0)
-#define KEEL_CUBLAS_CHECK(expr)                                                            \
-  do {                                                                                     \
-    const cublasStatus_t s_ = (expr);                                                      \
-    if (s_ != CUBLAS_STATUS_SUCCESS)                                                       \
-      Fail(#expr, "cuBLAS status " + std::to_string(int(s_)), __FILE__, __LINE__);         \
+#define KEEL_CUBLAS_CHECK(expr)                                                    \
+  do {                                                                             \
+    const cublasStatus_t s_ = (expr);                                              \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                               \
+      Fail(#expr, "cuBLAS status " + std::to_string(int(s_)), __FILE__, __LINE__); \
   } while (0)
 
 // A device buffer of scratch that grows on demand (attention's scores gradient, column partials).
@@ -74,10 +76,13 @@ class CudaBackend : public Backend {
     KEEL_CUDA_CHECK(cudaGetDevice(&device_));
     KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KEEL_CUBLAS_CHECK(cublasLtCreate(&lt_));
+    KEEL_CUBLAS_CHECK(cublasCreate(&blas_));
+    KEEL_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
     workspace_ = workspace_scratch_.Get(kWorkspaceBytes);
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    cublasDestroy(blas_);
     cublasLtDestroy(lt_);
     cudaStreamDestroy(stream_);
   }
@@ -93,7 +98,8 @@ class CudaBackend : public Backend {
     int rt = 0;
     cudaRuntimeGetVersion(&rt);
     return fmt::format(
-        "cuda {}, {}, CUDA runtime {}.{}, cuBLASLt {} (fp32 products without TF32); "
+        "cuda {}, {}, CUDA runtime {}.{}, cuBLASLt {} (cuBLAS where it has no kernel; fp32 "
+        "products without TF32); "
         "attention, norms and loss: plain kernels (docs/cuda.md)",
         PrecisionName(precision_), dev, rt / 1000, (rt % 1000) / 10, cublasLtGetVersion());
   }
@@ -114,7 +120,9 @@ class CudaBackend : public Backend {
   }
   void CopyToDevice(float* dst, const float* src, size_t n) override { In(dst, src, n * 4); }
   void CopyToHost(float* dst, const float* src, size_t n) override { Out(dst, src, n * 4); }
-  void CopyIntsToDevice(int32_t* dst, const int32_t* src, size_t n) override { In(dst, src, n * 4); }
+  void CopyIntsToDevice(int32_t* dst, const int32_t* src, size_t n) override {
+    In(dst, src, n * 4);
+  }
   void CopyIntsToHost(int32_t* dst, const int32_t* src, size_t n) override { Out(dst, src, n * 4); }
   void Zero(float* x, size_t n) override {
     if (n > 0) KEEL_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream_));
@@ -362,8 +370,8 @@ class CudaBackend : public Backend {
   // Row-major C (M,N) = op(A) (M,K) op(B) (K,N) + beta C, as blas::Sgemm: cuBLASLt is
   // column-major, so it computes C^T = op(B)^T op(A)^T. fp32 accumulation (CUBLAS_COMPUTE_32F:
   // never TF32, which only the _FAST_TF32 compute types allow).
-  void Gemm(bool ta, bool tb, int M, int N, int K, Operand A, int lda, Operand B, int ldb,
-            float* C, int ldc, float beta) {
+  void Gemm(bool ta, bool tb, int M, int N, int K, Operand A, int lda, Operand B, int ldb, float* C,
+            int ldc, float beta) {
     if (M == 0 || N == 0) return;
     if (K == 0) {  // an empty sum: C = beta C
       if (beta == 0.0f) KEEL_CUDA_CHECK(cudaMemsetAsync(C, 0, sizeof(float) * M * ldc, stream_));
@@ -392,13 +400,17 @@ class CudaBackend : public Backend {
     int found = 0;
     KEEL_CUBLAS_CHECK(
         cublasLtMatmulAlgoGetHeuristic(lt_, op, la, lb, lc, lc, pref, 1, &heur, &found));
-    if (found == 0) {
-      Fail("cublasLtMatmulAlgoGetHeuristic",
-           fmt::format("no algorithm for a {}x{}x{} product", M, N, K), __FILE__, __LINE__);
-    }
     const float alpha = 1.0f;
-    KEEL_CUBLAS_CHECK(cublasLtMatmul(lt_, op, &alpha, B.p, la, A.p, lb, &beta, C, lc, C, lc,
-                                     &heur.algo, workspace_, ws, stream_));
+    if (found > 0) {
+      KEEL_CUBLAS_CHECK(cublasLtMatmul(lt_, op, &alpha, B.p, la, A.p, lb, &beta, C, lc, C, lc,
+                                       &heur.algo, workspace_, ws, stream_));
+    } else {
+      // cuBLASLt offers no kernel for some shapes and alignments (bf16 rows of an odd length):
+      // cuBLAS's GemmEx takes any. The same shape always takes the same path (deterministic).
+      KEEL_CUBLAS_CHECK(cublasGemmEx(blas_, opa, opb, N, M, K, &alpha, B.p, B.type, ldb, A.p,
+                                     A.type, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+    }
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatrixLayoutDestroy(lb);
@@ -456,6 +468,7 @@ class CudaBackend : public Backend {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
   Precision precision_ = Precision::kFp32;
   DeviceScratch workspace_scratch_, bits_a_, bits_b_, bits_d_, partial_, row_max_, ds_, first_bad_;
   void* workspace_ = nullptr;

@@ -109,7 +109,9 @@ __global__ void FillRowsKernel(float* c, const float* row, int M, int N) {
 struct BiasTerm {
   const float* dout;
   int OC;
-  __device__ void operator()(int r, int c, double* acc) const { acc[0] += dout[size_t(r) * OC + c]; }
+  __device__ void operator()(int r, int c, double* acc) const {
+    acc[0] += dout[size_t(r) * OC + c];
+  }
 };
 
 __global__ void FirstOutOfRangeKernel(int* first_bad, const int32_t* ids, int n, int V) {
@@ -239,8 +241,7 @@ struct RmsNormParamTerm {
 
 __global__ void QkLayerNormForwardKernel(float* out, float* mean, float* rstd, const float* qkv,
                                          const float* qw, const float* qb, const float* kw,
-                                         const float* kb, int N, int NH, int G, int hs,
-                                         float eps) {
+                                         const float* kb, int N, int NH, int G, int hs, float eps) {
   const int W = (NH + 2 * G) * hs, segs = NH + G;
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= size_t(N) * segs) return;
@@ -430,8 +431,8 @@ __global__ void AttentionDkvKernel(float* dqkv, const float* dout, const float* 
       float acck = 0.0f, accv = 0.0f;
       for (int i = j; i < T; i++) {
         acck += drow[size_t(i) * T + j] * R(a * base[size_t(i) * W + size_t(h) * hs + d], lowp);
-        accv += prow[size_t(i) * T + j] *
-                R(dout[(size_t(b) * T + i) * C + size_t(h) * hs + d], lowp);
+        accv +=
+            prow[size_t(i) * T + j] * R(dout[(size_t(b) * T + i) * C + size_t(h) * hs + d], lowp);
       }
       *dk += a * acck;
       *dv += accv;
@@ -441,12 +442,13 @@ __global__ void AttentionDkvKernel(float* dqkv, const float* dout, const float* 
 
 // ---- RoPE -------------------------------------------------------------------------------------
 
-__global__ void RopeKernel(float* qkv, const float* cos_sin, const int32_t* positions, int N,
-                           int T, int NH, int G, int hs, int rot, float sign) {
+__global__ void RopeKernel(float* qkv, const float* cos_sin, const int32_t* positions, int N, int T,
+                           int NH, int G, int hs, int rot, float sign) {
   const int half = rot / 2, heads = NH + G, W = (NH + 2 * G) * hs;
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= size_t(N) * heads * half) return;
-  const int i = int(idx % half), h = int((idx / half) % heads), n = int(idx / (size_t(half) * heads));
+  const int i = int(idx % half), h = int((idx / half) % heads),
+            n = int(idx / (size_t(half) * heads));
   const int p = positions != nullptr ? positions[n] : n % T;
   const float c = cos_sin[size_t(p) * rot + i], sn = sign * cos_sin[size_t(p) * rot + half + i];
   float* x1 = qkv + size_t(n) * W + size_t(h) * hs;
@@ -565,8 +567,7 @@ __global__ void SoftmaxKernel(float* probs, const float* logits, int V, float te
 
 // ---- whole-array reductions: block k sums elements [k kReduceChunk, (k+1) kReduceChunk) --------
 
-__global__ void SquaresZerosKernel(const float* x, size_t n, double* psq,
-                                   unsigned long long* pz) {
+__global__ void SquaresZerosKernel(const float* x, size_t n, double* psq, unsigned long long* pz) {
   __shared__ double dred[kThreads];
   __shared__ unsigned long long zred[kThreads];
   const size_t i0 = size_t(blockIdx.x) * kReduceChunk;
@@ -763,9 +764,9 @@ cudaError_t QkLayerNormBackward(float* dqkv, float* dq_weight, float* dq_bias, f
   for (int part = 0; part < 2; part++) {
     const int heads = part == 0 ? NH : G;
     Outs<2> outs{{part == 0 ? dq_weight : dk_weight, part == 0 ? dq_bias : dk_bias}};
-    const cudaError_t e = ColumnSums<2>(QkParamTerm{dout, qkv, mean, rstd, N, NH, heads, W, hs,
-                                                    part},
-                                        outs, N * heads, hs, true, partial, s);
+    const cudaError_t e =
+        ColumnSums<2>(QkParamTerm{dout, qkv, mean, rstd, N, NH, heads, W, hs, part}, outs,
+                      N * heads, hs, true, partial, s);
     if (e != cudaSuccess) return e;
   }
   return cudaGetLastError();
@@ -788,11 +789,10 @@ cudaError_t AttentionForward(float* out, float* att, const float* qkv, const flo
   if (B == 0 || T == 0) return cudaGetLastError();
   const int threads = AttThreads(T);
   const size_t smem = sizeof(float) * (hs + threads);
-  AttentionForwardKernel<<<B * NH * T, threads, smem, s>>>(out, att, qkv, alibi_slopes, T, NH, G,
-                                                           hs, doc_start, lowp, row_max,
-                                                           HeadScale(hs));
-  if (max_logit != nullptr) RowMaxKernel<<<Blocks(B * NH, 128), 128, 0, s>>>(max_logit, row_max,
-                                                                              B * NH, T);
+  AttentionForwardKernel<<<B * NH * T, threads, smem, s>>>(
+      out, att, qkv, alibi_slopes, T, NH, G, hs, doc_start, lowp, row_max, HeadScale(hs));
+  if (max_logit != nullptr)
+    RowMaxKernel<<<Blocks(B * NH, 128), 128, 0, s>>>(max_logit, row_max, B * NH, T);
   return cudaGetLastError();
 }
 
