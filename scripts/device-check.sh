@@ -18,7 +18,7 @@
 #   --build-only   configure and build build-gpu, nothing else (on a CPU machine: nvcc needed)
 #   --cpu-only     also run, on a machine without a GPU, what runs there (the tests skip CUDA)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 3
 ROOT=$PWD
 MODE=${1:-}
 OUT=${OUT:-$ROOT/device-out}
@@ -56,7 +56,8 @@ if [[ ! -f $D/.unpacked ]]; then
   touch "$D/.unpacked"
 fi
 LIB=$D/usr/lib/x86_64-linux-gnu
-CUDA_LIB=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* 2>/dev/null | head -1)" 2>/dev/null)
+command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+CUDA_LIB=$(dirname "$(find -L /usr/local/cuda/lib64/ -maxdepth 1 -name 'libcublasLt.so*' 2>/dev/null | head -1)" 2>/dev/null)
 export LD_LIBRARY_PATH=$LIB:$LIB/openblas-openmp${CUDA_LIB:+:$CUDA_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PKG_CONFIG_LIBDIR=$LIB/pkgconfig:$D/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$D
 # The default corpus and its prepared tokens (device-deps.sh copies them: the npm assets and the
@@ -68,10 +69,13 @@ build() {
   say "build: configuring $BUILD (KEEL_CUDA=ON, KEEL_MPI=OFF, deps from .devdeps only)"
   # The GPU image's compiler may be newer than Debian 12's: its new warnings must not stop the
   # check (CI's build keeps -Werror).
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DKEEL_MPI=OFF \
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  # shellcheck disable=SC2086  # CMAKE_EXTRA: extra arguments, split on purpose
+  cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DKEEL_MPI=OFF \
     -DKEEL_BUILD_TESTS=ON -DKEEL_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH="$D/usr" \
     -DKEEL_OPENBLAS_PATH="$LIB/openblas-openmp/libopenblas.so.0" \
-    -DPKG_CONFIG_EXECUTABLE="$D/usr/bin/pkgconf" -DCMAKE_CXX_FLAGS=-Wno-error \
+    -DPKG_CONFIG_EXECUTABLE="$D/usr/bin/pkgconf" -DKEEL_WERROR=OFF \
     -DKEEL_ASSETS_DIR="$KEEL_ASSETS_DIR" -DKEEL_CACHE_DIR="$KEEL_CACHE_DIR" \
     ${CMAKE_EXTRA:-} >>"$OUT/build.log" 2>&1 &&
     timeout "$(limit "${BUILD_TIMEOUT:-400}")" cmake --build "$BUILD" -j"$(nproc)" --target keel keel_tests \
