@@ -57,7 +57,10 @@ if [[ ! -f $D/.unpacked ]]; then
 fi
 LIB=$D/usr/lib/x86_64-linux-gnu
 command -v nvcc >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
-CUDA_LIB=$(dirname "$(find -L /usr/local/cuda/lib64/ -maxdepth 1 -name 'libcublasLt.so*' 2>/dev/null | head -1)" 2>/dev/null)
+CUDA_LIB=
+for dir in /usr/local/cuda/lib64 "$(dirname "$(command -v nvcc)")/../lib64"; do
+  if compgen -G "$dir/libcublasLt.so*" >/dev/null; then CUDA_LIB=$dir && break; fi
+done
 export LD_LIBRARY_PATH=$LIB:$LIB/openblas-openmp${CUDA_LIB:+:$CUDA_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PKG_CONFIG_LIBDIR=$LIB/pkgconfig:$D/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$D
 # The default corpus and its prepared tokens (device-deps.sh copies them: the npm assets and the
@@ -112,7 +115,8 @@ FILTER+=':CudaCliTest.*'
 timeout "$(limit "${TEST_TIMEOUT:-180}")" "$BUILD/keel_tests" --gtest_filter="$FILTER" \
   --gtest_output=xml:"$OUT/tests.xml" >"$OUT/tests.log" 2>&1
 tests_rc=$?
-say "tests: exit $tests_rc, $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]' "$OUT/tests.log" | grep -v '\.' | tr '\n' ' ')$(elapsed)"
+counts=$(grep -oE '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$OUT/tests.log" | sed -E 's/^\[ +([A-Z]+) +\] / \1 /' | tr '\n' ';')
+say "tests: exit $tests_rc;$counts $(elapsed)"
 grep -E '^\[  FAILED  \] .*/' "$OUT/tests.log" | sort -u | head -40 | sed 's/^/  /' | tee -a "$SUMMARY"
 [[ "$MODE" == "--cpu-only" ]] && say "cpu-only: stopping before the GPU runs" && exit $tests_rc
 
