@@ -6,6 +6,10 @@
 #include <mutex>
 #include <utility>
 
+#ifdef KEEL_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
 namespace keel {
 namespace {
 
@@ -18,6 +22,9 @@ Registry& TheRegistry() {
   static Registry* r = [] {
     auto* reg = new Registry;
     reg->factories["cpu"] = [](int threads) { return MakeCpuBackend(threads); };
+#ifdef KEEL_WITH_CUDA
+    reg->factories["cuda"] = [](int) { return MakeCudaBackend(); };
+#endif
     return reg;
   }();
   return *r;
@@ -33,10 +40,19 @@ Status MakeBackend(const std::string& name, int threads, std::unique_ptr<Backend
     auto it = r.factories.find(name);
     if (it != r.factories.end()) factory = it->second;
   }
+  if (!factory && name == "cuda") {
+    return Status::InvalidArgument(
+        "--backend cuda: this keel was built without CUDA: configure with -DKEEL_CUDA=ON on a "
+        "machine with nvcc (scripts/device-check.sh does)");
+  }
   if (!factory) {
     return Status::InvalidArgument(fmt::format("--backend {}: no such backend; this build has: {}",
                                                name, fmt::join(BackendNames(), ", ")));
   }
+#ifdef KEEL_WITH_CUDA
+  // A CUDA build on a machine without a usable GPU: a message, not an exception from the factory.
+  if (name == "cuda") KEEL_RETURN_IF_ERROR(CudaDeviceAvailable());
+#endif
   *out = factory(threads);
   return Status::OK();
 }

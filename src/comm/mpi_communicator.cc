@@ -1,7 +1,9 @@
 #include "comm/mpi_communicator.h"
 
 #include <fmt/format.h>
+#ifndef KEEL_NO_MPI
 #include <mpi.h>
+#endif
 #include <unistd.h>
 
 #include <climits>
@@ -19,6 +21,7 @@ int EnvInt(const char* name) {
   return v == nullptr ? 0 : std::atoi(v);
 }
 
+#ifndef KEEL_NO_MPI
 class MpiCommunicator : public Communicator {
  public:
   MpiCommunicator(std::string launcher, int rank, int size, std::string version)
@@ -140,6 +143,8 @@ class MpiCommunicator : public Communicator {
   std::vector<float> recv_;
 };
 
+#endif  // KEEL_NO_MPI
+
 }  // namespace
 
 std::string DetectMpiLauncher(int* expected_size) {
@@ -159,6 +164,17 @@ std::string DetectMpiLauncher(int* expected_size) {
   return "";
 }
 
+#ifdef KEEL_NO_MPI
+// A build without MPI (-DKEEL_MPI=OFF: the GPU machine's profile, scripts/device-check.sh) runs
+// one process; a launcher's environment is refused instead of starting N separate runs.
+Status MakeMpiCommunicator(const std::string& launcher, int expected_size,
+                           std::unique_ptr<Communicator>* out) {
+  return Status::InvalidArgument(fmt::format(
+      "{} started this process, but this keel was built without MPI (-DKEEL_MPI=OFF): run it "
+      "without a launcher, or rebuild with -DKEEL_MPI=ON for data parallelism",
+      launcher));
+}
+#else
 Status MakeMpiCommunicator(const std::string& launcher, int expected_size,
                            std::unique_ptr<Communicator>* out) {
   int provided = 0;
@@ -187,6 +203,7 @@ Status MakeMpiCommunicator(const std::string& launcher, int expected_size,
   *out = std::move(comm);
   return Status::OK();
 }
+#endif  // KEEL_NO_MPI
 
 Status MakeCommunicatorFromEnvironment(std::unique_ptr<Communicator>* out) {
   int expected = 0;

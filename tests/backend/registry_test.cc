@@ -19,10 +19,35 @@ TEST(BackendRegistryTest, MakesTheCpuBackendByName) {
 
 TEST(BackendRegistryTest, UnknownNameIsRefusedNamingTheKnownBackends) {
   std::unique_ptr<Backend> be;
-  const Status st = MakeBackend("cuda", 1, &be);
+  const Status st = MakeBackend("tpu", 1, &be);
   EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
-  EXPECT_NE(st.message().find("--backend cuda"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("--backend tpu"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("cpu"), std::string::npos) << st.message();
+  EXPECT_EQ(be, nullptr);
+}
+
+// --backend cuda in a build without KEEL_CUDA names the rebuild; in a CUDA build it makes the
+// backend, or, on a machine without a GPU, says so instead of failing inside the driver.
+TEST(BackendRegistryTest, CudaIsMadeOrRefusedNamingWhy) {
+  std::unique_ptr<Backend> be;
+  const Status st = MakeBackend("cuda", 1, &be);
+#ifdef KEEL_WITH_CUDA
+  if (st.ok()) {
+    ASSERT_NE(be, nullptr);
+    EXPECT_EQ(be->Name(), "cuda");
+    return;
+  }
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("CUDA device"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("--backend cpu"), std::string::npos) << st.message();
+#else
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("--backend cuda: this keel was built without CUDA"),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("-DKEEL_CUDA=ON"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("scripts/device-check.sh"), std::string::npos) << st.message();
+#endif
   EXPECT_EQ(be, nullptr);
 }
 

@@ -12,6 +12,9 @@
 
 #include "backend/backend.h"
 #include "backend/profiling_backend.h"
+#ifdef KEEL_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace keel {
 namespace testing_backends {
@@ -41,7 +44,22 @@ struct TestBackend {
   // documented as thread-count independent give the same bits on both.
   std::function<std::unique_ptr<Backend>(int threads)> make;
   Tolerances tol;
+  // Why this backend cannot run here ("" or unset: it can): a CUDA build on a machine without a
+  // GPU lists the cuda backends, and their tests skip naming the reason.
+  std::function<std::string()> unavailable;
 };
+
+// The reason `b` cannot run on this machine, "" when it can.
+inline std::string Unavailable(const TestBackend& b) {
+  return b.unavailable ? b.unavailable() : std::string();
+}
+
+#ifdef KEEL_WITH_CUDA
+inline std::string CudaUnavailable() {
+  const Status st = CudaDeviceAvailable();
+  return st.ok() ? std::string() : "skipped, no GPU here: " + st.message();
+}
+#endif
 
 inline std::unique_ptr<Backend> WithPrecision(std::unique_ptr<Backend> b, Precision p) {
   b->SetPrecision(p);
@@ -50,19 +68,28 @@ inline std::unique_ptr<Backend> WithPrecision(std::unique_ptr<Backend> b, Precis
 
 inline const std::vector<TestBackend>& TestBackends() {
   static const std::vector<TestBackend> backends = {
-      {"cpu", [](int threads) { return MakeCpuBackend(threads); }, Tolerances{}},
+      {"cpu", [](int threads) { return MakeCpuBackend(threads); }, Tolerances{}, {}},
       // The same backend with bf16 and fp16 products (--bf16, --fp16): every op test runs on
       // them; LayerNorm, GELU, softmax, cross-entropy and AdamW must still match fp32 exactly.
       {"cpu_bf16",
        [](int threads) { return WithPrecision(MakeCpuBackend(threads), Precision::kBf16); },
-       Tolerances{1.0, 0.0, 1.5e-2, 500.0}},
+       Tolerances{1.0, 0.0, 1.5e-2, 500.0},
+       {}},
       // fp16's model factor: SwiGLU and shared key/value heads compound the roundings to 0.008
       // on the reference test's logits (measured; 0.0034 in GPT-2's shape); bf16's is 5x it
       // for an 8x coarser rounding unit.
       {"cpu_fp16",
        [](int threads) { return WithPrecision(MakeCpuBackend(threads), Precision::kFp16); },
-       Tolerances{1.0, 0.0, 3e-3, 100.0}},
-      // A new backend: {"cuda", [](int) { return MakeCudaBackend(); }, Tolerances{...}},
+       Tolerances{1.0, 0.0, 3e-3, 100.0},
+       {}},
+#ifdef KEEL_WITH_CUDA
+      // The CUDA backend (KEEL_CUDA builds): fp32 with the CPU's tolerances, bf16 with
+      // cpu_bf16's (the same roundings of the products' operands, summed in another order).
+      {"cuda", [](int) { return MakeCudaBackend(); }, Tolerances{}, CudaUnavailable},
+      {"cuda_bf16", [](int) { return WithPrecision(MakeCudaBackend(), Precision::kBf16); },
+       Tolerances{1.0, 0.0, 1.5e-2, 500.0}, CudaUnavailable},
+#endif
+      // A new backend: {"name", [](int threads) { return MakeNameBackend(); }, Tolerances{...}},
   };
   return backends;
 }

@@ -228,6 +228,10 @@ class GptReferenceTest : public ::testing::TestWithParam<std::tuple<TestBackend,
     const auto& tol = std::get<0>(GetParam()).tol;
     return fp32_tol * tol.scale * tol.model;
   }
+  void SetUp() override {  // a backend this machine lacks (CUDA without a GPU) skips
+    const std::string why = testing_backends::Unavailable(std::get<0>(GetParam()));
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
 };
 
 TEST_P(GptReferenceTest, ForwardAndEveryGradientMatchReference) {
@@ -384,7 +388,13 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The model's parameter layout and initialisation, on every backend (read back by CopyToHost).
-class GptModelBackendTest : public ::testing::TestWithParam<TestBackend> {};
+class GptModelBackendTest : public ::testing::TestWithParam<TestBackend> {
+ protected:
+  void SetUp() override {  // a backend this machine lacks (CUDA without a GPU) skips
+    const std::string why = testing_backends::Unavailable(GetParam());
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+};
 
 TEST_P(GptModelBackendTest, ParameterCountMatchesSeedsFormulaForStandardShape) {
   GptSpec s{3, 32, 128, 4, 16, 100, 128, false, false, 1e-5f};
