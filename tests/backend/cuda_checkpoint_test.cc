@@ -27,9 +27,9 @@ using test_loop::TestLoop;
 
 TrainConfig Tiny() {
   TrainConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
+  c.model.num_layers = 2;
+  c.model.hidden = 32;
+  c.model.heads = 4;
   c.seq_length = 16;
   c.micro_batch_size = 2;
   c.global_batch_size = 8;
@@ -37,7 +37,7 @@ TrainConfig Tiny() {
   c.lr_warmup_iters = 2;
   c.lr = 3e-3;
   c.min_lr = 3e-4;
-  c.vocab_size = 50;
+  c.model.vocab = 50;
   c.log_interval = 4;
   c.eval_interval = 100;
   c.eval_iters = 1;

@@ -83,9 +83,9 @@ class StepClockEnv : public FaultInjectionEnv {
 // enough for 500 of them in seconds.
 TrainConfig Small(const std::string& save, int64_t iters) {
   TrainConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 2;
+  c.model.num_layers = 2;
+  c.model.hidden = 64;
+  c.model.heads = 2;
   c.seq_length = 32;
   c.micro_batch_size = 4;
   c.global_batch_size = 8;
