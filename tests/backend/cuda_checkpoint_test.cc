@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../train/pattern_data.h"
 #include "../train/test_loop.h"
 #include "backend/cuda/cuda_backend.h"
 #include "checkpoint/checkpoint_store.h"
@@ -48,16 +49,8 @@ TrainConfig Tiny() {
   return c;
 }
 
-SampleFn Data(uint64_t seed) {
-  return [seed](int64_t index, int32_t* tokens) {
-    int32_t v = static_cast<int32_t>(U64At({seed, RngPurpose::kTest, 0}, index) % 50);
-    for (int t = 0; t <= 16; ++t) {
-      tokens[t] = v;
-      v = (v * 7 + 3) % 50;
-    }
-    return 0;
-  };
-}
+// The learnable pattern stream of the trainer tests (tests/train/pattern_data.h).
+using test_data::PatternData;
 
 RunInfo NoTokenizer() {
   RunInfo r;
@@ -70,7 +63,7 @@ struct Harness {
   std::unique_ptr<Communicator> comm = MakeSingleProcessCommunicator();
   Trainer tr;
   Harness(const TrainConfig& c, std::unique_ptr<Backend> backend)
-      : be(std::move(backend)), tr(c, be.get(), comm.get(), {Data(1), Data(2)}) {}
+      : be(std::move(backend)), tr(c, be.get(), comm.get(), {PatternData(1), PatternData(2)}) {}
 };
 
 std::vector<float> Params(Harness& h) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 
+#include "../train/pattern_data.h"
 #include "../train/test_loop.h"
 #include "backend/profiling_backend.h"
 #include "checkpoint/manifest.h"
@@ -60,22 +61,15 @@ TrainConfig Tiny(bool ramp = true) {
   return c;
 }
 
-SampleFn Data(uint64_t seed) {
-  return [seed](int64_t index, int32_t* tokens) {
-    int32_t v = static_cast<int32_t>(U64At({seed, RngPurpose::kTest, 0}, index) % 50);
-    for (int t = 0; t <= 16; ++t) {
-      tokens[t] = v;
-      v = (v * 7 + 3) % 50;
-    }
-    return 0;
-  };
-}
+// The learnable pattern stream of the trainer tests (tests/train/pattern_data.h).
+using test_data::PatternData;
 
 struct Harness {
   std::unique_ptr<Backend> be = MakeCpuBackend(2);
   std::unique_ptr<Communicator> comm = MakeSingleProcessCommunicator();
   Trainer tr;
-  explicit Harness(const TrainConfig& c) : tr(c, be.get(), comm.get(), {Data(1), Data(2)}) {}
+  explicit Harness(const TrainConfig& c)
+      : tr(c, be.get(), comm.get(), {PatternData(1), PatternData(2)}) {}
 };
 
 RunInfo NoTokenizer() {
