@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/status.h"
+
 namespace keel {
 
 namespace {
@@ -44,6 +46,47 @@ void Communicator::AllReduceMaxHost(double* data, size_t n) {
     for (const auto& v : all) m = (v[i] > m || v[i] != v[i]) ? v[i] : m;  // NaN wins
     data[i] = m;
   }
+}
+
+void Communicator::AllReduceSum(float* data, size_t n) {
+  if (world_size() == 1 || n == 0) return;
+  ReduceScatterSum(data, n, 0, n);
+  AllGather(data, n);
+}
+
+void Communicator::AllReduceMax(float* data, size_t n) {
+  if (world_size() == 1 || n == 0) return;
+  std::vector<std::string> all;
+  AllGatherBytes(std::string(reinterpret_cast<const char*>(data), n * sizeof(float)), &all);
+  for (size_t i = 0; i < n; ++i) {
+    float m;
+    std::memcpy(&m, all[0].data() + i * sizeof(float), sizeof(float));
+    for (size_t r = 1; r < all.size(); ++r) {
+      float v;
+      std::memcpy(&v, all[r].data() + i * sizeof(float), sizeof(float));
+      m = (v > m || v != v) ? v : m;  // NaN wins
+    }
+    data[i] = m;
+  }
+}
+
+void Communicator::Send(const float*, size_t, int peer) {
+  KEEL_CHECK(false, fmt::format("{}: point-to-point send to rank {} is not implemented by this "
+                                "communicator",
+                                Describe(), peer));
+}
+
+void Communicator::Recv(float*, size_t, int peer) {
+  KEEL_CHECK(false, fmt::format("{}: point-to-point receive from rank {} is not implemented by "
+                                "this communicator",
+                                Describe(), peer));
+}
+
+std::unique_ptr<Communicator> Communicator::Split(int, int) {
+  KEEL_CHECK(
+      world_size() == 1,
+      fmt::format("{}: splitting into groups is not implemented by this communicator", Describe()));
+  return MakeSingleProcessCommunicator();
 }
 
 Status Communicator::AgreeOnStatus(const Status& st) {

@@ -47,6 +47,23 @@ class Communicator {
   // Whether every rank's `st` is OK; else the first failing rank's error, naming the rank.
   virtual Status AgreeOnStatus(const Status& st);
   virtual void Barrier() = 0;
+
+  // ---- model parallelism (tensor and pipeline groups, comm/process_mesh.h) ----------------
+  // In-place sum over the ranks of n floats of backend memory: every rank gets the same bits, the
+  // sum taken in rank order (a reduce-scatter then an all-gather), so the tensor-parallel forward
+  // and backward are deterministic. The default is built on ReduceScatterSum and AllGather.
+  virtual void AllReduceSum(float* data, size_t n);
+  // In-place element-wise maximum over the ranks (the vocabulary-parallel cross-entropy's row
+  // maximum); NaN wins, as in AllReduceMaxHost. The default is built on AllGatherBytes.
+  virtual void AllReduceMax(float* data, size_t n);
+  // Blocking point to point of n floats of backend memory (pipeline activations and gradients).
+  // Each Send is matched by one Recv on `peer` with the same n, in issue order.
+  virtual void Send(const float* data, size_t n, int peer);
+  virtual void Recv(float* data, size_t n, int peer);
+  // MPI_Comm_split: a communicator of the ranks that passed the same `color`, ranked by `key`
+  // (ties by rank). Every rank calls it, in the same order as every other collective.
+  virtual std::unique_ptr<Communicator> Split(int color, int key);
+
   // Ends every rank of the job at once with `exit_code` (a failed rank must not leave the others
   // waiting in a collective). Does not return.
   [[noreturn]] virtual void Abort(int exit_code) = 0;
@@ -57,5 +74,10 @@ std::string DescribeRanks(const std::vector<int>& ranks);
 
 // One process, world size 1: every reduction is the identity.
 std::unique_ptr<Communicator> MakeSingleProcessCommunicator();
+
+// `n` ranks as threads of one process (comm/thread_group.cc), each communicator to be used by its
+// own thread: the many-rank code of the model (tensor and pipeline parallelism) is tested in
+// process, without mpirun. Abort ends the process.
+std::vector<std::unique_ptr<Communicator>> MakeThreadGroup(int n);
 
 }  // namespace keel

@@ -30,7 +30,23 @@ class MpiCommunicator : public Communicator {
     gethostname(host, sizeof(host) - 1);
     host_ = host;
   }
+  // A sub-communicator of `parent` (Split): it frees its MPI_Comm and leaves MPI running.
+  MpiCommunicator(const MpiCommunicator& parent, MPI_Comm comm, int rank, int size)
+      : launcher_(parent.launcher_),
+        rank_(rank),
+        size_(size),
+        version_(parent.version_),
+        host_(parent.host_),
+        comm_(comm),
+        world_rank_(parent.world_rank_),
+        owns_mpi_(false) {}
   ~MpiCommunicator() override {
+    if (!owns_mpi_) {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Comm_free(&comm_);
+      return;
+    }
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();
@@ -39,8 +55,27 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
   std::string Describe() const override {
+    if (!owns_mpi_)
+      return fmt::format("MPI group, rank {} of {} (world rank {} on host {})", rank_, size_,
+                         world_rank_, host_);
     return fmt::format("MPI ({}, launched by {}), rank {} of {} on host {}", version_, launcher_,
                        rank_, size_, host_);
+  }
+
+  void Send(const float* data, size_t n, int peer) override {
+    Check(MPI_Send(data, Count(n), MPI_FLOAT, peer, kPointToPointTag, comm_), "MPI_Send");
+  }
+  void Recv(float* data, size_t n, int peer) override {
+    Check(MPI_Recv(data, Count(n), MPI_FLOAT, peer, kPointToPointTag, comm_, MPI_STATUS_IGNORE),
+          "MPI_Recv");
+  }
+  std::unique_ptr<Communicator> Split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    Check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
+    int rank = 0, size = 1;
+    MPI_Comm_rank(sub, &rank);
+    MPI_Comm_size(sub, &size);
+    return std::make_unique<MpiCommunicator>(*this, sub, rank, size);
   }
 
   void ReduceScatterSum(float* data, size_t n, size_t begin, size_t end) override {
@@ -135,11 +170,14 @@ class MpiCommunicator : public Communicator {
     Abort(ToInt(ExitCode::kRuntimeFailure));
   }
 
+  static constexpr int kPointToPointTag = 17;
   std::string launcher_;
   int rank_, size_;
   std::string version_;
   std::string host_;
   MPI_Comm comm_ = MPI_COMM_WORLD;
+  int world_rank_ = rank_;
+  bool owns_mpi_ = true;  // the world communicator finalizes MPI; a group frees its MPI_Comm
   std::vector<float> recv_;
 };
 

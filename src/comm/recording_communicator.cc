@@ -138,6 +138,20 @@ void RecordingCommunicator::AllGather(float* data, size_t n) {
   inner_->AllGather(data, n);
 }
 
+// Point to point is forwarded but not recorded yet: the recorder's digest chains every record
+// and must be equal on every rank, which a stage's sends (that its peer receives) are not.
+void RecordingCommunicator::Send(const float* data, size_t n, int peer) {
+  inner_->Send(data, n, peer);
+}
+
+void RecordingCommunicator::Recv(float* data, size_t n, int peer) {
+  inner_->Recv(data, n, peer);
+}
+
+std::unique_ptr<Communicator> RecordingCommunicator::Split(int color, int key) {
+  return inner_->Split(color, key);
+}
+
 void RecordingCommunicator::AllGatherBytes(const std::string& mine, std::vector<std::string>* all) {
   const std::string kind = host_kind_ ? host_kind_ : "all-gather-bytes";
   if (Skip(kind)) {  // as if every rank had sent this rank's value

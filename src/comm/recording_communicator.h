@@ -46,6 +46,10 @@ class RecordingCommunicator : public Communicator {
   void AllReduceSumHost(double* data, size_t n) override;
   void AllReduceMaxHost(double* data, size_t n) override;
   Status AgreeOnStatus(const Status& st) override;
+  void Send(const float* data, size_t n, int peer) override;
+  void Recv(float* data, size_t n, int peer) override;
+  // The inner communicator's group, not recorded here (a group gets its own recorder).
+  std::unique_ptr<Communicator> Split(int color, int key) override;
   void Barrier() override;
   [[noreturn]] void Abort(int exit_code) override;
 

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <numeric>
 
+#include "config/parallel_layout.h"
 #include "model/flops.h"
 #include "model/gpt.h"
+#include "model/tensor_split.h"
 #include "optim/batch_rampup.h"
 
 namespace keel {
@@ -14,22 +16,11 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// Elements of `p` one tensor-parallel rank holds (Megatron's sharding): QKV and h->4h are split by
-// output columns, the attention and 4h->h projections by input rows, the word embedding by
-// vocabulary rows; norms, position embeddings and the row-parallel biases are replicated.
-int64_t ShardNumel(const ParamInfo& p, int tp) {
-  const int64_t n = static_cast<int64_t>(p.numel);
-  const bool split =
-      p.name.find("query_key_value") != std::string::npos ||
-      p.name.find("dense_h_to_4h") != std::string::npos ||
-      EndsWith(p.name, "attention.dense.weight") || EndsWith(p.name, "dense_4h_to_h.weight") ||
-      p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
-  return split ? n / tp : n;
+// Elements of `p` one tensor-parallel rank holds: the model's own split (model/tensor_split.h).
+int64_t ShardNumel(const GptSpec& spec, const ParamInfo& p, int tp) {
+  int64_t n = 1;
+  for (int64_t d : ShardShape(TensorSplitOf(spec, p.name, p.shape), p.shape, tp)) n *= d;
+  return n;
 }
 
 // Layer index of a "layers.N." parameter, or -1.
@@ -105,38 +96,14 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
   RunPlan p;
   const int tp = in.tensor_parallel, pp = in.pipeline_parallel;
   p.world = in.num_nodes * in.gpus_per_node;
-  if (p.world % (tp * pp) != 0) {
-    return Invalid(fmt::format(
-        "{} nodes x {} GPUs = {} GPUs is not a multiple of tensor parallel {} x pipeline parallel "
-        "{} = {}: every model replica needs TP x PP GPUs; change --num-nodes or the parallel sizes",
-        in.num_nodes, in.gpus_per_node, p.world, tp, pp, tp * pp));
-  }
-  p.dp = p.world / (tp * pp);
-  if (c.model.heads % tp != 0 || c.model.ffn_hidden % tp != 0) {
-    return Invalid(fmt::format(
-        "--tensor-model-parallel-size {} must divide --num-attention-heads {} and the FFN size {}: "
-        "each rank holds whole heads and an equal slice of the MLP",
-        tp, c.model.heads, c.model.ffn_hidden));
-  }
-  if (c.model.KvHeads() % tp != 0) {
-    return Invalid(fmt::format(
-        "--tensor-model-parallel-size {} must divide --num-query-groups {}: each rank holds whole "
-        "key/value heads (as Megatron-LM requires)",
-        tp, c.model.KvHeads()));
-  }
-  if (c.model.num_layers < pp) {
-    return Invalid(fmt::format(
-        "--pipeline-model-parallel-size {} is larger than --num-layers {}: every pipeline stage "
-        "needs at least one layer; use a pipeline size of at most {}",
-        pp, c.model.num_layers, c.model.num_layers));
-  }
+  // The same rules `keel train` checks before it starts (config/parallel_layout.h).
+  ParallelLayout par;
+  KEEL_RETURN_IF_ERROR(CheckParallelLayout(
+      c, p.world,
+      fmt::format("{} nodes x {} GPUs = {} GPUs", in.num_nodes, in.gpus_per_node, p.world), tp, pp,
+      /*layers_per_virtual_stage=*/0, &par, &p.notes));
+  p.dp = par.data;
   const int64_t unit = int64_t{c.micro_batch_size} * p.dp;
-  if (c.global_batch_size % unit != 0) {
-    return Invalid(fmt::format(
-        "--global-batch-size {} is not divisible by --micro-batch-size {} x data-parallel size {} "
-        "= {} ({} GPUs / (TP {} x PP {})): change the batch, the micro-batch or the layout",
-        c.global_batch_size, c.micro_batch_size, p.dp, unit, p.world, tp, pp));
-  }
   if (tp > in.gpus_per_node) {
     p.notes.push_back(
         fmt::format("tensor parallel {} spans more than one node of {} GPUs: its "
@@ -146,15 +113,11 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
 
   // Parameters: the model's own layout with Megatron's vocabulary padding for TP.
   GptSpec spec = c.model;
-  const int64_t pad = int64_t{c.make_vocab_size_divisible_by} * tp;
-  p.padded_vocab = (c.model.vocab + pad - 1) / pad * pad;
+  p.padded_vocab = par.padded_vocab;
   spec.padded_vocab = static_cast<int>(p.padded_vocab);
-  if (tp > 1) {
-    p.notes.push_back(
-        fmt::format("vocab {} padded to {} (multiple of --make-vocab-size-divisible-by "
-                    "{} x tensor parallel {})",
-                    c.model.vocab, p.padded_vocab, c.make_vocab_size_divisible_by, tp));
-  }
+  std::vector<int64_t> stage_layers(pp);
+  for (int s = 0; s < pp; ++s)
+    stage_layers[s] = c.model.num_layers / pp + (s < c.model.num_layers % pp ? 1 : 0);
   // Every layer's tensors are alike: one layer's layout stands for all of them, so a plan of a
   // billion layers lists 16 tensors, not 16 billion.
   GptSpec one_layer = spec;
@@ -162,19 +125,8 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
   const std::vector<ParamInfo> layout = GptModel::ParamLayout(one_layer);
   p.params_formula = GptModel::FormulaParamCount(spec);
   p.params_per_stage.assign(pp, 0);
-  // Layers per stage: equal, or (DeepSpeed's uniform partition) the first L % PP stages one more.
-  std::vector<int64_t> stage_layers(pp);
-  for (int s = 0; s < pp; ++s)
-    stage_layers[s] = c.model.num_layers / pp + (s < c.model.num_layers % pp ? 1 : 0);
-  if (c.model.num_layers % pp != 0) {
-    p.notes.push_back(fmt::format(
-        "{} layers over {} pipeline stages: {} stages of {} and {} of {} (Megatron-DeepSpeed's "
-        "uniform partition; Megatron-LM needs --num-layers divisible by the pipeline size)",
-        c.model.num_layers, pp, c.model.num_layers % pp, c.model.num_layers / pp + 1,
-        pp - c.model.num_layers % pp, c.model.num_layers / pp));
-  }
   for (const ParamInfo& info : layout) {
-    const int64_t shard = ShardNumel(info, tp);
+    const int64_t shard = ShardNumel(spec, info, tp);
     if (LayerOf(info.name) >= 0) {
       p.params_total += static_cast<int64_t>(info.numel) * c.model.num_layers;
       for (int s = 0; s < pp; ++s) p.params_per_stage[s] += shard * stage_layers[s];
