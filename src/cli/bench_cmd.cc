@@ -141,6 +141,16 @@ int BenchCommand(int argc, const char* const* argv) {
                "instead: step time and activation memory of a Llama-shaped model with no, "
                "selective and full activation recomputation (interleaved; uses --iters, --warmup, "
                "--seq-length, default 512 here)");
+  bool pipeline = false;
+  double forward_ms = 40.0;
+  app.add_flag("--pipeline", pipeline,
+               "instead: the pipeline schedule's measured bubble against (P-1)/(V m+P-1) for a "
+               "few (P, m, V), ranks as threads, sleeps for compute; uses --repeats");
+  app.add_option(
+         "--forward-ms", forward_ms,
+         "--pipeline: forward time per stage and micro-batch (backward twice that; default 40: "
+         "shorter sleeps measure the machine's wake-up latency too)")
+      ->check(CLI::Range(0.1, 1000.0));
   bool data = false;
   double data_gb = 2.0;
   int seq = 2048;
@@ -161,6 +171,7 @@ int BenchCommand(int argc, const char* const* argv) {
   if (checkpoint) return BenchCheckpoint(ckpt_dir, repeats, threads);
   if (guard) return BenchGuard(iters, warmup, threads);
   if (data) return BenchData(ckpt_dir, data_gb, repeats, seq);
+  if (pipeline) return BenchPipeline(repeats, forward_ms);
   if (recompute) {
     const bool seq_given = app.get_option("--seq-length")->count() > 0;
     return BenchRecompute(iters, warmup, threads, seq_given ? seq : 512);

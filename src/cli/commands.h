@@ -18,6 +18,8 @@ int BenchGuard(int iters, int warmup, int threads);
 int BenchRecompute(int iters, int warmup, int threads, int seq_length);
 // `keel bench --data` (bench_data.cc): sampler tokens/s on a synthetic dataset of `gb` GB.
 int BenchData(const std::string& dir, double gb, int repeats, int seq_length);
+// `keel bench --pipeline` (bench_pipeline.cc): the executor's bubble against (P-1)/(V m+P-1).
+int BenchPipeline(int repeats, double forward_ms);
 // `keel ckpt list|inspect|verify|diff|edit|pin|unpin|export|import` (ckpt_cmd.cc).
 int CkptCommand(int argc, const char* const* argv);
 int TbCommand(int argc, const char* const* argv);

@@ -171,6 +171,17 @@ TEST(CliTest, BenchRecomputeComparesGranularitiesAndChecksTheBits) {
   EXPECT_NE(r.out.find("the same bits in all"), std::string::npos) << r.out;
 }
 
+// keel bench --pipeline: the bubble table for each (P, m, V), with the simulated and closed-form
+// bubbles and the point-to-point bytes per boundary (b s h floats: 1 x 128 x 256 x 4 bytes).
+TEST(CliTest, BenchPipelinePrintsTheBubbleTable) {
+  Result r = RunKeel("bench --pipeline --repeats 1 --forward-ms 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("simulated   formula p2p B/boundary"), std::string::npos) << r.out;
+  // P 4, m 8, V 2: simulated and formula both (P-1)/(V m+P-1) = 3/19; bytes exactly b s h x 4.
+  EXPECT_NE(r.out.find("    15.8%     15.8%         131072         131072"), std::string::npos)
+      << r.out;
+}
+
 TEST(CliTest, SampleFromMissingRunNamesTheFile) {
   Result r = RunKeel("sample --load /nonexistent/run");
   EXPECT_EQ(r.code, 2);  // a usage error: the path the user gave holds no checkpoint
