@@ -170,7 +170,8 @@ Status FillLocalTensors(const CheckpointTensors& ckpt, bool moments,
 std::string ReshardNote(const CheckpointTensors& ckpt, const PieceCoords& now);
 
 // Every tensor of `ckpt` whole, by name (weights by parameter name, moments "exp_avg.<name>"):
-// in place when one piece holds it, else joined into `storage`. For the tools.
+// in place when one piece holds it (valid while `ckpt` lives), else joined into `storage`.
+// For the tools.
 struct FullTensors {
   std::map<std::string, TensorRef> weights, moments;
   std::map<std::string, std::vector<float>> storage;

@@ -323,8 +323,10 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
   const double params =
       static_cast<double>(outside) + static_cast<double>(GptModel::ParamCount(no_layer) - outside) *
                                          static_cast<double>(r.spec.num_layers);
+  // (Only when every weights file of its layout is there: a missing one is named by the reader.)
   uint64_t weights_bytes = 0;
   bool found_weights = false;
+  int weights_files = 0, layout_files = 0;
   std::string weights_what;
   std::vector<std::string> children;
   if (env->GetChildren(dir, &children).ok())
@@ -337,9 +339,12 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
         weights_what = found_weights ? "its weights files hold" : c + " holds";
         weights_bytes += size;
         found_weights = true;
+        ++weights_files;
+        layout_files = coords.tensor * coords.pipeline;
       }
     }
-  if (found_weights && params * sizeof(float) > static_cast<double>(weights_bytes))
+  if (found_weights && weights_files == layout_files &&
+      params * sizeof(float) > static_cast<double>(weights_bytes))
     return Status::Corruption(fmt::format(
         "{}: key 'model' describes {:.4g} parameters ({:.4g} bytes of weights) but "
         "{} {} bytes; {}",

@@ -88,8 +88,13 @@ std::string Describe(const std::string& name, const TensorRef& t) {
 // Every tensor of checkpoint `dir` whole, whatever layout wrote it (checkpoint/tensor_pieces.h);
 // `layout` gets the layout it was saved at. The files are read as they are: verify checks them
 // first, inspect and diff must show a damaged checkpoint too.
-Status ReadTensors(Env* env, const std::string& dir, FullTensors* out, std::string* layout) {
+// The views of `full` point into the files `ckpt` maps.
+struct CheckpointData {
   CheckpointTensors ckpt;
+  FullTensors full;
+};
+Status ReadTensors(Env* env, const std::string& dir, CheckpointData* out, std::string* layout) {
+  CheckpointTensors& ckpt = out->ckpt;
   CheckpointTensors::Options as_is;
   as_is.checksums = false;
   KEEL_RETURN_IF_ERROR(CheckpointTensors::Open(env, dir, as_is, &ckpt));
@@ -98,7 +103,7 @@ Status ReadTensors(Env* env, const std::string& dir, FullTensors* out, std::stri
         "{}: the optimizer's files are missing (optimizer.safetensors, or one per rank); {}", dir,
         kDamagedCheckpointFix));
   if (layout) *layout = ckpt.layout();
-  return ReadAllFull(ckpt, out);
+  return ReadAllFull(ckpt, &out->full);
 }
 
 void Flatten(const json& j, const std::string& prefix, std::map<std::string, std::string>* out) {
@@ -241,12 +246,12 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
   SavedTrainState s;
   st = ReadSavedTrainState(env, dir, &s);
   if (!st.ok()) return Fail(st);
-  FullTensors full;
+  CheckpointData data;
   std::string layout;
-  st = ReadTensors(env, dir, &full, &layout);
+  st = ReadTensors(env, dir, &data, &layout);
   if (!st.ok()) return Fail(st);
-  const std::map<std::string, TensorRef>& weights = full.weights;
-  const std::map<std::string, TensorRef>& moments = full.moments;
+  const std::map<std::string, TensorRef>& weights = data.full.weights;
+  const std::map<std::string, TensorRef>& moments = data.full.moments;
   if (names.empty()) {
     const json& j = s.state;
     int64_t params = 0;
@@ -358,10 +363,11 @@ int Diff(const std::string& a_path, const std::string& b_path) {
   int tensors = 0, tensors_differ = 0;
   // The weights, then the moments as whole tensors (the checkpoints may have been written by
   // different numbers of data-parallel ranks).
-  FullTensors fa_t, fb_t;
+  CheckpointData da, db;
   std::string layout_a, layout_b;
-  st = ReadTensors(env, a_dir, &fa_t, &layout_a);
-  if (st.ok()) st = ReadTensors(env, b_dir, &fb_t, &layout_b);
+  st = ReadTensors(env, a_dir, &da, &layout_a);
+  if (st.ok()) st = ReadTensors(env, b_dir, &db, &layout_b);
+  const FullTensors &fa_t = da.full, &fb_t = db.full;
   if (!st.ok()) return FailDiff(st);
   // Saved at different layouts, they are still compared tensor by tensor, whole.
   if (layout_a != layout_b)
