@@ -236,6 +236,7 @@ TEST(TensorPiecesTest, SavedAtOneLayoutLoadsBitIdenticalAtEveryOther) {
                 std::string::npos);
     }
   }
+  Env::Default()->RemoveDirRecursive(TempRoot("matrix"));
 }
 
 // A single-process checkpoint (model.safetensors, optimizer.safetensors) is the (1, 1, 1) layout
@@ -246,6 +247,7 @@ TEST(TensorPiecesTest, OneProcessCheckpointLoadsAtTensorParallelTwo) {
   EXPECT_TRUE(Env::Default()->FileExists(JoinPath(dir, "model.safetensors")));
   EXPECT_TRUE(Env::Default()->FileExists(JoinPath(dir, "optimizer.safetensors")));
   ExpectLoadsAt(f, dir, 2, 2, 1);
+  Env::Default()->RemoveDirRecursive(TempRoot("one"));
 }
 
 std::string ErrorOfOpenAndFill(const FullModel& f, const std::string& dir) {
@@ -286,6 +288,7 @@ TEST(TensorPiecesTest, DeletedOrFlippedPieceIsRefusedNamingTheFile) {
   ASSERT_TRUE(CheckpointTensors::Open(Env::Default(), dir, &ckpt).ok());
   RankTensors stage0 = LocalOf(f, {1, 2, 0, 2, 0, 1}, false);
   EXPECT_TRUE(FillLocalTensors(ckpt, true, stage0.list).ok());
+  Env::Default()->RemoveDirRecursive(root);
 }
 
 TEST(TensorPiecesTest, PiecesThatDoNotTileAreRefusedNamingTheTensor) {
@@ -329,6 +332,7 @@ TEST(TensorPiecesTest, PiecesThatDoNotTileAreRefusedNamingTheTensor) {
       << st.message();
   EXPECT_NE(st.message().find("overlap what model.tp-01-of-02.pp-00"), std::string::npos)
       << st.message();
+  env->RemoveDirRecursive(dir);
 }
 
 }  // namespace
