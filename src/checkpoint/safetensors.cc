@@ -211,6 +211,10 @@ Status MappedSafetensors::Open(Env* env, const std::string& path, MappedSafetens
   return Status::OK();
 }
 
+std::string_view MappedSafetensors::bytes() const {
+  return region_ ? std::string_view(region_->data(), region_->size()) : std::string_view();
+}
+
 const TensorRef* MappedSafetensors::Find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/env.h"
@@ -71,6 +72,8 @@ class MappedSafetensors {
   // Every tensor by name; the views point into the mapping and live as long as this object.
   const std::map<std::string, TensorRef>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The whole mapped file (to checksum it).
+  std::string_view bytes() const;
   // nullptr when there is no tensor `name`.
   const TensorRef* Find(const std::string& name) const;
 

@@ -10,6 +10,7 @@
 
 #include "checkpoint/manifest.h"
 #include "checkpoint/optimizer_shards.h"
+#include "checkpoint/tensor_pieces.h"
 #include "core/json_number.h"
 #include "core/json_reader.h"
 #include "core/timestamp.h"
@@ -322,13 +323,32 @@ Status ReadSavedTrainState(Env* env, const std::string& dir, SavedTrainState* ou
   const double params =
       static_cast<double>(outside) + static_cast<double>(GptModel::ParamCount(no_layer) - outside) *
                                          static_cast<double>(r.spec.num_layers);
+  // (Only when every weights file of its layout is there: a missing one is named by the reader.)
   uint64_t weights_bytes = 0;
-  if (env->GetFileSize(JoinPath(dir, "model.safetensors"), &weights_bytes).ok() &&
+  bool found_weights = false;
+  int weights_files = 0, layout_files = 0;
+  std::string weights_what;
+  std::vector<std::string> children;
+  if (env->GetChildren(dir, &children).ok())
+    for (const std::string& c : children) {
+      bool moments = false;
+      PieceCoords coords;
+      uint64_t size = 0;
+      if (ParsePieceFileName(c, &moments, &coords) && !moments &&
+          env->GetFileSize(JoinPath(dir, c), &size).ok()) {
+        weights_what = found_weights ? "its weights files hold" : c + " holds";
+        weights_bytes += size;
+        found_weights = true;
+        ++weights_files;
+        layout_files = coords.tensor * coords.pipeline;
+      }
+    }
+  if (found_weights && weights_files == layout_files &&
       params * sizeof(float) > static_cast<double>(weights_bytes))
-    return Status::Corruption(
-        fmt::format("{}: key 'model' describes {:.4g} parameters ({:.4g} bytes of weights) but "
-                    "model.safetensors holds {} bytes; {}",
-                    sp, params, params * sizeof(float), weights_bytes, kDamagedCheckpointFix));
+    return Status::Corruption(fmt::format(
+        "{}: key 'model' describes {:.4g} parameters ({:.4g} bytes of weights) but "
+        "{} {} bytes; {}",
+        sp, params, params * sizeof(float), weights_what, weights_bytes, kDamagedCheckpointFix));
   const std::string cp = JoinPath(dir, "config.toml");
   KEEL_RETURN_IF_ERROR(env->ReadFileToString(cp, &r.config_text));
   KEEL_RETURN_IF_ERROR(ApplyToml(r.config_text, cp, &r.config));
@@ -352,24 +372,24 @@ Status ReadVerifiedCheckpoint(Env* env, const std::string& dir, SavedTrainState*
 
 namespace {
 
-// Copies every parameter's tensor, named `prefix + name` for each (prefix, destination) pair, from
-// the safetensors file `path` into backend memory; each must be F32 of its parameter's shape, and
-// the file may hold nothing else.
-Status LoadParams(Env* env, const std::string& path, const std::vector<ParamInfo>& params,
-                  const std::vector<std::pair<std::string, float*>>& prefixed, Backend* be) {
-  MappedSafetensors file;
-  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, path, &file));
-  std::set<std::string> expected;
+// The directory was verified (checksums included) by whoever resolved it: a resume, --load, or
+// ResolveCheckpointDir; the reader need not hash its files again.
+Status OpenVerified(Env* env, const std::string& dir, CheckpointTensors* out) {
+  CheckpointTensors::Options o;
+  o.checksums = false;
+  return CheckpointTensors::Open(env, dir, o, out);
+}
+
+Status CopyWeights(const CheckpointTensors& ckpt, GptModel* model) {
+  KEEL_RETURN_IF_ERROR(ckpt.CheckModel(model->spec(), /*moments=*/false));
+  Backend* be = model->backend();
   std::vector<float> tmp;
-  for (const auto& [prefix, dst] : prefixed) {
-    for (const ParamInfo& p : params) {
-      tmp.resize(p.numel);
-      KEEL_RETURN_IF_ERROR(file.CopyF32(prefix + p.name, p.shape, tmp.data()));
-      be->CopyToDevice(dst + p.offset, tmp.data(), p.numel);
-      expected.insert(prefix + p.name);
-    }
+  for (const ParamInfo& p : model->params()) {
+    tmp.resize(p.numel);
+    KEEL_RETURN_IF_ERROR(ckpt.ReadFull(p.name, tmp.data()));
+    be->CopyToDevice(model->mutable_param_data() + p.offset, tmp.data(), p.numel);
   }
-  return file.CheckNoOtherTensors(expected);
+  return Status::OK();
 }
 
 }  // namespace
@@ -393,27 +413,36 @@ Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* m
     return Status::InvalidArgument(
         fmt::format("{}: the checkpoint's model ({}) differs from this run's ({})", saved.dir,
                     SpecToJson(saved.spec).dump(), SpecToJson(model->spec()).dump()));
-  Backend* be = model->backend();
-  KEEL_RETURN_IF_ERROR(LoadParams(env, JoinPath(saved.dir, "model.safetensors"), model->params(),
-                                  {{"", model->mutable_param_data()}}, be));
+  // Any layout's pieces (checkpoint/tensor_pieces.h): this process holds the whole model and
+  // its optimizer's shard of the flat moment buffers.
+  CheckpointTensors ckpt;
+  KEEL_RETURN_IF_ERROR(OpenVerified(env, saved.dir, &ckpt));
+  KEEL_RETURN_IF_ERROR(ckpt.CheckModel(model->spec(), /*moments=*/true));
+  KEEL_RETURN_IF_ERROR(CopyWeights(ckpt, model));
   if (const NonFiniteParams nf = FindNonFiniteParams(*model); nf.count > 0)
     return NonFiniteWeightsError(saved.dir, nf, "continue training from",
                                  "`keel train ... --load RUN/iter_N` continues from one");
-  // The moments this rank's optimizer holds, from however many files the writers left.
-  Manifest manifest;
-  KEEL_RETURN_IF_ERROR(ReadManifest(env, saved.dir, &manifest));
-  std::vector<std::string> names;
-  for (const ManifestEntry& e : manifest.files) names.push_back(e.name);
-  OptimizerMoments moments;
-  KEEL_RETURN_IF_ERROR(OptimizerMoments::Open(env, saved.dir, names, model->params(), &moments));
+  Backend* be = model->backend();
   const ShardRange& shard = optimizer->shard();
   std::vector<float> tmp(shard.size());
   for (auto [prefix, dst] : {std::pair<const char*, float*>{"exp_avg.", optimizer->exp_avg()},
                              {"exp_avg_sq.", optimizer->exp_avg_sq()}}) {
-    moments.CopyShard(model->params(), prefix, shard, tmp.data());
+    for (const ParamInfo& p : model->params()) {
+      const size_t lo = std::max(p.offset, shard.begin);
+      const size_t hi = std::min(p.offset + p.numel, shard.end);
+      if (lo < hi)
+        KEEL_RETURN_IF_ERROR(ckpt.Read(prefix + p.name, TensorSplit{}, 0, 1, lo - p.offset,
+                                       hi - p.offset, tmp.data() + (lo - shard.begin)));
+    }
     be->CopyToDevice(dst, tmp.data(), tmp.size());
   }
   return Status::OK();
+}
+
+Status LoadCheckpointWeights(Env* env, const std::string& dir, GptModel* model) {
+  CheckpointTensors ckpt;
+  KEEL_RETURN_IF_ERROR(OpenVerified(env, dir, &ckpt));
+  return CopyWeights(ckpt, model);
 }
 
 Status LoadModelFromCheckpoint(Env* env, const std::string& path, Backend* backend,
@@ -423,8 +452,7 @@ Status LoadModelFromCheckpoint(Env* env, const std::string& path, Backend* backe
   out->checkpoint_dir = dir;
   KEEL_RETURN_IF_ERROR(ReadSavedTrainState(env, dir, &out->saved));
   out->model = std::make_unique<GptModel>(backend, out->saved.spec);
-  KEEL_RETURN_IF_ERROR(LoadParams(env, JoinPath(dir, "model.safetensors"), out->model->params(),
-                                  {{"", out->model->mutable_param_data()}}, backend));
+  KEEL_RETURN_IF_ERROR(LoadCheckpointWeights(env, dir, out->model.get()));
   if (const NonFiniteParams nf = FindNonFiniteParams(*out->model); nf.count > 0)
     return NonFiniteWeightsError(dir, nf, "load",
                                  "`keel sample --load RUN/iter_N` samples from one");

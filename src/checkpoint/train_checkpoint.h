@@ -1,6 +1,8 @@
 // What a checkpoint of a training run holds, and how the loop writes, reads and resumes it.
 //
-//   iter_N/model.safetensors      fp32 master weights by Megatron name (topology-free)
+//   iter_N/model.safetensors      fp32 master weights by Megatron name (topology-free; a tensor
+//                                 or pipeline parallel run writes one file per (tp, pp) position
+//                                 instead: checkpoint/tensor_pieces.h)
 //   iter_N/optimizer.safetensors  AdamW moments: exp_avg.<name>, exp_avg_sq.<name> (written by N
 //                                 data-parallel ranks: optimizer.rank-R-of-N.safetensors, each
 //                                 rank's shard; checkpoint/optimizer_shards.h)
@@ -113,6 +115,11 @@ Status NonFiniteWeightsError(const std::string& dir, const NonFiniteParams& nf,
 // are refused (NonFiniteWeightsError).
 Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* model,
                              AdamW* optimizer);
+
+// Loads the weights of checkpoint `dir`, saved at any layout, into `model` (whole tensors; the
+// directory verified already). Every tensor must be there with the model's exact name and shape,
+// and nothing else; NaN and Inf are the caller's to check.
+Status LoadCheckpointWeights(Env* env, const std::string& dir, GptModel* model);
 
 // For `keel sample` and tools: the model (weights only) and tokenizer of a checkpoint directory.
 // `path` is a checkpoint directory or a run directory (its newest valid checkpoint is used).

@@ -10,11 +10,10 @@
 #include <set>
 #include <string>
 
-#include "backend/registry.h"
 #include "checkpoint/checkpoint_edit.h"
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/optimizer_shards.h"
+#include "checkpoint/tensor_pieces.h"
 #include "checkpoint/train_checkpoint.h"
 #include "cli/commands.h"
 #include "cli/exit_code.h"
@@ -86,37 +85,25 @@ std::string Describe(const std::string& name, const TensorRef& t) {
       s.non_finite ? fmt::format(" | {} non-finite", s.non_finite) : "", first);
 }
 
-// What the moment tensors of a checkpoint point into: the mapped files, and a joined copy of the
-// tensors that data-parallel ranks cut across their files.
-struct MomentStorage {
-  OptimizerMoments files;
-  std::map<std::string, std::vector<float>> joined;
+// Every tensor of checkpoint `dir` whole, whatever layout wrote it (checkpoint/tensor_pieces.h);
+// `layout` gets the layout it was saved at. The files are read as they are: verify checks them
+// first, inspect and diff must show a damaged checkpoint too.
+// The views of `full` point into the files `ckpt` maps.
+struct CheckpointData {
+  CheckpointTensors ckpt;
+  FullTensors full;
 };
-
-// The Adam moments of checkpoint `dir` as whole tensors by name (exp_avg.NAME, exp_avg_sq.NAME),
-// whichever number of data-parallel ranks wrote them; `refs` point into `storage` (in place in
-// the mapped file when one piece holds the whole tensor, else into a joined copy).
-Status ReadMoments(Env* env, const std::string& dir, const GptSpec& spec, MomentStorage* storage,
-                   std::map<std::string, TensorRef>* refs) {
-  Manifest manifest;
-  KEEL_RETURN_IF_ERROR(ReadManifest(env, dir, &manifest));
-  std::vector<std::string> files;
-  for (const ManifestEntry& e : manifest.files) files.push_back(e.name);
-  const std::vector<ParamInfo> params = GptModel::ParamLayout(spec);
-  KEEL_RETURN_IF_ERROR(OptimizerMoments::Open(env, dir, files, params, &storage->files));
-  for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
-    for (const ParamInfo& p : params) {
-      const std::string name = prefix + p.name;
-      const float* data = storage->files.Whole(name);
-      if (data == nullptr) {
-        std::vector<float>& v = storage->joined[name];
-        v.resize(p.numel);
-        storage->files.Copy(name, 0, p.numel, v.data());
-        data = v.data();
-      }
-      (*refs)[name] = {"F32", p.shape, reinterpret_cast<const char*>(data), p.numel * 4};
-    }
-  return Status::OK();
+Status ReadTensors(Env* env, const std::string& dir, CheckpointData* out, std::string* layout) {
+  CheckpointTensors& ckpt = out->ckpt;
+  CheckpointTensors::Options as_is;
+  as_is.checksums = false;
+  KEEL_RETURN_IF_ERROR(CheckpointTensors::Open(env, dir, as_is, &ckpt));
+  if (!ckpt.has_moments())
+    return Status::Corruption(fmt::format(
+        "{}: the optimizer's files are missing (optimizer.safetensors, or one per rank); {}", dir,
+        kDamagedCheckpointFix));
+  if (layout) *layout = ckpt.layout();
+  return ReadAllFull(ckpt, &out->full);
 }
 
 void Flatten(const json& j, const std::string& prefix, std::map<std::string, std::string>* out) {
@@ -185,34 +172,23 @@ Status DeepVerify(Env* env, const std::string& dir, std::string* summary) {
           "{}/state.json says iteration {} but the manifest says {}: the checkpoint's files do "
           "not belong together",
           dir, said, manifest.iteration));
-  std::unique_ptr<Backend> backend;
-  KEEL_RETURN_IF_ERROR(MakeBackend(kHostBackend, 1, &backend));
-  GptModel model(backend.get(), s.spec);
-  MappedSafetensors w;
-  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, JoinPath(dir, "model.safetensors"), &w));
-  MomentStorage moment_data;
-  std::map<std::string, TensorRef> moments;
-  KEEL_RETURN_IF_ERROR(ReadMoments(env, dir, s.spec, &moment_data, &moments));
-  std::set<std::string> w_names;
+  // Every file was hashed above; the pieces must tile each tensor of the model exactly.
+  CheckpointTensors ckpt;
+  CheckpointTensors::Options hashed;
+  hashed.checksums = false;
+  KEEL_RETURN_IF_ERROR(CheckpointTensors::Open(env, dir, hashed, &ckpt));
+  KEEL_RETURN_IF_ERROR(ckpt.CheckModel(s.spec, /*moments=*/true));
+  FullTensors full;
+  KEEL_RETURN_IF_ERROR(ReadAllFull(ckpt, &full));
   int64_t non_finite = 0;
-  auto check = [&](const MappedSafetensors& file, const std::string& name,
-                   const std::vector<int64_t>& shape, std::set<std::string>* seen) -> Status {
-    const float* data = nullptr;
-    KEEL_RETURN_IF_ERROR(file.GetF32(name, shape, &data));
-    non_finite += Summarize(*file.Find(name)).non_finite;
-    seen->insert(name);
-    return Status::OK();
-  };
-  for (const ParamInfo& p : model.params()) {
-    KEEL_RETURN_IF_ERROR(check(w, p.name, p.shape, &w_names));
-  }
-  for (const auto& [name, ref] : moments) non_finite += Summarize(ref).non_finite;
-  KEEL_RETURN_IF_ERROR(w.CheckNoOtherTensors(w_names));
+  for (const auto* tensors : {&full.weights, &full.moments})
+    for (const auto& [name, ref] : *tensors) non_finite += Summarize(ref).non_finite;
   if (non_finite > 0)
     return Status::Corruption(
         fmt::format("{}: {} weight or moment values are NaN or Inf", dir, non_finite));
-  *summary = fmt::format("iteration {}, {} parameters, optimizer step {}",
-                         s.train.counters.iteration, model.num_params(), s.train.optimizer_step);
+  *summary = fmt::format("iteration {}, {} parameters, optimizer step {}, saved at {}",
+                         s.train.counters.iteration, GptModel::ParamCount(s.spec),
+                         s.train.optimizer_step, ckpt.layout());
   return Status::OK();
 }
 
@@ -270,16 +246,16 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
   SavedTrainState s;
   st = ReadSavedTrainState(env, dir, &s);
   if (!st.ok()) return Fail(st);
-  MappedSafetensors w;
-  MomentStorage moment_data;
-  std::map<std::string, TensorRef> moments;
-  st = MappedSafetensors::Open(env, JoinPath(dir, "model.safetensors"), &w);
-  if (st.ok()) st = ReadMoments(env, dir, s.spec, &moment_data, &moments);
+  CheckpointData data;
+  std::string layout;
+  st = ReadTensors(env, dir, &data, &layout);
   if (!st.ok()) return Fail(st);
+  const std::map<std::string, TensorRef>& weights = data.full.weights;
+  const std::map<std::string, TensorRef>& moments = data.full.moments;
   if (names.empty()) {
     const json& j = s.state;
     int64_t params = 0;
-    for (const auto& [n, t] : w.tensors()) params += static_cast<int64_t>(t.bytes / 4);
+    for (const auto& [n, t] : weights) params += static_cast<int64_t>(t.bytes / 4);
     LogLine(fmt::format("checkpoint {} (keel {}, saved {})", dir, StateText(j, {"keel_version"}),
                         StateText(j, {"saved_at"})));
     LogLine(
@@ -295,6 +271,9 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
                     StateText(j, {"scheduler", "next_lr"}), s.train.lr_scale,
                     StateText(j, {"batch", "next_global_batch"})));
     LogLine(fmt::format("model: {} | {} parameters", StateText(j, {"model"}), params));
+    LogLine(fmt::format(
+        "layout: saved at {} (tensor x pipeline x data parallel ranks); loads at any layout",
+        layout));
     Manifest m;
     if (VerifyCheckpointDir(env, dir, false, &m).ok())
       for (const ManifestEntry& e : m.files)
@@ -302,7 +281,7 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
     for (const auto& h : s.history) LogLine("history: " + h.dump());
   }
   if (all_tensors) {
-    for (const auto& [n, t] : w.tensors()) LogLine(Describe("model." + n, t));
+    for (const auto& [n, t] : weights) LogLine(Describe("model." + n, t));
     for (const auto& [n, t] : moments) LogLine(Describe("optimizer." + n, t));
   }
   std::map<std::string, std::string> flat;
@@ -315,9 +294,8 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
       LogLine(name + " = " + it->second);
     } else if (auto c = config.find(name); c != config.end()) {
       LogLine(name + " = " + c->second);
-    } else if (const TensorRef* wt =
-                   name.rfind("model.", 0) == 0 ? w.Find(name.substr(6)) : nullptr) {
-      LogLine(Describe(name, *wt));
+    } else if (name.rfind("model.", 0) == 0 && weights.count(name.substr(6))) {
+      LogLine(Describe(name, weights.at(name.substr(6))));
     } else if (name.rfind("optimizer.", 0) == 0 && moments.count(name.substr(10))) {
       LogLine(Describe(name, moments.at(name.substr(10))));
     } else if (s.state.contains(name)) {
@@ -334,7 +312,7 @@ int Inspect(const std::string& path, const std::vector<std::string>& names, bool
       };
       for (const auto& [k, v] : flat) consider(k);
       for (const auto& [k, v] : config) consider(k);
-      for (const auto& [k, v] : w.tensors()) consider("model." + k);
+      for (const auto& [k, v] : weights) consider("model." + k);
       LogError(fmt::format("error: no value or tensor named '{}' in {}{}", name, dir,
                            near.empty() ? " (names: counters.*, optimizer.*, scheduler.*, "
                                           "config.KEY, model.TENSOR, optimizer.exp_avg.TENSOR)"
@@ -385,18 +363,20 @@ int Diff(const std::string& a_path, const std::string& b_path) {
   int tensors = 0, tensors_differ = 0;
   // The weights, then the moments as whole tensors (the checkpoints may have been written by
   // different numbers of data-parallel ranks).
-  MappedSafetensors wa, wb;
-  st = MappedSafetensors::Open(env, JoinPath(a_dir, "model.safetensors"), &wa);
-  if (st.ok()) st = MappedSafetensors::Open(env, JoinPath(b_dir, "model.safetensors"), &wb);
-  MomentStorage ma_data, mb_data;
-  std::map<std::string, TensorRef> ma, mb;
-  if (st.ok()) st = ReadMoments(env, a_dir, a.spec, &ma_data, &ma);
-  if (st.ok()) st = ReadMoments(env, b_dir, b.spec, &mb_data, &mb);
+  CheckpointData da, db;
+  std::string layout_a, layout_b;
+  st = ReadTensors(env, a_dir, &da, &layout_a);
+  if (st.ok()) st = ReadTensors(env, b_dir, &db, &layout_b);
+  const FullTensors &fa_t = da.full, &fb_t = db.full;
   if (!st.ok()) return FailDiff(st);
+  // Saved at different layouts, they are still compared tensor by tensor, whole.
+  if (layout_a != layout_b)
+    LogLine(
+        fmt::format("note: layout {} -> {} (the tensors are compared whole)", layout_a, layout_b));
   using Tensors = std::map<std::string, TensorRef>;
   for (const auto& [ta, tb] :
-       {std::pair<const Tensors*, const Tensors*>{&wa.tensors(), &wb.tensors()},
-        std::pair<const Tensors*, const Tensors*>{&ma, &mb}}) {
+       {std::pair<const Tensors*, const Tensors*>{&fa_t.weights, &fb_t.weights},
+        std::pair<const Tensors*, const Tensors*>{&fa_t.moments, &fb_t.moments}}) {
     auto find_b = [b_tensors = tb](const std::string& name) -> const TensorRef* {
       auto it = b_tensors->find(name);
       return it == b_tensors->end() ? nullptr : &it->second;

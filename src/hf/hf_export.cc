@@ -7,6 +7,7 @@
 #include <string>
 
 #include "checkpoint/manifest.h"
+#include "checkpoint/tensor_pieces.h"
 #include "checkpoint/train_checkpoint.h"
 #include "core/json_reader.h"
 #include "data/tokenizer.h"
@@ -113,16 +114,20 @@ Status ExportHf(Env* env, const std::string& checkpoint_path, const std::string&
   report->vocab = spec.vocab;
   report->padded_vocab = spec.padded_vocab;
 
-  // Weights, read in place from the mapped file.
-  const std::string wpath = JoinPath(dir, "model.safetensors");
-  MappedSafetensors weights;
-  KEEL_RETURN_IF_ERROR(MappedSafetensors::Open(env, wpath, &weights));
+  // Weights, whole, whatever layout saved them: in place from the mapped file when one piece
+  // holds a tensor, joined from the tensor-parallel pieces otherwise.
+  CheckpointTensors pieces;
+  CheckpointTensors::Options verified;  // ResolveCheckpointDir checked every checksum
+  verified.checksums = false;
+  KEEL_RETURN_IF_ERROR(CheckpointTensors::Open(env, dir, verified, &pieces));
+  const std::string wpath = pieces.tensor_size() == 1 && pieces.pipeline_size() == 1
+                                ? JoinPath(dir, "model.safetensors")
+                                : dir + " (weights saved at " + pieces.layout() + ")";
+  FullTensors full;
+  KEEL_RETURN_IF_ERROR(ReadAllFull(pieces, &full));
   std::map<std::string, TensorView> keel;
-  for (const auto& [name, r] : weights.tensors()) {
-    const float* data = nullptr;
-    KEEL_RETURN_IF_ERROR(weights.GetF32(name, r.shape, &data));  // F32 and aligned
-    keel[name] = {name, r.shape, data};
-  }
+  for (const auto& [name, r] : full.weights)
+    keel[name] = {name, r.shape, reinterpret_cast<const float*>(r.data)};
   std::vector<std::vector<float>> storage;
   std::vector<TensorView> hf;
   Status st = ConvertToHf(arch, spec, keel, &storage, &hf);

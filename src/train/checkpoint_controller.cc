@@ -91,20 +91,7 @@ Status RestoreTrainer(Env* env, const SavedTrainState& saved, Trainer* trainer) 
 
 Status LoadWeightsOnly(Env* env, const SavedTrainState& saved, Trainer* trainer) {
   GptModel& model = trainer->model();
-  Backend* be = model.backend();
-  MappedSafetensors file;
-  KEEL_RETURN_IF_ERROR(
-      MappedSafetensors::Open(env, JoinPath(saved.dir, "model.safetensors"), &file));
-  std::set<std::string> expected;
-  std::vector<float> tmp;
-  float* params = model.mutable_param_data();
-  for (const ParamInfo& p : model.params()) {
-    tmp.resize(p.numel);
-    KEEL_RETURN_IF_ERROR(file.CopyF32(p.name, p.shape, tmp.data()));
-    be->CopyToDevice(params + p.offset, tmp.data(), p.numel);
-    expected.insert(p.name);
-  }
-  KEEL_RETURN_IF_ERROR(file.CheckNoOtherTensors(expected));
+  KEEL_RETURN_IF_ERROR(LoadCheckpointWeights(env, saved.dir, &model));  // any layout's pieces
   if (const NonFiniteParams nf = FindNonFiniteParams(model); nf.count > 0)
     return NonFiniteWeightsError(saved.dir, nf, "fine-tune from",
                                  "`keel train ... --finetune --load RUN/iter_N` starts from one");
