@@ -100,7 +100,8 @@ struct TrainResult {
   std::vector<float> logits_row;  // of a Forward without targets, at (1, 3), after the steps
 };
 
-TrainResult Train(const GptSpec& spec, int tensor, bool sp, int steps) {
+TrainResult Train(const GptSpec& spec, int tensor, bool sp, int steps,
+                  Precision precision = Precision::kFp32, Recompute recompute = Recompute::kNone) {
   std::vector<std::vector<std::vector<float>>> rank_grads(tensor), rank_weights(tensor);
   std::vector<std::vector<double>> rank_losses(tensor);
   std::vector<double> max_logit(tensor), logz(tensor);
@@ -108,7 +109,9 @@ TrainResult Train(const GptSpec& spec, int tensor, bool sp, int steps) {
   std::vector<std::vector<ParamInfo>> layouts(tensor);
   RunRanks(tensor, [&](int r, Communicator* comm) {
     auto be = MakeCpuBackend(1);
+    be->SetPrecision(precision);
     GptModel m(be.get(), spec, TensorParallel{comm, sp});
+    m.set_recompute(recompute);
     m.Initialize(kSeed, 0.02f);
     layouts[r] = m.params();
     const size_t n = m.num_params();
@@ -290,6 +293,32 @@ TEST_P(TensorParallelTest, EachLayoutIsTheSameBitsRunAfterRun) {
     EXPECT_EQ(a.losses, b.losses);
     EXPECT_EQ(a.weights, b.weights);
     EXPECT_EQ(a.grads, b.grads);
+  }
+}
+
+// Recomputation reruns a layer's forward, communication included, inside the backward: the same
+// bits as keeping the activations, at each layout.
+TEST_P(TensorParallelTest, RecomputationGivesTheSameBits) {
+  const GptSpec spec = GetParam().spec();
+  for (bool sp : {false, true}) {
+    const TrainResult kept = Train(spec, 2, sp, 2);
+    for (Recompute r : {Recompute::kSelective, Recompute::kFull}) {
+      const TrainResult re = Train(spec, 2, sp, 2, Precision::kFp32, r);
+      EXPECT_EQ(kept.losses, re.losses) << RecomputeName(r) << " sp " << sp;
+      EXPECT_EQ(kept.grads, re.grads) << RecomputeName(r) << " sp " << sp;
+    }
+  }
+}
+
+// bf16 products: the slices' products round the same inputs; the sums over the group differ from
+// the single-rank products' only by fp32 accumulation order.
+TEST_P(TensorParallelTest, Bf16MatchesOneRankBf16) {
+  const GptSpec spec = GetParam().spec();
+  const TrainResult ref = Train(spec, 1, false, 5, Precision::kBf16);
+  for (bool sp : {false, true}) {
+    const TrainResult tp = Train(spec, 2, sp, 5, Precision::kBf16);
+    for (size_t s = 0; s < ref.losses.size(); ++s)
+      EXPECT_NEAR(ref.losses[s], tp.losses[s], 1e-3) << "step " << s << " sp " << sp;
   }
 }
 
