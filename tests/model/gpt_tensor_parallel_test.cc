@@ -16,14 +16,18 @@
 #include <thread>
 #include <vector>
 
+#include "../backend/test_backends.h"
 #include "backend/backend.h"
 #include "comm/communicator.h"
 #include "core/rng.h"
+#include "model/flops.h"
 #include "model/gpt.h"
 #include "model/tensor_split.h"
 
 namespace keel {
 namespace {
+
+using testing_backends::LackingBackend;
 
 constexpr uint64_t kSeed = 1234;
 constexpr int kBatch = 2, kSeq = 8, kMicro = 2;
@@ -385,9 +389,22 @@ TEST(TensorParallelModelTest, ActivationBytesIsWhatARankAllocates) {
   }
 }
 
+TEST(TensorParallelModelTest, FlopsPerRankAreTheModelsOverT) {
+  const GptSpec spec = LlamaSpec();
+  EXPECT_DOUBLE_EQ(TrainingFlopsPerTokenPerRank(spec, 16, 4) * 4, TrainingFlopsPerToken(spec, 16));
+  EXPECT_DOUBLE_EQ(TrainingFlopsPerTokenPerRank(spec, 16, 1), TrainingFlopsPerToken(spec, 16));
+}
+
 TEST(TensorParallelModelTest, BackendsSayWhetherTheyHaveTheVocabularyParallelOps) {
   auto be = MakeCpuBackend(1);
   EXPECT_TRUE(CheckBackendSupports(*be, Gpt2Spec(), Precision::kFp32, 2).ok());
+  LackingBackend lacking(MakeCpuBackend(1), Op::kVocabParallelSumExp);
+  EXPECT_TRUE(CheckBackendSupports(lacking, Gpt2Spec(), Precision::kFp32, 1).ok());
+  const Status st = CheckBackendSupports(lacking, Gpt2Spec(), Precision::kFp32, 2);
+  EXPECT_NE(st.message().find("lacks VocabParallelSumExp, needed by "
+                              "--tensor-model-parallel-size > 1"),
+            std::string::npos)
+      << st.ToString();
 }
 
 }  // namespace
