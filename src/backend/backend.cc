@@ -1,5 +1,9 @@
 #include "backend/backend.h"
 
+#include <fmt/format.h>
+
+#include "core/status.h"
+
 namespace keel {
 
 const char* OpName(Op op) {
@@ -60,8 +64,49 @@ const char* OpName(Op op) {
       return "CountNonFinite";
     case Op::kAdamWUpdate:
       return "AdamWUpdate";
+    case Op::kVocabParallelEmbeddingForward:
+      return "VocabParallelEmbeddingForward";
+    case Op::kVocabParallelEmbeddingBackward:
+      return "VocabParallelEmbeddingBackward";
+    case Op::kVocabParallelMax:
+      return "VocabParallelMax";
+    case Op::kVocabParallelSumExp:
+      return "VocabParallelSumExp";
+    case Op::kVocabParallelCrossEntropyBackward:
+      return "VocabParallelCrossEntropyBackward";
   }
   return "?";
+}
+
+namespace {
+
+[[noreturn]] void Lacks(const Backend& be, Op op) {
+  throw KeelError(Status::Internal(fmt::format(
+      "backend {} does not implement {} (its Supports says so; CheckBackendSupports refuses the "
+      "run before it gets here)",
+      be.Name(), OpName(op))));
+}
+
+}  // namespace
+
+void Backend::VocabParallelEmbeddingForward(float*, const int32_t*, const float*, const float*, int,
+                                            int, int, int, int, int, const int32_t*) {
+  Lacks(*this, Op::kVocabParallelEmbeddingForward);
+}
+void Backend::VocabParallelEmbeddingBackward(float*, float*, const float*, const int32_t*, int, int,
+                                             int, int, int, int, const int32_t*) {
+  Lacks(*this, Op::kVocabParallelEmbeddingBackward);
+}
+void Backend::VocabParallelMax(float*, const float*, int, int, int, int) {
+  Lacks(*this, Op::kVocabParallelMax);
+}
+void Backend::VocabParallelSumExp(float*, float*, const float*, const int32_t*, int, int, int,
+                                  int) {
+  Lacks(*this, Op::kVocabParallelSumExp);
+}
+void Backend::VocabParallelCrossEntropyBackward(float*, float*, float*, const float*, const float*,
+                                                const int32_t*, int, int, int, int, float, float) {
+  Lacks(*this, Op::kVocabParallelCrossEntropyBackward);
 }
 
 }  // namespace keel

@@ -57,8 +57,13 @@ enum class Op {
   kSumSquaresAndZeros,
   kCountNonFinite,
   kAdamWUpdate,
+  kVocabParallelEmbeddingForward,
+  kVocabParallelEmbeddingBackward,
+  kVocabParallelMax,
+  kVocabParallelSumExp,
+  kVocabParallelCrossEntropyBackward,
 };
-inline constexpr int kNumOps = static_cast<int>(Op::kAdamWUpdate) + 1;
+inline constexpr int kNumOps = static_cast<int>(Op::kVocabParallelCrossEntropyBackward) + 1;
 // The op's method name ("RopeForward").
 const char* OpName(Op op);
 
@@ -308,6 +313,44 @@ class Backend {
                            float beta1, float beta2, float eps, float weight_decay, int64_t step,
                            AdamWStats* stats = nullptr, float grad_scale = 1.0f,
                            uint16_t* param_lowp = nullptr) = 0;
+
+  // ---- vocabulary-parallel embedding and cross-entropy (tensor parallelism, model/gpt.h) ------
+  // A tensor-parallel rank holds the rows [vocab_start, vocab_start + V_local) of the padded
+  // vocabulary: of the word embedding, of the output layer, so of the logits' columns (logits
+  // (N, V_local)). V is the real vocabulary: tokens and targets outside [0, V) throw as in the
+  // single-rank ops, and columns at or past V (padding) never get probability. The model sums
+  // the ranks' results over the tensor group between the steps (comm/communicator.h). The
+  // defaults throw: a backend that lacks these says so in Supports.
+  // out[b,t,:] = (the rank holds tokens[b,t] ? wte[tokens[b,t] - vocab_start,:] : 0)
+  //              + (wpe ? wpe[pos(b,t),:] : 0)          pos as in EmbeddingForward
+  virtual void VocabParallelEmbeddingForward(float* out, const int32_t* tokens, const float* wte,
+                                             const float* wpe, int B, int T, int C, int V,
+                                             int vocab_start, int V_local,
+                                             const int32_t* positions = nullptr);
+  // dwte[tokens[b,t] - vocab_start,:] += dout[b,t,:] for the rank's tokens; dwpe (nullable) as in
+  // EmbeddingBackward.
+  virtual void VocabParallelEmbeddingBackward(float* dwte, float* dwpe, const float* dout,
+                                              const int32_t* tokens, int B, int T, int C, int V,
+                                              int vocab_start, int V_local,
+                                              const int32_t* positions = nullptr);
+  // row_max (N) = per row, the maximum of the rank's real columns (-inf if it holds none).
+  virtual void VocabParallelMax(float* row_max, const float* logits, int N, int V, int vocab_start,
+                                int V_local);
+  // Given the maximum over all ranks: sums (2,N) = per row sum_j exp(l_j - max) over the rank's
+  // real columns, then the target's logit where the rank holds the target (else 0). The rank's
+  // real columns of logits become exp(l_j - max), which the backward scales.
+  virtual void VocabParallelSumExp(float* sums, float* logits, const float* row_max,
+                                   const int32_t* targets, int N, int V, int vocab_start,
+                                   int V_local);
+  // Given sums summed over all ranks: log Z = max + log(sum exp), losses (N) = log Z - target
+  // logit, logz (N, nullable) = log Z, and logits becomes the gradient of the rank's columns as
+  // in CrossEntropyForwardBackward: (p - onehot) * dloss plus z-loss's 2 z_loss log Z p * dloss,
+  // padding 0.
+  virtual void VocabParallelCrossEntropyBackward(float* losses, float* logz, float* logits,
+                                                 const float* row_max, const float* sums,
+                                                 const int32_t* targets, int N, int V,
+                                                 int vocab_start, int V_local, float dloss,
+                                                 float z_loss = 0.0f);
 };
 
 // The CPU backend: fp32, OpenMP and OpenBLAS. `threads` <= 0 means all available cores. Code that

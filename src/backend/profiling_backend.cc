@@ -208,4 +208,45 @@ void ProfilingBackend::AdamWUpdate(float* param, const float* grad, float* m, fl
   });
 }
 
+void ProfilingBackend::VocabParallelEmbeddingForward(float* out, const int32_t* tokens,
+                                                     const float* wte, const float* wpe, int B,
+                                                     int T, int C, int V, int vocab_start,
+                                                     int V_local, const int32_t* positions) {
+  Timed("VocabParallelEmbeddingForward", [&] {
+    inner_->VocabParallelEmbeddingForward(out, tokens, wte, wpe, B, T, C, V, vocab_start, V_local,
+                                          positions);
+  });
+}
+void ProfilingBackend::VocabParallelEmbeddingBackward(float* dwte, float* dwpe, const float* dout,
+                                                      const int32_t* tokens, int B, int T, int C,
+                                                      int V, int vocab_start, int V_local,
+                                                      const int32_t* positions) {
+  Timed("VocabParallelEmbeddingBackward", [&] {
+    inner_->VocabParallelEmbeddingBackward(dwte, dwpe, dout, tokens, B, T, C, V, vocab_start,
+                                           V_local, positions);
+  });
+}
+void ProfilingBackend::VocabParallelMax(float* row_max, const float* logits, int N, int V,
+                                        int vocab_start, int V_local) {
+  Timed("VocabParallelMax",
+        [&] { inner_->VocabParallelMax(row_max, logits, N, V, vocab_start, V_local); });
+}
+void ProfilingBackend::VocabParallelSumExp(float* sums, float* logits, const float* row_max,
+                                           const int32_t* targets, int N, int V, int vocab_start,
+                                           int V_local) {
+  Timed("VocabParallelSumExp", [&] {
+    inner_->VocabParallelSumExp(sums, logits, row_max, targets, N, V, vocab_start, V_local);
+  });
+}
+void ProfilingBackend::VocabParallelCrossEntropyBackward(float* losses, float* logz, float* logits,
+                                                         const float* row_max, const float* sums,
+                                                         const int32_t* targets, int N, int V,
+                                                         int vocab_start, int V_local, float dloss,
+                                                         float z_loss) {
+  Timed("VocabParallelCrossEntropyBackward", [&] {
+    inner_->VocabParallelCrossEntropyBackward(losses, logz, logits, row_max, sums, targets, N, V,
+                                              vocab_start, V_local, dloss, z_loss);
+  });
+}
+
 }  // namespace keel

@@ -70,6 +70,41 @@ void Communicator::AllReduceMax(float* data, size_t n) {
   }
 }
 
+void Communicator::AllGatherChunks(const float* mine, float* all, size_t chunk) {
+  if (world_size() == 1) {
+    std::memmove(all, mine, chunk * sizeof(float));
+    return;
+  }
+  std::vector<std::string> parts;
+  AllGatherBytes(std::string(reinterpret_cast<const char*>(mine), chunk * sizeof(float)), &parts);
+  for (size_t r = 0; r < parts.size(); ++r)
+    std::memcpy(all + r * chunk, parts[r].data(), chunk * sizeof(float));
+}
+
+void Communicator::ReduceScatterChunks(const float* all, float* mine, size_t chunk) {
+  const int world = world_size();
+  if (world == 1) {
+    std::memmove(mine, all, chunk * sizeof(float));
+    return;
+  }
+  // Each rank sends every rank's chunk and keeps the sums of its own (every rank receives the
+  // whole buffers: the simple exchange AllGatherBytes offers).
+  std::vector<std::string> parts;
+  AllGatherBytes(std::string(reinterpret_cast<const char*>(all), world * chunk * sizeof(float)),
+                 &parts);
+  const size_t at = static_cast<size_t>(rank()) * chunk;
+  for (size_t i = 0; i < chunk; ++i) {
+    float s;
+    std::memcpy(&s, parts[0].data() + (at + i) * sizeof(float), sizeof(float));
+    for (size_t r = 1; r < parts.size(); ++r) {
+      float v;
+      std::memcpy(&v, parts[r].data() + (at + i) * sizeof(float), sizeof(float));
+      s += v;
+    }
+    mine[i] = s;
+  }
+}
+
 void Communicator::Send(const float*, size_t, int peer) {
   KEEL_CHECK(false, fmt::format("{}: point-to-point send to rank {} is not implemented by this "
                                 "communicator",

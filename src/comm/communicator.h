@@ -56,6 +56,12 @@ class Communicator {
   // In-place element-wise maximum over the ranks (the vocabulary-parallel cross-entropy's row
   // maximum); NaN wins, as in AllReduceMaxHost. The default is built on AllGatherBytes.
   virtual void AllReduceMax(float* data, size_t n);
+  // Sequence parallelism's pair (backend memory, equal chunks in rank order): AllGatherChunks
+  // copies every rank's `chunk` floats at `mine` to all[rank * chunk ...]; ReduceScatterChunks
+  // sums `all` (world * chunk floats) over the ranks in rank order and leaves this rank's chunk
+  // of the sum in `mine`. The defaults are built on AllGatherBytes.
+  virtual void AllGatherChunks(const float* mine, float* all, size_t chunk);
+  virtual void ReduceScatterChunks(const float* all, float* mine, size_t chunk);
   // Blocking point to point of n floats of backend memory (pipeline activations and gradients).
   // Each Send is matched by one Recv on `peer` with the same n, in issue order.
   virtual void Send(const float* data, size_t n, int peer);

@@ -119,6 +119,25 @@ class MpiCommunicator : public Communicator {
           "MPI_Allgatherv");
   }
 
+  // Sequence parallelism's pair: equal chunks, so plain Alltoall and Allgather (each rank sends
+  // and receives world * chunk floats, the ring's volume), the sum in rank order as above.
+  void ReduceScatterChunks(const float* all, float* mine, size_t chunk) override {
+    recv_.resize(chunk * size_);
+    Check(MPI_Alltoall(all, Count(chunk), MPI_FLOAT, recv_.data(), Count(chunk), MPI_FLOAT, comm_),
+          "MPI_Alltoall");
+    const float* r = recv_.data();
+    for (size_t k = 0; k < chunk; ++k) mine[k] = r[k];
+    for (int i = 1; i < size_; ++i) {
+      const float* ri = r + chunk * i;
+      for (size_t k = 0; k < chunk; ++k) mine[k] += ri[k];
+    }
+  }
+
+  void AllGatherChunks(const float* mine, float* all, size_t chunk) override {
+    Check(MPI_Allgather(mine, Count(chunk), MPI_FLOAT, all, Count(chunk), MPI_FLOAT, comm_),
+          "MPI_Allgather");
+  }
+
   void AllGatherBytes(const std::string& mine, std::vector<std::string>* all) override {
     long long len = static_cast<long long>(mine.size());
     std::vector<long long> lens(size_);

@@ -67,6 +67,23 @@ class ThreadCommunicator : public Communicator {
     *all = Exchange(mine);
   }
 
+  void ReduceScatterChunks(const float* all, float* mine, size_t chunk) override {
+    // Every rank publishes its whole buffer; each reads only its own chunk of the others'.
+    const std::vector<std::string> parts = Exchange(Bytes(all, chunk * g_->size));
+    const size_t at = static_cast<size_t>(rank_) * chunk;
+    for (size_t i = 0; i < chunk; ++i) {
+      float s = Float(parts[0], at + i);
+      for (size_t r = 1; r < parts.size(); ++r) s += Float(parts[r], at + i);
+      mine[i] = s;
+    }
+  }
+
+  void AllGatherChunks(const float* mine, float* all, size_t chunk) override {
+    const std::vector<std::string> parts = Exchange(Bytes(mine, chunk));
+    for (int r = 0; r < g_->size; ++r)
+      std::memcpy(all + static_cast<size_t>(r) * chunk, parts[r].data(), chunk * sizeof(float));
+  }
+
   void Send(const float* data, size_t n, int peer) override {
     CheckPeer(peer);
     std::lock_guard<std::mutex> lock(g_->mu);

@@ -11,4 +11,8 @@ double TrainingFlopsPerToken(const GptSpec& spec, int seq_length) {
   return 3.0 * forward;
 }
 
+double TrainingFlopsPerTokenPerRank(const GptSpec& spec, int seq_length, int tensor) {
+  return TrainingFlopsPerToken(spec, seq_length) / tensor;
+}
+
 }  // namespace keel

@@ -13,5 +13,8 @@
 namespace keel {
 
 double TrainingFlopsPerToken(const GptSpec& spec, int seq_length);
+// One rank's share on `tensor` tensor-parallel ranks: every product is split evenly (columns,
+// rows, heads or vocabulary rows; model/gpt.h), so the whole model's count divided by `tensor`.
+double TrainingFlopsPerTokenPerRank(const GptSpec& spec, int seq_length, int tensor);
 
 }  // namespace keel

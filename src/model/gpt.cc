@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <numbers>
 
+#include "comm/communicator.h"
 #include "core/rng.h"
 #include "core/status.h"
 
@@ -36,6 +39,11 @@ struct GptModel::Activations {
   int full_layers = 0;  // layers 1..full_layers-1 use layer 0's buffers
   float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr,
         *losses = nullptr, *logz = nullptr;
+  // Tensor parallel: the cross-entropy's row maximum (N) and sums (2,N) over the group.
+  float *row_max = nullptr, *ce_sums = nullptr;
+  // Sequence parallel: a norm's output rows before the gather (rows,C), and the whole rows (N,C)
+  // of a row-parallel output before its reduce-scatter or of a gradient gathered for a product.
+  float *chunk = nullptr, *gathered = nullptr;
   int32_t *tokens = nullptr, *targets = nullptr;
   // (N) per-document positions and first tokens, when reset
   int32_t *positions = nullptr, *doc_start = nullptr;
@@ -74,6 +82,26 @@ std::vector<float> AlibiSlopesPow2(int n) {
   return s;
 }
 
+// Visits, for rank `rank` of `tensor`, each contiguous run of p's slice: f(offset in the whole
+// tensor, offset in the slice, length), in elements (model/tensor_split.h's layout).
+template <typename F>
+void ForEachSliceRun(const ParamInfo& p, int rank, int tensor, F f) {
+  const int d = p.split.dim;
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < d; ++i) outer *= p.full_shape[i];
+  for (size_t i = d + 1; i < p.full_shape.size(); ++i) inner *= p.full_shape[i];
+  const int64_t extent = p.full_shape[d], local = extent / tensor;
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t start = 0, at = 0;
+    for (int64_t part : p.split.parts) {
+      const int64_t len = part / tensor;
+      f((o * extent + start + rank * len) * inner, (o * local + at) * inner, len * inner);
+      start += part;
+      at += len;
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<float> AlibiSlopes(int heads) {
@@ -87,7 +115,7 @@ std::vector<float> AlibiSlopes(int heads) {
   return slopes;
 }
 
-std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec) {
+std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec, int tensor) {
   const int64_t C = spec.hidden, F = spec.ffn_hidden, Vp = spec.padded_vocab;
   const int64_t W = spec.QkvWidth(), F1 = spec.Fc1Width();
   std::vector<ParamInfo> params;
@@ -95,7 +123,9 @@ std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec) {
   auto add = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
     ParamInfo p;
     p.name = name;
-    p.shape = std::move(shape);
+    p.split = TensorSplitOf(spec, name, shape);
+    p.shape = ShardShape(p.split, shape, tensor);
+    p.full_shape = std::move(shape);
     p.numel = 1;
     for (int64_t d : p.shape) p.numel *= static_cast<size_t>(d);
     p.offset = offset;
@@ -185,14 +215,71 @@ std::vector<float> RopeCosSin(const GptSpec& spec) {
   return table;
 }
 
-GptModel::GptModel(Backend* backend, const GptSpec& spec)
-    : backend_(backend), spec_(spec), params_(ParamLayout(spec)) {
+Status GptModel::CheckTensorParallel(const GptSpec& spec, int tensor) {
+  if (tensor < 1) return Status::InvalidArgument(fmt::format("tensor size {} < 1", tensor));
+  struct Divides {
+    int64_t n;
+    const char* what;
+  };
+  for (const Divides& d : {Divides{spec.heads, "attention heads"},
+                           Divides{spec.KvHeads(), "key/value heads (query groups)"},
+                           Divides{spec.ffn_hidden, "FFN hidden size"},
+                           Divides{spec.padded_vocab, "padded vocabulary"}}) {
+    if (d.n % tensor != 0)
+      return Status::InvalidArgument(
+          fmt::format("tensor-parallel size {} does not divide the {} ({}): choose a tensor "
+                      "size that divides it",
+                      tensor, d.what, d.n));
+  }
+  return Status::OK();
+}
+
+GptModel::Dims GptModel::DimsOf(const GptSpec& spec, int tensor, bool sp) {
+  Dims d;
+  d.tensor = tensor;
+  d.sp = sp && tensor > 1;
+  d.C = spec.hidden;
+  d.hs = spec.HeadDim();
+  d.NH = spec.heads / tensor;
+  d.G = spec.KvHeads() / tensor;
+  d.A = d.NH * d.hs;
+  d.W = (d.NH + 2 * d.G) * d.hs;
+  d.F = spec.ffn_hidden / tensor;
+  d.F1 = spec.Fc1Width() / tensor;
+  d.Vp = spec.padded_vocab / tensor;
+  return d;
+}
+
+GptModel::GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp)
+    : backend_(backend), spec_(spec) {
   KEEL_CHECK(spec.hidden % spec.heads == 0, "hidden size must divide by heads");
   KEEL_CHECK(spec.KvHeads() >= 1 && spec.heads % spec.KvHeads() == 0,
              "key/value heads must divide the heads");
   KEEL_CHECK(!spec.rope || spec.RotaryDim() >= 2, "RoPE needs at least 2 rotary dimensions");
   KEEL_CHECK(spec.padded_vocab >= spec.vocab, "padded vocab smaller than vocab");
+  if (tp.group != nullptr && tp.group->world_size() > 1) {
+    tp_group_ = tp.group;
+    tp_ = tp.group->world_size();
+    tp_rank_ = tp.group->rank();
+    sp_ = tp.sequence_parallel;
+    const Status st = CheckTensorParallel(spec, tp_);
+    if (!st.ok()) throw KeelError(st);
+  }
+  d_ = DimsOf(spec, tp_, sp_);
+  vocab_start_ = tp_rank_ * d_.Vp;
+  params_ = ParamLayout(spec, tp_);
   for (const ParamInfo& p : params_) num_params_ += p.numel;
+  partial_offset_.assign(params_.size(), SIZE_MAX);
+  for (size_t i = 0; i < params_.size() && tp_ > 1; ++i) {
+    const std::string& name = params_[i].name;
+    const bool qk_norm = name.find("attention.q_layernorm") != std::string::npos ||
+                         name.find("attention.k_layernorm") != std::string::npos;
+    if (qk_norm || (sp_ && name.find("layernorm") != std::string::npos)) {
+      partial_offset_[i] = partial_numel_;
+      partial_numel_ += params_[i].numel;
+    }
+  }
+  if (partial_numel_ > 0) partial_grads_ = backend_->AllocFloats(partial_numel_);
   // Each layer's first tensor, and (entry num_layers) the first one after the layers.
   layer_first_param_.assign(spec.num_layers + 1, params_.size());
   for (size_t i = params_.size(); i-- > 0;) {
@@ -206,7 +293,10 @@ GptModel::GptModel(Backend* backend, const GptSpec& spec)
   params_mem_ = backend_->AllocFloats(num_params_);
   grads_mem_ = backend_->AllocFloats(num_params_);
   if (spec.alibi) {
-    std::vector<float> slopes = AlibiSlopes(spec.heads);
+    // A head's slope depends on its index among all heads: this rank's heads' slopes.
+    const std::vector<float> all = AlibiSlopes(spec.heads);
+    const std::vector<float> slopes(all.begin() + tp_rank_ * d_.NH,
+                                    all.begin() + (tp_rank_ + 1) * d_.NH);
     alibi_slopes_ = backend_->AllocFloats(slopes.size());
     backend_->CopyToDevice(alibi_slopes_, slopes.data(), slopes.size());
   }
@@ -224,6 +314,7 @@ GptModel::~GptModel() {
   backend_->Free(grads_mem_);
   if (alibi_slopes_) backend_->Free(alibi_slopes_);
   if (rope_cos_sin_) backend_->Free(rope_cos_sin_);
+  if (partial_grads_) backend_->Free(partial_grads_);
 }
 
 NonFiniteParams FindNonFiniteParams(GptModel& model) {
@@ -275,8 +366,15 @@ void GptModel::Initialize(uint64_t seed, float std) {
                            p.name.find("dense_4h_to_h.weight") != std::string::npos;
       const float s = is_proj ? proj_std : std;
       const RngKey key{seed, RngPurpose::kInit, pi};
+      if (p.split.replicated() || tp_ == 1) {
 #pragma omp parallel for schedule(static)
-      for (size_t i = 0; i < p.numel; ++i) host[i] = s * NormalAt(key, i);
+        for (size_t i = 0; i < p.numel; ++i) host[i] = s * NormalAt(key, i);
+      } else {
+        // This rank's slice, each value drawn at its element index in the whole tensor.
+        ForEachSliceRun(p, tp_rank_, tp_, [&](int64_t full, int64_t local, int64_t len) {
+          for (int64_t k = 0; k < len; ++k) host[local + k] = s * NormalAt(key, full + k);
+        });
+      }
     }
     backend_->CopyToDevice(params_mem_ + p.offset, host.data(), p.numel);
   }
@@ -284,39 +382,43 @@ void GptModel::Initialize(uint64_t seed, float std) {
 
 // The one list of a micro-batch's buffers: the forward's activations that the backward reads, and
 // the gradient scratch; the buffers outside the layers, then `layers` layers' own.
-void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, Recompute recompute,
-                                 int full_layers, Activations* acts, BufferSource* src) {
-  const size_t N = static_cast<size_t>(B) * T, C = spec.hidden, F = spec.ffn_hidden;
-  const size_t NH = spec.heads, Vp = spec.padded_vocab;
-  const size_t W = spec.QkvWidth(), F1 = spec.Fc1Width();
+// Tensor parallel: the products' outputs and attention have this rank's widths (Dims); under
+// sequence parallelism the residual stream and the norms' statistics have N / T rows (R).
+void GptModel::LayoutActivations(const GptSpec& spec, const Dims& d, int B, int T, int layers,
+                                 Recompute recompute, int full_layers, Activations* acts,
+                                 BufferSource* src) {
+  const size_t N = static_cast<size_t>(B) * T, C = spec.hidden, F = d.F;
+  const size_t NH = d.NH, Vp = d.Vp, A = d.A;
+  const size_t W = d.W, F1 = d.F1;
+  const size_t R = d.sp ? N / d.tensor : N;  // rows of the residual stream on this rank
   // RMSNorm keeps no mean.
-  auto mean = [&]() { return spec.rmsnorm ? nullptr : src->Floats(N); };
+  auto mean = [&]() { return spec.rmsnorm ? nullptr : src->Floats(R); };
   Activations& a = *acts;
   a.recompute = recompute;
   a.full_layers = full_layers;
-  a.emb = src->Floats(N * C);
+  a.emb = src->Floats(R * C);
   a.emb_mean = mean();
-  a.emb_rstd = src->Floats(N);
-  a.res.push_back(src->Floats(N * C));
+  a.emb_rstd = src->Floats(R);
+  a.res.push_back(src->Floats(R * C));
   for (int l = 0; l < layers; ++l) {
     Activations::Layer y;
     if (l > 0 && l < full_layers) {
       y = a.layers[0];  // the recomputed layers' activations in layer 0's buffers
     } else {
-      y.ln1 = src->Floats(N * C);
+      y.ln1 = src->Floats(N * C);  // gathered whole under sequence parallelism
       y.ln1_mean = mean();
-      y.ln1_rstd = src->Floats(N);
+      y.ln1_rstd = src->Floats(R);
       y.qkv = src->Floats(N * W);
       if (l > 0 && recompute == Recompute::kSelective) {
         y.att = a.layers[0].att;  // one attention-probability buffer for all layers
       } else {
         y.att = src->Floats(static_cast<size_t>(B) * NH * T * T);
       }
-      y.atty = src->Floats(N * C);
-      y.res2 = src->Floats(N * C);
+      y.atty = src->Floats(N * A);
+      y.res2 = src->Floats(R * C);
       y.ln2 = src->Floats(N * C);
       y.ln2_mean = mean();
-      y.ln2_rstd = src->Floats(N);
+      y.ln2_rstd = src->Floats(R);
       y.fch = src->Floats(N * F1);
       y.fch_gelu = src->Floats(N * F);
       if (spec.qk_layernorm) {
@@ -327,28 +429,36 @@ void GptModel::LayoutActivations(const GptSpec& spec, int B, int T, int layers, 
     }
     y.max_logit = src->Floats(static_cast<size_t>(B) * NH);  // per layer: a guard signal
     a.layers.push_back(y);
-    a.res.push_back(src->Floats(N * C));  // the layer's output
+    a.res.push_back(src->Floats(R * C));  // the layer's output
   }
   a.lnf = src->Floats(N * C);
   a.lnf_mean = mean();
-  a.lnf_rstd = src->Floats(N);
+  a.lnf_rstd = src->Floats(R);
   a.logits = src->Floats(N * Vp);
   a.losses = src->Floats(N);
   a.logz = src->Floats(N);
+  if (d.tensor > 1) {
+    a.row_max = src->Floats(N);
+    a.ce_sums = src->Floats(2 * N);
+  }
+  if (d.sp) {
+    a.chunk = src->Floats(R * C);
+    a.gathered = src->Floats(N * C);
+  }
   a.tokens = src->Ints(N);
   a.targets = src->Ints(N);
   a.positions = src->Ints(N);
   a.doc_start = src->Ints(N);
-  a.dres_a = src->Floats(N * C);
-  a.dres_b = src->Floats(N * C);
-  a.dres2 = src->Floats(N * C);
+  a.dres_a = src->Floats(R * C);
+  a.dres_b = src->Floats(R * C);
+  a.dres2 = src->Floats(R * C);
   a.dln = src->Floats(N * C);
   a.dqkv = src->Floats(N * W);
   if (spec.qk_layernorm) a.dqkv_raw = src->Floats(N * W);
-  a.datty = src->Floats(N * C);
+  a.datty = src->Floats(N * A);
   a.dfch = src->Floats(N * F1);
   a.dgelu = src->Floats(N * F);
-  a.demb = src->Floats(N * C);
+  a.demb = src->Floats(R * C);
   src->Host(&a.host_losses, N);
 }
 
@@ -368,7 +478,9 @@ int GptModel::FullRecomputeLayers(const GptSpec& spec, Recompute r, int full_lay
 }
 
 uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T, Precision precision,
-                                   Recompute recompute, int full_layers) {
+                                   Recompute recompute, int full_layers, int tensor,
+                                   bool sequence_parallel) {
+  const Dims dims = DimsOf(spec, tensor, sequence_parallel);
   const int full = FullRecomputeLayers(spec, recompute, full_layers);
   const uint64_t lowp =
       precision == Precision::kFp32 ? 0 : LowpInputElements(spec, B, T, full) * sizeof(uint16_t);
@@ -377,7 +489,7 @@ uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T, Precision 
   auto bytes = [&](int layers, int shared) {
     Activations a;
     BufferSource count;
-    LayoutActivations(spec, B, T, layers, recompute, shared, &a, &count);
+    LayoutActivations(spec, dims, B, T, layers, recompute, shared, &a, &count);
     return count.bytes;
   };
   const uint64_t one = bytes(1, 0);
@@ -464,10 +576,15 @@ void GptModel::AllocateActivations(int B, int T) {
   if (acts_ && B == cur_B_ && T == cur_T_) return;
   FreeActivations();
   KEEL_CHECK(T <= spec_.max_positions, "sequence longer than max positions");
+  KEEL_CHECK(!sp_ || (B * T) % tp_ == 0,
+             fmt::format("sequence parallelism splits the {} x {} tokens of a micro-batch across "
+                         "{} tensor ranks: make micro-batch size x sequence length divisible by "
+                         "the tensor size",
+                         B, T, tp_));
   acts_ = new Activations();
   BufferSource alloc;
   alloc.backend = backend_;
-  LayoutActivations(spec_, B, T, spec_.num_layers, recompute_, full_layers_, acts_, &alloc);
+  LayoutActivations(spec_, d_, B, T, spec_.num_layers, recompute_, full_layers_, acts_, &alloc);
   cur_B_ = B;
   cur_T_ = T;
 }
@@ -477,8 +594,9 @@ void GptModel::FreeActivations() {
   Activations& a = *acts_;
   Backend* be = backend_;
   for (float* p :
-       {a.emb, a.emb_mean, a.emb_rstd, a.lnf, a.lnf_mean, a.lnf_rstd, a.logits, a.losses, a.logz,
-        a.dres_a, a.dres_b, a.dres2, a.dln, a.dqkv, a.datty, a.dfch, a.dgelu, a.demb})
+       {a.emb,   a.emb_mean, a.emb_rstd, a.lnf,     a.lnf_mean, a.lnf_rstd, a.logits, a.losses,
+        a.logz,  a.dres_a,   a.dres_b,   a.dres2,   a.dln,      a.dqkv,     a.datty,  a.dfch,
+        a.dgelu, a.demb,     a.row_max,  a.ce_sums, a.chunk,    a.gathered})
     if (p) be->Free(p);
   for (float* p : a.res) be->Free(p);
   for (size_t l = 0; l < a.layers.size(); ++l) {
@@ -543,48 +661,104 @@ GptModel::LayerWeights GptModel::WeightsOf(int layer) const {
   return w;
 }
 
+void GptModel::TpAllReduce(float* x, size_t n) {
+  backend_->Synchronize();
+  tp_group_->AllReduceSum(x, n);
+}
+
+void GptModel::TpGatherRows(const float* mine, float* full, size_t rows) {
+  backend_->Synchronize();
+  tp_group_->AllGatherChunks(mine, full, rows * spec_.hidden);
+}
+
+void GptModel::TpReduceScatterRows(const float* full, float* mine, size_t rows) {
+  backend_->Synchronize();
+  tp_group_->ReduceScatterChunks(full, mine, rows * spec_.hidden);
+}
+
+void GptModel::FlushPartialGrads(size_t from, size_t to, bool overwrite) {
+  size_t lo = SIZE_MAX, hi = 0;  // the scratch range of params_[from, to): contiguous
+  for (size_t i = from; i < to; ++i) {
+    if (partial_offset_[i] == SIZE_MAX) continue;
+    lo = std::min(lo, partial_offset_[i]);
+    hi = std::max(hi, partial_offset_[i] + params_[i].numel);
+  }
+  if (lo >= hi) return;
+  TpAllReduce(partial_grads_ + lo, hi - lo);
+  for (size_t i = from; i < to; ++i) {
+    if (partial_offset_[i] == SIZE_MAX) continue;
+    float* g = grads_mem_ + params_[i].offset;
+    const float* sum = partial_grads_ + partial_offset_[i];
+    if (overwrite) {
+      backend_->Copy(g, sum, params_[i].numel);
+    } else {
+      backend_->Accumulate(g, sum, params_[i].numel);
+    }
+  }
+}
+
 void GptModel::LayerForward(int l, const LayerWeights& w) {
   Activations& a = *acts_;
   Backend* be = backend_;
   const int B = cur_B_, T = cur_T_;
-  const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads, G = spec_.KvHeads();
-  const int W = spec_.QkvWidth(), F1 = spec_.Fc1Width();
-  const int N = B * T;
+  const int C = d_.C, F = d_.F, NH = d_.NH, G = d_.G, A = d_.A;
+  const int W = d_.W, F1 = d_.F1;
+  const int N = B * T, R = sp_ ? N / tp_ : N;  // R: this rank's rows of the residual stream
   const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
-  const size_t NW = static_cast<size_t>(N) * W;
+  const size_t NW = static_cast<size_t>(N) * W, NA = static_cast<size_t>(N) * A;
+  const size_t RC = static_cast<size_t>(R) * C;
   // A matmul input in the products' 16-bit format, kept for the backward (nullptr in fp32).
   auto lowp_input = [&](uint16_t* dst, const float* x, size_t n) -> const uint16_t* {
     if (dst != nullptr) be->ToLowPrecision(dst, x, n);
     return dst;
   };
+  // A row-parallel product's bias is added once: in rank 0's partial product, before the sum.
+  auto row_parallel_bias = [&](const float* b) { return tp_rank_ == 0 ? b : nullptr; };
+  // A norm of this rank's rows into `out` (N,C), gathered from the group under sequence
+  // parallelism (the column-parallel product's input).
+  auto norm_whole = [&](float* out, float* mean, float* rstd, const float* x, const float* nw,
+                        const float* nb) {
+    NormForward(sp_ ? a.chunk : out, mean, rstd, x, nw, nb, R);
+    be->RoundToStorage(sp_ ? a.chunk : out, RC);
+    if (sp_) TpGatherRows(a.chunk, out, R);
+  };
+  // out (R,C) = the sum over the group of the row-parallel partial product in `partial` (N,C),
+  // plus the residual x: all-reduced in place, or reduce-scattered into out.
+  auto row_parallel_sum = [&](float* out, float* partial, const float* x) {
+    if (sp_) {
+      TpReduceScatterRows(partial, out, R);
+    } else if (tp_ > 1) {
+      TpAllReduce(partial, NC);
+    }
+    be->Add(out, out, x, RC);
+    be->RoundToStorage(out, RC);
+  };
   Activations::Layer& y = a.layers[l];
   float* x = a.res[l];
-  NormForward(y.ln1, y.ln1_mean, y.ln1_rstd, x, w.ln1w, w.ln1b, N);
-  be->RoundToStorage(y.ln1, NC);
+  norm_whole(y.ln1, y.ln1_mean, y.ln1_rstd, x, w.ln1w, w.ln1b);
   const uint16_t* ln1_lowp = lowp_input(LowpInputOf(l, kLn1), y.ln1, NC);
   if (spec_.qk_layernorm) {
     be->MatmulForward(y.qkv_raw, y.ln1, w.qkvw, w.qkvb, N, C, W, Lowp(w.qkvw), ln1_lowp);
     be->QkLayerNormForward(y.qkv, y.qk_mean, y.qk_rstd, y.qkv_raw, w.qlnw, w.qlnb, w.klnw, w.klnb,
-                           N, C, NH, spec_.QkLayerNormEps(), G);
+                           N, A, NH, spec_.QkLayerNormEps(), G);
     be->RoundToStorage(y.qkv, NW);
   } else {
     be->MatmulForward(y.qkv, y.ln1, w.qkvw, w.qkvb, N, C, W, Lowp(w.qkvw), ln1_lowp);
   }
   if (spec_.rope) {
     // In place: attention reads the turned q and k; the matmul's backward needs only its input.
-    be->RopeForward(y.qkv, rope_cos_sin_, positions_, B, T, NH, G, spec_.HeadDim(),
-                    spec_.RotaryDim());
+    be->RopeForward(y.qkv, rope_cos_sin_, positions_, B, T, NH, G, d_.hs, spec_.RotaryDim());
     be->RoundToStorage(y.qkv, NW);
   }
-  be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit, doc_start_,
+  be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, A, NH, y.max_logit, doc_start_,
                        G);
-  const uint16_t* atty_lowp = lowp_input(LowpInputOf(l, kAtty), y.atty, NC);
+  const uint16_t* atty_lowp = lowp_input(LowpInputOf(l, kAtty), y.atty, NA);
   // res2 = attn proj + x
-  be->MatmulForward(y.res2, y.atty, w.projw, w.projb, N, C, C, Lowp(w.projw), atty_lowp);
-  be->Add(y.res2, y.res2, x, NC);
-  be->RoundToStorage(y.res2, NC);
-  NormForward(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, w.ln2w, w.ln2b, N);
-  be->RoundToStorage(y.ln2, NC);
+  float* proj = sp_ ? a.gathered : y.res2;
+  be->MatmulForward(proj, y.atty, w.projw, row_parallel_bias(w.projb), N, A, C, Lowp(w.projw),
+                    atty_lowp);
+  row_parallel_sum(y.res2, proj, x);
+  norm_whole(y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, w.ln2w, w.ln2b);
   be->MatmulForward(y.fch, y.ln2, w.fcw, w.fcb, N, C, F1, Lowp(w.fcw),
                     lowp_input(LowpInputOf(l, kLn2), y.ln2, NC));
   if (spec_.swiglu) {
@@ -594,10 +768,10 @@ void GptModel::LayerForward(int l, const LayerWeights& w) {
   }
   be->RoundToStorage(y.fch_gelu, NF);
   float* out = a.res[l + 1];
-  be->MatmulForward(out, y.fch_gelu, w.fcpw, w.fcpb, N, F, C, Lowp(w.fcpw),
+  float* fc2 = sp_ ? a.gathered : out;
+  be->MatmulForward(fc2, y.fch_gelu, w.fcpw, row_parallel_bias(w.fcpb), N, F, C, Lowp(w.fcpw),
                     lowp_input(LowpInputOf(l, kFchGelu), y.fch_gelu, NF));
-  be->Add(out, out, y.res2, NC);
-  be->RoundToStorage(out, NC);
+  row_parallel_sum(out, fc2, y.res2);
 }
 
 double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss) {
@@ -606,8 +780,9 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   Activations& a = *acts_;
   Backend* be = backend_;
   const int C = spec_.hidden;
-  const int N = B * T, V = spec_.vocab, Vp = spec_.padded_vocab;
-  const size_t NC = static_cast<size_t>(N) * C;
+  const int N = B * T, V = spec_.vocab, Vp = d_.Vp;
+  const int R = sp_ ? N / tp_ : N;  // this rank's rows of the residual stream
+  const size_t NC = static_cast<size_t>(N) * C, RC = static_cast<size_t>(R) * C;
   if (lowp_params_ == nullptr) {
     if (lowp_acts_ != nullptr) be->Free(lowp_acts_);
     lowp_acts_ = nullptr;
@@ -648,25 +823,39 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   positions_ = positions;
   const float* wte = next();
   const float* wpe = spec_.LearnedPositions() ? next() : nullptr;
+  float* emb = spec_.embed_layernorm ? a.emb : a.res[0];
+  if (tp_ == 1) {
+    be->EmbeddingForward(emb, a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
+  } else {
+    // Each rank looks up its vocabulary rows (zeros elsewhere) and the sum over the group is the
+    // embedding; the positions ride in rank 0's part, so they enter the sum once.
+    float* part = sp_ ? a.gathered : emb;
+    be->VocabParallelEmbeddingForward(part, a.tokens, wte, tp_rank_ == 0 ? wpe : nullptr, B, T, C,
+                                      spec_.padded_vocab, vocab_start_, Vp, positions);
+    if (sp_) {
+      TpReduceScatterRows(part, emb, R);
+    } else {
+      TpAllReduce(part, NC);
+    }
+  }
   if (spec_.embed_layernorm) {
-    be->EmbeddingForward(a.emb, a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
-    be->RoundToStorage(a.emb, NC);
+    be->RoundToStorage(a.emb, RC);
     const float* w = next();
     const float* b = next_norm_bias();
-    NormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, N);
-  } else {
-    be->EmbeddingForward(a.res[0], a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
+    NormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, R);
   }
   // fp16 (a no-op otherwise): every activation below is stored in fp16, as on an fp16 GPU run.
-  be->RoundToStorage(a.res[0], NC);
+  be->RoundToStorage(a.res[0], RC);
   for (int l = 0; l < spec_.num_layers; ++l) {
     LayerForward(l, WeightsOf(l));
     pi = layer_first_param_[l + 1];
   }
   const float* lnfw = next();
   const float* lnfb = next_norm_bias();
-  NormForward(a.lnf, a.lnf_mean, a.lnf_rstd, a.res[spec_.num_layers], lnfw, lnfb, N);
-  be->RoundToStorage(a.lnf, NC);
+  float* lnf = sp_ ? a.chunk : a.lnf;
+  NormForward(lnf, a.lnf_mean, a.lnf_rstd, a.res[spec_.num_layers], lnfw, lnfb, R);
+  be->RoundToStorage(lnf, RC);
+  if (sp_) TpGatherRows(lnf, a.lnf, R);  // the output layer is column (vocabulary) parallel
   // The output layer: the word embedding's transpose (tied) or output_layer.weight. The logits are
   // the products' output (fp16 in fp16); the cross-entropy reads them in fp32.
   const float* wout = spec_.untie_embeddings ? next() : wte;
@@ -675,8 +864,20 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   has_targets_ = targets != nullptr;
   if (!has_targets_) return 0.0;
   be->CopyIntsToDevice(a.targets, targets, N);
-  be->CrossEntropyForwardBackward(a.losses, a.logz, a.logits, a.targets, N, V, Vp, dloss,
-                                  spec_.ZLoss());
+  if (tp_ == 1) {
+    be->CrossEntropyForwardBackward(a.losses, a.logz, a.logits, a.targets, N, V, Vp, dloss,
+                                    spec_.ZLoss());
+  } else {
+    // Vocabulary-parallel cross-entropy: the row maximum, then the sum of exp and the target's
+    // logit, reduced over the group; every rank then has the same losses and its columns' grads.
+    be->VocabParallelMax(a.row_max, a.logits, N, V, vocab_start_, Vp);
+    be->Synchronize();
+    tp_group_->AllReduceMax(a.row_max, N);
+    be->VocabParallelSumExp(a.ce_sums, a.logits, a.row_max, a.targets, N, V, vocab_start_, Vp);
+    TpAllReduce(a.ce_sums, 2 * static_cast<size_t>(N));
+    be->VocabParallelCrossEntropyBackward(a.losses, a.logz, a.logits, a.row_max, a.ce_sums,
+                                          a.targets, N, V, vocab_start_, Vp, dloss, spec_.ZLoss());
+  }
   be->CopyToHost(a.host_losses.data(), a.losses, N);
   double sum = 0.0;
   for (float v : a.host_losses) sum += v;
@@ -688,11 +889,12 @@ void GptModel::Backward() {
   Activations& a = *acts_;
   Backend* be = backend_;
   const int B = cur_B_, T = cur_T_;
-  const int C = spec_.hidden, F = spec_.ffn_hidden, NH = spec_.heads, G = spec_.KvHeads();
-  const int W = spec_.QkvWidth(), F1 = spec_.Fc1Width();
-  const int N = B * T, Vp = spec_.padded_vocab;
+  const int C = d_.C, F = d_.F, NH = d_.NH, G = d_.G, A = d_.A;
+  const int W = d_.W, F1 = d_.F1;
+  const int N = B * T, Vp = d_.Vp, R = sp_ ? N / tp_ : N;
   const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F;
   const size_t NW = static_cast<size_t>(N) * W, NF1 = static_cast<size_t>(N) * F1;
+  const size_t NA = static_cast<size_t>(N) * A, RC = static_cast<size_t>(R) * C;
   float *P = params_mem_, *G_ = grads_mem_;
   // The step's first Backward writes the gradients: the matmuls overwrite theirs (weights and
   // biases); every other gradient is zeroed as the walk reaches it, before anything adds to it.
@@ -701,11 +903,22 @@ void GptModel::Backward() {
   const bool add = !overwrite;
   // Walk the parameters backwards through the same registration order as Forward.
   size_t pi = params_.size();
+  size_t flushed = params_.size();  // params_[flushed, end) have their partial sums summed
   auto prev = [&](float** grad, bool written_by_matmul = false) {
     --pi;
-    *grad = G_ + params_[pi].offset;
-    if (overwrite && !written_by_matmul) be->Zero(*grad, params_[pi].numel);
+    if (partial_offset_[pi] != SIZE_MAX) {
+      // A partial sum on this rank: into the scratch, summed over the group by flush().
+      *grad = partial_grads_ + partial_offset_[pi];
+      be->Zero(*grad, params_[pi].numel);
+    } else {
+      *grad = G_ + params_[pi].offset;
+      if (overwrite && !written_by_matmul) be->Zero(*grad, params_[pi].numel);
+    }
     return P + params_[pi].offset;
+  };
+  auto flush = [&]() {
+    if (partial_numel_ > 0) FlushPartialGrads(pi, flushed, overwrite);
+    flushed = pi;
   };
   constexpr bool kMatmul = true;
   // The optional tensors walked back: their gradient, or null when the model has none.
@@ -716,6 +929,24 @@ void GptModel::Backward() {
   auto prev_norm_bias = [&](float** grad) {
     *grad = nullptr;
     if (!spec_.rmsnorm) prev(grad);
+  };
+  // The gradient of a column-parallel product's input (a.dln, (N,C), this rank's part) summed over
+  // the group: in place, or (sequence parallel) reduce-scattered to this rank's rows in a.chunk.
+  // Returns where the sum is.
+  auto column_parallel_input_grad = [&]() -> float* {
+    if (sp_) {
+      TpReduceScatterRows(a.dln, a.chunk, R);
+      return a.chunk;
+    }
+    if (tp_ > 1) TpAllReduce(a.dln, NC);
+    return a.dln;
+  };
+  // The gradient of a row-parallel product's output: this rank's rows `d` gathered whole under
+  // sequence parallelism, else `d` itself (the same on every rank).
+  auto row_parallel_output_grad = [&](const float* d) -> const float* {
+    if (!sp_) return d;
+    TpGatherRows(d, a.gathered, R);
+    return a.gathered;
   };
 
   float* dwte = G_ + params_[0].offset;
@@ -736,11 +967,13 @@ void GptModel::Backward() {
   be->Zero(a.dln, NC);
   be->MatmulBackward(a.dln, dwout, nullptr, a.logits, a.lnf, wout, N, C, Vp, Lowp(wout), add,
                      LowpLnfInput());
-  be->Zero(dres, NC);
-  NormBackward(dres, dlnfw, dlnfb, a.dln, a.res[spec_.num_layers], lnfw, a.lnf_mean, a.lnf_rstd, N);
+  be->Zero(dres, RC);
+  NormBackward(dres, dlnfw, dlnfb, column_parallel_input_grad(), a.res[spec_.num_layers], lnfw,
+               a.lnf_mean, a.lnf_rstd, R);
   // fp16 (a no-op otherwise): activation gradients are stored in fp16 too; the matmuls and
   // attention round their own outputs.
-  be->RoundToStorage(dres, NC);
+  be->RoundToStorage(dres, RC);
+  flush();
 
   for (int l = spec_.num_layers - 1; l >= 0; --l) {
     Activations::Layer& y = a.layers[l];
@@ -771,10 +1004,10 @@ void GptModel::Backward() {
     if (l + 1 < full_layers_) LayerForward(l, WeightsOf(l));
 
     // res[l+1] = res2 + fcproj(act(fc(ln2(res2))))
-    be->Copy(a.dres2, dres, NC);  // skip connection
+    be->Copy(a.dres2, dres, RC);  // skip connection
     be->Zero(a.dgelu, NF);
-    be->MatmulBackward(a.dgelu, dfcpw, dfcpb, dres, y.fch_gelu, fcpw, N, F, C, Lowp(fcpw), add,
-                       LowpInputOf(l, kFchGelu));
+    be->MatmulBackward(a.dgelu, dfcpw, dfcpb, row_parallel_output_grad(dres), y.fch_gelu, fcpw, N,
+                       F, C, Lowp(fcpw), add, LowpInputOf(l, kFchGelu));
     be->Zero(a.dfch, NF1);
     if (spec_.swiglu) {
       be->SwigluBackward(a.dfch, y.fch, a.dgelu, N, F);
@@ -785,40 +1018,42 @@ void GptModel::Backward() {
     be->Zero(a.dln, NC);
     be->MatmulBackward(a.dln, dfcw, dfcb, a.dfch, y.ln2, fcw, N, C, F1, Lowp(fcw), add,
                        LowpInputOf(l, kLn2));
-    NormBackward(a.dres2, dln2w, dln2b, a.dln, y.res2, ln2w, y.ln2_mean, y.ln2_rstd, N);
-    be->RoundToStorage(a.dres2, NC);
+    NormBackward(a.dres2, dln2w, dln2b, column_parallel_input_grad(), y.res2, ln2w, y.ln2_mean,
+                 y.ln2_rstd, R);
+    be->RoundToStorage(a.dres2, RC);
     // res2 = x + proj(attn(rope(qkv(ln1(x)))))
-    be->Copy(dres_in, a.dres2, NC);  // skip connection
-    be->Zero(a.datty, NC);
-    be->MatmulBackward(a.datty, dprojw, dprojb, a.dres2, y.atty, projw, N, C, C, Lowp(projw), add,
-                       LowpInputOf(l, kAtty));
+    be->Copy(dres_in, a.dres2, RC);  // skip connection
+    be->Zero(a.datty, NA);
+    be->MatmulBackward(a.datty, dprojw, dprojb, row_parallel_output_grad(a.dres2), y.atty, projw, N,
+                       A, C, Lowp(projw), add, LowpInputOf(l, kAtty));
     if (recompute_ == Recompute::kSelective && l + 1 < spec_.num_layers) {
       // The shared buffer holds a later layer's probabilities: this layer's again (the output
       // written beside them is the same bits as the forward's).
-      be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, C, NH, y.max_logit,
+      be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, A, NH, y.max_logit,
                            doc_start_, G);
     }
     be->Zero(a.dqkv, NW);
-    be->AttentionBackward(a.dqkv, a.datty, y.qkv, y.att, B, T, C, NH, G);
+    be->AttentionBackward(a.dqkv, a.datty, y.qkv, y.att, B, T, A, NH, G);
     if (spec_.rope) {
-      be->RopeBackward(a.dqkv, rope_cos_sin_, positions_, B, T, NH, G, spec_.HeadDim(),
-                       spec_.RotaryDim());
+      be->RopeBackward(a.dqkv, rope_cos_sin_, positions_, B, T, NH, G, d_.hs, spec_.RotaryDim());
       be->RoundToStorage(a.dqkv, NW);
     }
     float* dqkv_mm = a.dqkv;  // gradient w.r.t. the matmul's output
     if (spec_.qk_layernorm) {
       be->Zero(a.dqkv_raw, NW);
       be->QkLayerNormBackward(a.dqkv_raw, dqlnw, dqlnb, dklnw, dklnb, a.dqkv, y.qkv_raw, qlnw, klnw,
-                              y.qk_mean, y.qk_rstd, N, C, NH, G);
+                              y.qk_mean, y.qk_rstd, N, A, NH, G);
       be->RoundToStorage(a.dqkv_raw, NW);
       dqkv_mm = a.dqkv_raw;
     }
     be->Zero(a.dln, NC);
     be->MatmulBackward(a.dln, dqkvw, dqkvb, dqkv_mm, y.ln1, qkvw, N, C, W, Lowp(qkvw), add,
                        LowpInputOf(l, kLn1));
-    NormBackward(dres_in, dln1w, dln1b, a.dln, a.res[l], ln1w, y.ln1_mean, y.ln1_rstd, N);
-    be->RoundToStorage(dres_in, NC);
+    NormBackward(dres_in, dln1w, dln1b, column_parallel_input_grad(), a.res[l], ln1w, y.ln1_mean,
+                 y.ln1_rstd, R);
+    be->RoundToStorage(dres_in, RC);
     std::swap(dres, dres_in);
+    flush();
     // Layer l and everything after it in the buffer (later layers, the final norm, an untied
     // output layer) are final.
     if (grad_ready_) grad_ready_(params_[pi].offset);
@@ -830,14 +1065,22 @@ void GptModel::Backward() {
     float *delnb, *delnw;
     prev_norm_bias(&delnb);
     const float* elnw = prev(&delnw);
-    be->Zero(a.demb, NC);
-    NormBackward(a.demb, delnw, delnb, dres, a.emb, elnw, a.emb_mean, a.emb_rstd, N);
-    be->RoundToStorage(a.demb, NC);
+    be->Zero(a.demb, RC);
+    NormBackward(a.demb, delnw, delnb, dres, a.emb, elnw, a.emb_mean, a.emb_rstd, R);
+    be->RoundToStorage(a.demb, RC);
     demb = a.demb;
   }
   if (spec_.LearnedPositions()) prev(&dwpe);
+  flush();
   if (spec_.untie_embeddings && overwrite) be->Zero(dwte, params_[0].numel);
-  be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C, spec_.padded_vocab, positions_);
+  if (tp_ == 1) {
+    be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C, spec_.padded_vocab, positions_);
+  } else {
+    // The embedding's sum over the group is replicated: its gradient, whole, goes to this rank's
+    // vocabulary rows; every rank adds all positions' (the same bits on each).
+    be->VocabParallelEmbeddingBackward(dwte, dwpe, row_parallel_output_grad(demb), a.tokens, B, T,
+                                       C, spec_.padded_vocab, vocab_start_, Vp, positions_);
+  }
 }
 
 void GptModel::ZeroGrad() {
@@ -847,6 +1090,22 @@ void GptModel::ZeroGrad() {
 std::vector<float> GptModel::LogitsAt(int b, int t) {
   KEEL_CHECK(acts_ && b < cur_B_ && t < cur_T_, "LogitsAt out of range");
   KEEL_CHECK(!has_targets_, "LogitsAt needs a Forward without targets (logits are gradients)");
+  if (tp_ > 1) {
+    // Every rank's columns of the row, in rank order: the whole padded row.
+    std::vector<float> mine(d_.Vp);
+    const size_t off = (static_cast<size_t>(b) * cur_T_ + t) * d_.Vp;
+    backend_->CopyToHost(mine.data(), acts_->logits + off, d_.Vp);
+    std::vector<std::string> all;
+    tp_group_->AllGatherBytes(
+        std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(float)), &all);
+    std::vector<float> row(spec_.vocab);
+    for (int r = 0; r < tp_; ++r) {
+      const int64_t lo = static_cast<int64_t>(r) * d_.Vp;
+      const int64_t n = std::clamp<int64_t>(spec_.vocab - lo, 0, d_.Vp);
+      if (n > 0) std::memcpy(row.data() + lo, all[r].data(), n * sizeof(float));
+    }
+    return row;
+  }
   std::vector<float> row(spec_.vocab);
   const size_t off = (static_cast<size_t>(b) * cur_T_ + t) * spec_.padded_vocab;
   backend_->CopyToHost(row.data(), acts_->logits + off, spec_.vocab);
@@ -866,13 +1125,14 @@ double GptModel::LastZLoss() {
 
 double GptModel::LastMaxAttentionLogit() {
   KEEL_CHECK(acts_ != nullptr, "LastMaxAttentionLogit needs a Forward");
-  const size_t n = static_cast<size_t>(cur_B_) * spec_.heads;
+  const size_t n = static_cast<size_t>(cur_B_) * d_.NH;
   std::vector<float> h(n);
   double mx = -INFINITY;
   for (const auto& y : acts_->layers) {
     backend_->CopyToHost(h.data(), y.max_logit, n);
     for (float v : h) mx = std::max(mx, double(v));
   }
+  if (tp_ > 1) tp_group_->AllReduceMaxHost(&mx, 1);  // the other ranks' heads
   return mx;
 }
 
@@ -895,7 +1155,7 @@ double GptModel::MeanLogZ() {
   return s / N;
 }
 
-Status CheckBackendSupports(const Backend& backend, const GptSpec& spec, Precision p) {
+Status CheckBackendSupports(const Backend& backend, const GptSpec& spec, Precision p, int tensor) {
   struct Need {
     Op op;
     const char* setting;  // what in the config makes the run call it
@@ -930,6 +1190,13 @@ Status CheckBackendSupports(const Backend& backend, const GptSpec& spec, Precisi
   const char* mlp = spec.swiglu ? "--swiglu" : "the GELU MLP (no --swiglu)";
   needs.push_back({spec.swiglu ? Op::kSwigluForward : Op::kGeluForward, mlp});
   needs.push_back({spec.swiglu ? Op::kSwigluBackward : Op::kGeluBackward, mlp});
+  if (tensor > 1) {
+    const char* tp = "--tensor-model-parallel-size > 1";
+    for (Op op :
+         {Op::kVocabParallelEmbeddingForward, Op::kVocabParallelEmbeddingBackward,
+          Op::kVocabParallelMax, Op::kVocabParallelSumExp, Op::kVocabParallelCrossEntropyBackward})
+      needs.push_back({op, tp});
+  }
   const std::string precision_flag = fmt::format("--{}", PrecisionName(p));
   if (p != Precision::kFp32) needs.push_back({Op::kToLowPrecision, precision_flag.c_str()});
   for (const Need& n : needs) {

@@ -18,6 +18,21 @@
 // All parameters live in one contiguous buffer, all gradients in another, each tensor a named
 // slice (ParamInfo), so the optimizer, clipping, communication and checkpoints see flat memory and
 // topology-free names.
+//
+// Tensor parallelism (TensorParallel; Megatron-LM, Shoeybi et al. 2019): each of the T ranks of the
+// tensor group holds its slice of every split tensor (model/tensor_split.h): column-parallel QKV
+// and FC1 (its heads and key/value groups, NH/T and G/T; SwiGLU's halves g and u each cut),
+// row-parallel attention output and FC2 whose partial products are summed over the group
+// (AllReduceSum; the replicated bias enters the sum once, in rank 0's product), the
+// vocabulary-parallel embedding (each rank looks up its rows, zeros elsewhere, summed) and
+// cross-entropy (row maximum, sum of exp and target logit reduced; no rank holds the full logits).
+// In the backward the gradient of each column-parallel input is summed over the group. Every
+// replicated tensor sees the same inputs on every rank, so its gradient is the same bits there;
+// the QK-LayerNorm weights, shared by heads on different ranks, get their partial gradients summed.
+// Sequence parallelism (Korthikanti et al. 2022) keeps the norms' and residuals' rows split across
+// the group (B*T/T rows each, in rank order): an all-gather before the column-parallel products, a
+// reduce-scatter after the row-parallel ones; the norms' weight gradients are then partial sums,
+// summed over the group after each layer.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +44,11 @@
 #include "config/model_shape.h"
 #include "config/train_config.h"
 #include "core/status.h"
+#include "model/tensor_split.h"
 
 namespace keel {
+
+class Communicator;
 
 // Activation recomputation (Recompute, config/train_config.h; Korthikanti et al. 2022) trades
 // compute for activation memory; the gradients are the same bits either way:
@@ -44,21 +62,35 @@ namespace keel {
 const char* RecomputeName(Recompute r);
 
 struct ParamInfo {
-  std::string name;  // e.g. "layers.3.mlp.dense_h_to_4h.weight"
-  std::vector<int64_t> shape;
-  size_t offset = 0;  // in floats, into the parameter (and gradient) buffer
-  size_t numel = 0;
-  bool weight_decay = false;  // matrices and embeddings decay; biases and norms do not
+  std::string name;            // e.g. "layers.3.mlp.dense_h_to_4h.weight"
+  std::vector<int64_t> shape;  // of this rank's slice (the whole tensor without tensor parallelism)
+  size_t offset = 0;           // in floats, into the parameter (and gradient) buffer
+  size_t numel = 0;            // of the slice
+  bool weight_decay = false;   // matrices and embeddings decay; biases and norms do not
+  std::vector<int64_t> full_shape;  // the whole tensor's shape
+  TensorSplit split;                // how the whole tensor is cut across tensor ranks
+};
+
+// The tensor-parallel group a model runs in (see the top of this file). A null group, or one of
+// size 1, is the single-rank model.
+struct TensorParallel {
+  Communicator* group = nullptr;
+  bool sequence_parallel = false;  // Megatron-LM's --sequence-parallel
 };
 
 class GptModel {
  public:
-  GptModel(Backend* backend, const GptSpec& spec);
+  // With a tensor group, every rank of it constructs its model with the same spec and calls
+  // Initialize, Forward and Backward in step (they communicate inside).
+  GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp = {});
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
   const GptSpec& spec() const { return spec_; }
+  int tensor_size() const { return tp_; }
+  int tensor_rank() const { return tp_rank_; }
+  bool sequence_parallel() const { return sp_; }
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo* FindParam(const std::string& name) const;
   size_t num_params() const { return num_params_; }
@@ -90,12 +122,17 @@ class GptModel {
   // IsGpt2Shape: whether the formula describes `spec` at all (no Llama or BLOOM option).
   static int64_t FormulaParamCount(const GptSpec& spec);
   static bool IsGpt2Shape(const GptSpec& spec);
-  // Every parameter tensor of `spec` in buffer order, without allocating (keel plan counts these).
-  static std::vector<ParamInfo> ParamLayout(const GptSpec& spec);
+  // Every parameter tensor of `spec` in buffer order, without allocating (keel plan counts these):
+  // a rank's slices when the tensors are split across `tensor` ranks (the same for every rank).
+  static std::vector<ParamInfo> ParamLayout(const GptSpec& spec, int tensor = 1);
+  // Whether `spec` can be split across `tensor` ranks (heads, key/value groups, FFN and padded
+  // vocabulary divisible); else InvalidArgument naming what does not divide.
+  static Status CheckTensorParallel(const GptSpec& spec, int tensor);
 
   // Megatron initialisation: weights ~ N(0, std), output projections (attention dense and
   // dense_4h_to_h) ~ N(0, std / sqrt(2 * num_layers)), biases 0, norms weight 1 bias 0. Each value
-  // is a pure function of (seed, parameter index, element index).
+  // is a pure function of (seed, parameter index, element index), the element index counted in
+  // the whole tensor: a tensor-parallel rank's slice holds the single-rank model's values there.
   void Initialize(uint64_t seed, float std);
 
   // Runs the forward pass on tokens (B,T) (host memory). With targets (B,T) it also computes the
@@ -116,6 +153,7 @@ class GptModel {
   void set_grad_ready(std::function<void(size_t from)> f) { grad_ready_ = std::move(f); }
 
   // Host copy of the logits row (first V entries) at position t of sequence b of the last Forward.
+  // Tensor parallel: gathered from the group (every rank calls it).
   std::vector<float> LogitsAt(int b, int t);
   // Mean cross-entropy of sequence b (its T tokens) of the last Forward with targets: the
   // per-dataset loss of a mixture is built from these.
@@ -125,14 +163,17 @@ class GptModel {
   // z_loss * mean (log Z)^2 of the last Forward with targets (0 when z_loss is off).
   double LastZLoss();
   // Max pre-softmax attention score over layers, sequences, heads and positions of the last
-  // Forward (a guard signal: attention-logit growth precedes a class of divergences).
+  // Forward (a guard signal: attention-logit growth precedes a class of divergences). Tensor
+  // parallel: the maximum over the group's heads (every rank calls it).
   double LastMaxAttentionLogit();
   // Bytes of the activations and gradient scratch a micro-batch of shape (B,T) needs: what
   // Forward allocates, counted by the same code without allocating (memory estimates). bf16 and
-  // fp16 add the 16-bit copies of the matmul inputs.
+  // fp16 add the 16-bit copies of the matmul inputs. `tensor` > 1: what one rank of a tensor group
+  // of that size allocates (with `sequence_parallel`, its share of the residual rows).
   static uint64_t ActivationBytes(const GptSpec& spec, int B, int T,
                                   Precision precision = Precision::kFp32,
-                                  Recompute recompute = Recompute::kNone, int full_layers = -1);
+                                  Recompute recompute = Recompute::kNone, int full_layers = -1,
+                                  int tensor = 1, bool sequence_parallel = false);
   // Activation recomputation for the next Forward/Backward pairs (the buffers are laid out again
   // when it changes). `full_layers`: under kFull, how many leading layers recompute (-1: all).
   void set_recompute(Recompute r, int full_layers = -1);
@@ -148,9 +189,28 @@ class GptModel {
   struct LayerParams;
   struct Activations;
   struct BufferSource;
+  // The widths one rank works with: the whole model's without tensor parallelism.
+  struct Dims {
+    int tensor = 1;
+    bool sp = false;                   // sequence parallel: the norms' rows split across the group
+    int C = 0, hs = 0, NH = 0, G = 0;  // hidden, head size, this rank's heads and kv heads
+    int A = 0;                         // attention output width NH * hs
+    int W = 0, F = 0, F1 = 0, Vp = 0;  // QKV, FFN, FC1 widths and vocabulary rows
+  };
+  static Dims DimsOf(const GptSpec& spec, int tensor, bool sp);
   // Layers 1..full_layers-1 share layer 0's buffers (FullRecomputeLayers' count).
-  static void LayoutActivations(const GptSpec& spec, int B, int T, int layers, Recompute recompute,
-                                int full_layers, Activations* acts, BufferSource* src);
+  static void LayoutActivations(const GptSpec& spec, const Dims& d, int B, int T, int layers,
+                                Recompute recompute, int full_layers, Activations* acts,
+                                BufferSource* src);
+  // Tensor parallelism's communication (backend memory; the backend synchronised first): the sum
+  // of n floats over the group, and (sequence parallel) the gather of every rank's `rows` rows
+  // (hidden wide) into `full`, and the sum of `full` over the group scattered by rows into `mine`.
+  void TpAllReduce(float* x, size_t n);
+  void TpGatherRows(const float* mine, float* full, size_t rows);
+  void TpReduceScatterRows(const float* full, float* mine, size_t rows);
+  // Sums the gradients of params_[from, to) whose per-rank values are partial sums (see
+  // partial_grads_) over the group, into their gradients (written when `overwrite`).
+  void FlushPartialGrads(size_t from, size_t to, bool overwrite);
   // One layer's weights (null for the tensors the shape lacks), found from its first parameter.
   struct LayerWeights {
     const float *ln1w, *ln1b, *qkvw, *qkvb, *qlnw, *qlnb, *klnw, *klnb, *projw, *projb, *ln2w,
@@ -169,7 +229,18 @@ class GptModel {
 
   Backend* backend_;
   GptSpec spec_;
+  Communicator* tp_group_ = nullptr;
+  int tp_ = 1, tp_rank_ = 0;
+  bool sp_ = false;
+  Dims d_;
+  int vocab_start_ = 0;  // the first vocabulary row of this rank's slice
   std::vector<ParamInfo> params_;
+  // The gradients that are partial sums on each rank (the QK-LayerNorm weights, shared by heads
+  // on other ranks; every norm under sequence parallelism) go to this scratch first and are summed
+  // over the group: partial_offset_[i] is params_[i]'s place there (SIZE_MAX: not partial).
+  std::vector<size_t> partial_offset_;
+  float* partial_grads_ = nullptr;
+  size_t partial_numel_ = 0;
   size_t num_params_ = 0;
   float* params_mem_ = nullptr;
   float* grads_mem_ = nullptr;
@@ -231,8 +302,10 @@ std::vector<float> RopeCosSin(const GptSpec& spec);
 std::vector<float> AlibiSlopes(int heads);
 
 // Whether `backend` implements every op that training `spec` in precision `p` runs (the model,
-// the gradient norm and AdamW); else InvalidArgument naming the first op it lacks and the setting
-// that needs it ("backend cuda lacks RopeForward, needed by --position-embedding-type rope").
-Status CheckBackendSupports(const Backend& backend, const GptSpec& spec, Precision p);
+// the gradient norm and AdamW) on `tensor` tensor-parallel ranks; else InvalidArgument naming the
+// first op it lacks and the setting that needs it ("backend cuda lacks RopeForward, needed by
+// --position-embedding-type rope").
+Status CheckBackendSupports(const Backend& backend, const GptSpec& spec, Precision p,
+                            int tensor = 1);
 
 }  // namespace keel

@@ -44,6 +44,14 @@ TEST(MpiGroupsTest, GroupsAllReduceAndPointToPointOnFourRanks) {
   std::vector<float> v(5, c.tp == 0 ? 1e8f : 1.0f);
   mesh->tensor()->AllReduceSum(v.data(), v.size());
   for (float x : v) EXPECT_EQ(x, 1e8f + 1.0f);
+  // Sequence parallelism's pair on the tensor group: chunk k of the sum lands on rank k.
+  std::vector<float> full = {c.tp == 0 ? 1e8f : 1.0f, 2.0f, c.tp == 0 ? 1e8f : -1e8f, 3.0f};
+  std::vector<float> chunk(2), back(4);
+  mesh->tensor()->ReduceScatterChunks(full.data(), chunk.data(), 2);
+  EXPECT_EQ(chunk,
+            c.tp == 0 ? (std::vector<float>{1e8f + 1.0f, 4.0f}) : (std::vector<float>{0.0f, 6.0f}));
+  mesh->tensor()->AllGatherChunks(chunk.data(), back.data(), 2);
+  EXPECT_EQ(back, (std::vector<float>{1e8f + 1.0f, 4.0f, 0.0f, 6.0f}));
   std::vector<std::string> members;
   mesh->tensor()->AllGatherBytes(std::to_string(r), &members);
   EXPECT_EQ(members,

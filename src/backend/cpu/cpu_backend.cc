@@ -1076,6 +1076,116 @@ void CpuBackend::CrossEntropyForwardBackward(float* losses, float* logz, float* 
   }
 }
 
+// ---- vocabulary-parallel embedding and cross-entropy ----------------------------------------
+
+void CpuBackend::VocabParallelEmbeddingForward(float* out, const int32_t* tokens, const float* wte,
+                                               const float* wpe, int B, int T, int C, int V,
+                                               int vocab_start, int V_local,
+                                               const int32_t* positions) {
+  CheckTokenRows(tokens, B * T, V, "VocabParallelEmbeddingForward");
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
+  for (int bt = 0; bt < B * T; bt++) {
+    float* o = out + size_t(bt) * C;
+    const int row = tokens[bt] - vocab_start;
+    const bool mine = row >= 0 && row < V_local;
+    const float* e = wte + size_t(mine ? row : 0) * C;
+    if (wpe != nullptr) {
+      const float* pos = wpe + size_t(positions ? positions[bt] : bt % T) * C;
+      // 0 + pos is pos exactly: the sum over ranks is the single-rank sum's bits.
+      for (int c = 0; c < C; c++) o[c] = (mine ? e[c] : 0.0f) + pos[c];
+    } else if (mine) {
+      std::memcpy(o, e, C * sizeof(float));
+    } else {
+      std::memset(o, 0, C * sizeof(float));
+    }
+  }
+}
+
+// As EmbeddingBackward (threads split channels; each element summed in token order).
+void CpuBackend::VocabParallelEmbeddingBackward(float* dwte, float* dwpe, const float* dout,
+                                                const int32_t* tokens, int B, int T, int C, int V,
+                                                int vocab_start, int V_local,
+                                                const int32_t* positions) {
+  CheckTokenRows(tokens, B * T, V, "VocabParallelEmbeddingBackward");
+  const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
+  for (int blk = 0; blk < nblocks; blk++) {
+    const int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
+    for (int bt = 0; bt < B * T; bt++) {
+      const float* d = dout + size_t(bt) * C;
+      const int row = tokens[bt] - vocab_start;
+      if (row >= 0 && row < V_local) {
+        float* dw = dwte + size_t(row) * C;
+        for (int c = c0; c < c1; c++) dw[c] += d[c];
+      }
+      if (dwpe != nullptr) {
+        float* dp = dwpe + size_t(positions ? positions[bt] : bt % T) * C;
+        for (int c = c0; c < c1; c++) dp[c] += d[c];
+      }
+    }
+  }
+}
+
+namespace {
+// How many of a rank's V_local columns are real (global index < V).
+int RealColumns(int V, int vocab_start, int V_local) {
+  return std::clamp(V - vocab_start, 0, V_local);
+}
+void CheckTargets(const int32_t* targets, int N, int V) {
+  for (int i = 0; i < N; i++) {
+    if (targets[i] < 0 || targets[i] >= V) {
+      throw KeelError(Status::InvalidArgument(
+          "cross-entropy target " + std::to_string(targets[i]) + " at row " + std::to_string(i) +
+          " is outside the vocabulary [0, " + std::to_string(V) +
+          ") (the training loop checks every sample against the vocabulary before the model "
+          "sees it, naming the dataset and document; this caller did not)"));
+    }
+  }
+}
+}  // namespace
+
+void CpuBackend::VocabParallelMax(float* row_max, const float* logits, int N, int V,
+                                  int vocab_start, int V_local) {
+  const int real = RealColumns(V, vocab_start, V_local);
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * V_local))
+  for (int i = 0; i < N; i++) row_max[i] = MaxOf(logits + size_t(i) * V_local, real);
+}
+
+void CpuBackend::VocabParallelSumExp(float* sums, float* logits, const float* row_max,
+                                     const int32_t* targets, int N, int V, int vocab_start,
+                                     int V_local) {
+  CheckTargets(targets, N, V);
+  const int real = RealColumns(V, vocab_start, V_local);
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * V_local))
+  for (int i = 0; i < N; i++) {
+    float* row = logits + size_t(i) * V_local;
+    const int t = targets[i] - vocab_start;
+    sums[N + i] = t >= 0 && t < real ? row[t] : 0.0f;
+    sums[i] = static_cast<float>(ExpShiftSum(row, real, row_max[i]));
+  }
+}
+
+void CpuBackend::VocabParallelCrossEntropyBackward(float* losses, float* logz, float* logits,
+                                                   const float* row_max, const float* sums,
+                                                   const int32_t* targets, int N, int V,
+                                                   int vocab_start, int V_local, float dloss,
+                                                   float z_loss) {
+  const int real = RealColumns(V, vocab_start, V_local);
+#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(N) * V_local))
+  for (int i = 0; i < N; i++) {
+    float* row = logits + size_t(i) * V_local;  // exp(l_j - max), from VocabParallelSumExp
+    const double sum = sums[i];
+    const double lz = row_max[i] + std::log(sum);
+    losses[i] = static_cast<float>(lz - sums[N + i]);
+    if (logz != nullptr) logz[i] = static_cast<float>(lz);
+    const float scale = static_cast<float>(dloss * (1.0 + 2.0 * z_loss * lz) / sum);
+    for (int j = 0; j < real; j++) row[j] *= scale;
+    const int t = targets[i] - vocab_start;
+    if (t >= 0 && t < real) row[t] -= dloss;
+    for (int j = real; j < V_local; j++) row[j] = 0.0f;
+  }
+}
+
 // probs = softmax(logits[:V] / temperature), in double for one row.
 void CpuBackend::Softmax(float* probs, const float* logits, int V, float temperature) {
   const double inv_t = 1.0 / temperature;

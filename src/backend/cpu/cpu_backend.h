@@ -100,6 +100,21 @@ class CpuBackend : public Backend {
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                    float beta1, float beta2, float eps, float weight_decay, int64_t step,
                    AdamWStats* stats, float grad_scale, uint16_t* param_lowp) override;
+  void VocabParallelEmbeddingForward(float* out, const int32_t* tokens, const float* wte,
+                                     const float* wpe, int B, int T, int C, int V, int vocab_start,
+                                     int V_local, const int32_t* positions) override;
+  void VocabParallelEmbeddingBackward(float* dwte, float* dwpe, const float* dout,
+                                      const int32_t* tokens, int B, int T, int C, int V,
+                                      int vocab_start, int V_local,
+                                      const int32_t* positions) override;
+  void VocabParallelMax(float* row_max, const float* logits, int N, int V, int vocab_start,
+                        int V_local) override;
+  void VocabParallelSumExp(float* sums, float* logits, const float* row_max, const int32_t* targets,
+                           int N, int V, int vocab_start, int V_local) override;
+  void VocabParallelCrossEntropyBackward(float* losses, float* logz, float* logits,
+                                         const float* row_max, const float* sums,
+                                         const int32_t* targets, int N, int V, int vocab_start,
+                                         int V_local, float dloss, float z_loss) override;
 
  private:
   // OpenBLAS's OpenMP build takes its thread count from omp_get_max_threads() of the calling

@@ -103,8 +103,12 @@ class CudaBackend : public Backend {
         "attention, norms and loss: plain kernels (docs/cuda.md)",
         PrecisionName(precision_), dev, rt / 1000, (rt % 1000) / 10, cublasLtGetVersion());
   }
-  // fp32 and bf16; fp16's rounding of every stored activation is not written for CUDA yet.
-  bool Supports(Op, Precision p) const override { return p != Precision::kFp16; }
+  // fp32 and bf16; fp16's rounding of every stored activation is not written for CUDA yet, nor
+  // the vocabulary-parallel ops of tensor parallelism (the Backend defaults throw).
+  bool Supports(Op op, Precision p) const override {
+    if (op >= Op::kVocabParallelEmbeddingForward) return false;
+    return p != Precision::kFp16;
+  }
   void Synchronize() override { KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   // ---- memory ---------------------------------------------------------------------------------
