@@ -315,14 +315,15 @@ TEST_P(TensorParallelTest, RecomputationGivesTheSameBits) {
 }
 
 // bf16 products: the slices' products round the same inputs; the sums over the group differ from
-// the single-rank products' only by fp32 accumulation order.
+// the single-rank products' only by fp32 accumulation order. (This test found the bf16 products'
+// shared oneDNN scratchpad racing between ranks as threads: NaN losses by the fourth step.)
 TEST_P(TensorParallelTest, Bf16MatchesOneRankBf16) {
   const GptSpec spec = GetParam().spec();
   const TrainResult ref = Train(spec, 1, false, 5, Precision::kBf16);
   for (bool sp : {false, true}) {
     const TrainResult tp = Train(spec, 2, sp, 5, Precision::kBf16);
     for (size_t s = 0; s < ref.losses.size(); ++s)
-      EXPECT_NEAR(ref.losses[s], tp.losses[s], 1e-3) << "step " << s << " sp " << sp;
+      EXPECT_NEAR(ref.losses[s], tp.losses[s], 1e-4) << "step " << s << " sp " << sp;
   }
 }
 

@@ -72,7 +72,10 @@ class Library {
     }
   }
 
+  // One product at a time: the scratchpad and the stream are shared by the process, and ranks run
+  // as threads of one process in the tensor-parallel tests (uncontended in a training process).
   void Run(const Gemm& g, const uint16_t* A, const uint16_t* B, float* C, const float* bias) {
+    std::lock_guard<std::mutex> lock(run_mu_);
     dnnl::memory am(g.pd.src_desc(), engine_, const_cast<uint16_t*>(A));
     dnnl::memory bm(g.pd.weights_desc(), engine_, const_cast<uint16_t*>(B));
     dnnl::memory cm(g.pd.dst_desc(), engine_, C);
@@ -91,7 +94,7 @@ class Library {
  private:
   dnnl::engine engine_;
   dnnl::stream stream_;
-  std::mutex mu_;
+  std::mutex mu_, run_mu_;
   std::map<Key, Gemm> cache_;
   std::vector<uint8_t> scratch_;  // grown to the largest scratchpad asked for, reused
 };
