@@ -73,10 +73,12 @@ TEST(GoodputCliTest, ALaunchedJobWithAKnownFaultScheduleMatchesItsFigures) {
   // follows resumes and rollbacks, holds each once.
   double stayed_s = 0, wait_s = 0;
   int computed = 0;
-  auto add = [&](const json& m, double* compute) {
+  // `whole`: a crashed process wrote no record after its last save, so its iterations' waits
+  // for data are lost with them.
+  auto add = [&](const json& m, double* compute, bool whole = false) {
     const double w = m["timers_ms"].value("batch-generator", 0.0) / 1e3;
-    *compute += m["iteration_ms"].get<double>() / 1e3 - w;
-    wait_s += w;
+    *compute += m["iteration_ms"].get<double>() / 1e3 - (whole ? 0.0 : w);
+    if (!whole) wait_s += w;
   };
   for (const json& m : Lines(run + "/metrics.jsonl", "kind", "train")) {
     if (m["data_skipped"].get<bool>()) continue;
@@ -105,7 +107,7 @@ TEST(GoodputCliTest, ALaunchedJobWithAKnownFaultScheduleMatchesItsFigures) {
       last[r["iteration"].get<int>()] = r;
     for (int it = to + 1; it <= from; ++it) {
       ASSERT_TRUE(last.count(it)) << name << " lacks iteration " << it;
-      add(last[it], &lost_s);
+      add(last[it], &lost_s, name.rfind("resume", 0) == 0);
       ++archived;
     }
   }
@@ -116,12 +118,14 @@ TEST(GoodputCliTest, ALaunchedJobWithAKnownFaultScheduleMatchesItsFigures) {
     double seconds;
   };
   const std::vector<Expected> expected = {
-      {"productive", stayed_s},   {"lost", lost_s},
+      {"productive", stayed_s},
+      {"lost", lost_s},
       // The phase's time when the watchdog fired: its limit, checked every tenth of it (half a
       // check late on average).
       {"hang", kWatchdogSeconds * 1.05},
       // keel launch's backoff, and half its 0.1 s poll until it sees the attempt end.
-      {"restart", 3 * (kBackoff + 0.05)},  {"data_wait", wait_s},
+      {"restart", 3 * (kBackoff + 0.05)},
+      {"data_wait", wait_s},
   };
 
   const keel_test::KeelResult g =
@@ -148,7 +152,8 @@ TEST(GoodputCliTest, ALaunchedJobWithAKnownFaultScheduleMatchesItsFigures) {
   double got_rest = 0;
   for (const char* k : {"startup", "save", "guard", "eval", "other"})
     got_rest += j["categories"][k].get<double>();
-  EXPECT_NEAR(got_rest, rest, 0.02 * wall) << g.out;
+  // Not a category: five of them together, carrying the errors of the five checked above too.
+  EXPECT_NEAR(got_rest, rest, 0.03 * wall) << g.out;
   table += fmt::format("{:<11} rest     {:6.2f} s  reported {:6.2f} s  diff {:+5.2f}% of wall\n",
                        "the rest", rest, got_rest, 100 * (got_rest - rest) / wall);
   std::printf("%s", table.c_str());
