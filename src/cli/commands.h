@@ -31,6 +31,11 @@ int ReportCommand(int argc, const char* const* argv);
 int LaunchCommand(int argc, const char* const* argv);
 // `keel hangs analyze DIR` (hangs_cmd.cc): the watchdog's per-rank dumps of one hang, grouped.
 int HangsCommand(int argc, const char* const* argv);
+// `keel goodput RUN [--json]` (goodput_cmd.cc): where every second of a job went.
+int GoodputCommand(int argc, const char* const* argv);
+// Appends the job's goodput so far to RUN's journal and chronicle (the end of a run or of
+// keel launch); nothing when RUN holds no goodput records. `who` prefixes the logged sentence.
+void JournalGoodputSummary(const std::string& run_dir, const std::string& who);
 // `keel plan` (plan_cmd.cc): the cost of a model and layout before launching it.
 int PlanCommand(int argc, const char* const* argv);
 // `keel ckpt export PATH --hf OUT` (ckpt_export_cmd.cc); argv[0] is "export".

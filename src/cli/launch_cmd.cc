@@ -152,6 +152,7 @@ int LaunchCommand(int argc, const char* const* argv) {
   LaunchResult result;
   const Status st = supervisor.Run(&result);
   if (!st.ok()) return Fail(st);
+  JournalGoodputSummary(o.save_dir, "launch: ");  // the whole job's, across its attempts
   return result.exit_code;
 }
 

@@ -25,6 +25,7 @@ commands:
   plan           parameters, memory per GPU, feasible batch ramp-up and days for a model and layout
   tb             rename tags in TensorBoard event files, truncate them after a step
   hangs          analyze the watchdog's hang dumps: which ranks were where, the odd ones out
+  goodput        where every second of a job went: productive, lost, saves, hangs, restarts, ...
   bench          measure tokens/s, GFLOP/s and MFU against this machine's sgemm peak
   version        print the version
 
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
     if (cmd == "plan") return keel::cli::PlanCommand(subc, sub);
     if (cmd == "tb") return keel::cli::TbCommand(subc, sub);
     if (cmd == "hangs") return keel::cli::HangsCommand(subc, sub);
+    if (cmd == "goodput") return keel::cli::GoodputCommand(subc, sub);
     if (cmd == "version" || cmd == "--version") {
       std::printf("keel %s\n", KEEL_VERSION);
       return 0;

@@ -2,6 +2,7 @@
 // rollback, data, the guard, hooks) is library code: train/training_run.h. Under mpirun or srun
 // this process is one data-parallel rank; a rank that fails ends every rank (no limbo).
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <new>
 
@@ -31,6 +32,10 @@ int Train(const ParsedConfig& parsed, Communicator* comm) {
   TrainingRun::Outcome outcome;
   st = run->Train(&outcome);
   if (!st.ok()) return Fail(st);
+  const std::string save = run->config().save;
+  run.reset();  // its last goodput record is written as it closes
+  // Under keel launch the supervisor sums the whole job when it ends.
+  if (comm->rank() == 0 && std::getenv("KEEL_LAUNCH") == nullptr) JournalGoodputSummary(save, "");
   // Exit 3: the guard stopped the run (its rollback budget was spent, or no checkpoint to return
   // to); the state was not saved, the chronicle says why.
   return ToInt(outcome == TrainingRun::Outcome::kGuardStopped ? ExitCode::kGuardStopped

@@ -36,6 +36,9 @@ std::vector<EventSchema> RunEventSchemas() {
   add(EventSchemasOf<SlowRankEvent>());
   add(EventSchemasOf<JobSlowdownEvent>());
   add(EventSchemasOf<ReplicaMismatchEvent>());
+  add(EventSchemasOf<GoodputStartEvent>());
+  add(EventSchemasOf<GoodputEvent>());
+  add(EventSchemasOf<GoodputSummaryEvent>());
   return out;
 }
 

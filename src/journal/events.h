@@ -307,11 +307,16 @@ struct HangEvent final : JournalEvent {
   int64_t iteration = 0;
   std::string dir;  // the stack dumps
   int64_t exit_code = 0;
+  // When it fired (Unix seconds) and how long the phase had stood still: where the hang began,
+  // for goodput. Absent in journals of keel before they were written.
+  std::optional<double> unix_time, stuck_seconds;
   template <class F>
   void Fields(F& f) {
     f("iteration", iteration);
     f("dir", dir);
     f("exit_code", exit_code);
+    f("unix_time", unix_time);
+    f("stuck_seconds", stuck_seconds);
   }
 };
 
@@ -379,6 +384,74 @@ struct ReplicaMismatchEvent final : JournalEvent {
   void Fields(F& f) {
     f("iteration", iteration);
     f("message", message);
+  }
+};
+
+// ---- Goodput (train/goodput_clock.h): where each second of the process went, a record at each
+// save, before a rollback and at the end (report/goodput.h adds them up across restarts).
+
+// The seconds of one record, by what the loop was doing.
+struct GoodputSeconds {
+  double compute = 0;    // iterations (their time less the parts below)
+  double data_wait = 0;  // the loop waiting for its batch
+  double eval = 0, save = 0;
+  double guard = 0;   // the guard's reruns and probes
+  double resume = 0;  // a rollback's restore
+  double other = 0;   // after the loop: the last logs, the sample
+  template <class F>
+  void Fields(F& f) {
+    f("compute", compute);
+    f("data_wait", data_wait);
+    f("eval", eval);
+    f("save", save);
+    f("guard", guard);
+    f("resume", resume);
+    f("other", other);
+  }
+};
+
+// A process began its loop at `iteration` (the resume point): the time before it was start-up.
+struct GoodputStartEvent final : JournalEvent {
+  KEEL_JOURNAL_EVENT(GoodputStartEvent, "goodput_start")
+  int64_t iteration = 0;
+  int64_t attempt = 0;       // KEEL_LAUNCH_ATTEMPT (0: not under keel launch)
+  double process_start = 0;  // Unix seconds
+  double unix_time = 0;      // when the loop began
+  template <class F>
+  void Fields(F& f) {
+    f("iteration", iteration);
+    f("attempt", attempt);
+    f("process_start", process_start);
+    f("unix_time", unix_time);
+  }
+};
+
+// The seconds since the previous record (or goodput_start), the iterations they trained.
+struct GoodputEvent final : JournalEvent {
+  KEEL_JOURNAL_EVENT(GoodputEvent, "goodput")
+  int64_t first_iteration = 0, last_iteration = 0;  // none when first > last
+  std::string why;                                  // "save", "rollback", "end"
+  double unix_time = 0;
+  GoodputSeconds seconds;
+  template <class F>
+  void Fields(F& f) {
+    f("first_iteration", first_iteration);
+    f("last_iteration", last_iteration);
+    f("why", why);
+    f("unix_time", unix_time);
+    f("seconds", seconds);
+  }
+};
+
+// The job's breakdown so far (report/goodput.h), at the end of a run or of keel launch.
+struct GoodputSummaryEvent final : JournalEvent {
+  KEEL_JOURNAL_EVENT(GoodputSummaryEvent, "goodput_summary")
+  double wall_seconds = 0;
+  nlohmann::json categories;  // {"productive": s, ...}
+  template <class F>
+  void Fields(F& f) {
+    f("wall_seconds", wall_seconds);
+    f("categories", categories);
   }
 };
 

@@ -44,6 +44,7 @@ void RunJournal::Record(nlohmann::json event, const std::string& sentence) {
   // A path or log text need not be UTF-8 (a file name with byte 0xff): such bytes become U+FFFD
   // rather than an exception that would end the writer (and a watch before its kill switch).
   Write(kEventsFile, event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  if (sentence.empty()) return;  // a record for readers of events.jsonl only (goodput)
   Write(kChronicleFile, "- " + sentence + "\n");
   if (observer_) observer_(event, sentence);
 }

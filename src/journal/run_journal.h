@@ -28,7 +28,7 @@ class RunJournal {
   RunJournal(Env* env, std::string dir, Logger log, std::string prefix = "guard: ");
 
   // Appends `event` (with "at", the UTC wall time, added) and `sentence`. A failed append is
-  // logged once as a warning and never stops training.
+  // logged once as a warning and never stops training. An empty `sentence`: events.jsonl only.
   void Append(nlohmann::json event, const std::string& sentence);
   // The same, logged with `log_prefix` instead of the journal's own (e.g. "health: "); an empty
   // `log_prefix`: not logged (the caller logged it already).

@@ -10,6 +10,7 @@ std::vector<EventSchema> LaunchEventSchemas() {
   add(EventSchemasOf<LaunchStopEvent>());
   add(EventSchemasOf<LaunchFinishedEvent>());
   add(EventSchemasOf<LaunchGaveUpEvent>());
+  add(EventSchemasOf<AttemptEndEvent>());
   return out;
 }
 

@@ -18,6 +18,8 @@ struct LaunchEvent final : JournalEvent {
   std::vector<std::string> command;
   int64_t max_restarts = 0;
   double max_hours = 0, backoff_seconds = 0, max_backoff_seconds = 0, stall_minutes = 0;
+  // When launch began (Unix seconds): the job's start for goodput. Absent in older journals.
+  std::optional<double> unix_time;
   template <class F>
   void Fields(F& f) {
     f("command", command);
@@ -26,6 +28,7 @@ struct LaunchEvent final : JournalEvent {
     f("backoff_seconds", backoff_seconds);
     f("max_backoff_seconds", max_backoff_seconds);
     f("stall_minutes", stall_minutes);
+    f("unix_time", unix_time);
   }
 };
 
@@ -119,6 +122,22 @@ struct LaunchGaveUpEvent final : LaunchEndEvent {
     failure.Fields(f);
     f("restarts", restarts);
     f("exit_code", exit_code);
+  }
+};
+
+// An attempt ended (before its "restart" or launch's end): its span by the wall clock, for
+// goodput (report/goodput.h); `exit` as DescribeExit says it.
+struct AttemptEndEvent final : JournalEvent {
+  KEEL_JOURNAL_EVENT(AttemptEndEvent, "attempt_end")
+  int64_t attempt = 0;
+  double start_time = 0, end_time = 0;  // Unix seconds
+  std::string exit;
+  template <class F>
+  void Fields(F& f) {
+    f("attempt", attempt);
+    f("start_time", start_time);
+    f("end_time", end_time);
+    f("exit", exit);
   }
 };
 

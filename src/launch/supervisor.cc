@@ -100,6 +100,7 @@ std::string CheckpointText(int64_t marker) {
 struct Supervisor::Attempt {
   int number = 0;
   uint64_t start_us = 0, end_us = 0;
+  int64_t start_unix_us = 0;  // for goodput's attempt_end
   int64_t marker_at_start = -1;
   int64_t iteration_at_start = -1;  // newest train record when it started
   uint64_t metrics_size_at_start = 0;
@@ -368,6 +369,7 @@ Status Supervisor::Run(LaunchResult* result) {
   launch.backoff_seconds = opt_.backoff_seconds;
   launch.max_backoff_seconds = opt_.max_backoff_seconds;
   launch.stall_minutes = opt_.stall_minutes;
+  launch.unix_time = static_cast<double>(env_->NowUnixMicros()) / 1e6;
   journal_.Append(
       launch,
       fmt::format("launch: supervising `{}`: up to {} restarts{}, backoff {} s doubling up to {} "
@@ -411,10 +413,17 @@ Status Supervisor::Run(LaunchResult* result) {
       return st;
     }
     a.start_us = a.progress_us = env_->NowMicros();
+    a.start_unix_us = env_->NowUnixMicros();
     Log("launch: attempt {} started: pid {} (its process group), KEEL_LAUNCH_ATTEMPT={}", a.number,
         pid_, a.number);
     WriteStatus("running", true);
     const ChildExit exit = Watch(&a);
+    AttemptEndEvent span;  // goodput's measure of the attempt, by the wall clock
+    span.attempt = a.number;
+    span.start_time = static_cast<double>(a.start_unix_us) / 1e6;
+    span.end_time = static_cast<double>(env_->NowUnixMicros()) / 1e6;
+    span.exit = DescribeExit(exit);
+    journal_.Append(span, "", "");  // events.jsonl only: the restart or end entry says it
     if (EndsWithoutRestart(a, exit, result)) return Status::OK();
 
     // A restart must never run beside what the failed job left in its process group.

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <ctime>
 #include <map>
 
 #include "guard/robust_window.h"
@@ -32,6 +34,122 @@ SeriesStats Stats(const std::vector<LogRecord>& recs, double LogRecord::*field) 
 }
 
 }  // namespace
+
+namespace {
+
+// "2023-03-01 12:34:56" (or with a T): Unix seconds; NaN when it is not such a time.
+double TimestampSeconds(const std::string& ts) {
+  std::tm tm{};
+  char sep = 0;
+  if (std::sscanf(ts.c_str(), "%4d-%2d-%2d%c%2d:%2d:%2d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                  &sep, &tm.tm_hour, &tm.tm_min, &tm.tm_sec) != 7)
+    return NAN;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return static_cast<double>(timegm(&tm));
+}
+
+}  // namespace
+
+LogGoodput EstimateLogGoodput(const ParsedLog& log) {
+  static const std::vector<std::string> kKeys = {"productive", "lost",      "save", "eval",
+                                                 "startup",    "data_wait", "hang", "restart",
+                                                 "guard",      "other"};
+  std::map<std::string, double> cat;
+  struct Span {
+    int64_t first, last;
+    double seconds;
+  };
+  std::vector<Span> spans;
+  auto rewind = [&](int64_t to) {  // iterations after `to` were computed again
+    std::vector<Span> kept;
+    for (const Span& sp : spans) {
+      if (sp.last <= to) {
+        kept.push_back(sp);
+        continue;
+      }
+      const double n = static_cast<double>(sp.last - sp.first + 1);
+      const double gone = static_cast<double>(sp.last - std::max(to, sp.first - 1)) / n;
+      cat["lost"] += sp.seconds * gone;
+      if (gone < 1) kept.push_back({sp.first, to, sp.seconds * (1 - gone)});
+    }
+    spans = std::move(kept);
+  };
+  // The log interval: the most common step between consecutive records of one run.
+  std::map<int64_t, int> steps;
+  for (size_t i = 1; i < log.records.size(); ++i) {
+    const int64_t d = log.records[i].iteration - log.records[i - 1].iteration;
+    if (d > 0 && !log.records[i].after_start) ++steps[d];
+  }
+  int64_t interval = 1;
+  int most = 0;
+  for (const auto& [d, n] : steps)
+    if (n > most) interval = d, most = n;
+  LogGoodput g;
+  const size_t val_n = log.validations.size();
+  size_t val_i = 0;
+  double first_ts = NAN, last_ts = NAN, prev_ts = NAN, computed = 0;
+  int64_t prev_it = -1;
+  bool stamped = !log.records.empty();
+  for (size_t i = 0; i < log.records.size(); ++i) {
+    const LogRecord& r = log.records[i];
+    const bool restart = r.after_start || (prev_it >= 0 && r.iteration <= prev_it);
+    const int64_t n =
+        (prev_it < 0 || restart) ? std::min(interval, r.iteration) : r.iteration - prev_it;
+    if (restart) rewind(r.iteration - n);
+    const double secs = r.gap || !std::isfinite(r.iteration_seconds)
+                            ? 0.0
+                            : static_cast<double>(n) * r.iteration_seconds;
+    spans.push_back({r.iteration - n + 1, r.iteration, secs});
+    computed += secs;
+    const double ts = TimestampSeconds(r.timestamp);
+    stamped = stamped && std::isfinite(ts);
+    if (std::isfinite(ts)) {
+      if (!std::isfinite(first_ts)) first_ts = ts - secs;  // the first interval's start
+      if (std::isfinite(prev_ts)) {
+        // Between two records: their iterations and a stall (a save, an evaluation, a wait),
+        // or, across a restart, the crash's unlogged tail, the downtime and the start-up.
+        bool validated = false;
+        for (; val_i < val_n && log.validations[val_i].records_before <= i; ++val_i)
+          validated = true;
+        const double rest = ts - prev_ts - secs;
+        cat[restart ? "restart" : validated ? "eval" : "other"] += rest;
+      }
+      prev_ts = last_ts = ts;
+    }
+    prev_it = r.iteration;
+  }
+  for (const Span& sp : spans) cat["productive"] += sp.seconds;
+  g.timestamps = stamped && std::isfinite(first_ts);
+  if (g.timestamps) {
+    g.wall_seconds = last_ts - first_ts;
+    double sum = 0;
+    for (const auto& [k, v] : cat) sum += v;
+    cat["other"] += g.wall_seconds - sum;
+  } else {
+    cat.erase("restart");
+    cat.erase("eval");
+    cat.erase("other");
+    g.wall_seconds = computed;
+    g.notes.push_back(
+        "the log's lines carry no timestamps: the wall time is the iterations' own (records x "
+        "time per iteration); restarts, start-up, saves and evaluations are not seen");
+  }
+  for (const std::string& k : kKeys) g.categories.push_back({k, cat.count(k) ? cat[k] : 0.0});
+  g.notes.push_back(
+      "estimated from the log: a restart's recomputed iterations are those after the new run's "
+      "first record less one log interval");
+  if (g.timestamps)
+    g.notes.push_back(
+        "the time between a run's last record and the next run's first is counted as restart: "
+        "it holds the crash's unlogged iterations, the downtime and the start-up, which a log "
+        "cannot tell apart; a stall between two records is evaluation when a validation line "
+        "falls between them, else other (saves among it); timestamps have 1 s resolution");
+  g.notes.push_back(
+      "a log does not show the wait for data, the guard's reruns or a hang: those are in the "
+      "categories around them");
+  return g;
+}
 
 Status AnalyzeLog(const ParsedLog& log, const LogAnalysisOptions& opt, LogAnalysis* out) {
   if (log.records.empty()) {
@@ -119,6 +237,7 @@ Status AnalyzeLog(const ParsedLog& log, const LogAnalysisOptions& opt, LogAnalys
   std::stable_sort(events.begin(), events.end(),
                    [](const LogEvent& x, const LogEvent& y) { return x.start < y.start; });
   a.events = std::move(events);
+  a.goodput = EstimateLogGoodput(log);
   *out = std::move(a);
   return Status::OK();
 }
@@ -161,6 +280,14 @@ std::string FormatLogAnalysis(const ParsedLog& log, const LogAnalysis& a) {
   } else {
     s += fmt::format("ETA: unknown ({})\n", a.eta_note);
   }
+  if (a.goodput.wall_seconds > 0) {
+    const double w = a.goodput.wall_seconds;
+    s += fmt::format("goodput (an estimate; `keel goodput` measures a keel run): {:.1f} s {}\n", w,
+                     a.goodput.timestamps ? "of wall time" : "of iterations' time");
+    for (const auto& [k, v] : a.goodput.categories)
+      if (v != 0) s += fmt::format("  {:<12} {:>10.1f} s {:>6.1f}%\n", k, v, 100.0 * v / w);
+    for (const std::string& n : a.goodput.notes) s += "  note: " + n + "\n";
+  }
   if (!log.rejected.empty()) {
     s += fmt::format("refused: {} line{} whose numbers cannot be true (not analyzed):\n",
                      log.rejected.size(), log.rejected.size() == 1 ? "" : "s");
@@ -173,6 +300,23 @@ std::string FormatLogAnalysis(const ParsedLog& log, const LogAnalysis& a) {
   }
   return s;
 }
+
+namespace {
+
+// {"estimate": true, "wall_seconds": W, "categories": {...}, "notes": [...]}; null without records.
+nlohmann::json GoodputJson(const LogGoodput& g) {
+  if (g.categories.empty()) return nullptr;
+  nlohmann::ordered_json c = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : g.categories) c[k] = v;
+  nlohmann::ordered_json j = {{"estimate", true},
+                              {"wall_seconds", g.wall_seconds},
+                              {"timestamps", g.timestamps},
+                              {"categories", c},
+                              {"notes", g.notes}};
+  return nlohmann::json(j);
+}
+
+}  // namespace
 
 nlohmann::json LogAnalysisJson(const ParsedLog& log, const LogAnalysis& a) {
   using nlohmann::json;
@@ -217,7 +361,8 @@ nlohmann::json LogAnalysisJson(const ParsedLog& log, const LogAnalysis& a) {
           {"eta_seconds", a.eta_seconds >= 0 ? json(a.eta_seconds) : json(nullptr)},
           {"eta_unknown_because", a.eta_seconds >= 0 ? json(nullptr) : json(a.eta_note)},
           {"rejected_lines", rejected},
-          {"events", events}};
+          {"events", events},
+          {"goodput", GoodputJson(a.goodput)}};
 }
 
 nlohmann::json LogRecordToMetrics(const LogRecord& r) {

@@ -21,6 +21,17 @@ struct SeriesStats {
   double min = 0, median = 0, mean = 0, max = 0;
 };
 
+// Goodput estimated from a log (the categories and keys of report/goodput.h): iterations that
+// stayed in the model, those a restart recomputed, and, where the lines carry timestamps, the
+// stalls and the time between runs. An estimate: `notes` say what a log could not show.
+struct LogGoodput {
+  double wall_seconds = 0;
+  std::vector<std::pair<std::string, double>> categories;  // summing to wall_seconds
+  bool timestamps = false;                                 // the wall time is the log's own
+  std::vector<std::string> notes;
+};
+LogGoodput EstimateLogGoodput(const ParsedLog& log);
+
 struct LogAnalysis {
   int64_t records = 0, validations = 0;
   int64_t first_iteration = 0, last_iteration = 0;  // of the first and last record
@@ -32,6 +43,7 @@ struct LogAnalysis {
   std::string eta_note;     // why it is unknown
   double recent_iteration_seconds = 0;
   std::vector<LogEvent> events;  // by start iteration
+  LogGoodput goodput;
 };
 
 // Fails only when the log has no iteration records.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include "journal/run_journal.h"
 #include "logs/log_analysis.h"
 #include "metrics/run_metrics.h"
+#include "report/goodput.h"
 
 namespace keel {
 namespace {
@@ -286,7 +288,47 @@ table { border-collapse: collapse; } td, th { padding: 3px 10px; border-bottom: 
   vertical-align: middle; }
 pre { background: #f6f6f6; padding: 8px; overflow-x: auto; }
 #chronicle { max-width: 1100px; }
+#goodput-bar { display: flex; width: 100%; max-width: 1100px; height: 26px;
+  border: 1px solid #999; margin: 8px 0; }
+#goodput-bar div { height: 100%; }
+.swatch { display: inline-block; width: 12px; height: 12px; margin-right: 6px;
+  vertical-align: middle; }
 )CSS";
+
+// One colour per goodput category (report/goodput.h), in its order.
+constexpr const char* kGoodputColours[] = {"#2e9d4a", "#d62728", "#1f77b4", "#9467bd", "#8c8c8c",
+                                           "#ff7f0e", "#8c564b", "#e377c2", "#bcbd22", "#c7c7c7"};
+
+// The job's wall time as a stacked bar, each category's share its width, and a table.
+std::string GoodputHtml(const GoodputBreakdown& g) {
+  const auto& cats = GoodputCategories();
+  const double w = g.wall_seconds > 0 ? g.wall_seconds : 1.0;
+  std::string
+      bar = "<div id=\"goodput-bar\">",
+      table =
+          "<table id=\"goodput-table\"><tr><th>category</th><th>seconds</th><th>share</th></tr>\n";
+  for (size_t i = 0; i < cats.size() && i < g.seconds.size(); ++i) {
+    const double share = 100.0 * std::max(0.0, g.seconds[i]) / w;
+    const char* colour = kGoodputColours[i % std::size(kGoodputColours)];
+    if (share > 0)
+      bar += fmt::format(
+          "<div data-category=\"{}\" style=\"width:{:.3f}%;background:{}\" title=\"{}: {:.1f} "
+          "s ({:.1f}%)\"></div>",
+          cats[i].first, share, colour, Escape(cats[i].second), g.seconds[i], share);
+    table += fmt::format(
+        "<tr><td><span class=\"swatch\" style=\"background:{}\"></span>{}</td><td>{:.1f}</td>"
+        "<td>{:.1f}%</td></tr>\n",
+        colour, Escape(cats[i].second), g.seconds[i], share);
+  }
+  return fmt::format(
+             "<p>{:.1f}% of {:.1f} s wall time productive ({} process{}{}): "
+             "<code>keel goodput</code> prints the same.</p>\n",
+             100.0 * g.Of("productive") / w, g.wall_seconds, g.processes,
+             g.processes == 1 ? "" : "es",
+             g.attempts > 0 ? fmt::format(", {} keel launch attempts", g.attempts)
+                            : std::string()) +
+         bar + "</div>\n" + table + "</table>\n";
+}
 
 }  // namespace
 
@@ -583,6 +625,9 @@ Status BuildRunReport(Env* env, const std::string& run_dir, const ReportAssets& 
   for (const std::string& n : notes) h += "<li>" + Escape(n) + "</li>\n";
   h += "</ul>\n";
   h += "<div id=\"marker-legend\"></div>\n<div id=\"charts\"></div>\n";
+  // Where the job's time went, when its journal has goodput records (report/goodput.h).
+  if (GoodputBreakdown g; ComputeGoodput(env, run_dir, &g).ok())
+    h += "<h2>Goodput</h2>\n<div id=\"goodput\">\n" + GoodputHtml(g) + "</div>\n";
   h += "<h2>Events</h2>\n" + events_html;
   h += "<h2>Chronicle</h2>\n<div id=\"chronicle\">\n" + chronicle_html + "</div>\n";
   h += "<script id=\"keel-data\" type=\"application/json\">" + data_text + "</script>\n";

@@ -66,7 +66,13 @@ Status RunHealth::Start(const TrainConfig& cfg) {
       o.on_dump = [this](const std::string& line, const std::string& dir) {
         if (RunJournal* j = journal_.load()) {
           HangEvent ev;
-          ev.iteration = phases_.Snapshot().iteration;
+          const PhaseSnapshot snap = phases_.Snapshot();
+          ev.iteration = snap.iteration;
+          // Where the hang began, for goodput (the phase stood still since then).
+          const uint64_t now = env_->NowMicros();
+          ev.unix_time = static_cast<double>(env_->NowUnixMicros()) / 1e6;
+          ev.stuck_seconds =
+              now > snap.since_us ? static_cast<double>(now - snap.since_us) / 1e6 : 0;
           ev.dir = dir;
           ev.exit_code = ToInt(ExitCode::kRanksCannotGoOn);
           j->Append(ev, line, "");

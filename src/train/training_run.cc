@@ -43,9 +43,15 @@ Status TrainingRun::RunIteration(bool* go_on) {
     // 2. Forward and backward of every micro-batch, the gradients reduced across the ranks,
     //    their statistics and the guard's signals. A sample that cannot be used stops here.
     if (Status st = trainer_->ComputeGradients(plan, &r); !st.ok()) return StopOnDataError(st);
+    if (const PhaseTracker* phases = trainer_->phase_tracker())
+      goodput_->Add(GoodputClock::Part::kDataWait, phases->IterationSeconds(Phase::kData));
     // 3. The guard's verdict on the signals (an fp16 overflow is the loss scaler's business: no
-    //    update, nothing to judge).
-    const StepVerdict verdict = r.overflow ? StepVerdict{false, {}} : guard_->Judge(r.signals);
+    //    update, nothing to judge). Its reruns and probes are goodput's guard time.
+    StepVerdict verdict{false, {}};
+    if (!r.overflow) {
+      GoodputScope g(goodput_.get(), GoodputClock::Part::kGuard);
+      verdict = guard_->Judge(r.signals);
+    }
     decision = verdict.decision;
     // 4. The update, or a skipped one (never a non-finite one).
     trainer_->Update(verdict.apply_update, &r);
@@ -61,12 +67,22 @@ Status TrainingRun::RunIteration(bool* go_on) {
   if (cfg_.eval_iters > 0 && trainer_->HasValidation() &&
       (c.iteration % cfg_.eval_interval == 0 || last)) {
     PhaseScope eval(trainer_->phase_tracker(), Phase::kEval);
+    GoodputScope g(goodput_.get(), GoodputClock::Part::kEval);
     ValidationResult v;
     if (Status st = trainer_->Validate(&v); !st.ok()) return StopOnDataError(st);
     reporter_->Validation(c.iteration, c.consumed_samples, v);
   }
-  // 7. The guard carries out its decision: a rollback, an LR cut, or a stop.
-  if (!guard_->Act(decision)) {
+  // 7. The guard carries out its decision: a rollback, an LR cut, or a stop. Goodput records
+  //    the iterations before a rollback (it makes them lost) and counts the restore as resume.
+  const bool rollback = decision.kind == GuardDecision::Kind::kRollback;
+  if (rollback) goodput_->Record("rollback", c.iteration);
+  bool acted = false;
+  {
+    GoodputScope g(rollback ? goodput_.get() : nullptr, GoodputClock::Part::kResume);
+    acted = guard_->Act(decision);
+  }
+  if (rollback) goodput_->MovedTo(c.iteration);
+  if (!acted) {
     *go_on = false;
     return Status::OK();
   }
@@ -80,6 +96,17 @@ Status TrainingRun::RunIteration(bool* go_on) {
 }
 
 Status TrainingRun::Save(const std::string& why) {
+  Status st;
+  {
+    GoodputScope g(goodput_.get(), GoodputClock::Part::kSave);
+    st = SaveUnmeasured(why);
+  }
+  // Every checkpoint is a record's boundary: a later resume from it splits no record.
+  if (st.ok()) goodput_->Record("save", trainer_->state().counters.iteration);
+  return st;
+}
+
+Status TrainingRun::SaveUnmeasured(const std::string& why) {
   // A damaged replica is never saved: the replicas are compared first (data parallel).
   if (Status check = health_->CheckReplicas("before a save"); !check.ok())
     return ckpt_->CheckFailed(check);
@@ -120,6 +147,7 @@ Status TrainingRun::Train(Outcome* outcome) {
   }
   const TrainCounters& c = trainer_->state().counters;
   start_iteration_ = c.iteration;
+  goodput_->Start(c.iteration);
   *outcome = Outcome::kFinished;
   if (c.iteration >= trainer_->TotalIterations()) {
     Log("the checkpoint at iteration {} already completes this run of {} iterations; raise "
@@ -134,6 +162,7 @@ Status TrainingRun::Train(Outcome* outcome) {
     } catch (const std::bad_alloc&) {
       return OutOfMemoryError(fmt::format("training (iteration {})", c.iteration + 1));
     }
+    goodput_->LoopEnded();
     if (guard_->stopped()) {
       // The state is not healthy: no final checkpoint of it; the pinned ones remain.
       LogError("error: " + guard_->stop_message());

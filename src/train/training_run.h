@@ -26,6 +26,7 @@
 #include "journal/run_journal.h"
 #include "metrics/run_metrics.h"
 #include "train/checkpoint_controller.h"
+#include "train/goodput_clock.h"
 #include "train/guard_controller.h"
 #include "train/rank_agreement.h"
 #include "train/run_health.h"
@@ -90,8 +91,10 @@ class TrainingRun {
   // The loop (training_run.cc). One iteration, top to bottom; *go_on false: the loop ends here
   // (a stop request or the guard's stop). An error ends the run.
   Status RunIteration(bool* go_on);
-  // A save: the replicas checked first, the guard's slot in it, the guard told after.
+  // A save: the replicas checked first, the guard's slot in it, the guard told after; its time
+  // is goodput's save stall, and a record of the time before it goes to the journal.
   Status Save(const std::string& why);
+  Status SaveUnmeasured(const std::string& why);
   // After a bad sample stopped an iteration: keeps the last completed iteration (a checkpoint
   // with --save) and returns `error` with what was kept.
   Status StopOnDataError(const Status& error);
@@ -131,6 +134,9 @@ class TrainingRun {
   std::unique_ptr<RunMetrics> metrics_;
   std::unique_ptr<GuardController> guard_;
   std::unique_ptr<RunReporter> reporter_;
+  // Goodput: this process's seconds by what they went to (destroyed before the journal).
+  int64_t process_start_us_ = 0;
+  std::unique_ptr<GoodputClock> goodput_;
 };
 
 const char* OutcomeName(TrainingRun::Outcome outcome);

@@ -22,9 +22,12 @@ TrainingRun::TrainingRun(const TrainConfig& config, const RunOptions& options)
       env_(options.env),
       health_(std::make_unique<RunHealth>(options.env, options.comm, options.test_hooks)),
       comm_(health_->comm()),
-      test_hooks_(options.test_hooks) {}
+      test_hooks_(options.test_hooks),
+      process_start_us_(options.env->NowUnixMicros()) {}
 
 TrainingRun::~TrainingRun() {
+  // However the run ends short of a crash, the time since the last record is journaled.
+  if (goodput_) goodput_->Record("end", trainer_->state().counters.iteration);
   // The log's copy to SAVE/logs/rank-NNN.log writes to rank_log_, which goes with this run; the
   // caller may still log (the error that ended the run).
   if (rank_log_)
@@ -356,6 +359,7 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
   // memory (the same decisions, one record of them).
   const std::string shared_dir = comm_->rank() == 0 ? cfg_.save : std::string();
   journal_ = std::make_unique<RunJournal>(env_, shared_dir, LogLine);
+  goodput_ = std::make_unique<GoodputClock>(env_, journal_.get(), process_start_us_);
   journal_->Heading(fmt::format("{} at iteration {} ({}, keel {})",
                                 saved ? (rollback ? "rolled back" : "resumed") : "started",
                                 start_iteration, UtcTimestamp(), KEEL_VERSION));

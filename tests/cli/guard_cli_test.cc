@@ -55,8 +55,10 @@ TEST(GuardCliTest, PoisonedWindowIsRolledBackSkippedAndJournaled) {
   int rollbacks = 0;
   for (const json& e : ev) {
     EXPECT_TRUE(e.contains("at")) << e.dump();
-    // Every run watches its throughput: a busy machine's drop is journaled too, not the guard's.
+    // Every run watches its throughput: a busy machine's drop is journaled too, not the guard's;
+    // and every run journals its goodput.
     if (e["event"].get<std::string>().rfind("throughput_", 0) == 0) continue;
+    if (e["event"].get<std::string>().rfind("goodput", 0) == 0) continue;
     EXPECT_TRUE(e.contains("consumed_samples")) << e.dump();
     if (e["event"] == "rollback") ++rollbacks;
   }
@@ -116,7 +118,11 @@ TEST(GuardCliTest, SpentBudgetStopsWithExit3AndNoFinalCheckpoint) {
   EXPECT_NE(r.out.find("budget is spent"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("CHRONICLE.md"), std::string::npos);
   EXPECT_FALSE(fs::exists(dir + "/run/iter_0000150"));
-  EXPECT_EQ(Events(dir + "/run").back()["event"], "stop");
+  std::vector<json> ev = Events(dir + "/run");
+  while (!ev.empty() && ev.back()["event"].get<std::string>().rfind("goodput", 0) == 0)
+    ev.pop_back();  // the run's goodput, journaled as it ends
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev.back()["event"], "stop");
   fs::remove_all(dir);
 }
 
@@ -191,9 +197,12 @@ TEST(GuardCliTest, DefaultJobRaisesNoFalseAlarm) {
   EXPECT_NE(r.out.find(" iteration      150/     150 |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("guard: act"), std::string::npos);
   EXPECT_EQ(r.out.find("guard: iteration"), std::string::npos) << r.out;
-  // Nothing journaled but, on a busy machine, its throughput drops (every run watches them).
+  // Nothing journaled but, on a busy machine, its throughput drops (every run watches them),
+  // and its goodput.
   for (const json& e : Events(dir + "/run"))
-    EXPECT_EQ(e["event"].get<std::string>().rfind("throughput_", 0), 0u) << e.dump();
+    if (e["event"].get<std::string>().rfind("goodput", 0) != 0) {
+      EXPECT_EQ(e["event"].get<std::string>().rfind("throughput_", 0), 0u) << e.dump();
+    }
   EXPECT_NE(r.out.find("number of skipped iterations:   0 | number of nan iterations:   0"),
             std::string::npos);
   fs::remove_all(dir);

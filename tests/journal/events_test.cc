@@ -58,6 +58,9 @@ TEST(JournalEventsTest, EveryKindReadsBackAndRefusesAMissingField) {
   CheckEventType<LrScaleEvent>();
   CheckEventType<LossScaleCollapseEvent>();
   CheckEventType<HangEvent>();
+  CheckEventType<GoodputStartEvent>();
+  CheckEventType<GoodputEvent>();
+  CheckEventType<GoodputSummaryEvent>();
   CheckEventType<CollectivesOutOfStepEvent>();
   CheckEventType<SlowRankEvent>();
   CheckEventType<JobSlowdownEvent>();
@@ -251,7 +254,10 @@ TEST(JournalEventsTest, TrainAndHealthKindsWriteTheBytesOfBefore) {
     json old = {{"event", "hang"},
                 {"iteration", e.iteration},
                 {"dir", e.dir},
-                {"exit_code", static_cast<int>(e.exit_code)}};
+                {"exit_code", static_cast<int>(e.exit_code)},
+                // Added for goodput (issue 32): where the hang began.
+                {"unix_time", *e.unix_time},
+                {"stuck_seconds", *e.stuck_seconds}};
     EXPECT_EQ(Written(e), old.dump());
   }
   {

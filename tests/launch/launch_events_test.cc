@@ -30,6 +30,7 @@ TEST(LaunchEventsTest, EveryKindReadsBackAndRefusesAMissingField) {
   CheckEventType<LaunchStopEvent>();
   CheckEventType<LaunchFinishedEvent>();
   CheckEventType<LaunchGaveUpEvent>();
+  CheckEventType<AttemptEndEvent>();
 }
 
 TEST(LaunchEventsTest, DocsListEveryKind) {
@@ -46,7 +47,8 @@ TEST(LaunchEventsTest, EveryKindWritesTheBytesOfBefore) {
                 {"max_hours", e.max_hours},
                 {"backoff_seconds", e.backoff_seconds},
                 {"max_backoff_seconds", e.max_backoff_seconds},
-                {"stall_minutes", e.stall_minutes}};
+                {"stall_minutes", e.stall_minutes},
+                {"unix_time", *e.unix_time}};  // added for goodput (issue 32)
     EXPECT_EQ(Written(e), old.dump());
   }
   const AttemptFailure f = [] {

@@ -538,3 +538,59 @@ TEST(LogAsRunTest, AnErrorAnywhereLeavesNothingHalfWritten) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel {
+namespace {
+
+double Category(const LogGoodput& g, const std::string& key) {
+  for (const auto& [k, v] : g.categories)
+    if (k == key) return v;
+  ADD_FAILURE() << "no category " << key;
+  return NAN;
+}
+
+// Issue 32: goodput estimated from a log keel did not train. A run killed after iteration 40
+// restarts from its checkpoint at 20 a minute later: 20 iterations recomputed (lost), the
+// minute less the first interval's iterations counted as restart, the rest productive.
+TEST(LogAnalysisTest, GoodputIsEstimatedFromRestartsGapsAndIterationTimes) {
+  auto line = [](const std::string& ts, int it) {
+    return "[" + ts + "] iteration " + std::to_string(it) +
+           "/ 100 | elapsed time per iteration (ms): 1000.0 | lm loss: 2.0 |\n";
+  };
+  const std::string text = "using world size: 1\n" + line("2023-03-01 12:00:10", 10) +
+                           line("2023-03-01 12:00:20", 20) + line("2023-03-01 12:00:30", 30) +
+                           line("2023-03-01 12:00:40", 40) + "using world size: 1\n" +
+                           line("2023-03-01 12:01:40", 30) + line("2023-03-01 12:01:50", 40) +
+                           line("2023-03-01 12:02:00", 50);
+  ParsedLog log;
+  const LogAnalysis a = Analyze(text, LogAnalysisOptions{}, &log);
+  const LogGoodput& g = a.goodput;
+  EXPECT_TRUE(g.timestamps);
+  EXPECT_NEAR(g.wall_seconds, 120, 1e-9);
+  EXPECT_NEAR(Category(g, "productive"), 50, 1e-9);
+  EXPECT_NEAR(Category(g, "lost"), 20, 1e-9);
+  EXPECT_NEAR(Category(g, "restart"), 50, 1e-9);
+  EXPECT_NEAR(Category(g, "other"), 0, 1e-9);
+  const std::string out = FormatLogAnalysis(log, a);
+  EXPECT_NE(out.find("goodput (an estimate"), std::string::npos) << out;
+  EXPECT_NE(out.find("note: estimated from the log"), std::string::npos) << out;
+  const nlohmann::json j = LogAnalysisJson(log, a);
+  EXPECT_EQ(j["goodput"]["estimate"], true);
+  EXPECT_NEAR(j["goodput"]["categories"]["lost"].get<double>(), 20, 1e-9);
+
+  // Without timestamps only the iterations' own time is known, and the notes say so.
+  std::string bare;
+  for (const std::string& l :
+       {line("x", 10), line("x", 20), std::string("using world size: 1\n"), line("x", 20)})
+    bare += l.substr(l.find(']') + 2);
+  ParsedLog log2;
+  const LogAnalysis b = Analyze(bare, LogAnalysisOptions{}, &log2);
+  EXPECT_FALSE(b.goodput.timestamps);
+  EXPECT_NEAR(b.goodput.wall_seconds, 30, 1e-9);
+  EXPECT_NEAR(Category(b.goodput, "lost"), 10, 1e-9);
+  EXPECT_NEAR(Category(b.goodput, "productive"), 20, 1e-9);
+  EXPECT_NE(b.goodput.notes[0].find("no timestamps"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace keel
