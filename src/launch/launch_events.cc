@@ -10,6 +10,10 @@ std::vector<EventSchema> LaunchEventSchemas() {
   add(EventSchemasOf<LaunchStopEvent>());
   add(EventSchemasOf<LaunchFinishedEvent>());
   add(EventSchemasOf<LaunchGaveUpEvent>());
+  add(EventSchemasOf<LaunchHostsEvent>());
+  add(EventSchemasOf<HostBlameEvent>());
+  add(EventSchemasOf<HostExcludedEvent>());
+  add(EventSchemasOf<HostReadmittedEvent>());
   return out;
 }
 

@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "core/host_name.h"
 #include "core/exit_code.h"
+#include "core/host_name.h"
 #include "core/log.h"
 #include "core/timestamp.h"
 #include "journal/events.h"

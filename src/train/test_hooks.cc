@@ -290,7 +290,7 @@ std::function<bool(const std::string&)> TestHooks::SkipCollectiveFault(
   for (const RankFault& f : rank_faults) {
     if (f.kind != RankFault::Kind::kSkipCollective || (f.rank >= 0 && f.rank != rank)) continue;
     auto done = std::make_shared<bool>(false);
-    return [f, iteration, done](const std::string& kind) {
+    return [f, rank, iteration, done](const std::string& kind) {
       if (*done || kind != f.collective || iteration() != f.iteration) return false;
       *done = true;
       LogError(fmt::format("fault: rank {} skips {} in iteration {}", rank, kind, f.iteration));

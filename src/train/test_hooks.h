@@ -53,7 +53,7 @@ class TrainerFaults;
 struct RankFault {
   enum class Kind { kHang, kKill, kSlow, kBitFlip, kSkipCollective, kCorrupt };
   Kind kind = Kind::kHang;
-  int rank = 0;  // -1: any (:host=H without :rank=)
+  int rank = 0;                               // -1: any (:host=H without :rank=)
   int64_t iteration = 0;                      // hang, kill, bitflip, skip-collective, corrupt
   double fraction = 0;                        // slow
   IterationRange iterations{1, INT64_MAX};    // slow: the iterations it slows (:iters=A-B)
