@@ -192,7 +192,9 @@ Blame BlameFailure(Env* env, const std::string& run_dir, const std::vector<std::
     Blame b;
     b.kind = BlameKind::kReplicaMismatch;
     b.source = source;
-    if (hosts.size() == 1) {
+    // Two replicas have no majority: the one named may be the healthy one.
+    const bool majority = msg.find("no majority") == std::string::npos;
+    if (hosts.size() == 1 && majority) {
       b.host = *hosts.begin();
       b.rank = rank;
     }

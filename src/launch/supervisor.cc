@@ -444,7 +444,7 @@ Status Supervisor::Run(LaunchResult* result) {
     a.events_seen = a.events_size_at_start;
     WriteStatus("starting", true);
     std::vector<std::string> command = opt_.command;
-    Status st = CommandForAttempt(a, &command);
+    Status st = CommandForAttempt(&a, &command);
     if (st.ok())
       st = child_->Start(command,
                          {"KEEL_LAUNCH=1", fmt::format("KEEL_LAUNCH_ATTEMPT={}", a.number)}, &pid_);
@@ -555,19 +555,19 @@ std::string Supervisor::HostsText() const {
                      NameList(Names(spares_)), NameList(out));
 }
 
-Status Supervisor::CommandForAttempt(const Attempt& a, std::vector<std::string>* command) {
+Status Supervisor::CommandForAttempt(Attempt* a, std::vector<std::string>* command) {
   child_->stderr_file.clear();
   if (opt_.hosts.empty()) return Status::OK();
   const std::string dir = JoinPath(opt_.save_dir, "launch-hosts");
   KEEL_RETURN_IF_ERROR(env_->CreateDirs(dir));
-  const std::string hostfile = JoinPath(dir, fmt::format("attempt-{}.hosts", a.number));
+  const std::string hostfile = JoinPath(dir, fmt::format("attempt-{}.hosts", a->number));
   KEEL_RETURN_IF_ERROR(WriteFileAtomic(env_, hostfile, FormatHostfile(in_use_)));
   *command = CommandForHosts(opt_.command, hostfile, in_use_, ranks_ != base_ranks_ ? ranks_ : -1);
   // The job's stderr goes to a file launch copies on: mpirun's report of a dead rank is evidence.
-  const_cast<Attempt&>(a).stderr_path = JoinPath(dir, fmt::format("attempt-{}.stderr", a.number));
-  child_->stderr_file = a.stderr_path;
+  a->stderr_path = JoinPath(dir, fmt::format("attempt-{}.stderr", a->number));
+  child_->stderr_file = a->stderr_path;
   LaunchHostsEvent ev;
-  ev.attempt = a.number;
+  ev.attempt = a->number;
   ev.hosts = Names(in_use_);
   ev.spares = Names(spares_);
   for (const Excluded& e : excluded_) ev.excluded.push_back(e.host.name);
@@ -577,7 +577,7 @@ Status Supervisor::CommandForAttempt(const Attempt& a, std::vector<std::string>*
   journal_.Append(
       ev, fmt::format("launch: attempt {} runs on {} host{} ({}){}; spares {}; "
                       "excluded {}",
-                      a.number, in_use_.size(), in_use_.size() == 1 ? "" : "s", NameList(ev.hosts),
+                      a->number, in_use_.size(), in_use_.size() == 1 ? "" : "s", NameList(ev.hosts),
                       ranks_ >= 0 ? fmt::format(", {} ranks", ranks_) : "", NameList(ev.spares),
                       NameList(ev.excluded)));
   return Status::OK();

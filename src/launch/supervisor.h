@@ -133,7 +133,7 @@ class Supervisor {
             LaunchResult* result);
   void WriteStatus(const std::string& state, bool force);
   // Hosts (all no-ops without opt_.hosts). The command of attempt `a`, its hostfile written.
-  Status CommandForAttempt(const Attempt& a, std::vector<std::string>* command);
+  Status CommandForAttempt(Attempt* a, std::vector<std::string>* command);
   // Reads the job's new events.jsonl lines while it runs: a straggler named for
   // --straggler-exclude-minutes has the job stopped at the next checkpoint.
   bool WatchStragglers(Attempt* a);  // true: ask the job to stop now

@@ -121,5 +121,25 @@ TEST(HostsTest, TheLaunchersReportOfADeadRankNamesItsHost) {
   EXPECT_EQ(b.kind, BlameKind::kNone);
 }
 
+// A replica mismatch names the host of the replica that differs from the majority; with two
+// replicas there is none, and the failure is pinned on no host.
+TEST(HostsTest, AReplicaMismatchIsPinnedOnlyWhenThereIsAMajority) {
+  const std::string head =
+      "{\"event\":\"replica_mismatch\",\"iteration\":20,\"message\":\"replica check at iteration "
+      "20: rank 1 (host h2) differs in 1 of 9 tensors: w";
+  Blame b = BlameFailure(Env::Default(), "/nonexistent", {head + "\"}"}, "");
+  EXPECT_EQ(b.kind, BlameKind::kReplicaMismatch);
+  EXPECT_EQ(b.host, "h2");
+  EXPECT_EQ(b.rank, 1);
+  b = BlameFailure(Env::Default(), "/nonexistent",
+                   {head + " (with two ranks, no majority: either may be the damaged one)\"}"}, "");
+  EXPECT_EQ(b.kind, BlameKind::kReplicaMismatch);
+  EXPECT_TRUE(b.host.empty());
+  // Lines of other kinds, or half-written ones, are no evidence.
+  b = BlameFailure(Env::Default(), "/nonexistent", {"{\"event\":\"straggler\",\"rank\":1", "x"},
+                   "");
+  EXPECT_EQ(b.kind, BlameKind::kNone);
+}
+
 }  // namespace
 }  // namespace keel
