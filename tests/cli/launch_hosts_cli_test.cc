@@ -143,6 +143,26 @@ TEST_F(LaunchHostsCliTest, AHungHostIsReplacedByTheSpareAndTheRunEndsBitExact) {
   EXPECT_NE(ReadText(run_ + "/CHRONICLE.md").find("pinned on host h2 (hang)"), std::string::npos);
 }
 
+// A bit flipped in the weights of the rank on h3 (memory that corrupts): the replica check of the
+// save at iteration 20 names h3, the spare takes its place, and the resume from iteration 10 ends
+// with the uninterrupted run's fingerprint.
+TEST_F(LaunchHostsCliTest, AReplicaMismatchOnAHostSwapsInTheSpareAndEndsBitExact) {
+  const KeelResult& base = Uninterrupted();
+  ASSERT_EQ(base.code, 0) << base.out;
+  const KeelResult r =
+      Launch("bitflip=20:host=h3", "--hostfile " + Hosts("h1 h2 h3 h4") + " --spare-hosts 1", 3,
+             "--train-iters 40 --save-interval 10");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(Fingerprint(r.out), Fingerprint(base.out)) << r.out;
+  const std::vector<json> blame = Events(run_, "host_blame");
+  ASSERT_EQ(blame.size(), 1u) << r.out;
+  EXPECT_EQ(blame[0]["host"], "h3");
+  EXPECT_EQ(blame[0]["blame"], "replica_mismatch");
+  const std::vector<json> out = Events(run_, "host_excluded");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0]["replaced_by"], "h4");
+}
+
 TEST_F(LaunchHostsCliTest, WithoutASpareElasticGoesOnWithTwoRanksAndWithoutItLaunchStops) {
   const KeelResult& base = Uninterrupted();
   ASSERT_EQ(base.code, 0) << base.out;
