@@ -754,6 +754,7 @@ bool Supervisor::PlaceHosts(std::string* why) {
     if (it == in_use_.end()) continue;
     excluded_.push_back({*it, now});
     HostExcludedEvent ev;
+    ev.attempt = attempt_;
     ev.host = p.host;
     ev.blame = p.kind;
     ev.evidence = p.evidence;
@@ -836,6 +837,7 @@ bool Supervisor::PlaceHosts(std::string* why) {
   }
   for (const PendingExclusion& p : unreplaced) {
     HostExcludedEvent ev;
+    ev.attempt = attempt_;
     ev.host = p.host;
     ev.blame = p.kind;
     ev.evidence = p.evidence;

@@ -152,6 +152,7 @@ TEST_F(SupervisorHostsTest, ASecondCrashReportedOnAHostSwapsInTheSpare) {
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0]["host"], "b");
   EXPECT_EQ(out[0]["replaced_by"], "d");
+  EXPECT_EQ(out[0]["attempt"], 2);  // the attempt whose failure took it out
   EXPECT_NE(ReadText(run_ + "/launch.status").find("hosts a,d,c | spares - | excluded b"),
             std::string::npos)
       << ReadText(run_ + "/launch.status");
