@@ -660,8 +660,12 @@ void Supervisor::BlameAttempt(const Attempt& a, const ChildExit& exit) {
     b.source = JoinPath(opt_.save_dir, "events.jsonl");
     b.evidence = a.straggler_evidence;
   } else {
+    // Ranks launch itself killed (the stall backstop, the grace) are no evidence against their
+    // hosts: mpirun's report of their deaths is left out then.
+    const bool launch_killed = a.stalled || a.escalated;
     b = BlameFailure(env_, opt_.save_dir,
-                     EventLinesSince(env_, opt_.save_dir, a.events_size_at_start), a.stderr_tail);
+                     EventLinesSince(env_, opt_.save_dir, a.events_size_at_start),
+                     launch_killed ? "" : a.stderr_tail);
   }
   HostBlameEvent ev;
   ev.attempt = a.number;

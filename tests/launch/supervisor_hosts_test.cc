@@ -130,6 +130,22 @@ TEST_F(SupervisorHostsTest, AFailureWithoutEvidenceExcludesNothing) {
   EXPECT_TRUE(Events(run_, "host_blame").empty());
 }
 
+// Ranks that launch itself killed (the stall backstop) are no evidence against their hosts.
+TEST_F(SupervisorHostsTest, RanksLaunchKilledAreNoEvidence) {
+  LaunchOptions o = Options(
+      "a b c d", 1,
+      std::string("if [ \"$N\" = 1 ]; then\n") + kMpirunReport + "exec sleep 100\nfi\nexit 0\n");
+  o.stall_minutes = 0.005;
+  o.term_grace_seconds = 0.2;
+  o.exclude_after = 1;
+  const LaunchResult r = Run(o);
+  EXPECT_EQ(r.end, LaunchEnd::kFinished);
+  EXPECT_EQ(Attempts(), (std::vector<std::string>{"a,b,c 3", "a,b,c 3"}));
+  const std::vector<json> blame = Events(run_, "host_blame");
+  ASSERT_EQ(blame.size(), 1u);
+  EXPECT_TRUE(blame[0]["host"].is_null()) << blame[0];
+}
+
 // mpirun's report of a dead rank names its host: a crash takes it out at the second (the default
 // --exclude-after for a crash), and the spare takes its place at the same world size.
 TEST_F(SupervisorHostsTest, ASecondCrashReportedOnAHostSwapsInTheSpare) {
