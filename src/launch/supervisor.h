@@ -18,6 +18,11 @@
 // launch gives up with the last child's code (1 for a signal). Every decision goes to stdout
 // ("launch: "), each restart and stop to the run's journal (CHRONICLE.md, events.jsonl), and
 // the state to a one-line status file rewritten in place.
+//
+// Given the hosts (LaunchOptions::hosts), each attempt runs on those in use; a failure is pinned
+// on a host only when what the job left names one (launch/blame.h), and a host pinned often
+// enough is taken out: a spare takes its place, or (--elastic) fewer data-parallel ranks go on,
+// or launch stops naming it.
 #pragma once
 
 #include <cstdint>

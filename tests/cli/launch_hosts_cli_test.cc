@@ -221,6 +221,29 @@ TEST_F(LaunchHostsCliTest, ASlowHostIsExcludedAtTheNextCheckpointAndTheJobGoesOn
   EXPECT_EQ(ReadText(run_ + "/latest_checkpointed_iteration.txt"), "100\n");
 }
 
+// Under srun without --hostfile the hosts are Slurm's node list: the spare is left out of
+// --nodelist, the command's --nodes replaced.
+TEST_F(LaunchHostsCliTest, UnderSrunTheHostsAreSlurmsNodeList) {
+  fs::create_directories(dir_ + "/bin");
+  const std::string srun = dir_ + "/bin/srun";
+  std::ofstream(srun) << "#!/bin/sh\necho \"$*\" > " << dir_ << "/srun-args\n";
+  fs::permissions(srun, fs::perms::owner_all);
+  const KeelResult r =
+      keel_test::RunShell("SLURM_JOB_NODELIST='gpu[07-09]' SLURM_NTASKS_PER_NODE=4 timeout 60 " +
+                          std::string(KEEL_BINARY) + " launch --spare-hosts 1 -- " + srun +
+                          " --mpi=pmix -N 3 --ntasks=8 " + KEEL_BINARY + " train --save " + run_);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("note: keel launch takes the hosts from SLURM_JOB_NODELIST=gpu[07-09] (3 "
+                       "nodes, 4 tasks each)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(ReadText(dir_ + "/srun-args"),
+            "--nodelist=gpu07,gpu08 --nodes=2 --mpi=pmix --ntasks=8 " + std::string(KEEL_BINARY) +
+                " train --save " + run_ + "\n");
+  EXPECT_NE(ReadText(run_ + "/launch.status").find("hosts gpu07,gpu08 | spares gpu09"),
+            std::string::npos);
+}
+
 TEST_F(LaunchHostsCliTest, HostArgumentErrorsExitTwoNamingTheFix) {
   const std::string tail = " -- " + Mpirun() + " -np 2 " + KEEL_BINARY + " train --save " + run_;
   std::ofstream(dir_ + "/bad") << "h1\nh2 slots=two\n";
