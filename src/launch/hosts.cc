@@ -276,7 +276,9 @@ std::vector<std::string> CommandForHosts(const std::vector<std::string>& command
 
 int CommandModelParallelSize(const std::vector<std::string>& command) {
   int size = 1;
-  for (const char* flag : {"--tensor-model-parallel-size", "--pipeline-model-parallel-size"}) {
+  // --model-parallel-size: Megatron's old name of the tensor-parallel size.
+  for (const char* flag : {"--tensor-model-parallel-size", "--model-parallel-size",
+                           "--pipeline-model-parallel-size"}) {
     std::string v;
     for (size_t i = 0; i < command.size(); ++i) {
       if (command[i] == flag && i + 1 < command.size()) v = command[i + 1];

@@ -91,6 +91,7 @@ TEST(HostsTest, TheCommandOfAnAttempt) {
   EXPECT_EQ(CommandModelParallelSize(
                 {"keel", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size=2"}),
             4);
+  EXPECT_EQ(CommandModelParallelSize({"keel", "--model-parallel-size=2"}), 2);
   EXPECT_EQ(CommandModelParallelSize({"keel", "train"}), 1);
 }
 
