@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/exit_code.h"
 #include "core/log.h"
+#include "launch/hosts.h"
 #include "launch/supervisor.h"
 
 namespace keel::cli {
@@ -42,8 +44,17 @@ killing any), no restart, exit 0 after a clean save; whatever still runs after
 Without launch, stop a job with `kill -USR1 <mpirun pid>` (SIGTERM to mpirun kills the ranks
 1 s after passing it on, in their save); in Slurm, `#SBATCH --signal=USR1@180`.
 
+Hosts (--hostfile, or Slurm's node list under srun): each attempt runs on the hosts in use
+(mpirun gets --hostfile SAVE/launch-hosts/attempt-N.hosts, srun --nodelist); a failure is pinned
+on a host only when the evidence names one (a hang dump's odd one out, a replica mismatch, a
+transient fault, mpirun's or srun's report of a dead rank); at --exclude-after such failures the
+host is taken out: a spare takes its place, or with --elastic the job goes on with fewer
+data-parallel ranks, else launch stops naming the host. An operator readmits hosts by listing
+them in SAVE/hosts.readmit (read at the next restart).
+
 examples:
   keel launch --max-restarts 5 -- mpirun -np 8 keel train --save runs/x ...
+  keel launch --hostfile hosts --spare-hosts 1 -- mpirun -np 24 keel train --save runs/x ...
   keel launch -- srun --mpi=pmix keel train --save /shared/runs/x ...   (in an sbatch script)
 )";
 
@@ -103,6 +114,28 @@ int LaunchCommand(int argc, const char* const* argv) {
                  "restart a job whose SAVE/metrics.jsonl has not changed this long (default 0: "
                  "off; give more than the start-up and the longest save or evaluation)")
       ->check(kNonNegative);
+  std::string hostfile, readmit_after;
+  app.add_option("--hostfile", hostfile,
+                 "the job's hosts, Open MPI's format (NAME [slots=N] a line); launch gives each "
+                 "attempt those in use. Under srun without it: SLURM_JOB_NODELIST, when a host "
+                 "option below is given");
+  app.add_option("--spare-hosts", o.spare_hosts,
+                 "the last N hosts start as spares, swapped in for an excluded host (default 0)")
+      ->check(kNonNegative);
+  app.add_option("--exclude-after", o.exclude_after,
+                 "failures pinned on one host that take it out (default: 1 for a hang or a "
+                 "replica mismatch, 2 for a crash or a transient fault)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--straggler-exclude-minutes", o.straggler_exclude_minutes,
+                 "a host named a straggler this long is taken out at the next checkpoint, when a "
+                 "spare or --elastic can replace it (default 0: never)")
+      ->check(kNonNegative);
+  app.add_flag("--elastic", o.elastic,
+               "with no spare left, relaunch with fewer data-parallel ranks (the global batch and "
+               "LR schedule stay, more micro-batches per rank); off: launch stops");
+  app.add_option("--readmit-after", readmit_after,
+                 "an excluded host comes back after this long (30m, 2h, 1d; default: never, only "
+                 "through SAVE/hosts.readmit)");
 
   // Everything after the first `--` is the command, whatever it looks like.
   int split = 1;
@@ -138,6 +171,71 @@ int LaunchCommand(int argc, const char* const* argv) {
   }
   if (o.kill_switch_path.empty())
     o.kill_switch_path = CommandFlagValue(o.command, "--kill-switch-path");
+  if (!readmit_after.empty() && !ParseDuration(readmit_after, &o.readmit_after_seconds)) {
+    LogError(
+        fmt::format("error: --readmit-after '{}' is not a duration; give e.g. 90s, 30m, 2h "
+                    "or 1d",
+                    readmit_after));
+    return 2;
+  }
+  const bool host_options = o.spare_hosts > 0 || o.exclude_after > 0 || o.elastic ||
+                            o.straggler_exclude_minutes > 0 || !readmit_after.empty();
+  if (!hostfile.empty()) {
+    std::string text;
+    Status st = Env::Default()->ReadFileToString(hostfile, &text);
+    if (!st.ok()) {
+      LogError(
+          fmt::format("error: --hostfile {}: {}; give the file of the job's hosts (one "
+                      "NAME [slots=N] a line)",
+                      hostfile, st.message()));
+      return 2;
+    }
+    st = ParseHostfile(text, hostfile, &o.hosts);
+    if (!st.ok()) {
+      LogError("error: --hostfile " + st.message());
+      return 2;
+    }
+    o.hosts_source = hostfile;
+  } else if (host_options && RankLauncherOf(o.command) == RankLauncher::kSrun) {
+    const char* list = std::getenv("SLURM_JOB_NODELIST");
+    if (list == nullptr || *list == '\0') {
+      LogError(
+          "error: the host options (--spare-hosts, --exclude-after, --elastic, ...) need the "
+          "hosts: give --hostfile FILE, or run in a Slurm allocation (SLURM_JOB_NODELIST is not "
+          "set)");
+      return 2;
+    }
+    std::vector<std::string> names;
+    if (Status st = ExpandSlurmNodeList(list, &names); !st.ok()) {
+      LogError("error: SLURM_JOB_NODELIST: " + st.message());
+      return 2;
+    }
+    int per_node = 1;
+    if (const char* t = std::getenv("SLURM_NTASKS_PER_NODE"); t != nullptr)
+      per_node = std::max(1, std::atoi(t));
+    for (const std::string& n : names) o.hosts.push_back({n, per_node, ""});
+    o.hosts_source = "SLURM_JOB_NODELIST";
+    Log("note: keel launch takes the hosts from SLURM_JOB_NODELIST={} ({} nodes, {} task{} "
+        "each)",
+        list, names.size(), per_node, per_node == 1 ? "" : "s");
+  } else if (host_options) {
+    LogError(
+        "error: the host options (--spare-hosts, --exclude-after, --elastic, "
+        "--straggler-exclude-minutes, --readmit-after) need the hosts: give --hostfile FILE "
+        "(Open MPI's format), or run the ranks with srun in a Slurm allocation");
+    return 2;
+  }
+  if (!o.hosts.empty()) {
+    Status st = CheckCommandTakesHosts(o.command);
+    if (st.ok() && o.spare_hosts >= static_cast<int>(o.hosts.size()))
+      st = Status::InvalidArgument(
+          fmt::format("--spare-hosts {} leaves no host to run on: {} lists {}; give fewer spares",
+                      o.spare_hosts, o.hosts_source, o.hosts.size()));
+    if (!st.ok()) {
+      LogError("error: " + st.message());
+      return 2;
+    }
+  }
 
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;

@@ -150,19 +150,30 @@ class PosixChildProcess : public ChildProcess {
     const int death_signal = IsRankLauncher(argv[0]) ? SIGUSR1 : SIGTERM;
 
     // A close-on-exec pipe reports a failed exec (its errno); a successful one closes it.
+    int err_fd = -1;
+    if (!stderr_file.empty()) {
+      err_fd = open(stderr_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (err_fd < 0)
+        return Status::IOError(
+            fmt::format("cannot open {} for the job's stderr: {}", stderr_file, strerror(errno)));
+    }
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0)
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+      if (err_fd >= 0) close(err_fd);
       return Status::IOError(fmt::format("cannot create a pipe: {}", strerror(errno)));
+    }
     const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
       const int err = errno;
       close(fds[0]);
       close(fds[1]);
+      if (err_fd >= 0) close(err_fd);
       return Status::IOError(fmt::format("cannot fork: {}", strerror(err)));
     }
     if (pid == 0) {
       close(fds[0]);
+      if (err_fd >= 0) dup2(err_fd, 2);
       setpgid(0, 0);
       signal(SIGPIPE, SIG_DFL);  // launch ignores it; the job gets the usual behaviour
       // launch may handle these (its stop signals): the job gets the default disposition.
@@ -177,6 +188,7 @@ class PosixChildProcess : public ChildProcess {
       _exit(127);
     }
     close(fds[1]);
+    if (err_fd >= 0) close(err_fd);
     setpgid(pid, pid);  // also here: a signal sent right after Start must reach the group
     int err = 0;
     ssize_t n;

@@ -57,6 +57,11 @@ class ChildProcess {
   // child itself has ended, so that what it left running (a straggling rank, in a group of its
   // own) can be ended before a restart.
   virtual void SignalGroup(int sig) = 0;
+
+  // When set, the next Start appends the child's stderr to this file instead of launch's own
+  // (the supervisor copies it on and reads the launcher's report of a dead rank in it). A file,
+  // not a pipe: should launch die, the job writing to it gets no SIGPIPE in its save.
+  std::string stderr_file;
 };
 
 // Asks the job to save and exit without killing any of it: SIGTERM to each keel train rank on

@@ -11,6 +11,10 @@ std::vector<EventSchema> LaunchEventSchemas() {
   add(EventSchemasOf<LaunchFinishedEvent>());
   add(EventSchemasOf<LaunchGaveUpEvent>());
   add(EventSchemasOf<AttemptEndEvent>());
+  add(EventSchemasOf<LaunchHostsEvent>());
+  add(EventSchemasOf<HostBlameEvent>());
+  add(EventSchemasOf<HostExcludedEvent>());
+  add(EventSchemasOf<HostReadmittedEvent>());
   return out;
 }
 

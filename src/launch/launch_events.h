@@ -141,6 +141,88 @@ struct AttemptEndEvent final : JournalEvent {
   }
 };
 
+// ---- Hosts (keel launch --hostfile, or Slurm's node list under srun).
+
+// The hosts an attempt runs on, the spares kept ready and those taken out.
+struct LaunchHostsEvent final : JournalEvent {
+  KEEL_JOURNAL_EVENT(LaunchHostsEvent, "launch_hosts")
+  int64_t attempt = 0;
+  std::vector<std::string> hosts, spares, excluded;
+  std::optional<int64_t> ranks;         // the rank count launch gave the launcher (-np, --ntasks)
+  std::optional<std::string> hostfile;  // the file given to mpirun
+  std::vector<std::string> command;     // as started
+  template <class F>
+  void Fields(F& f) {
+    f("attempt", attempt);
+    f("hosts", hosts);
+    f("spares", spares);
+    f("excluded", excluded);
+    f("ranks", ranks);
+    f("hostfile", hostfile);
+    f("command", command);
+  }
+};
+
+// What a failed attempt left says of the hosts: the failure pinned on `host`, or (null) on none.
+struct HostBlameEvent final : JournalEvent {
+  KEEL_JOURNAL_EVENT(HostBlameEvent, "host_blame")
+  int64_t attempt = 0;
+  std::string blame;  // hang, replica_mismatch, transient_fault, crash, straggler, none
+  NullableString host;
+  std::optional<int64_t> rank;
+  std::string evidence;       // one sentence
+  std::string source;         // the hang dump directory, events.jsonl, the launcher's output
+  int64_t pinned = 0;         // failures of this kind's class pinned on the host so far
+  int64_t exclude_after = 0;  // how many take it out
+  template <class F>
+  void Fields(F& f) {
+    f("attempt", attempt);
+    f("blame", blame);
+    f("host", host);
+    f("rank", rank);
+    f("evidence", evidence);
+    f("source", source);
+    f("pinned", pinned);
+    f("exclude_after", exclude_after);
+  }
+};
+
+// A host taken out of the job: a spare takes its place, or (--elastic) the job goes on with fewer
+// data-parallel ranks, or launch stops.
+struct HostExcludedEvent final : JournalEvent {
+  KEEL_JOURNAL_EVENT(HostExcludedEvent, "host_excluded")
+  int64_t attempt = 0;
+  std::string host;
+  std::string blame;  // as in host_blame
+  std::string evidence;
+  std::optional<std::string> replaced_by;            // the spare swapped in
+  std::optional<int64_t> ranks_before, ranks_after;  // an elastic shrink
+  template <class F>
+  void Fields(F& f) {
+    f("attempt", attempt);
+    f("host", host);
+    f("blame", blame);
+    f("evidence", evidence);
+    f("replaced_by", replaced_by);
+    f("ranks_before", ranks_before);
+    f("ranks_after", ranks_after);
+  }
+};
+
+// An excluded host back: `--readmit-after` passed, or the operator listed it in SAVE/hosts.readmit.
+struct HostReadmittedEvent final : JournalEvent {
+  KEEL_JOURNAL_EVENT(HostReadmittedEvent, "host_readmitted")
+  std::string host;
+  std::string via;  // "--readmit-after 2h", "SAVE/hosts.readmit"
+  double excluded_seconds = 0;
+  template <class F>
+  void Fields(F& f) {
+    f("host", host);
+    f("via", via);
+    f("excluded_seconds", excluded_seconds);
+  }
+};
+
 // Every kind above (for the docs check).
 std::vector<EventSchema> LaunchEventSchemas();
 

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "checkpoint/manifest.h"
 #include "core/exit_code.h"
@@ -109,6 +111,14 @@ struct Supervisor::Attempt {
   bool stalled = false;       // launch ended it: no progress
   int stopped_by = 0;         // launch ended it: this signal came to launch
   bool escalated = false;     // it outlived --term-grace-seconds and was killed
+  // Hosts: what of events.jsonl and of the job's stderr file this attempt wrote and was read.
+  uint64_t events_size_at_start = 0, events_seen = 0, stderr_seen = 0;
+  std::string stderr_path, stderr_tail;
+  std::map<std::string, uint64_t> straggler_since;  // host -> when launch first saw it named
+  std::map<int64_t, std::string> straggler_rank;    // rank -> host, of those named
+  std::string straggler_pending;                    // past the limit: stop at the next checkpoint
+  int64_t straggler_marker = -1;                    // the checkpoint when it passed the limit
+  std::string straggler_host, straggler_evidence;   // launch stopped the job to take it out
 };
 
 Supervisor::Supervisor(LaunchOptions options, Env* env, ChildProcess* child,
@@ -142,11 +152,11 @@ void Supervisor::WriteStatus(const std::string& state, bool force) {
   const int64_t marker = ReadCheckpointMarker(env_, opt_.save_dir);
   const std::string line = fmt::format(
       "{} keel launch: {} | attempt {} | restarts {} of {} | pid {} | iteration {} | checkpoint "
-      "{} | up {} | lost {}\n",
+      "{} | up {} | lost {}{}\n",
       UtcTimestamp(static_cast<std::time_t>(env_->NowUnixMicros() / 1000000)), state, attempt_,
       restarts_, opt_.max_restarts, pid_ > 0 ? std::to_string(pid_) : "-",
       iteration < 0 ? "-" : std::to_string(iteration), marker < 0 ? "-" : std::to_string(marker),
-      Elapsed(Seconds()), Iterations(lost_iterations_));
+      Elapsed(Seconds()), Iterations(lost_iterations_), HostsText());
   Status st = WriteFileAtomic(env_, opt_.status_file, line);
   if (!st.ok() && !status_warned_) {
     status_warned_ = true;
@@ -221,9 +231,17 @@ ChildExit Supervisor::Watch(Attempt* a) {
       child_->SignalGroup(SIGKILL);
       killed = true;
     }
+    RelayStderr(a);
+    if (WatchStragglers(a) && stop_sent_us == 0) {
+      const std::string said = AskJobToStop(child_);
+      Log("launch: {}: asking the job to save and exit ({}) to restart it without host {}",
+          a->straggler_evidence, said, a->straggler_host);
+      stop_sent_us = now;
+    }
     WriteStatus(state_, false);
     env_->SleepForMicros(static_cast<uint64_t>(opt_.poll_seconds * 1e6));
   }
+  RelayStderr(a);
   a->end_us = env_->NowMicros();
   return exit;
 }
@@ -279,7 +297,8 @@ bool Supervisor::EndsWithoutRestart(const Attempt& a, const ChildExit& exit, Lau
          result);
     return true;
   }
-  if (a.stalled) return false;  // whatever it exited with, launch ended it
+  // Whatever it exited with, launch ended it: no progress, or to take a straggler's host out.
+  if (a.stalled || !a.straggler_host.empty()) return false;
   switch (JudgeExit(exit)) {
     case ChildVerdict::kFinished:
       if (KillSwitchOn())
@@ -319,7 +338,9 @@ bool Supervisor::EndsWithoutRestart(const Attempt& a, const ChildExit& exit, Lau
 Supervisor::Failure Supervisor::AccountFailure(const Attempt& a, const ChildExit& exit) {
   Failure f;
   f.cause = a.stalled ? fmt::format("stalled: no progress for {} minutes", opt_.stall_minutes)
-                      : DescribeExit(exit);
+            : !a.straggler_host.empty() ? fmt::format("stopped by launch to take out host {}: {}",
+                                                      a.straggler_host, a.straggler_evidence)
+                                        : DescribeExit(exit);
   f.marker = ReadCheckpointMarker(env_, opt_.save_dir);
   const int64_t from = std::max<int64_t>(f.marker, 0);
   const MetricsProgress mp = ReadMetricsProgress(env_, opt_.save_dir, from);
@@ -383,6 +404,23 @@ Status Supervisor::Run(LaunchResult* result) {
                                     opt_.stall_minutes)
                       : "",
                   opt_.status_file));
+  if (!opt_.hosts.empty()) {
+    Status st = CheckCommandTakesHosts(opt_.command);
+    if (st.ok() && opt_.spare_hosts >= static_cast<int>(opt_.hosts.size()))
+      st = Status::InvalidArgument(
+          fmt::format("--spare-hosts {} leaves no host to run on: {} lists {}; give fewer spares",
+                      opt_.spare_hosts, opt_.hosts_source, opt_.hosts.size()));
+    if (!st.ok()) {
+      Stop(LaunchEnd::kNotStarted, 2, StopFor(st.message()),
+           fmt::format("launch: cannot start: {}", st.message()), result);
+      return st;
+    }
+    const size_t n = opt_.hosts.size() - static_cast<size_t>(opt_.spare_hosts);
+    in_use_.assign(opt_.hosts.begin(), opt_.hosts.begin() + static_cast<std::ptrdiff_t>(n));
+    spares_.assign(opt_.hosts.begin() + static_cast<std::ptrdiff_t>(n), opt_.hosts.end());
+    target_hosts_ = in_use_.size();
+    base_ranks_ = ranks_ = CommandRankCount(opt_.command);
+  }
   WriteStatus("starting", true);
   if (KillSwitchOn()) {
     Stop(LaunchEnd::kStopped, 0, KillSwitchStop(opt_.kill_switch_path),
@@ -403,9 +441,15 @@ Status Supervisor::Run(LaunchResult* result) {
             .newest_iteration;
     if (env_->FileExists(metrics)) (void)env_->GetFileSize(metrics, &a.metrics_size_at_start);
     a.metrics_size = a.metrics_size_at_start;
+    const std::string events = JoinPath(opt_.save_dir, "events.jsonl");
+    if (env_->FileExists(events)) (void)env_->GetFileSize(events, &a.events_size_at_start);
+    a.events_seen = a.events_size_at_start;
     WriteStatus("starting", true);
-    const Status st = child_->Start(
-        opt_.command, {"KEEL_LAUNCH=1", fmt::format("KEEL_LAUNCH_ATTEMPT={}", a.number)}, &pid_);
+    std::vector<std::string> command = opt_.command;
+    Status st = CommandForAttempt(&a, &command);
+    if (st.ok())
+      st = child_->Start(command,
+                         {"KEEL_LAUNCH=1", fmt::format("KEEL_LAUNCH_ATTEMPT={}", a.number)}, &pid_);
     if (!st.ok()) {
       Stop(LaunchEnd::kNotStarted, st.code() == Status::Code::kInvalidArgument ? 2 : 1,
            StopFor(st.message()),
@@ -430,6 +474,7 @@ Status Supervisor::Run(LaunchResult* result) {
     child_->SignalGroup(SIGKILL);
     pid_ = 0;
     Failure f = AccountFailure(a, exit);
+    BlameAttempt(a, exit);
     consecutive = f.marker > a.marker_at_start ? 1 : consecutive + 1;
     const double backoff =
         std::min(opt_.max_backoff_seconds,
@@ -445,6 +490,13 @@ Status Supervisor::Run(LaunchResult* result) {
       gave_up.failure = f.event;
       Stop(LaunchEnd::kGaveUp, ExitCodeOf(exit), std::move(gave_up),
            fmt::format("launch: gave up, {}: {}", spent, f.sentence), result);
+      return Status::OK();
+    }
+    if (std::string why; !PlaceHosts(&why)) {
+      LaunchStopEvent ev = StopFor(why);
+      ev.child = f.cause;
+      Stop(LaunchEnd::kStopped, ExitCodeOf(exit) != 0 ? ExitCodeOf(exit) : 1, std::move(ev),
+           fmt::format("launch: {}; {}; not restarting", f.sentence, why), result);
       return Status::OK();
     }
     Log("launch: {}; restart {} of {} in {} s", f.sentence, restarts_ + 1, opt_.max_restarts,
@@ -471,6 +523,350 @@ Status Supervisor::Run(LaunchResult* result) {
                     f.marker < 0 ? "the start" : CheckpointDirName(f.marker), lost_s, f.compute_s,
                     f.stuck_s, down_s, backoff));
   }
+}
+
+// ---- Hosts.
+
+namespace {
+
+std::vector<std::string> Names(const std::vector<HostEntry>& hosts) {
+  std::vector<std::string> out;
+  for (const HostEntry& h : hosts) out.push_back(h.name);
+  return out;
+}
+
+std::string NameList(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : ",") + n;
+  return s.empty() ? "-" : s;
+}
+
+int Slots(const std::vector<HostEntry>& hosts) {
+  int n = 0;
+  for (const HostEntry& h : hosts) n += h.slots;
+  return n;
+}
+
+// A host named by the evidence is one of launch's when the names are equal, or equal up to the
+// first dot (a rank's gethostname may be short where the hostfile is fully qualified).
+bool SameHost(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  return a.substr(0, a.find('.')) == b.substr(0, b.find('.'));
+}
+
+}  // namespace
+
+std::string Supervisor::HostsText() const {
+  if (opt_.hosts.empty()) return "";
+  std::vector<std::string> out;
+  for (const Excluded& e : excluded_) out.push_back(e.host.name);
+  return fmt::format(" | hosts {} | spares {} | excluded {}", NameList(Names(in_use_)),
+                     NameList(Names(spares_)), NameList(out));
+}
+
+Status Supervisor::CommandForAttempt(Attempt* a, std::vector<std::string>* command) {
+  child_->stderr_file.clear();
+  if (opt_.hosts.empty()) return Status::OK();
+  const std::string dir = JoinPath(opt_.save_dir, "launch-hosts");
+  KEEL_RETURN_IF_ERROR(env_->CreateDirs(dir));
+  const std::string hostfile = JoinPath(dir, fmt::format("attempt-{}.hosts", a->number));
+  KEEL_RETURN_IF_ERROR(WriteFileAtomic(env_, hostfile, FormatHostfile(in_use_)));
+  *command = CommandForHosts(opt_.command, hostfile, in_use_, ranks_ != base_ranks_ ? ranks_ : -1);
+  // The job's stderr goes to a file launch copies on: mpirun's report of a dead rank is evidence.
+  a->stderr_path = JoinPath(dir, fmt::format("attempt-{}.stderr", a->number));
+  child_->stderr_file = a->stderr_path;
+  LaunchHostsEvent ev;
+  ev.attempt = a->number;
+  ev.hosts = Names(in_use_);
+  ev.spares = Names(spares_);
+  for (const Excluded& e : excluded_) ev.excluded.push_back(e.host.name);
+  if (ranks_ >= 0) ev.ranks = ranks_;
+  if (RankLauncherOf(opt_.command) == RankLauncher::kMpirun) ev.hostfile = hostfile;
+  ev.command = *command;
+  journal_.Append(
+      ev, fmt::format("launch: attempt {} runs on {} host{} ({}){}; spares {}; "
+                      "excluded {}",
+                      a->number, in_use_.size(), in_use_.size() == 1 ? "" : "s", NameList(ev.hosts),
+                      ranks_ >= 0 ? fmt::format(", {} ranks", ranks_) : "", NameList(ev.spares),
+                      NameList(ev.excluded)));
+  return Status::OK();
+}
+
+void Supervisor::RelayStderr(Attempt* a) {
+  if (a->stderr_path.empty()) return;
+  uint64_t size = 0;
+  if (!env_->FileExists(a->stderr_path) || !env_->GetFileSize(a->stderr_path, &size).ok() ||
+      size <= a->stderr_seen)
+    return;
+  std::string text;
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(size - a->stderr_seen, 1 << 20));
+  if (!env_->ReadFileRange(a->stderr_path, a->stderr_seen, n, &text).ok()) return;
+  a->stderr_seen += text.size();
+  fwrite(text.data(), 1, text.size(), stderr);
+  fflush(stderr);
+  a->stderr_tail += text;
+  constexpr size_t kKeep = 256 * 1024;  // mpirun's report comes last; a flood before it is not kept
+  if (a->stderr_tail.size() > kKeep) a->stderr_tail.erase(0, a->stderr_tail.size() - kKeep);
+}
+
+bool Supervisor::WatchStragglers(Attempt* a) {
+  if (opt_.hosts.empty() || opt_.straggler_exclude_minutes <= 0 || !a->straggler_host.empty())
+    return false;
+  const uint64_t now = env_->NowMicros();
+  const std::vector<std::string> lines = EventLinesSince(env_, opt_.save_dir, a->events_seen);
+  for (const std::string& line : lines) {
+    a->events_seen += line.size() + 1;
+    const nlohmann::json e = nlohmann::json::parse(line, nullptr, false);
+    if (!e.is_object()) continue;
+    const std::string kind = e.value("event", "");
+    if (kind == "straggler") {
+      const std::string host = e.value("host", "");
+      if (host.empty()) continue;
+      a->straggler_rank[e.value("rank", int64_t{-1})] = host;
+      a->straggler_since.emplace(host, now);
+    } else if (kind == "straggler_recovered") {
+      auto it = a->straggler_rank.find(e.value("rank", int64_t{-1}));
+      if (it == a->straggler_rank.end()) continue;
+      a->straggler_since.erase(it->second);
+      if (a->straggler_pending == it->second) a->straggler_pending.clear();
+      a->straggler_rank.erase(it);
+    }
+  }
+  if (a->straggler_pending.empty()) {
+    for (const auto& [host, since] : a->straggler_since) {
+      if (now - since < opt_.straggler_exclude_minutes * 60e6) continue;
+      bool ours = false;
+      for (const HostEntry& h : in_use_) ours = ours || SameHost(h.name, host);
+      // Without a spare or --elastic nothing could take its place: a slow job beats none.
+      if (!ours || (spares_.empty() && !opt_.elastic)) continue;
+      a->straggler_pending = host;
+      a->straggler_marker = ReadCheckpointMarker(env_, opt_.save_dir);
+      Log("launch: host {} has been named a straggler for {} minutes (--straggler-exclude-minutes "
+          "{}): it is taken out at the next checkpoint",
+          host, opt_.straggler_exclude_minutes, opt_.straggler_exclude_minutes);
+      break;
+    }
+  }
+  if (a->straggler_pending.empty() ||
+      ReadCheckpointMarker(env_, opt_.save_dir) <= a->straggler_marker)
+    return false;
+  a->straggler_host = a->straggler_pending;
+  a->straggler_evidence = fmt::format(
+      "events.jsonl: host {} named a straggler for over --straggler-exclude-minutes {} (no "
+      "straggler_recovered since), and checkpoint {} is written",
+      a->straggler_host, opt_.straggler_exclude_minutes,
+      CheckpointText(ReadCheckpointMarker(env_, opt_.save_dir)));
+  return true;
+}
+
+void Supervisor::BlameAttempt(const Attempt& a, const ChildExit& exit) {
+  if (opt_.hosts.empty()) return;
+  (void)exit;
+  Blame b;
+  if (!a.straggler_host.empty()) {
+    b.kind = BlameKind::kStraggler;
+    b.host = a.straggler_host;
+    b.source = JoinPath(opt_.save_dir, "events.jsonl");
+    b.evidence = a.straggler_evidence;
+  } else {
+    // Ranks launch itself killed (the stall backstop, the grace) are no evidence against their
+    // hosts: mpirun's report of their deaths is left out then.
+    const bool launch_killed = a.stalled || a.escalated;
+    b = BlameFailure(env_, opt_.save_dir,
+                     EventLinesSince(env_, opt_.save_dir, a.events_size_at_start),
+                     launch_killed ? "" : a.stderr_tail);
+  }
+  HostBlameEvent ev;
+  ev.attempt = a.number;
+  ev.blame = BlameKindName(b.kind);
+  ev.evidence = b.evidence;
+  ev.source = b.source;
+  if (b.rank >= 0) ev.rank = b.rank;
+  std::string host;
+  for (const HostEntry& h : in_use_)
+    if (!b.host.empty() && SameHost(h.name, b.host)) host = h.name;
+  if (host.empty()) {
+    ev.host = nullptr;
+    std::string why = b.kind == BlameKind::kNone
+                          ? "no hang dump, events.jsonl line or report of the launcher names a host"
+                      : b.host.empty()
+                          ? b.evidence + "; that names no one host"
+                          : fmt::format("{}; host {} is not one of launch's hosts ({})", b.evidence,
+                                        b.host, NameList(Names(in_use_)));
+    if (ev.evidence.empty()) ev.evidence = why;
+    journal_.Append(ev, fmt::format("launch: attempt {}'s failure is pinned on no host: {}; "
+                                    "nothing is excluded",
+                                    a.number, why));
+    return;
+  }
+  const bool hard = b.kind == BlameKind::kHang || b.kind == BlameKind::kReplicaMismatch;
+  const int threshold = b.kind == BlameKind::kStraggler ? 1
+                        : opt_.exclude_after > 0        ? opt_.exclude_after
+                        : hard                          ? 1
+                                                        : 2;
+  const int pinned = b.kind == BlameKind::kStraggler ? 1
+                     : hard                          ? ++pinned_hard_[host]
+                                                     : ++pinned_crash_[host];
+  ev.host = host;
+  ev.pinned = pinned;
+  ev.exclude_after = threshold;
+  const bool out = pinned >= threshold;
+  journal_.Append(
+      ev, fmt::format("launch: attempt {}'s failure is pinned on host {} ({}): {}; {} of {} "
+                      "such failure{} pinned on it{}",
+                      a.number, host, ev.blame, b.evidence, pinned, threshold,
+                      threshold == 1 ? "" : "s",
+                      out ? ": it is taken out" : fmt::format(" (--exclude-after {})", threshold)));
+  if (out) pending_.push_back({host, ev.blame, b.evidence});
+}
+
+bool Supervisor::PlaceHosts(std::string* why) {
+  if (opt_.hosts.empty()) return true;
+  const uint64_t now = env_->NowMicros();
+  // Readmissions first: an excluded host back becomes a spare, and may fill a place below.
+  std::set<std::string> listed;
+  const std::string readmit = JoinPath(opt_.save_dir, kHostsReadmitFile);
+  if (env_->FileExists(readmit)) {
+    std::string text;
+    if (env_->ReadFileToString(readmit, &text).ok()) {
+      std::vector<HostEntry> names;
+      if (ParseHostfile(text, readmit, &names).ok())
+        for (const HostEntry& h : names) listed.insert(h.name);
+      (void)env_->RemoveFile(readmit);  // read once: what it listed is done
+    }
+  }
+  for (auto it = excluded_.begin(); it != excluded_.end();) {
+    const double secs = (now - it->at_us) / 1e6;
+    std::string via;
+    if (listed.erase(it->host.name))
+      via = readmit;
+    else if (opt_.readmit_after_seconds > 0 && secs >= opt_.readmit_after_seconds)
+      via = fmt::format("--readmit-after {} s", opt_.readmit_after_seconds);
+    if (via.empty()) {
+      ++it;
+      continue;
+    }
+    HostReadmittedEvent ev;
+    ev.host = it->host.name;
+    ev.via = via;
+    ev.excluded_seconds = secs;
+    journal_.Append(ev, fmt::format("launch: host {} is readmitted ({}) after {:.0f} s out; it "
+                                    "is a spare again, in use where the job is short of hosts",
+                                    it->host.name, via, secs));
+    spares_.push_back(it->host);
+    it = excluded_.erase(it);
+  }
+  for (const std::string& name : listed)
+    Warn("launch: {} lists host {}, which is not excluded: nothing to readmit", readmit, name);
+
+  // Exclusions: a spare takes the host's place (the same world size, the same rank order).
+  std::vector<PendingExclusion> unreplaced;
+  for (const PendingExclusion& p : pending_) {
+    auto it = std::find_if(in_use_.begin(), in_use_.end(),
+                           [&](const HostEntry& h) { return h.name == p.host; });
+    if (it == in_use_.end()) continue;
+    excluded_.push_back({*it, now});
+    HostExcludedEvent ev;
+    ev.attempt = attempt_;
+    ev.host = p.host;
+    ev.blame = p.kind;
+    ev.evidence = p.evidence;
+    if (!spares_.empty()) {
+      *it = spares_.front();
+      spares_.erase(spares_.begin());
+      ev.replaced_by = it->name;
+      journal_.Append(ev, fmt::format("launch: host {} is excluded ({}); spare host {} takes its "
+                                      "place: the same world size, the job resumes bit for bit",
+                                      p.host, p.kind, it->name));
+    } else {
+      in_use_.erase(it);
+      unreplaced.push_back(p);
+    }
+  }
+  pending_.clear();
+  // Short of hosts (an exclusion without a spare, or one before): spares fill the places first.
+  while (in_use_.size() < target_hosts_ && !spares_.empty()) {
+    Log("launch: spare host {} goes into use: the job grows back toward its {} hosts",
+        spares_.front().name, target_hosts_);
+    in_use_.push_back(spares_.front());
+    spares_.erase(spares_.begin());
+  }
+  const int before = ranks_;
+  int target_slots = 0;
+  for (size_t i = 0; i < opt_.hosts.size() - static_cast<size_t>(opt_.spare_hosts); ++i)
+    target_slots += opt_.hosts[i].slots;
+  const int short_by = target_slots - Slots(in_use_);
+  std::string excluded_text;
+  for (const PendingExclusion& p : unreplaced)
+    excluded_text += fmt::format("{}host {} is excluded ({}: {})",
+                                 excluded_text.empty() ? "" : "; ", p.host, p.kind, p.evidence);
+  if (short_by > 0) {
+    const std::string lead = excluded_text.empty()
+                                 ? fmt::format("the job is {} slot{} short of its hosts", short_by,
+                                               short_by == 1 ? "" : "s")
+                                 : excluded_text;
+    if (in_use_.empty()) {
+      *why = lead + " and no host is left to run on";
+      return false;
+    }
+    if (!opt_.elastic) {
+      *why = lead +
+             " and no spare host is left; give --spare-hosts N to keep spares ready, or "
+             "--elastic to go on with fewer data-parallel ranks (the global batch and the "
+             "LR schedule stay; more micro-batches per rank)";
+      return false;
+    }
+    if (const int mp = CommandModelParallelSize(opt_.command); mp > 1) {
+      *why = lead + fmt::format(
+                        " and --elastic cannot shrink this job: its tensor x pipeline parallel "
+                        "size is {}, and a data-parallel rank needs whole groups of {} ranks; "
+                        "give --spare-hosts N",
+                        mp, mp);
+      return false;
+    }
+    if (base_ranks_ >= 0) {
+      ranks_ = base_ranks_ - short_by;
+      if (ranks_ < 1) {
+        *why = lead + fmt::format(" and {} ranks less leaves none", short_by);
+        return false;
+      }
+      // The global batch must split into micro-batches over the ranks left, or keel refuses.
+      char* end = nullptr;
+      const std::string g = CommandFlagValue(opt_.command, "--global-batch-size"),
+                        m = CommandFlagValue(opt_.command, "--micro-batch-size");
+      const long gbs = std::strtol(g.c_str(), &end, 10), mbs = std::strtol(m.c_str(), &end, 10);
+      if (gbs > 0 && mbs > 0 && gbs % (mbs * ranks_) != 0) {
+        *why = lead + fmt::format(
+                          " and --elastic cannot shrink to {} ranks: --global-batch-size {} is "
+                          "not a multiple of --micro-batch-size {} x {} ranks; give "
+                          "--spare-hosts N",
+                          ranks_, gbs, mbs, ranks_);
+        ranks_ = before;
+        return false;
+      }
+    }
+  } else {
+    ranks_ = base_ranks_;
+  }
+  for (const PendingExclusion& p : unreplaced) {
+    HostExcludedEvent ev;
+    ev.attempt = attempt_;
+    ev.host = p.host;
+    ev.blame = p.kind;
+    ev.evidence = p.evidence;
+    if (before >= 0) ev.ranks_before = before;
+    if (ranks_ >= 0) ev.ranks_after = ranks_;
+    journal_.Append(
+        ev, fmt::format("launch: host {} is excluded ({}); no spare is left, and --elastic: the "
+                        "job goes on with fewer data-parallel ranks ({} -> {}); the global batch "
+                        "and the LR schedule stay as they were (more micro-batches per rank), so "
+                        "the run's arithmetic changes from here",
+                        p.host, p.kind, before >= 0 ? std::to_string(before) : "?",
+                        ranks_ >= 0 ? std::to_string(ranks_) : "the slots of the hosts left"));
+  }
+  if (unreplaced.empty() && before != ranks_)
+    Log("launch: the job grows back to {} ranks on {} hosts", ranks_, in_use_.size());
+  return true;
 }
 
 }  // namespace keel

@@ -18,17 +18,25 @@
 // launch gives up with the last child's code (1 for a signal). Every decision goes to stdout
 // ("launch: "), each restart and stop to the run's journal (CHRONICLE.md, events.jsonl), and
 // the state to a one-line status file rewritten in place.
+//
+// Given the hosts (LaunchOptions::hosts), each attempt runs on those in use; a failure is pinned
+// on a host only when what the job left names one (launch/blame.h), and a host pinned often
+// enough is taken out: a spare takes its place, or (--elastic) fewer data-parallel ranks go on,
+// or launch stops naming it.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "core/env.h"
 #include "core/status.h"
 #include "journal/run_journal.h"
+#include "launch/blame.h"
 #include "launch/child_process.h"
+#include "launch/hosts.h"
 #include "launch/launch_events.h"
 
 namespace keel {
@@ -51,7 +59,24 @@ struct LaunchOptions {
   double stall_minutes = 0;  // metrics.jsonl unchanged this long: kill, restart (0: off)
   double status_interval_seconds = 10;
   double poll_seconds = 0.1;  // how often the child is looked at
+
+  // Hosts (--hostfile FILE, or SLURM_JOB_NODELIST under srun): empty, launch leaves the hosts to
+  // the command. The last `spare_hosts` start as spares; each attempt gets the hosts in use
+  // (mpirun --hostfile SAVE/launch-hosts/attempt-N, srun --nodelist), the rest of the command
+  // as written.
+  std::vector<HostEntry> hosts;
+  std::string hosts_source;  // where they came from, for the journal
+  int spare_hosts = 0;
+  // Failures pinned on one host that take it out; 0: 1 for a hang or a replica mismatch, 2 for a
+  // crash or a transient fault.
+  int exclude_after = 0;
+  double straggler_exclude_minutes = 0;  // a straggler named this long goes (0: never)
+  bool elastic = false;                  // without a spare, go on with fewer data-parallel ranks
+  double readmit_after_seconds = 0;      // an excluded host comes back after this (0: never)
 };
+
+// The file an operator writes host names into (one a line) to readmit them at the next restart.
+constexpr const char* kHostsReadmitFile = "hosts.readmit";
 
 // The value of `--flag X` or `--flag=X` in a command line ("" when absent): launch reads the
 // child's --save and --kill-switch-path so they need not be given twice.
@@ -112,6 +137,32 @@ class Supervisor {
   void Stop(LaunchEnd end, int code, LaunchEndEvent&& event, const std::string& sentence,
             LaunchResult* result);
   void WriteStatus(const std::string& state, bool force);
+  // Hosts (all no-ops without opt_.hosts). The command of attempt `a`, its hostfile written.
+  Status CommandForAttempt(Attempt* a, std::vector<std::string>* command);
+  // Reads the job's new events.jsonl lines while it runs: a straggler named for
+  // --straggler-exclude-minutes has the job stopped at the next checkpoint.
+  bool WatchStragglers(Attempt* a);  // true: ask the job to stop now
+  // Copies the job's new stderr to launch's own.
+  void RelayStderr(Attempt* a);
+  // Pins the failure on a host when the evidence names one; takes the host out at the threshold.
+  void BlameAttempt(const Attempt& a, const ChildExit& exit);
+  // Readmits hosts, swaps spares in, shrinks (--elastic); false (with `why`) when it cannot go on.
+  bool PlaceHosts(std::string* why);
+  std::string HostsText() const;  // for the status line
+
+  struct Excluded {
+    HostEntry host;
+    uint64_t at_us = 0;
+  };
+  std::vector<HostEntry> in_use_, spares_;
+  std::vector<Excluded> excluded_;
+  struct PendingExclusion {
+    std::string host, kind, evidence;
+  };
+  std::vector<PendingExclusion> pending_;  // decided by BlameAttempt, done by PlaceHosts
+  std::map<std::string, int> pinned_hard_, pinned_crash_;  // hangs and mismatches; crashes
+  size_t target_hosts_ = 0;
+  int base_ranks_ = -1, ranks_ = -1;  // the command's rank count, and the current one
   bool KillSwitchOn();
   double Seconds() const;  // since Run began
 

@@ -9,6 +9,7 @@
 
 #include "checkpoint/checkpoint_store.h"
 #include "config/config.h"
+#include "core/host_name.h"
 #include "core/timestamp.h"
 
 namespace keel {
@@ -27,12 +28,6 @@ std::string Lines(const std::vector<std::pair<std::string, std::string>>& settin
   std::string text;
   for (const auto& [name, value] : settings) text += name + " = " + value + "\n";
   return text;
-}
-
-std::string HostName() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return host;
 }
 
 // What a lock file says of its holder, for the messages ("host a, pid 12, rank 0, since ...").
@@ -121,7 +116,7 @@ Status RunDirectoryLock::Acquire(Env* env, Communicator* comm, const std::string
                                  std::vector<std::string>* notes) {
   const int rank = comm->rank();
   const std::string path = LockPath(save_dir, rank);
-  const std::string host = HostName();
+  const std::string host = ThisHostName();
   const int pid = static_cast<int>(getpid());
   const std::string started = UtcTimestamp();
   // Different for every process and start: what rank 0 wrote is what the others must read back.

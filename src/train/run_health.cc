@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/exit_code.h"
+#include "core/host_name.h"
 #include "core/log.h"
 #include "core/timestamp.h"
 #include "journal/events.h"
@@ -18,12 +19,6 @@ constexpr int64_t kStragglerWarmup = 20;  // iterations of a process the straggl
 
 uint64_t MinutesToMicros(double minutes) {
   return static_cast<uint64_t>(minutes * 60e6);
-}
-
-std::string Hostname() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return host;
 }
 
 }  // namespace
@@ -49,7 +44,7 @@ Status RunHealth::Start(const TrainConfig& cfg) {
   std::vector<std::string> all;
   comm_.AllGatherBytes(fmt::format("{}-{}", getpid(), env_->NowUnixMicros()), &all);
   job_id_ = all[0];
-  comm_.AllGatherBytes(Hostname(), &hosts_);
+  comm_.AllGatherBytes(ThisHostName(), &hosts_);
   if (cfg.distributed_timeout_minutes > 0) {
     WatchdogOptions o;
     o.hangs_dir = cfg.save.empty() ? std::string() : JoinPath(cfg.save, "hangs");

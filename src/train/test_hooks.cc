@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "config/config.h"
+#include "core/host_name.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "train/trainer.h"
@@ -24,7 +25,7 @@ Status BadFaults(const std::string& text, const std::string& why) {
       "hang=N, kill=N, "
       "bitflip=N, skip-collective=N, corrupt=N (iterations), slow=F (a fraction), each optionally "
       "followed "
-      "by :rank=R, :attempt=A, (skip-collective) :kind=K and (slow) :iters=A-B");
+      "by :rank=R, :host=H, :attempt=A, (skip-collective) :kind=K and (slow) :iters=A-B");
 }
 
 bool ParseInt(const std::string& s, int64_t* v) {
@@ -98,13 +99,18 @@ Status ParseFaultItem(const std::string& text, const std::string& item, const st
       return BadFaults(text, "'" + item + "' needs an iteration of at least 1");
     f.iteration = n;
   }
-  bool armed = true;
+  bool armed = true, has_rank = false, has_host = false;
   for (size_t i = 1; i < parts.size(); ++i) {
     const size_t e = parts[i].find('=');
     const std::string k = parts[i].substr(0, e),
                       v = e == std::string::npos ? "" : parts[i].substr(e + 1);
     if (k == "rank" && ParseInt(v, &n)) {
       f.rank = static_cast<int>(n);
+      has_rank = true;
+    } else if (k == "host" && !v.empty()) {
+      // Armed in the processes on host H only (ThisHostName: KEEL_TEST_HOSTNAME in tests).
+      armed = armed && ThisHostName() == v;
+      has_host = true;
     } else if (k == "attempt" && ParseInt(v, &n)) {
       armed = attempt == v;
     } else if (k == "kind" && f.kind == RankFault::Kind::kSkipCollective && !v.empty()) {
@@ -118,6 +124,7 @@ Status ParseFaultItem(const std::string& text, const std::string& item, const st
       return BadFaults(text, "'" + parts[i] + "' in '" + item + "'");
     }
   }
+  if (has_host && !has_rank) f.rank = -1;  // whichever rank runs on that host
   if (armed) out->rank_faults.push_back(f);
   return Status::OK();
 }
@@ -141,6 +148,11 @@ class SaveDelayEnv : public FaultInjectionEnv {
 
 Status TestHooks::FromEnvironment(Env* base, TestHooks* out) {
   *out = TestHooks{};
+  // First: the host= items below compare against it.
+  if (const char* host = std::getenv("KEEL_TEST_HOSTNAME"); host != nullptr && *host) {
+    OverrideHostNameForTesting(host);
+    Warn("this process plays host {} (KEEL_TEST_HOSTNAME): for testing only", host);
+  }
   if (const char* spec = std::getenv("KEEL_FAULT_INJECTION"); spec != nullptr && *spec) {
     KEEL_RETURN_IF_ERROR(FaultInjectionEnv::FromSpec(spec, base, &out->fault_env));
     Warn("fault injection active (KEEL_FAULT_INJECTION={}): for testing only", spec);
@@ -188,7 +200,7 @@ class RankTrainerFaults : public TrainerFaults {
   RankTrainerFaults(const TestHooks& h, int rank, Backend* backend, Env* env)
       : rank_(rank), backend_(backend), env_(env), nan_(h.nan_grad), inf_(h.overflow), lr_(h.lr) {
     for (const RankFault& f : h.rank_faults) {
-      if (f.rank != rank) continue;
+      if (f.rank >= 0 && f.rank != rank) continue;
       if (f.kind == RankFault::Kind::kCorrupt) corrupt_.push_back({f.iteration, false});
       if (f.kind == RankFault::Kind::kHang || f.kind == RankFault::Kind::kKill ||
           f.kind == RankFault::Kind::kSlow)
@@ -267,7 +279,8 @@ std::unique_ptr<TrainerFaults> TestHooks::TrainerFaultsFor(int rank, Backend* ba
 
 bool TestHooks::BitFlipAt(int rank, int64_t iteration) const {
   for (const RankFault& f : rank_faults)
-    if (f.kind == RankFault::Kind::kBitFlip && f.rank == rank && f.iteration == iteration)
+    if (f.kind == RankFault::Kind::kBitFlip && (f.rank < 0 || f.rank == rank) &&
+        f.iteration == iteration)
       return true;
   return false;
 }
@@ -275,12 +288,12 @@ bool TestHooks::BitFlipAt(int rank, int64_t iteration) const {
 std::function<bool(const std::string&)> TestHooks::SkipCollectiveFault(
     int rank, std::function<int64_t()> iteration) const {
   for (const RankFault& f : rank_faults) {
-    if (f.kind != RankFault::Kind::kSkipCollective || f.rank != rank) continue;
+    if (f.kind != RankFault::Kind::kSkipCollective || (f.rank >= 0 && f.rank != rank)) continue;
     auto done = std::make_shared<bool>(false);
-    return [f, iteration, done](const std::string& kind) {
+    return [f, rank, iteration, done](const std::string& kind) {
       if (*done || kind != f.collective || iteration() != f.iteration) return false;
       *done = true;
-      LogError(fmt::format("fault: rank {} skips {} in iteration {}", f.rank, kind, f.iteration));
+      LogError(fmt::format("fault: rank {} skips {} in iteration {}", rank, kind, f.iteration));
       return true;
     };
   }

@@ -21,7 +21,12 @@
 //       runs iteration N's forward and backward once on a corrupted weight (a transient fault
 //       that leaves no trace in the state: what the guard's rerun must tell from data). Any item
 //       may end with :attempt=A: armed only when KEEL_LAUNCH_ATTEMPT is A (keel launch sets it),
-//       so a restarted job does not fail the same way again.
+//       so a restarted job does not fail the same way again, and with :host=H: armed only in a
+//       process on host H, whatever its rank (unless :rank=R is given too): a bad machine,
+//       wherever keel launch places the ranks.
+//   KEEL_TEST_HOSTNAME=H
+//       this process plays host H: ThisHostName (hang dumps, straggler events, lock files, the
+//       host= key above) says H, so ranks on one machine play ranks on several hosts
 //   KEEL_TRAIN_FAULTS=save-delay=S
 //       each checkpoint commit (the rename of .tmp.iter_N) waits S seconds first: a save that
 //       takes seconds, for the tests of stopping a job by signal
@@ -48,7 +53,7 @@ class TrainerFaults;
 struct RankFault {
   enum class Kind { kHang, kKill, kSlow, kBitFlip, kSkipCollective, kCorrupt };
   Kind kind = Kind::kHang;
-  int rank = 0;
+  int rank = 0;                               // -1: any (:host=H without :rank=)
   int64_t iteration = 0;                      // hang, kill, bitflip, skip-collective, corrupt
   double fraction = 0;                        // slow
   IterationRange iterations{1, INT64_MAX};    // slow: the iterations it slows (:iters=A-B)

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <set>
 
+#include "core/host_name.h"
 #include "core/log.h"
 #include "watchdog/hang_dump.h"
 #include "watchdog/stack_trace.h"
@@ -16,12 +17,6 @@ namespace keel {
 namespace {
 
 constexpr uint64_t kSecond = 1'000'000;
-
-std::string HostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "?";
-  return buf;
-}
 
 std::string IterDirName(int64_t iteration) {
   return fmt::format("iter_{}", iteration);
@@ -60,7 +55,7 @@ std::string HangTriggerPath(const std::string& hangs_dir, const std::string& job
 Watchdog::Watchdog(Env* env, const PhaseTracker* phases, const CollectiveRecorder* collectives,
                    WatchdogOptions o)
     : env_(env), phases_(phases), collectives_(collectives), o_(std::move(o)) {
-  if (o_.host.empty()) o_.host = HostName();
+  if (o_.host.empty()) o_.host = ThisHostName();
   if (o_.poll_us == 0) {
     uint64_t smallest = 0;
     for (uint64_t t :

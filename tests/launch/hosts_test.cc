@@ -1,0 +1,146 @@
+// keel launch's hosts: Open MPI's hostfile format and its errors, Slurm's node lists, the command
+// of an attempt (mpirun --hostfile, srun --nodelist, the rank count), the refusal of a command
+// that chooses hosts itself, and the launcher's report of a dead rank as evidence.
+#include "launch/hosts.h"
+
+#include <gtest/gtest.h>
+
+#include "launch/blame.h"
+
+namespace keel {
+namespace {
+
+TEST(HostsTest, ParsesOpenMpiHostfiles) {
+  std::vector<HostEntry> h;
+  ASSERT_TRUE(
+      ParseHostfile("# the job\nn1 slots=4\n\n  n2 slots=2 max_slots=8 # spare\nn3\n", "hosts", &h)
+          .ok());
+  ASSERT_EQ(h.size(), 3u);
+  EXPECT_EQ(h[0].name, "n1");
+  EXPECT_EQ(h[0].slots, 4);
+  EXPECT_EQ(h[1].slots, 2);
+  EXPECT_EQ(h[1].extra, "max_slots=8");
+  EXPECT_EQ(h[2].slots, 1);
+  EXPECT_EQ(FormatHostfile(h), "n1 slots=4\nn2 slots=2 max_slots=8\nn3 slots=1\n");
+}
+
+TEST(HostsTest, HostfileErrorsNameTheLineAndTheFix) {
+  std::vector<HostEntry> h;
+  Status st = ParseHostfile("n1\nn2 slots=x\n", "hosts", &h);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("hosts line 2: 'slots=x' needs a whole number"), std::string::npos)
+      << st.message();
+  st = ParseHostfile("n1\n# c\nn1 slots=2\n", "hosts", &h);
+  EXPECT_NE(st.message().find("hosts line 3: host n1 is listed twice"), std::string::npos)
+      << st.message();
+  st = ParseHostfile("n1 cpu\n", "hosts", &h);
+  EXPECT_NE(st.message().find("line 1: 'cpu' after the host name is not KEY=VALUE"),
+            std::string::npos)
+      << st.message();
+  st = ParseHostfile("# nothing\n", "hosts", &h);
+  EXPECT_NE(st.message().find("lists no host"), std::string::npos) << st.message();
+}
+
+TEST(HostsTest, ExpandsSlurmNodeLists) {
+  std::vector<std::string> n;
+  ASSERT_TRUE(ExpandSlurmNodeList("node[01-03,07],gpu5,rack[1-2]x", &n).ok());
+  EXPECT_EQ(n, (std::vector<std::string>{"node01", "node02", "node03", "node07", "gpu5", "rack1x",
+                                         "rack2x"}));
+  EXPECT_FALSE(ExpandSlurmNodeList("node[01-03", &n).ok());
+  EXPECT_FALSE(ExpandSlurmNodeList("node[3-1]", &n).ok());
+  EXPECT_FALSE(ExpandSlurmNodeList("node[a]", &n).ok());
+}
+
+TEST(HostsTest, RefusesACommandThatChoosesHostsItself) {
+  for (const std::vector<std::string>& c :
+       {std::vector<std::string>{"mpirun", "-H", "a,b", "-np", "2", "keel", "train"},
+        {"mpirun", "--hostfile", "h", "keel", "train"},
+        {"mpiexec", "--host=a", "keel", "train"},
+        {"srun", "--nodelist=a", "keel", "train"},
+        {"srun", "-x", "a", "keel", "train"}}) {
+    const Status st = CheckCommandTakesHosts(c);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << c[1];
+    EXPECT_NE(st.message().find("remove '" + c[1] + "' from the command"), std::string::npos)
+        << st.message();
+  }
+  EXPECT_NE(CheckCommandTakesHosts({"keel", "train"}).message().find("mpirun"), std::string::npos);
+  // keel train's own flags are not mpirun's.
+  EXPECT_TRUE(CheckCommandTakesHosts({"mpirun", "-np", "2", "/bin/keel", "train", "-H"}).ok());
+}
+
+TEST(HostsTest, TheCommandOfAnAttempt) {
+  const std::vector<HostEntry> hosts = {{"a", 1, ""}, {"c", 1, ""}};
+  const std::vector<std::string> mpi = {"mpirun", "--oversubscribe", "-np", "3",
+                                        "keel",   "train",           "-n",  "7"};
+  EXPECT_EQ(CommandRankCount(mpi), 3);
+  EXPECT_EQ(CommandForHosts(mpi, "H", hosts, -1),
+            (std::vector<std::string>{"mpirun", "--hostfile", "H", "--oversubscribe", "-np", "3",
+                                      "keel", "train", "-n", "7"}));
+  EXPECT_EQ(CommandForHosts(mpi, "H", hosts, 2),
+            (std::vector<std::string>{"mpirun", "--hostfile", "H", "--oversubscribe", "-np", "2",
+                                      "keel", "train", "-n", "7"}));
+  const std::vector<std::string> srun = {"srun",       "--mpi=pmix", "--nodes=3",
+                                         "--ntasks=3", "keel",       "train"};
+  EXPECT_EQ(CommandRankCount(srun), 3);
+  EXPECT_EQ(CommandForHosts(srun, "", hosts, 2),
+            (std::vector<std::string>{"srun", "--nodelist=a,c", "--nodes=2", "--mpi=pmix",
+                                      "--ntasks=2", "keel", "train"}));
+  EXPECT_EQ(
+      CommandForHosts({"srun", "-N", "3", "keel"}, "", hosts, 2),
+      (std::vector<std::string>{"srun", "--nodelist=a,c", "--nodes=2", "--ntasks=2", "keel"}));
+  EXPECT_EQ(CommandModelParallelSize(
+                {"keel", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size=2"}),
+            4);
+  EXPECT_EQ(CommandModelParallelSize({"keel", "--model-parallel-size=2"}), 2);
+  EXPECT_EQ(CommandModelParallelSize({"keel", "train"}), 1);
+}
+
+TEST(HostsTest, ParsesDurations) {
+  double s = 0;
+  EXPECT_TRUE(ParseDuration("90", &s) && s == 90);
+  EXPECT_TRUE(ParseDuration("30m", &s) && s == 1800);
+  EXPECT_TRUE(ParseDuration("2h", &s) && s == 7200);
+  EXPECT_TRUE(ParseDuration("1d", &s) && s == 86400);
+  EXPECT_FALSE(ParseDuration("2 hours", &s));
+  EXPECT_FALSE(ParseDuration("-1", &s));
+}
+
+TEST(HostsTest, TheLaunchersReportOfADeadRankNamesItsHost) {
+  Blame b = BlameFromLauncherOutput(
+      "-----\nmpirun noticed that process rank 1 with PID 0 on node n2 exited on signal 9 "
+      "(Killed).\n-----\n");
+  EXPECT_EQ(b.kind, BlameKind::kCrash);
+  EXPECT_EQ(b.host, "n2");
+  EXPECT_EQ(b.rank, 1);
+  EXPECT_NE(b.evidence.find("exited on signal 9 (Killed)"), std::string::npos) << b.evidence;
+  b = BlameFromLauncherOutput("srun: error: gpu07: task 5: Killed\n");
+  EXPECT_EQ(b.host, "gpu07");
+  EXPECT_EQ(b.rank, 5);
+  b = BlameFromLauncherOutput(
+      "mpirun detected that one or more processes exited with non-zero "
+      "status\n  Exit code:    2\n");
+  EXPECT_EQ(b.kind, BlameKind::kNone);
+}
+
+// A replica mismatch names the host of the replica that differs from the majority; with two
+// replicas there is none, and the failure is pinned on no host.
+TEST(HostsTest, AReplicaMismatchIsPinnedOnlyWhenThereIsAMajority) {
+  const std::string head =
+      "{\"event\":\"replica_mismatch\",\"iteration\":20,\"message\":\"replica check at iteration "
+      "20: rank 1 (host h2) differs in 1 of 9 tensors: w";
+  Blame b = BlameFailure(Env::Default(), "/nonexistent", {head + "\"}"}, "");
+  EXPECT_EQ(b.kind, BlameKind::kReplicaMismatch);
+  EXPECT_EQ(b.host, "h2");
+  EXPECT_EQ(b.rank, 1);
+  b = BlameFailure(Env::Default(), "/nonexistent",
+                   {head + " (with two ranks, no majority: either may be the damaged one)\"}"}, "");
+  EXPECT_EQ(b.kind, BlameKind::kReplicaMismatch);
+  EXPECT_TRUE(b.host.empty());
+  // Lines of other kinds, or half-written ones, are no evidence.
+  b = BlameFailure(Env::Default(), "/nonexistent", {"{\"event\":\"straggler\",\"rank\":1", "x"},
+                   "");
+  EXPECT_EQ(b.kind, BlameKind::kNone);
+}
+
+}  // namespace
+}  // namespace keel
