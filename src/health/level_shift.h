@@ -27,8 +27,9 @@
 //   level      L_M = the median of the last M values, M = 20, 40, ..., 640 (longer windows see
 //              smaller shifts: a median's standard error is 1.2533 sigma / sqrt(n))
 //   z          worsening(L_M, R) / sqrt(se(M)^2 + se(reference)^2)
-//   shifted    worsening >= min_shift (1.5%) and z >= z (5) at M/2 consecutive values, at any M
-//   back       worsening <= min_shift / 2 at the same M against the same R, at M/2 consecutive
+//   shifted    worsening >= min_shift (1.5%) and z >= z (5) at S = max(M/4, 5) consecutive
+//              values, at any M (the shortest that is sure decides)
+//   back       worsening <= min_shift / 2 at the same M against the same R, at S consecutive
 //              values (the reference is frozen while the shift is open)
 // A 2% slower iteration is 1.96% less throughput; measured with its noise it must pass the bar
 // most of the time, so the bar is 1.5%.
@@ -124,7 +125,7 @@ class SustainedShift {
   Reference ReferenceFor(int window) const;
   double LevelOf(int window) const;
   double StandardError(const Reference& r, int window) const;
-  int Streak(int window) const { return std::max(window / 2, 1); }
+  int Streak(int window) const { return std::max(window / 4, 5); }
 
   SustainedShiftOptions opt_;
   LevelShift rule_;

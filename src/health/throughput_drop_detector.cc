@@ -118,7 +118,8 @@ std::optional<ThroughputDropEvent> ThroughputDropDetector::Add(
     }
     return Event(open_, /*sustained=*/false, since, iteration, baseline_, level_, m);
   }
-  if (!shift) return std::nullopt;
+  // A drop the threshold rule is already deciding is its own (its size, baseline and start).
+  if (!shift || (!open_ && streak_ > 0)) return std::nullopt;
   // The sustained-shift test: a smaller drop, sure against the noise, or its end.
   const int64_t since = shift_.ChangePoint(3 * static_cast<size_t>(shift->window), shift->reference,
                                            open_ ? opened_worsening_ : shift->worsening, !open_);

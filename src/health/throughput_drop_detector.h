@@ -25,9 +25,10 @@
 // A smaller sustained drop is the SustainedShift test's (health/level_shift.h) on the same
 // throughputs: a level (the median of the last M = 20..640 iterations) at least 1.5% under the
 // reference (the median level of the healthy iterations before it) and at least z = 5 of its
-// standard errors under it, the noise measured on the series itself, for M/2 iterations. Then B is
-// that reference, L that level, `since` its change point, and the drop is over when the level of
-// the same M is within 0.75% of B for M/2 iterations (the threshold rule above does not end it).
+// standard errors under it, the noise measured on the series itself, for max(M/4, 5) iterations,
+// unless the threshold rule's own streak runs (a big drop stays its to decide, as before). Then B
+// is that reference, L that level, `since` its change point, and the drop is over when the level
+// of the same M is within 0.75% of B as long (the threshold rule above does not end it).
 // Every event says how sure it is: z, the drop over its standard error at its window, and the
 // noise (relative, per iteration) it measured.
 // The rank a drop follows (when compute seconds are given):
