@@ -33,7 +33,6 @@ void SustainedShift::Reset() {
   open_ = open_by_test_ = false;
   frozen_ = Reference();
   open_window_ = 0;
-  open_worsening_ = 0;
   back_streak_ = 0;
 }
 
@@ -58,9 +57,9 @@ std::optional<ShiftMeasure> SustainedShift::Add(int64_t iteration, double v) {
   }
   if (open_) {
     if (!open_by_test_) return std::nullopt;  // the other rule decides its end
-    const ShiftMeasure m = Measure(open_window_);
+    const ShiftMeasure m = Measure(back_window_);
     back_streak_ = m.window > 0 && m.worsening <= opt_.min_shift / 2 ? back_streak_ + 1 : 0;
-    if (back_streak_ < Streak(open_window_)) return std::nullopt;
+    if (back_streak_ < Streak(back_window_)) return std::nullopt;
     back_streak_ = 0;
     return m;
   }
@@ -78,8 +77,14 @@ void SustainedShift::Open(int64_t since, const std::optional<ShiftMeasure>& foun
   open_by_test_ = found.has_value() && found->window > 0;
   if (open_by_test_) {
     frozen_ = ReferenceFor(found->window);
-    open_window_ = found->window;
-    open_worsening_ = found->worsening;
+    open_window_ = back_window_ = found->window;
+    while (back_window_ < opt_.max_window &&
+           StandardError(frozen_, back_window_) > opt_.min_shift / opt_.z)
+      back_window_ *= 2;
+    // The return is judged on values of the shift only.
+    int64_t after = 0;
+    for (auto h = history_.rbegin(); h != history_.rend() && h->iteration >= since; ++h) ++after;
+    start_ = count_ - after;
   }
   open_ = true;
   // Blocks that hold a value from the shift are not the level it is judged against.
@@ -149,6 +154,13 @@ ShiftMeasure SustainedShift::Measure(int window) const {
   m.se = StandardError(r, window);
   m.z = m.worsening / m.se;
   return m;
+}
+
+double SustainedShift::MedianSince(int64_t iteration) const {
+  std::vector<double> v;
+  for (auto h = history_.rbegin(); h != history_.rend() && h->iteration >= iteration; ++h)
+    v.push_back(h->value);
+  return MedianOf(std::move(v));
 }
 
 int64_t SustainedShift::ChangePoint(size_t span, double reference, double worsening,

@@ -29,8 +29,11 @@
 //   z          worsening(L_M, R) / sqrt(se(M)^2 + se(reference)^2)
 //   shifted    worsening >= min_shift (1.5%) and z >= z (5) at S = max(M/4, 5) consecutive
 //              values, at any M (the shortest that is sure decides)
-//   back       worsening <= min_shift / 2 at the same M against the same R, at S consecutive
-//              values (the reference is frozen while the shift is open)
+//   back       worsening <= min_shift / 2 against the same R (frozen while the shift is open) at
+//              S consecutive values, the level taken over the values since the shift's change
+//              point only and over a window where that bar is sure: the shortest M (at least the
+//              one that found the shift) whose standard error is at most min_shift / z, so that a
+//              level still down by min_shift is z/2 standard errors from being called back
 // A 2% slower iteration is 1.96% less throughput; measured with its noise it must pass the bar
 // most of the time, so the bar is 1.5%.
 #pragma once
@@ -104,6 +107,8 @@ class SustainedShift {
   // start or Close(): the split that best separates the values worse than halfway between
   // `reference` and a level `worsening` worse from the others.
   int64_t ChangePoint(size_t span, double reference, double worsening, bool after_is_worse) const;
+  // The median of the values from `iteration` on (NaN when none is still held).
+  double MedianSince(int64_t iteration) const;
   const SustainedShiftOptions& options() const { return opt_; }
   bool enabled() const { return opt_.min_shift > 0; }
 
@@ -137,8 +142,7 @@ class SustainedShift {
   std::vector<int> streaks_;    // per window (doubling from min_window)
   bool open_ = false, open_by_test_ = false;
   Reference frozen_;
-  int open_window_ = 0;
-  double open_worsening_ = 0;
+  int open_window_ = 0, back_window_ = 0;
   int back_streak_ = 0;
 };
 

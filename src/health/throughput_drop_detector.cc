@@ -126,14 +126,18 @@ std::optional<ThroughputDropEvent> ThroughputDropDetector::Add(
   open_ = !open_;
   by_shift_ = open_;
   streak_ = 0;
+  double level = shift->level;
   if (open_) {
     follows_ = FollowedRank();
-    opened_worsening_ = shift->worsening;
     shift_.Open(since, shift);
+    // Its size: the level since it began (the window that found it may hold values before).
+    const double after = shift_.MedianSince(since);
+    if (std::isfinite(after)) level = after;
+    opened_worsening_ = 1 - level / shift->reference;
   } else {
     shift_.Close();
   }
-  return Event(open_, /*sustained=*/true, since, iteration, shift->reference, shift->level, *shift);
+  return Event(open_, /*sustained=*/true, since, iteration, shift->reference, level, *shift);
 }
 
 ThroughputDropEvent ThroughputDropDetector::Event(bool dropped, bool sustained, int64_t since,
@@ -144,8 +148,9 @@ ThroughputDropEvent ThroughputDropDetector::Event(bool dropped, bool sustained, 
   e.sustained = sustained;
   e.window = m.window > 0 ? m.window : opt_.window;
   e.noise = m.noise;
-  // z of this drop: its worsening against its own baseline over the standard error at its window.
-  e.z = m.window > 0 ? rule_.Worsening(level, baseline) / m.se : NAN;
+  // z: the sustained test's own; the threshold rule's, its worsening against B over the standard
+  // error of its window's level.
+  e.z = m.window <= 0 ? NAN : sustained ? m.z : rule_.Worsening(level, baseline) / m.se;
   return e;
 }
 

@@ -27,8 +27,9 @@
 // reference (the median level of the healthy iterations before it) and at least z = 5 of its
 // standard errors under it, the noise measured on the series itself, for max(M/4, 5) iterations,
 // unless the threshold rule's own streak runs (a big drop stays its to decide, as before). Then B
-// is that reference, L that level, `since` its change point, and the drop is over when the level
-// of the same M is within 0.75% of B as long (the threshold rule above does not end it).
+// is that reference, `since` its change point, L the median of the iterations since then, and the
+// drop is over when a level of its iterations is within 0.75% of B as long, over a window long
+// enough to be sure of it (level_shift.h; the threshold rule above does not end it).
 // Every event says how sure it is: z, the drop over its standard error at its window, and the
 // noise (relative, per iteration) it measured.
 // The rank a drop follows (when compute seconds are given):
