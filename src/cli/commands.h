@@ -10,6 +10,9 @@ int TrainCommand(int argc, const char* const* argv);
 int SampleCommand(int argc, const char* const* argv);
 int DataCommand(int argc, const char* const* argv);
 int BenchCommand(int argc, const char* const* argv);
+// `keel bench level-shift` (bench_level_shift.cc): the throughput-drop detector's delay against a
+// slowdown's size and the noise, and its false drops on healthy series; argv[0] is "level-shift".
+int BenchLevelShift(int argc, const char* const* argv);
 // `keel bench --checkpoint` (bench_checkpoint.cc): repeats, threads.
 int BenchCheckpoint(const std::string& dir, int repeats, int threads);
 // `keel bench --guard` (bench_guard.cc): the guard's cost per step, median of paired ratios.

@@ -15,7 +15,10 @@ bool Valid(double v) {
 }  // namespace
 
 ThroughputDropDetector::ThroughputDropDetector(int world_size, ThroughputDropOptions o)
-    : world_size_(std::max(world_size, 1)), opt_(o), rule_{o.threshold, Worse::kLower} {
+    : world_size_(std::max(world_size, 1)),
+      opt_(o),
+      rule_{o.threshold, Worse::kLower},
+      shift_(Worse::kLower, o.shift) {
   opt_.window = std::max(opt_.window, 1);
   opt_.warmup = std::max(opt_.warmup, 0);
   opt_.percentile = std::clamp(opt_.percentile, 0.0, 1.0);
@@ -35,7 +38,8 @@ void ThroughputDropDetector::Rebaseline() {
   recent_job_ = RobustWindow(w);
   recent_compute_.assign(n, RobustWindow(w));
   history_.clear();
-  open_ = false;
+  shift_.Reset();
+  open_ = by_shift_ = false;
   streak_ = 0;
   follows_ = -1;
   level_ = last_drop_ = NAN;
@@ -91,19 +95,63 @@ std::optional<ThroughputDropEvent> ThroughputDropDetector::Add(
     cur_compute_[r].push_back(compute_seconds[r]);
   }
   if (cur_tp_.size() == w) CloseWindow();
+  const std::optional<ShiftMeasure> shift = shift_.Add(iteration, throughput);
   if (std::isnan(baseline_)) return std::nullopt;
 
   level_ = recent_.Median();
   last_drop_ = baseline_ / level_ - 1;
-  const bool towards = open_ ? rule_.Back(level_, baseline_) : rule_.Shifted(level_, baseline_);
+  // The threshold rule: a big drop is decided within a window, as it always was.
+  const bool towards = by_shift_ ? false
+                       : open_   ? rule_.Back(level_, baseline_)
+                                 : rule_.Shifted(level_, baseline_);
   streak_ = towards ? streak_ + 1 : 0;
-  if (streak_ < opt_.window) return std::nullopt;
-  streak_ = 0;
-  const int64_t since = ChangePoint(/*after_is_slow=*/!open_);
+  if (streak_ >= opt_.window) {
+    streak_ = 0;
+    const int64_t since = ChangePoint(/*after_is_slow=*/!open_);
+    const ShiftMeasure m = shift_.Measure(opt_.window);
+    open_ = !open_;
+    if (open_) {
+      follows_ = FollowedRank();
+      shift_.Open(since, std::nullopt);
+    } else {
+      shift_.Close();
+    }
+    return Event(open_, /*sustained=*/false, since, iteration, baseline_, level_, m);
+  }
+  // A drop the threshold rule is already deciding is its own (its size, baseline and start).
+  if (!shift || (!open_ && streak_ > 0)) return std::nullopt;
+  // The sustained-shift test: a smaller drop, sure against the noise, or its end.
+  const int64_t since = shift_.ChangePoint(3 * static_cast<size_t>(shift->window), shift->reference,
+                                           open_ ? opened_worsening_ : shift->worsening, !open_);
   open_ = !open_;
-  follows_ = open_ ? FollowedRank() : follows_;
-  return ThroughputDropEvent{open_,     since,  iteration, last_drop_,
-                             baseline_, level_, follows_,  follows_ >= 0 ? Rise(follows_) : 0};
+  by_shift_ = open_;
+  streak_ = 0;
+  double level = shift->level;
+  if (open_) {
+    follows_ = FollowedRank();
+    shift_.Open(since, shift);
+    // Its size: the level since it began (the window that found it may hold values before).
+    const double after = shift_.MedianSince(since);
+    if (std::isfinite(after)) level = after;
+    opened_worsening_ = 1 - level / shift->reference;
+  } else {
+    shift_.Close();
+  }
+  return Event(open_, /*sustained=*/true, since, iteration, shift->reference, level, *shift);
+}
+
+ThroughputDropEvent ThroughputDropDetector::Event(bool dropped, bool sustained, int64_t since,
+                                                  int64_t iteration, double baseline, double level,
+                                                  const ShiftMeasure& m) {
+  ThroughputDropEvent e{dropped,  since, iteration, baseline / level - 1,
+                        baseline, level, follows_,  follows_ >= 0 ? Rise(follows_) : 0};
+  e.sustained = sustained;
+  e.window = m.window > 0 ? m.window : opt_.window;
+  e.noise = m.noise;
+  // z: the sustained test's own; the threshold rule's, its worsening against B over the standard
+  // error of its window's level.
+  e.z = m.window <= 0 ? NAN : sustained ? m.z : rule_.Worsening(level, baseline) / m.se;
+  return e;
 }
 
 int64_t ThroughputDropDetector::ChangePoint(bool after_is_slow) const {

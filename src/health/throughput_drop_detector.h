@@ -22,6 +22,16 @@
 //   since      the change point in the last 3 windows: the iteration that best splits their
 //              throughputs into before (not slow) and after (slow; for a recovery: back)
 //   drop       B / L - 1 when decided: 0.6 = an iteration takes 60% longer than at B
+// A smaller sustained drop is the SustainedShift test's (health/level_shift.h) on the same
+// throughputs: a level (the median of the last M = 20..640 iterations) at least 1.5% under the
+// reference (the median level of the healthy iterations before it) and at least z = 5 of its
+// standard errors under it, the noise measured on the series itself, for max(M/4, 5) iterations,
+// unless the threshold rule's own streak runs (a big drop stays its to decide, as before). Then B
+// is that reference, `since` its change point, L the median of the iterations since then, and the
+// drop is over when a level of its iterations is within 0.75% of B as long, over a window long
+// enough to be sure of it (level_shift.h; the threshold rule above does not end it).
+// Every event says how sure it is: z, the drop over its standard error at its window, and the
+// noise (relative, per iteration) it measured.
 // The rank a drop follows (when compute seconds are given):
 //   rise_r     = rank r's median compute of the last `window` iterations / its median compute in
 //              the window that set B, - 1
@@ -44,10 +54,11 @@
 namespace keel {
 
 struct ThroughputDropOptions {
-  int window = 10;          // iterations per median window
-  int warmup = 20;          // iterations ignored at the start and after Rebaseline()
-  double threshold = 0.05;  // throughput under its baseline that counts as a drop (5% less)
-  double percentile = 0.9;  // of the windows' medians: the baseline
+  int window = 10;              // iterations per median window
+  int warmup = 20;              // iterations ignored at the start and after Rebaseline()
+  double threshold = 0.05;      // throughput under its baseline that counts as a drop (5% less)
+  double percentile = 0.9;      // of the windows' medians: the baseline
+  SustainedShiftOptions shift;  // the test for smaller sustained drops (min_shift 0: off)
 
   // The live run's options (the defaults above) and those of `keel logs analyze --drop-window W
   // --drop-threshold T`: the warm-up is two windows.
@@ -69,6 +80,12 @@ struct ThroughputDropEvent {
   double level;             // L when decided
   int follows_rank;         // the rank the drop follows; -1: no single rank (or no compute given)
   double rank_rise;         // that rank's rise_r when decided (0 for -1)
+  // How sure: the rule that decided (false: the threshold rule; true: the sustained-shift test),
+  // the iterations the level is the median of, the worsening over its standard error (NaN while
+  // the run is too short to measure its noise) and the relative noise per iteration measured.
+  bool sustained = false;
+  int window = 0;
+  double z = NAN, noise = NAN;
 };
 
 class ThroughputDropDetector {
@@ -106,6 +123,8 @@ class ThroughputDropDetector {
   void CloseWindow();
   void SetBaseline();
   int64_t ChangePoint(bool after_is_slow) const;
+  ThroughputDropEvent Event(bool dropped, bool sustained, int64_t since, int64_t iteration,
+                            double baseline, double level, const ShiftMeasure& m);
   int FollowedRank() const;  // -1: no single rank
   double Rise(int rank) const;
 
@@ -122,7 +141,10 @@ class ThroughputDropDetector {
   RobustWindow recent_, recent_job_;
   std::vector<RobustWindow> recent_compute_;
   std::deque<Sample> history_;  // the last 3 windows
+  SustainedShift shift_;
   bool open_ = false;
+  bool by_shift_ = false;  // the open drop is the sustained-shift test's
+  double opened_worsening_ = 0;
   int streak_ = 0;  // consecutive iterations towards the other state
   int follows_ = -1;
   double level_ = 0, last_drop_ = 0;

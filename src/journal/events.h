@@ -362,6 +362,10 @@ struct JobSlowdownEvent final : JournalEvent {
   // Absent in journals of keel before they were written.
   std::optional<double> baseline, level;
   std::optional<std::string> reason;
+  // How sure: the drop over its standard error (absent while the run was too short to measure its
+  // noise), the relative noise per iteration measured, the iterations the level is the median of.
+  std::optional<double> z, noise;
+  std::optional<int64_t> window;
   template <class F>
   void Fields(F& f) {
     f("iteration", iteration);
@@ -372,6 +376,9 @@ struct JobSlowdownEvent final : JournalEvent {
     f("baseline", baseline);
     f("level", level);
     f("reason", reason);
+    f("z", z);
+    f("noise", noise);
+    f("window", window);
   }
 };
 

@@ -348,10 +348,18 @@ class LogEventScanner::Drops {
     e.signal = signal;
     e.value = d.level;
     e.baseline = d.baseline;
+    // How sure: the drop over its standard error, against the noise the records themselves show.
+    const std::string sure =
+        std::isfinite(d.z)
+            ? fmt::format("z = {:.1f} over the median of {} records, noise {:.2f}% a record", d.z,
+                          d.window, 100 * d.noise)
+            : std::string("z not measured: too few records before it");
     e.detail = fmt::format(
-        "{} fell from {:.4g} (its best sustained level) to {:.4g} ({:+.1f}%) at iteration {} "
-        "(found at iteration {})",
-        signal, d.baseline, d.level, 100 * (d.level / d.baseline - 1), d.start, d.found);
+        "{} fell from {:.4g} ({}) to {:.4g} ({:+.1f}%) at iteration {} (found at "
+        "iteration {}, {})",
+        signal, d.baseline,
+        d.sustained ? "its median level before, a sustained shift" : "its best sustained level",
+        d.level, 100 * (d.level / d.baseline - 1), d.start, d.found, sure);
     if (!d.open)
       e.detail += d.back
                       ? fmt::format(" and was back by iteration {}", d.end)

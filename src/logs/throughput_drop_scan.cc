@@ -19,6 +19,10 @@ void ThroughputDropScan::Add(int64_t iteration, double value) {
     cur_.end = cur_.found = e->iteration;
     cur_.baseline = e->baseline;
     cur_.level = e->level;
+    cur_.sustained = e->sustained;
+    cur_.window = e->window;
+    cur_.z = e->z;
+    cur_.noise = e->noise;
     on_change_(cur_);
     return;
   }

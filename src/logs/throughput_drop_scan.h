@@ -3,8 +3,10 @@
 // It is the live run's detector (health/throughput_drop_detector.h) with the log's records as its
 // iterations: a drop is found once it lasted a window past the baseline's threshold, begins at its
 // change point, and ends where the detector finds the recovery's change point (or at the end, or
-// at a Rebaseline: a restart, a new global batch size). So a keel run's journal and the analysis
-// of its log (one record an iteration, the same window and threshold) agree.
+// at a Rebaseline: a restart, a new global batch size). A small drop is the detector's
+// sustained-shift test's, found once it is sure against the noise the records themselves show. So a
+// keel run's journal and the analysis of its log (one record an iteration, the same window and
+// threshold) agree.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,11 @@ struct ThroughputDrop {
   double baseline = 0, level = 0;
   bool open = true;   // not back yet
   bool back = false;  // closed because it came back (not by Finish or Rebaseline)
+  // How sure (ThroughputDropEvent): decided by the sustained-shift test, the records its level is
+  // the median of, the drop over its standard error, the relative noise per record measured.
+  bool sustained = false;
+  int window = 0;
+  double z = 0, noise = 0;
 };
 
 class ThroughputDropScan {

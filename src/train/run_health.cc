@@ -105,9 +105,12 @@ Status RunHealth::Start(const TrainConfig& cfg) {
   const ThroughputDropOptions& t = drops_->options();
   Log("checks: throughput: samples per second {:g}% or more below the best level the run "
       "sustained (the {:g}th percentile of its {}-iteration windows' medians) for {} iterations is "
-      "a drop, journaled with its recovery; the baseline is set anew after {} iterations of "
+      "a drop, and so is a sustained {:g}% or more below its median level before, once the median "
+      "of {} to {} iterations is that far under it by {:g} standard errors of the noise the run "
+      "shows; journaled with its recovery; the baseline is set anew after {} iterations of "
       "warm-up at the start, at each batch ramp-up stage and after a rollback",
-      100 * t.threshold, 100 * t.percentile, t.window, t.window, t.warmup);
+      100 * t.threshold, 100 * t.percentile, t.window, t.window, 100 * t.shift.min_shift,
+      t.shift.min_window, t.shift.max_window, t.shift.z, t.warmup);
   return Status::OK();
 }
 
@@ -220,6 +223,14 @@ void RunHealth::WatchThroughput(const StepResult& r, int64_t it) {
   ev.drop = d->drop;
   ev.baseline = d->baseline;
   ev.level = d->level;
+  ev.window = d->window;
+  if (std::isfinite(d->z)) ev.z = d->z, ev.noise = d->noise;
+  // How sure: the drop over its standard error, against the noise the run's iterations show.
+  const std::string sure =
+      std::isfinite(d->z)
+          ? fmt::format("z = {:.1f} over the median of {} iterations, noise {:.2f}% an iteration",
+                        d->z, d->window, 100 * d->noise)
+          : std::string("z not measured: too few iterations before it");
   const bool many = comm_.world_size() > 1;
   if (many) {
     ev.follows_rank = d->follows_rank;
@@ -227,8 +238,8 @@ void RunHealth::WatchThroughput(const StepResult& r, int64_t it) {
   }
   if (!d->dropped) {
     Journal(ev, fmt::format("iteration {}: throughput recovered since iteration {}: {:.4g} samples "
-                            "per second against {:.4g} ({:+.1f}% time per iteration)",
-                            it, d->since_iteration, d->level, d->baseline, 100 * d->drop));
+                            "per second against {:.4g} ({:+.1f}% time per iteration; {})",
+                            it, d->since_iteration, d->level, d->baseline, 100 * d->drop, sure));
     return;
   }
   std::string cause = ThroughputCause(d->since_iteration);
@@ -242,10 +253,12 @@ void RunHealth::WatchThroughput(const StepResult& r, int64_t it) {
                                 "the network or the machines)"));
   if (cause.empty()) cause = "no cause visible in the process's CPU time, data wait or saves";
   Journal(ev, fmt::format("iteration {}: the job slowed: an iteration takes {:.1f}% longer since "
-                          "iteration {}: {:.4g} samples per second against {:.4g}, the best level "
-                          "it sustained since iteration {}; {}",
+                          "iteration {}: {:.4g} samples per second against {:.4g}, {} since "
+                          "iteration {} ({}); {}",
                           it, 100 * d->drop, d->since_iteration, d->level, d->baseline,
-                          anchor_iteration_, cause));
+                          d->sustained ? "its median level before (a sustained shift)"
+                                       : "the best level it sustained",
+                          anchor_iteration_, sure, cause));
 }
 
 std::string RunHealth::ThroughputCause(int64_t since) const {

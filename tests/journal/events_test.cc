@@ -276,14 +276,20 @@ TEST(JournalEventsTest, TrainAndHealthKindsWriteTheBytesOfBefore) {
   }
   for (const char* kind : {"throughput_drop", "throughput_recovered"}) {
     JobSlowdownEvent e = Filled<JobSlowdownEvent>(kind);
-    // Levels and the cause are written since every run watches its throughput (issue 37).
-    json with_levels = {{"baseline", *e.baseline}, {"level", *e.level}, {"reason", *e.reason}};
+    // Levels and the cause are written since every run watches its throughput (issue 37); how
+    // sure, since small sustained drops are found against the noise (issue 36).
+    json with_levels = {{"baseline", *e.baseline}, {"level", *e.level},
+                        {"reason", *e.reason},     {"z", *e.z},
+                        {"noise", *e.noise},       {"window", *e.window}};
     const std::string written = Written(e);
     for (const auto& [k, v] : with_levels.items())
       EXPECT_NE(written.find("\"" + k + "\":"), std::string::npos) << k;
     e.baseline.reset();
     e.level.reset();
     e.reason.reset();
+    e.z.reset();
+    e.noise.reset();
+    e.window.reset();
     json old = {{"event", kind},
                 {"iteration", e.iteration},
                 {"since_iteration", e.since_iteration},

@@ -197,6 +197,13 @@ void ExpectDropsAndRecoveries(const Trained& t, const std::vector<Expected>& wan
     EXPECT_GT(drop["baseline"].get<double>(), drop["level"].get<double>());
     EXPECT_EQ(drop["follows_rank"], -1);  // one process: no rank to name
     EXPECT_NE(drop.value("reason", "").find("off the cores"), std::string::npos);
+    // How sure (issue 36): these big drops are the threshold rule's, judged at its window; z is
+    // there once the run had blocks enough before the drop to measure its noise.
+    EXPECT_EQ(drop["window"], 10);
+    if (drop.contains("z")) {
+      EXPECT_GT(drop["z"].get<double>(), 5);
+      EXPECT_GT(drop["noise"].get<double>(), 0);
+    }
     EXPECT_EQ(back["event"], "throughput_recovered");
     EXPECT_NEAR(back["since_iteration"].get<double>(), static_cast<double>(want[k].last + 1), 3);
     EXPECT_LE(back["iteration"].get<int64_t>(), want[k].last + 1 + 20);
