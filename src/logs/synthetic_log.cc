@@ -11,7 +11,10 @@ namespace {
 // log on every machine and build.
 class Gaussian {
  public:
-  explicit Gaussian(uint64_t seed) : state_(seed * 0x9E3779B97F4A7C15ULL + 1) {}
+  // The seed is hashed: splitmix64 streams of nearby plain seeds are shifted copies of each other.
+  explicit Gaussian(uint64_t seed) : state_(seed) {
+    state_ = static_cast<uint64_t>(Uniform() * 0x1p53) * 0x9E3779B97F4A7C15ULL + seed;
+  }
   double Next() {
     if (has_spare_) {
       has_spare_ = false;
@@ -57,8 +60,9 @@ std::string GenerateSyntheticLog(const SyntheticLogOptions& o) {
   auto emit = [&](int64_t it) {
     double loss = SyntheticHealthyLoss(o, static_cast<double>(it));
     if (o.divergence_start >= 0 && it > o.divergence_start)
-      loss *= 1.0 + o.divergence_size * static_cast<double>(it - o.divergence_start) /
-                        static_cast<double>(o.divergence_iterations);
+      loss = SyntheticHealthyLoss(o, static_cast<double>(o.divergence_start)) *
+             (1.0 + o.divergence_size * static_cast<double>(it - o.divergence_start) /
+                        static_cast<double>(o.divergence_iterations));
     if (bump_left > 0) {
       loss *= 1.0 + o.resume_bump;
       --bump_left;

@@ -41,9 +41,10 @@ struct SyntheticLogOptions {
   double learning_rate = 3e-4;
   int64_t warmup_iterations = 0;  // learning rate ramps linearly from 0 over these (printed only)
 
-  // Divergence: from iteration divergence_start (-1: none) the loss is the healthy loss times
-  // 1 + divergence_size * (it - start) / divergence_iterations; the ramp goes on past
-  // divergence_iterations (a divergence that does not recover).
+  // Divergence: from iteration divergence_start (-1: none) the loss stops learning and climbs
+  // from its level there: healthy(start) * (1 + divergence_size * (it - start) /
+  // divergence_iterations), so it is divergence_size above that level after
+  // divergence_iterations; the climb goes on past them (a divergence that does not recover).
   int64_t divergence_start = -1;
   double divergence_size = 0.05;
   int64_t divergence_iterations = 500;

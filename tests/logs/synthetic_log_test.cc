@@ -31,9 +31,10 @@ TEST(SyntheticLog, BothStylesParseWithTheInjectedEffects) {
       for (const LogRecord& r : log.records) {
         ASSERT_TRUE(r.has_loss);
         ASSERT_TRUE(std::isfinite(r.iteration_seconds));
-        const double healthy = SyntheticHealthyLoss(o, static_cast<double>(r.iteration));
-        double want = healthy;
-        if (r.iteration > 1000) want *= 1 + 0.05 * static_cast<double>(r.iteration - 1000) / 500;
+        double want = SyntheticHealthyLoss(o, static_cast<double>(r.iteration));
+        if (r.iteration > 1000)
+          want = SyntheticHealthyLoss(o, 1000) *
+                 (1 + 0.05 * static_cast<double>(r.iteration - 1000) / 500);
         EXPECT_NEAR(r.lm_loss / want, 1.0, 1e-5) << r.iteration;
         EXPECT_NEAR(r.iteration_seconds, r.iteration > 2000 ? 1.5 * 1.03 : 1.5, 1e-3);
       }
