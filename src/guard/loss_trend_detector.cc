@@ -19,6 +19,21 @@ double Median(std::vector<double> v) {
   return MedianOf(std::move(v));
 }
 
+// Whether r[from..] still climbs: its least-squares slope over dt is more than 2 standard errors
+// (of noise `sigma`) above zero.
+bool RisesAfter(const std::vector<double>& r, const std::vector<double>& dt, size_t from,
+                double sigma) {
+  const size_t n = r.size() - from;
+  if (n < 3) return false;
+  double mt = 0, mr = 0;
+  for (size_t i = from; i < r.size(); ++i) mt += dt[i], mr += r[i];
+  mt /= static_cast<double>(n), mr /= static_cast<double>(n);
+  double sxx = 0, sxy = 0;
+  for (size_t i = from; i < r.size(); ++i)
+    sxx += (dt[i] - mt) * (dt[i] - mt), sxy += (dt[i] - mt) * (r[i] - mr);
+  return sxx > 0 && sxy / sxx > 2 * sigma / std::sqrt(sxx);
+}
+
 }  // namespace
 
 LossTrendDetector::LossTrendDetector(const LossTrendConfig& cfg) : cfg_(cfg) {}
@@ -88,15 +103,20 @@ bool LossTrendDetector::Add(int64_t iteration, double loss) {
   while (points_.front().it < iteration - keep) points_.pop_front();
   cur_.latest = iteration;
   if (cur_.diverging) {
-    // It lasts while the newest values stay above the base.
-    const size_t k = std::min<size_t>(points_.size(), std::max(cfg_.min_records, 3));
+    // It lasts while the newest values (those of the last min_window iterations, at least
+    // min_records) stay above the base.
     std::vector<double> recent;
-    for (size_t i = points_.size() - k; i < points_.size(); ++i) recent.push_back(points_[i].y);
+    for (size_t i = points_.size(); i-- > 0;) {
+      if (points_[i].it <= iteration - cfg_.min_window &&
+          recent.size() >= static_cast<size_t>(cfg_.min_records))
+        break;
+      recent.push_back(points_[i].y);
+    }
     const double level = Median(std::move(recent));
-    if (level < cur_.base + std::log1p(cfg_.min_abs_rise)) {
+    if (level < std::log(cur_.base)) {
       cur_.diverging = false;
     } else {
-      cur_.size = std::max(cur_.size, std::expm1(level - cur_.base));
+      cur_.size = std::max(cur_.size, std::expm1(level - std::log(cur_.base)));
     }
     return false;
   }
@@ -167,16 +187,19 @@ void LossTrendDetector::Judge() {
     total += r[i];
   }
   double sse_step = INFINITY, tail = total, before2 = 0, tail2 = 0;
+  size_t step_at = 0;
   for (size_t i = 0; i < n; ++i) tail2 += r[i] * r[i];
   for (size_t k = 0; k < n; ++k) {  // the step at value k: 0 before, the tail's mean from there
     const double m = tail / static_cast<double>(n - k);
-    sse_step = std::min(sse_step, before2 + tail2 - m * tail);
+    if (before2 + tail2 - m * tail < sse_step) sse_step = before2 + tail2 - m * tail, step_at = k;
     before2 += r[k] * r[k];
     tail2 -= r[k] * r[k];
     tail -= r[k];
   }
-  // By more than noise explains: a step has one parameter more, and chance favours it a little.
-  if (sse_ramp - sse_step > kStepMargin * f.noise * f.noise) return;
+  // By more than noise explains (a step has one parameter more, and chance favours it a little),
+  // and flat after it: a loss that jumped and goes on climbing (an LR raised in steps) drifts.
+  if (sse_ramp - sse_step > kStepMargin * f.noise * f.noise && !RisesAfter(r, dt, step_at, f.noise))
+    return;
   // Still up now: the newest quarter of the window holds at least half the ramp's rise there.
   const size_t k = std::max<size_t>(3, n / 4);
   double recent = 0, ramp = 0;

@@ -39,7 +39,7 @@ struct LossTrendConfig {
   int64_t max_window = 600;     // ... and its start looked for at most this far back
   int64_t grid = 10;            // candidate starts every this many iterations (at least a record)
   int min_records = 8;          // records in a judged window (and 2x in the reference)
-  double z_threshold = 3.75;       // standard errors of the rise
+  double z_threshold = 3.75;    // standard errors of the rise
   int64_t level_window = 500;   // the newest iterations of the reference that set its level
   double min_abs_rise = 0.005;  // rise above the level at the start (relative)
   double slope_damping = 0.5;   // the expected curve keeps this much of the reference's fall
@@ -64,7 +64,8 @@ class LossTrendDetector {
 
   // One value (a record's loss, or an iteration's); non-finite or <= 0 values are refused. Returns
   // true when this value confirmed a new divergence (current() says which); while it lasts no new
-  // one is reported, and it ends once the loss is back within min_abs_rise of its base.
+  // one is reported, and it ends once the median of the last min_window iterations is back at its
+  // base.
   bool Add(int64_t iteration, double loss);
   const LossTrend& current() const { return cur_; }
   bool diverging() const { return cur_.diverging; }

@@ -191,13 +191,12 @@ class LogEventScanner::Instability {
       return;
     }
     if (!resume_period) resume_det_.reset();
-    // A new global batch size or a learning rate still warming up: the loss's course changes,
-    // the trend test starts its history afresh.
-    if ((std::isfinite(r.global_batch) && std::isfinite(batch_) && r.global_batch != batch_) ||
-        (std::isfinite(r.learning_rate) && std::isfinite(lr_) && r.learning_rate > lr_ * 1.0001))
+    // A new global batch size (a batch ramp-up step): the loss's course changes, the trend test
+    // starts its history afresh. (An LR warm-up needs nothing: the loss falls then, and the test
+    // has no reference before reference / 2 iterations.)
+    if (std::isfinite(r.global_batch) && std::isfinite(batch_) && r.global_batch != batch_)
       trend_.Rebaseline();
     if (std::isfinite(r.global_batch)) batch_ = r.global_batch;
-    if (std::isfinite(r.learning_rate)) lr_ = r.learning_rate;
     // A divergence lasts while the loss stays above its pre-onset level (the trend test's: while
     // that test says so).
     if (div_open_ && div_by_trend_) {
@@ -366,7 +365,7 @@ class LogEventScanner::Instability {
   bool div_open_ = false;      // ... and the loss is still above its level
   bool div_by_trend_ = false;  // ... found by the trend test
   LossTrendDetector trend_;
-  double batch_ = NAN, lr_ = NAN;  // of the previous record
+  double batch_ = NAN;  // of the previous record
 };
 
 // The throughput drop test, its findings as events.

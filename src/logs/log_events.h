@@ -10,8 +10,8 @@
 //                     records before it with the detector's floors scaled by resume_floor_scale
 //   spike_unresolved  still open at the end of the log (or of the watch), or at a restart
 //   divergence        a slow rise: found early by the trend test (guard/loss_trend_detector.h:
-//                     start, size, confidence; it lasts while the loss stays above its level at
-//                     the start), or by the level rule (the detector's median of
+//                     start, size, confidence; it lasts while the median of its last 100
+//                     iterations stays above its level at the start), or by the level rule (the detector's median of
 //                     divergence_window records > divergence_rel above its lowest); or a spike
 //                     whose loss did not come back within recover_iters (a level shift)
 //   nan               records with a non-finite iteration (LogRecord::nonfinite)
