@@ -60,6 +60,7 @@ lr10-late|SMALL|lr=81-200*10|the LR 10x from iteration 81 on (a sustained LR err
 lr0.1-demo|DEMO||the attention-logit instability of scripts/instability-demo.sh
 slow-div|SLOWDIV|$SLOWDIV_FAULTS|the LR raised 1.3x every 50 iterations from 1001 (a slow divergence)|--guard-divergence act
 slow-div-notify|SLOWDIV|$SLOWDIV_FAULTS|the same, --guard-divergence notify (the default)|
+slow-div-z3|SLOWDIV|$SLOWDIV_FAULTS|the same, act, the trend test at z 3 (4.7 a value an iteration)|--guard-divergence act --guard-trend-z 3
 clean-small|SMALL||no fault: false alarms
 clean-medium|MEDIUM||no fault: false alarms
 clean-large|LARGE||no fault: false alarms
