@@ -36,10 +36,17 @@ LARGE="--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 64
 DEMO="--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64
   --micro-batch-size 8 --global-batch-size 16 --train-iters 500 --lr 1e-1 --min-lr 1e-1
   --lr-decay-style constant --lr-warmup-iters 250 --save-interval 25"
+# A slow divergence (issue 36): the docs' small model at a constant LR for 1800 iterations; from
+# iteration 1001 its LR is raised 1.3x every 50 iterations (to 67x by 1800), and the loss, which
+# had stopped falling, climbs a few percent over hundreds of iterations without a spike.
+SLOWDIV="--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 32
+  --micro-batch-size 2 --global-batch-size 8 --lr-warmup-iters 3 --train-iters 1800 --lr 5e-3
+  --lr-decay-style constant --save-interval 50"
+SLOWDIV_FAULTS=$(python3 -c 'print(",".join(f"lr={1001 + 50 * i}-{1050 + 50 * i}*{1.3 ** (i + 1):.2f}" for i in range(16)))')
 COMMON="--log-interval 10 --eval-interval 1000 --eval-iters 0 --sample-tokens 0 --threads 1
   --keep-last-checkpoints 0"
 
-# name | model | KEEL_TRAIN_FAULTS | what it stands for
+# name | model | KEEL_TRAIN_FAULTS | what it stands for | the guarded run's own flags
 SCENARIO_TABLE="
 poison-1|SMALL|poison=101-101|one batch of random tokens
 poison-4|SMALL|poison=101-104|4 bad batches
@@ -51,19 +58,22 @@ nan-1|SMALL|nan-grad=101-101|a NaN in one iteration's gradients
 nan-3|SMALL|nan-grad=101-103|NaN gradients 3 iterations in a row
 lr10-late|SMALL|lr=81-200*10|the LR 10x from iteration 81 on (a sustained LR error)
 lr0.1-demo|DEMO||the attention-logit instability of scripts/instability-demo.sh
+slow-div|SLOWDIV|$SLOWDIV_FAULTS|the LR raised 1.3x every 50 iterations from 1001 (a slow divergence)|--guard-divergence act
+slow-div-notify|SLOWDIV|$SLOWDIV_FAULTS|the same, --guard-divergence notify (the default)|
+slow-div-z3|SLOWDIV|$SLOWDIV_FAULTS|the same, act, the trend test at z 3 (4.7 a value an iteration)|--guard-divergence act --guard-trend-z 3
 clean-small|SMALL||no fault: false alarms
 clean-medium|MEDIUM||no fault: false alarms
 clean-large|LARGE||no fault: false alarms
 "
 
-run() {  # dir, model flags, faults, guard mode
-  local dir=$1 model=$2 faults=$3 guard=$4
+run() {  # dir, model flags, faults, guard mode[, the guarded run's own flags]
+  local dir=$1 model=$2 faults=$3 guard=$4 own=${5:-}
   rm -rf "$dir"
   local t0 t1 rc=0
   t0=$(date +%s%N)
   # shellcheck disable=SC2086
   local extra=""
-  [ "$guard" = off ] || extra=${GUARD_FLAGS:-}
+  [ "$guard" = off ] || extra="${GUARD_FLAGS:-} $own"
   # shellcheck disable=SC2086
   KEEL_TRAIN_FAULTS="$faults" "$KEEL" train $model $COMMON --guard "$guard" $extra --save "$dir" \
     >"$dir.log" 2>&1 || rc=$?
@@ -73,7 +83,7 @@ run() {  # dir, model flags, faults, guard mode
 
 : >"$WORK/scenarios.txt"
 want=" ${SCENARIOS:-} "
-while IFS='|' read -r name model faults what; do
+while IFS='|' read -r name model faults what own; do
   [ -n "$name" ] || continue
   [ "$want" = "  " ] || [[ "$want" == *" $name "* ]] || continue
   flags=${!model}
@@ -83,7 +93,7 @@ while IFS='|' read -r name model faults what; do
   if [ -n "$faults" ] || [ "$model" = DEMO ]; then
     run "$WORK/$name-unguarded" "$flags" "$faults" off
   fi
-  run "$WORK/$name-guarded" "$flags" "$faults" act
+  run "$WORK/$name-guarded" "$flags" "$faults" act "$own"
   echo "$name|$model|$faults|$what" >>"$WORK/scenarios.txt"
   echo "guard-scenarios: $name done" >&2
 done <<<"$SCENARIO_TABLE"
@@ -139,6 +149,7 @@ def gap(x, ref):
 print("| scenario | fault | clean | unguarded (damage) | guarded (damage) | guarded waste: "
       "updates skipped / data skipped / recomputed | wall s (unguarded, guarded) | guard's events |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+extra_notes = []
 for line in open(os.path.join(work, "scenarios.txt")):
     name, model, faults, what = line.rstrip("\n").split("|")
     c, cw = float("nan"), float("nan")
@@ -162,6 +173,29 @@ for line in open(os.path.join(work, "scenarios.txt")):
         gcol = f"{fmt(g)} ({gap(g, u)} vs unguarded)"
         ucol = f"{fmt(u)}" + ("" if u_rc == 0 else f" exit {u_rc}")
     gcol += "" if g_rc == 0 else f" exit {g_rc}"
-    print(f"| {name} | {what} (`{faults or 'none'}`) | {fmt(c) if math.isfinite(c) else '—'} | {ucol} | {gcol} | "
+    shown = faults if len(faults) < 40 else faults[:36] + " ..."
+    print(f"| {name} | {what} (`{shown or 'none'}`) | {fmt(c) if math.isfinite(c) else '—'} | {ucol} | {gcol} | "
           f"{s} / {ds} / {rc_} | {wall} | {journal(gev)} |")
+    # A slow divergence: where the trend test found it, and how far the loss was then above its
+    # lowest (medians of 50 iterations of the run as it went, before any rollback).
+    for e in gev:
+        if e.get("event") != "slow_divergence" or e.get("signal") != "lm loss":
+            continue
+        found = e["iteration"]
+        series = [r["lm_loss"] for r in urow if r["iteration"] <= found
+                  and isinstance(r.get("lm_loss"), (int, float))] if os.path.exists(
+                      os.path.join(work, name + "-unguarded.run")) else []
+        meds = []
+        for i in range(50, len(series) + 1):
+            w = sorted(series[i - 50:i])
+            meds.append((w[24] + w[25]) / 2)
+        above = (meds[-1] / min(meds) - 1) * 100 if meds else float("nan")
+        extra_notes.append(f"{name}: slow divergence found at iteration {found} (start {e['start']}, "
+                           f"size {100 * e['size']:+.1f}%, confidence {e['confidence']:.3f}); the "
+                           f"loss then {above:+.1f}% above its lowest (median of 50), "
+                           f"action {e['action']}")
+        break
+for n in extra_notes:
+    print()
+    print(n)
 PY

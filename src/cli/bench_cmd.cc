@@ -101,6 +101,8 @@ void LogProfile(const ProfilingBackend& profiler, const std::vector<double>& ste
 }  // namespace
 
 int BenchCommand(int argc, const char* const* argv) {
+  if (argc >= 2 && std::string(argv[1]) == "log-detectors")
+    return BenchLogDetectors(argc - 1, argv + 1);
   CLI::App app("Training throughput of the CPU backend against the machine's sgemm peak",
                "keel bench");
   if (argc > 1 && std::string(argv[1]) == "level-shift") return BenchLevelShift(argc - 1, argv + 1);

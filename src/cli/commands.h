@@ -17,6 +17,8 @@ int BenchLevelShift(int argc, const char* const* argv);
 int BenchCheckpoint(const std::string& dir, int repeats, int threads);
 // `keel bench --guard` (bench_guard.cc): the guard's cost per step, median of paired ratios.
 int BenchGuard(int iters, int warmup, int threads);
+// `keel bench log-detectors` (bench_log_detectors.cc); argv[0] is "log-detectors".
+int BenchLogDetectors(int argc, const char* const* argv);
 // `keel bench --recompute`: step time and activation memory of each recomputation granularity.
 int BenchRecompute(int iters, int warmup, int threads, int seq_length);
 // `keel bench --data` (bench_data.cc): sampler tokens/s on a synthetic dataset of `gb` GB.

@@ -61,16 +61,22 @@ void AddDetectorOptions(CLI::App* app, LogAnalysisOptions* opt, const std::strin
                   "a throughput drop of more than this fraction that lasts a window")
       ->capture_default_str();
   app->add_option("--drop-window", opt->drop_window, drop_window)->capture_default_str();
+  app->add_option("--trend-z", opt->trend.z_threshold,
+                  "slow divergence (the trend test): standard errors of a rise (raised for "
+                  "records closer than 10 iterations apart)")
+      ->capture_default_str();
+  app->add_flag("--no-trend{false}", opt->trend_enabled,
+                "slow divergence by the level rule alone (no trend test)");
 }
 
 std::string CheckDetectorOptions(const LogAnalysisOptions& opt) {
   if (opt.detector.min_history < 1 || opt.detector.divergence_window < 2 ||
       !(opt.drop_threshold > 0 && opt.drop_threshold < 1) || opt.recover_iters < 1 ||
       opt.drop_window < 0 || opt.resume_records < 0 ||
-      !(opt.resume_floor_scale > 0 && opt.resume_floor_scale <= 1))
+      !(opt.resume_floor_scale > 0 && opt.resume_floor_scale <= 1) || !(opt.trend.z_threshold > 0))
     return "--min-history must be >= 1, --divergence-window >= 2, --recover-iters >= 1, "
-           "--drop-threshold in (0, 1), --drop-window >= 0, --resume-records >= 0 and "
-           "--resume-floor-scale in (0, 1]";
+           "--drop-threshold in (0, 1), --drop-window >= 0, --resume-records >= 0, "
+           "--resume-floor-scale in (0, 1] and --trend-z > 0";
   return "";
 }
 

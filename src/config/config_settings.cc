@@ -558,6 +558,15 @@ const std::vector<Setting>& Settings() {
     t->push_back(RealSetting("guard-divergence-rel",
                              "divergence: that median above (1 + this) x the lowest level",
                              &TC::guard_divergence_rel));
+    t->push_back(EnumSetting(
+        "guard-divergence",
+        "a slow divergence found by the trend test: notify (journal, log line, notification) or "
+        "act (roll back before its start, skip the data since, cut the LR by guard-lr-cut)",
+        &TC::guard_divergence,
+        {{GuardDivergence::kNotify, "notify"}, {GuardDivergence::kAct, "act"}}));
+    t->push_back(RealSetting("guard-trend-z",
+                             "trend test: standard errors of a rise before it is a divergence",
+                             &TC::guard_trend_z));
     t->push_back(IntSetting("guard-max-skips",
                             "anomalous updates skipped in a row before rolling back",
                             &TC::guard_max_skips));

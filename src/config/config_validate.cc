@@ -586,7 +586,8 @@ Status ValidateGuard(const TrainConfig& c) {
                     c.model.z_loss));
   for (auto [flag, v] : {std::pair{"guard-z-threshold", c.guard_z_threshold},
                          std::pair{"guard-grad-z-threshold", c.guard_grad_z_threshold},
-                         std::pair{"guard-divergence-rel", c.guard_divergence_rel}}) {
+                         std::pair{"guard-divergence-rel", c.guard_divergence_rel},
+                         std::pair{"guard-trend-z", c.guard_trend_z}}) {
     if (!(v > 0))
       return Invalid(fmt::format("--{} {} must be positive; the default is {}", flag, v,
                                  FindSetting(flag)->get(TrainConfig{})));

@@ -21,6 +21,8 @@ enum class LrDecayStyle { kConstant, kLinear, kCosine };
 enum class InitMethod { kNormal, kSmallInit, kMegatron530B };
 enum class TokenizerKind { kGpt2, kSentencePiece };
 enum class GuardLevel { kOff, kObserve, kAct };
+// What the guard does about a slow divergence its trend test found (docs/guard.md).
+enum class GuardDivergence { kNotify, kAct };
 
 // The most tokens one generated sample may have: `keel train --sample-tokens` and
 // `keel sample --tokens` share this cap.
@@ -176,17 +178,21 @@ struct TrainConfig {
   int guard_min_history = 20;           // no spike detection before this many normal iterations
   int guard_divergence_window = 50;     // iterations whose median loss is compared ...
   double guard_divergence_rel = 0.05;   // ... with the lowest level: diverging above (1 + this)
-  int guard_max_skips = 3;              // anomalous updates skipped in a row before a rollback
-  int guard_max_data_skips = 50;        // ... when the batches are the anomaly, not the weights
-  double guard_attn_logit_max = 100;    // leading indicator: cut the LR past this (0: off)
-  int guard_max_lr_cuts = 3;            // ... at most this many times
-  int guard_recover_iters = 50;         // not back at the pre-onset level after this: roll back
-  int guard_rollback_margin = 1;        // roll back to a checkpoint at least this before the onset
-  int guard_skip_before = 5;            // data window skipped: iterations before the onset ...
-  int guard_skip_after = 50;            // ... and after it
-  double guard_lr_cut = 0.5;            // LR factor of the second rung of the ladder
-  int guard_max_rollbacks = 4;          // then stop with a report
-  int guard_escalation_window = 500;    // a rollback this close to the previous one escalates
+  // The trend test (guard/loss_trend_detector.h): notify (journal, log, notification) or act
+  // (roll back before its start, skip the data since, cut the LR).
+  GuardDivergence guard_divergence = GuardDivergence::kNotify;
+  double guard_trend_z = 3.75;        // its threshold (z of the rise; higher with dense records)
+  int guard_max_skips = 3;            // anomalous updates skipped in a row before a rollback
+  int guard_max_data_skips = 50;      // ... when the batches are the anomaly, not the weights
+  double guard_attn_logit_max = 100;  // leading indicator: cut the LR past this (0: off)
+  int guard_max_lr_cuts = 3;          // ... at most this many times
+  int guard_recover_iters = 50;       // not back at the pre-onset level after this: roll back
+  int guard_rollback_margin = 1;      // roll back to a checkpoint at least this before the onset
+  int guard_skip_before = 5;          // data window skipped: iterations before the onset ...
+  int guard_skip_after = 50;          // ... and after it
+  double guard_lr_cut = 0.5;          // LR factor of the second rung of the ladder
+  int guard_max_rollbacks = 4;        // then stop with a report
+  int guard_escalation_window = 500;  // a rollback this close to the previous one escalates
   // Iterations whose data is skipped (read past, no update): "A-B" inclusive ranges (Megatron's
   // --skip-train-iteration-range).
   std::vector<std::string> skip_train_iteration_range;

@@ -55,6 +55,7 @@ Guard::Guard(const GuardConfig& cfg, Journal journal)
     : cfg_(cfg),
       journal_(std::move(journal)),
       detector_(cfg.detector),
+      trend_(cfg.trend),
       attn_armed_(cfg.attn_logit_max) {}
 
 template <class E>
@@ -67,6 +68,71 @@ void Guard::Emit(E event, const std::string& sentence) {
 void Guard::OnRestart(int64_t iteration) {
   restart_iter_ = iteration;
   prev_loss_ = NAN;
+  // The bump after a resume is no drift: the trend tests let `settle` iterations pass.
+  trend_.Restart(iteration);
+  for (LossTrendDetector& t : dataset_trends_) t.Restart(iteration);
+}
+
+GuardDecision Guard::JudgeTrends(const GuardSignals& s) {
+  GuardDecision none;
+  if (dataset_trends_.size() < s.dataset_loss.size() && s.dataset_loss.size() > 1)
+    dataset_trends_.resize(s.dataset_loss.size(), LossTrendDetector(cfg_.trend));
+  auto journal = [&](const LossTrendDetector& t, const std::string& signal, const char* action,
+                     const std::string& then) {
+    const LossTrend& d = t.current();
+    SlowDivergenceEvent ev;
+    ev.iteration = s.iteration;
+    ev.consumed_samples = s.consumed_samples;
+    ev.signal = signal;
+    ev.start = d.start;
+    ev.baseline = d.base;
+    ev.value = d.base * (1 + d.size);
+    ev.size = d.size;
+    ev.above_expected = d.above_expected;
+    ev.z = d.z;
+    ev.confidence = d.confidence;
+    ev.action = action;
+    ev.signals = SignalsOf(s);
+    Emit(ev, fmt::format("iteration {}: slow divergence: the {} has been climbing since iteration "
+                         "{}, {:+.1f}% above its level there ({:.4f}) and {:+.1f}% above its "
+                         "expected curve (z {:.1f}, confidence {:.4f}); {}",
+                         s.iteration, signal, d.start, 100 * d.size, d.base, 100 * d.above_expected,
+                         d.z, d.confidence, then));
+  };
+  for (size_t k = 0; k < dataset_trends_.size() && k < s.dataset_loss.size(); ++k)
+    if (dataset_trends_[k].Add(s.iteration, s.dataset_loss[k]))
+      journal(dataset_trends_[k], fmt::format("lm loss of dataset {}", k), "notify",
+              "the mixture's other datasets may hide it in the total loss");
+  if (!trend_.Add(s.iteration, s.loss)) return none;
+  const bool act = cfg_.mode == GuardMode::kAct && cfg_.divergence_act;
+  if (!act) {
+    journal(trend_, "lm loss", "notify",
+            cfg_.mode == GuardMode::kAct
+                ? "--guard-divergence notify: the run goes on (act: roll back before it, skip "
+                  "the data since, cut the LR)"
+                : "observe mode: nothing changed");
+    return none;
+  }
+  const LossTrend& d = trend_.current();
+  journal(trend_, "lm loss", "rollback",
+          fmt::format("--guard-divergence act: roll back before iteration {}, skip the data "
+                      "since, cut the LR x{}",
+                      d.start, cfg_.lr_cut));
+  // The ladder's bookkeeping: an event open from the start of the rise, decided at once.
+  event_ = Event{};
+  event_.open = true;
+  event_.kind = "divergence";
+  event_.signal = "lm loss";
+  event_.onset = std::max<int64_t>(1, d.start);
+  event_.first = s.iteration;
+  event_.baseline = d.base;
+  event_.peak = s.loss;
+  event_.decided = true;
+  GuardDecision g = Escalate(
+      s, fmt::format("slow divergence since iteration {} ({:+.1f}%)", d.start, 100 * d.size));
+  // A drift is the LR's or the data's: this rollback cuts the LR whatever the ladder's rung.
+  if (g.kind == GuardDecision::Kind::kRollback) g.lr_factor = std::min(g.lr_factor, cfg_.lr_cut);
+  return g;
 }
 
 void Guard::Close(const GuardSignals& s, const std::string& classification) {
@@ -134,6 +200,7 @@ StepVerdict Guard::OnStepLadder(const GuardSignals& s, const GuardProbes* probes
   if (!event_.open) {
     if (a.kind == AnomalyKind::kNone) {
       detector_.Accept(s);
+      v.decision = JudgeTrends(s);
       return v;
     }
     // Rerun before acting: keel is deterministic, so the same state and batch give the same
@@ -362,13 +429,21 @@ void Guard::OnRolledBack(const GuardDecision& d, int64_t iteration, const json& 
     detector_ = restored;
   else
     detector_ = InstabilityDetector(cfg_.detector);
+  // The trend test as it stood at that checkpoint (its history before the rise), or afresh.
+  LossTrendDetector trend(cfg_.trend);
+  if (saved_state.is_object() && saved_state.contains("trend") &&
+      trend.FromJson(saved_state["trend"], "guard.trend").ok())
+    trend_ = trend;
+  else
+    trend_ = LossTrendDetector(cfg_.trend);
+  trend_.Restart(iteration);
+  for (LossTrendDetector& t : dataset_trends_) t.Restart(iteration);
   ++rollbacks_;
   level_ = d.level;
   last_rollback_onset_ = d.onset;
   watch_until_ = d.skip_last + 10;
   watch_baseline_ = event_.baseline;
   event_ = Event{};
-  (void)iteration;
 }
 
 void Guard::OnRollbackImpossible(const GuardDecision& d, const std::string& why) {
@@ -430,14 +505,18 @@ json Guard::ToJson() const {
           {"decided", event_.decided},
           {"cause", event_.cause},
           {"probe_loss", JsonNumber(event_.probe_loss)}};
-  return {{"mode", GuardModeName(cfg_.mode)}, {"healthy", healthy()},
-          {"detector", detector_.ToJson()},   {"event", ev},
-          {"policy", PolicyJson()},           {"restart_iteration", restart_iter_}};
+  return {
+      {"mode", GuardModeName(cfg_.mode)},  {"healthy", healthy()}, {"detector", detector_.ToJson()},
+      {"trend", trend_.ToJson()},          {"event", ev},          {"policy", PolicyJson()},
+      {"restart_iteration", restart_iter_}};
 }
 
 Status Guard::FromJson(const json& j, const std::string& where) {
   if (!j.is_object()) return Status::Corruption(where + ": guard state is not an object");
   KEEL_RETURN_IF_ERROR(detector_.FromJson(j.value("detector", json()), where + ".detector"));
+  // Absent in checkpoints saved before the trend test: it starts empty.
+  trend_ = LossTrendDetector(cfg_.trend);
+  if (j.contains("trend")) KEEL_RETURN_IF_ERROR(trend_.FromJson(j["trend"], where + ".trend"));
   KEEL_RETURN_IF_ERROR(PolicyFromJson(j.value("policy", json()), where + ".policy"));
   event_ = Event{};
   JsonReader r(where, j);

@@ -28,6 +28,7 @@
 
 #include "core/status.h"
 #include "guard/instability_detector.h"
+#include "guard/loss_trend_detector.h"
 
 namespace keel {
 
@@ -52,6 +53,11 @@ struct GuardConfig {
   // place, before the loss moves; again each time it grows 10x more, at most max_lr_cuts times.
   double attn_logit_max = 100;
   int max_lr_cuts = 3;
+  // Slow divergence (the trend test, on the loss of the iterations the detector judged normal,
+  // and on each dataset's loss of a mixture): journaled always; in act mode with
+  // divergence_act, a rollback before its start that skips the data since and cuts the LR.
+  LossTrendConfig trend;
+  bool divergence_act = false;
 };
 
 struct GuardDecision {
@@ -106,6 +112,7 @@ class Guard {
   int rollbacks() const { return rollbacks_; }
   int64_t decisions() const { return decisions_; }
   int64_t transient_faults() const { return transient_faults_; }
+  const LossTrendDetector& trend() const { return trend_; }
 
   // Everything (detector windows, open event, ladder and budget): the checkpoint's guard slot.
   nlohmann::json ToJson() const;
@@ -131,6 +138,8 @@ class Guard {
   // The spike/divergence ladder; OnStep adds the leading indicators.
   StepVerdict OnStepLadder(const GuardSignals& s, const GuardProbes* probes);
   GuardDecision Escalate(const GuardSignals& s, const std::string& why);
+  // The trend tests, on an iteration judged normal; a decision when act mode acts on one.
+  GuardDecision JudgeTrends(const GuardSignals& s);
   void Close(const GuardSignals& s, const std::string& classification);
   // Journals `event` (a kind of journal/events.h) with the guard's mode.
   template <class E>
@@ -139,6 +148,8 @@ class Guard {
   GuardConfig cfg_;
   Journal journal_;
   InstabilityDetector detector_;
+  LossTrendDetector trend_;
+  std::vector<LossTrendDetector> dataset_trends_;  // one per dataset of a mixture
   Event event_;
   int rollbacks_ = 0;
   int level_ = 0;

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "guard/robust_window.h"
@@ -36,6 +37,8 @@ struct GuardSignals {
   double log_z = NAN;            // mean log-partition of the output softmax
   double loss_scale = NAN;       // --fp16: the dynamic loss scale after this iteration
   bool nonfinite = false;        // NaN/Inf in the loss or any gradient
+  // A mixture: each dataset's mean loss over its sequences of the batch (NaN: none this time).
+  std::vector<double> dataset_loss;
 };
 
 struct DetectorConfig {

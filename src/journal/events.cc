@@ -20,6 +20,7 @@ std::vector<EventSchema> RunEventSchemas() {
   std::vector<EventSchema> out;
   auto add = [&](std::vector<EventSchema> s) { out.insert(out.end(), s.begin(), s.end()); };
   add(EventSchemasOf<DetectedEvent>());
+  add(EventSchemasOf<SlowDivergenceEvent>());
   add(EventSchemasOf<RecoveredEvent>());
   add(EventSchemasOf<RecoveryConfirmedEvent>());
   add(EventSchemasOf<TransientFaultEvent>());

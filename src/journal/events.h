@@ -80,6 +80,37 @@ struct DetectedEvent final : JournalEvent {
   }
 };
 
+// A slow divergence found by the trend test (guard/loss_trend_detector.h): the loss has been
+// climbing since `start`, `size` above its level there. `action`: "notify" (--guard-divergence
+// notify, or observe mode), "rollback" (act: a rollback decision follows).
+struct SlowDivergenceEvent final : JournalEvent {
+  KEEL_JOURNAL_EVENT(SlowDivergenceEvent, "slow_divergence")
+  int64_t iteration = 0, consumed_samples = 0;
+  std::string signal;  // "lm loss", or "lm loss of dataset N" (a mixture's)
+  int64_t start = 0;
+  double baseline = NAN, value = NAN, size = NAN, above_expected = NAN, z = NAN;
+  double confidence = NAN;
+  std::string action;
+  EventSignals signals;
+  std::string mode;
+  template <class F>
+  void Fields(F& f) {
+    f("iteration", iteration);
+    f("consumed_samples", consumed_samples);
+    f("signal", signal);
+    f("start", start);
+    f("baseline", baseline);
+    f("value", value);
+    f("size", size);
+    f("above_expected", above_expected);
+    f("z", z);
+    f("confidence", confidence);
+    f("action", action);
+    f("signals", signals);
+    f("mode", mode);
+  }
+};
+
 // The loss came back to its pre-onset level: the anomaly closed.
 struct RecoveredEvent final : JournalEvent {
   KEEL_JOURNAL_EVENT(RecoveredEvent, "recovered")

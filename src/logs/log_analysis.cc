@@ -199,15 +199,18 @@ Status AnalyzeLog(const ParsedLog& log, const LogAnalysisOptions& opt, LogAnalys
   // Each event as it last closed, in the order they first closed.
   std::vector<LogEvent> events;
   std::map<int64_t, size_t> index;
+  std::map<int64_t, int64_t> found;  // by id: the record of its first update
   LogEventScanner scanner(
       opt, window,
       [&](const LogEventUpdate& u) {
+        found.emplace(u.id, u.event.end);
         if (u.open) return;
         auto [it, added] = index.emplace(u.id, events.size());
         if (added)
           events.push_back(u.event);
         else
           events[it->second] = u.event;
+        events[index[u.id]].found = found[u.id];
       },
       &signal);
   for (const LogRecord& r : recs) scanner.Add(r);
@@ -340,6 +343,8 @@ nlohmann::json LogAnalysisJson(const ParsedLog& log, const LogAnalysis& a) {
                       {"value", e.value},
                       {"baseline", e.baseline},
                       {"detail", e.detail}});
+    if (std::isfinite(e.confidence)) events.back()["confidence"] = e.confidence;
+    if (e.found >= 0) events.back()["found"] = e.found;
   }
   return {{"files", log.files},
           {"lines", log.lines},

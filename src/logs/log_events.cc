@@ -109,7 +109,7 @@ class DetectorHistory {
 class LogEventScanner::Instability {
  public:
   Instability(const LogAnalysisOptions& opt, LogEventScanner* owner)
-      : opt_(opt), owner_(owner), det_(opt.detector), history_(opt.detector) {}
+      : opt_(opt), owner_(owner), det_(opt.detector), history_(opt.detector), trend_(opt.trend) {}
 
   void Restart(int64_t last_before, int64_t resumed_at) {
     if (open_) {
@@ -123,6 +123,12 @@ class LogEventScanner::Instability {
     }
     // A resume from an earlier checkpoint: judge what follows against the records up to it.
     if (resumed_at <= last_before) det_ = history_.Rewind(resumed_at);
+    // The trend test forgets the abandoned iterations and lets the bump after the resume pass.
+    trend_.Restart(std::min(last_before, resumed_at - 1));
+    if (div_open_ && div_by_trend_) {
+      div_open_ = false;
+      owner_->sink_({div_id_, false, div_});
+    }
     resumed_at_ = resumed_at;
     since_restart_ = 0;
     reference_end_ = history_.LastAccepted();
@@ -185,8 +191,23 @@ class LogEventScanner::Instability {
       return;
     }
     if (!resume_period) resume_det_.reset();
-    // A divergence lasts while the loss stays above its pre-onset level.
-    if (div_open_) {
+    // A new global batch size (a batch ramp-up step): the loss's course changes, the trend test
+    // starts its history afresh. (An LR warm-up needs nothing: the loss falls then, and the test
+    // has no reference before reference / 2 iterations.)
+    if (std::isfinite(r.global_batch) && std::isfinite(batch_) && r.global_batch != batch_)
+      trend_.Rebaseline();
+    if (std::isfinite(r.global_batch)) batch_ = r.global_batch;
+    // A divergence lasts while the loss stays above its pre-onset level (the trend test's: while
+    // that test says so).
+    if (div_open_ && div_by_trend_) {
+      if (trend_.diverging()) {
+        div_.end = std::max(div_.end, r.iteration);
+        div_.value = std::max(div_.value, s.loss);
+      } else {
+        div_open_ = false;
+        owner_->sink_({div_id_, false, div_});
+      }
+    } else if (div_open_) {
       if (s.loss > div_.baseline * (1 + opt_.detector.divergence_rel)) {
         div_.end = std::max(div_.end, r.iteration);
       } else {
@@ -224,6 +245,13 @@ class LogEventScanner::Instability {
     if (a.kind == AnomalyKind::kDivergence) {
       const bool reopen =
           div_exists_ && !div_open_ && a.onset <= div_.end + opt_.detector.divergence_window;
+      if (div_open_ && div_by_trend_) {  // the trend test found it first: its report stands
+        div_.end = r.iteration;
+        det_.ResetDivergence();
+        history_.Record(DetectorHistory::Op::kResetDivergence, s, det_);
+        Accept(s);
+        return;
+      }
       if (div_exists_ && (div_open_ || reopen)) {
         div_.end = r.iteration;
         div_.value = std::max(div_.value, a.value);
@@ -237,6 +265,7 @@ class LogEventScanner::Instability {
         div_.baseline = a.baseline;
         div_id_ = owner_->NextId();
         div_exists_ = true;
+        div_by_trend_ = false;
       }
       div_.detail = fmt::format(
           "the median lm loss of the last {} records rose from {:.6g} (iteration {}) to {:.6g} "
@@ -249,6 +278,28 @@ class LogEventScanner::Instability {
       history_.Record(DetectorHistory::Op::kResetDivergence, s, det_);
     }
     Accept(s);
+  }
+
+  // The trend test, on the records the spike test judged normal.
+  void FeedTrend(const GuardSignals& s) {
+    if (!opt_.trend_enabled || !trend_.Add(s.iteration, s.loss) || div_open_) return;
+    const LossTrend& t = trend_.current();
+    div_ = LogEvent();
+    div_.kind = "divergence";
+    div_.start = t.start;
+    div_.end = s.iteration;
+    div_.signal = "lm loss";
+    div_.value = t.base * (1 + t.size);
+    div_.baseline = t.base;
+    div_.confidence = t.confidence;
+    div_.detail = fmt::format(
+        "the lm loss has been climbing since iteration {}: {:+.1f}% above its level there "
+        "({:.6g}) and {:+.1f}% above its expected curve by iteration {} (z {:.1f}, confidence "
+        "{:.4f})",
+        t.start, 100 * t.size, t.base, 100 * t.above_expected, t.found, t.z, t.confidence);
+    div_id_ = owner_->NextId();
+    div_exists_ = div_open_ = div_by_trend_ = true;
+    owner_->sink_({div_id_, true, div_});
   }
 
   void Finish(int64_t last_iteration, const std::string& end_of_what) {
@@ -267,6 +318,7 @@ class LogEventScanner::Instability {
 
  private:
   void Accept(const GuardSignals& s) {
+    FeedTrend(s);
     det_.Accept(s);
     history_.Record(DetectorHistory::Op::kAccept, s, det_);
     if (resume_det_) resume_det_->Accept(s);
@@ -310,7 +362,10 @@ class LogEventScanner::Instability {
   LogEvent div_;  // the last divergence
   int64_t div_id_ = 0;
   bool div_exists_ = false;
-  bool div_open_ = false;  // ... and the loss is still above its level
+  bool div_open_ = false;      // ... and the loss is still above its level
+  bool div_by_trend_ = false;  // ... found by the trend test
+  LossTrendDetector trend_;
+  double batch_ = NAN;  // of the previous record
 };
 
 // The throughput drop test, its findings as events.

@@ -9,8 +9,11 @@
 //                     first resume_records records after a restart are also judged against the
 //                     records before it with the detector's floors scaled by resume_floor_scale
 //   spike_unresolved  still open at the end of the log (or of the watch), or at a restart
-//   divergence        a slow rise (the detector's divergence test), or a spike whose loss did not
-//                     come back within recover_iters (a level shift)
+//   divergence        a slow rise: found early by the trend test (guard/loss_trend_detector.h:
+//                     start, size, confidence; it lasts while the median of its last 100
+//                     iterations stays above its level at the start), or by the level rule (the detector's median of
+//                     divergence_window records > divergence_rel above its lowest); or a spike
+//                     whose loss did not come back within recover_iters (a level shift)
 //   nan               records with a non-finite iteration (LogRecord::nonfinite)
 //   skipped           records whose "number of skipped iterations" is > 0
 //   restart           the iteration went back or a process start was logged; start = last
@@ -24,18 +27,22 @@
 // keel run restores its detector from the checkpoint.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "guard/instability_detector.h"
+#include "guard/loss_trend_detector.h"
 #include "logs/megatron_log.h"
 
 namespace keel {
 
 struct LogAnalysisOptions {
   DetectorConfig detector;
+  LossTrendConfig trend;
+  bool trend_enabled = true;    // the trend test of divergence (false: the level rule alone)
   int64_t recover_iters = 50;   // a spike not back by then is a divergence (guard-recover-iters)
   int64_t resume_window = 100;  // a spike this close after a restart is a resume spike
   // The first records after a restart are compared with the level and noise of the records before
@@ -52,7 +59,9 @@ struct LogEvent {
   int64_t start = 0, end = 0;
   std::string signal;  // "lm loss", "grad norm", "TFLOPs", ...
   double value = 0, baseline = 0;
-  std::string detail;  // one sentence for people
+  std::string detail;       // one sentence for people
+  double confidence = NAN;  // a divergence found by the trend test (LossTrendDetector): its own
+  int64_t found = -1;       // the record that found it (AnalyzeLog: the end of its first update)
 };
 
 // A finding as it opens and as it closes. While open, `event.kind` says what was found ("spike",

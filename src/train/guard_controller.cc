@@ -35,6 +35,8 @@ GuardConfig GuardConfigFrom(const TrainConfig& c) {
   g.lr_cut = c.guard_lr_cut;
   g.max_rollbacks = c.guard_max_rollbacks;
   g.escalation_window = c.guard_escalation_window;
+  g.trend.z_threshold = c.guard_trend_z;
+  g.divergence_act = c.guard_divergence == GuardDivergence::kAct;
   return g;
 }
 
@@ -55,6 +57,8 @@ GuardController::GuardController(const TrainConfig& cfg, Env* env, CheckpointSto
         if (journal_) journal_->Append(ev, sentence);
         if (ev.value("event", "") == "detected" && guard_.mode() == GuardMode::kAct)
           PinAround(ev.value("onset", int64_t{0}));
+        if (ev.value("event", "") == "slow_divergence" && ev.value("action", "") == "rollback")
+          PinAround(ev.value("start", int64_t{0}));
       }) {
   if (!log_) log_ = [](const std::string&) {};
 }
@@ -112,10 +116,12 @@ Status GuardController::Start(const SavedTrainState* saved) {
         "cannot roll back; a rollback decision will stop the run");
   log_(fmt::format(
       "guard: {} (spike: loss z > {}, grad-norm z > {} over {} iterations; divergence: median "
-      "of {} iterations {}% above its lowest; ladder: skip <= {} updates (<= {} of anomalous "
+      "of {} iterations {}% above its lowest, or a slow rise by the trend test (z > {}; "
+      "--guard-divergence {}); ladder: skip <= {} updates (<= {} of anomalous "
       "batches), roll back + skip {}..+{} iterations, + LR x{}, + reseed; at most {} rollbacks)",
       GuardModeName(guard_.mode()), cfg_.guard_z_threshold, cfg_.guard_grad_z_threshold,
       cfg_.guard_window, cfg_.guard_divergence_window, 100 * cfg_.guard_divergence_rel,
+      cfg_.guard_trend_z, cfg_.guard_divergence == GuardDivergence::kAct ? "act" : "notify",
       cfg_.guard_max_skips, cfg_.guard_max_data_skips, cfg_.guard_skip_before,
       cfg_.guard_skip_after, cfg_.guard_lr_cut, cfg_.guard_max_rollbacks));
   return Status::OK();

@@ -301,6 +301,7 @@ Status Trainer::ComputeGradients(const IterationPlan& plan, StepResult* r) {
   g.max_exp_avg_sq = last_max_v_;
   g.max_attn_logit = max_attn_logit;  // this rank's; the guard reads it for the journal
   g.loss_scale = scaler_ ? r->loss_scale : NAN;
+  g.dataset_loss = r->dataset_loss;
   return Status::OK();
 }
 
