@@ -396,40 +396,15 @@ void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float
                                   const float* wpe, int B, int T, int C, int V,
                                   const int32_t* positions) {
   CheckTokenRows(tokens, B * T, V, "EmbeddingForward");
-#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
-  for (int bt = 0; bt < B * T; bt++) {
-    float* o = out + size_t(bt) * C;
-    const float* e = wte + size_t(tokens[bt]) * C;
-    if (wpe != nullptr) {
-      const float* pos = wpe + size_t(positions ? positions[bt] : bt % T) * C;
-      for (int c = 0; c < C; c++) o[c] = e[c] + pos[c];
-    } else {
-      std::memcpy(o, e, C * sizeof(float));
-    }
-  }
+  EmbeddingRowsForward(out, tokens, wte, wpe, B, T, C, 0, V, positions);
 }
 
 // dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t,:] += dout[b,t,:]
-// Repeated tokens hit the same row, so threads split channels (not tokens): each element of dwte
-// is summed by one thread in token order. No atomics, same bits every run.
 void CpuBackend::EmbeddingBackward(float* dwte, float* dwpe, const float* dout,
                                    const int32_t* tokens, int B, int T, int C, int V,
                                    const int32_t* positions) {
   CheckTokenRows(tokens, B * T, V, "EmbeddingBackward");
-  const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
-#pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
-  for (int blk = 0; blk < nblocks; blk++) {
-    const int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
-    for (int bt = 0; bt < B * T; bt++) {
-      const float* d = dout + size_t(bt) * C;
-      float* dw = dwte + size_t(tokens[bt]) * C;
-      for (int c = c0; c < c1; c++) dw[c] += d[c];
-      if (dwpe != nullptr) {
-        float* dp = dwpe + size_t(positions ? positions[bt] : bt % T) * C;
-        for (int c = c0; c < c1; c++) dp[c] += d[c];
-      }
-    }
-  }
+  EmbeddingRowsBackward(dwte, dwpe, dout, tokens, B, T, C, 0, V, positions);
 }
 
 // ---- layer norm -----------------------------------------------------------------------------
@@ -1083,6 +1058,14 @@ void CpuBackend::VocabParallelEmbeddingForward(float* out, const int32_t* tokens
                                                int vocab_start, int V_local,
                                                const int32_t* positions) {
   CheckTokenRows(tokens, B * T, V, "VocabParallelEmbeddingForward");
+  EmbeddingRowsForward(out, tokens, wte, wpe, B, T, C, vocab_start, V_local, positions);
+}
+
+// The rows of wte for tokens in [vocab_start, vocab_start + V_local) (the whole table: 0, V), zeros
+// for the others, plus the position rows; tokens already checked.
+void CpuBackend::EmbeddingRowsForward(float* out, const int32_t* tokens, const float* wte,
+                                      const float* wpe, int B, int T, int C, int vocab_start,
+                                      int V_local, const int32_t* positions) {
 #pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
   for (int bt = 0; bt < B * T; bt++) {
     float* o = out + size_t(bt) * C;
@@ -1101,12 +1084,19 @@ void CpuBackend::VocabParallelEmbeddingForward(float* out, const int32_t* tokens
   }
 }
 
-// As EmbeddingBackward (threads split channels; each element summed in token order).
 void CpuBackend::VocabParallelEmbeddingBackward(float* dwte, float* dwpe, const float* dout,
                                                 const int32_t* tokens, int B, int T, int C, int V,
                                                 int vocab_start, int V_local,
                                                 const int32_t* positions) {
   CheckTokenRows(tokens, B * T, V, "VocabParallelEmbeddingBackward");
+  EmbeddingRowsBackward(dwte, dwpe, dout, tokens, B, T, C, vocab_start, V_local, positions);
+}
+
+// Threads split channels (repeated tokens hit the same row): each element of dwte is summed by one
+// thread in token order. No atomics, same bits every run. Tokens already checked.
+void CpuBackend::EmbeddingRowsBackward(float* dwte, float* dwpe, const float* dout,
+                                       const int32_t* tokens, int B, int T, int C, int vocab_start,
+                                       int V_local, const int32_t* positions) {
   const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
 #pragma omp parallel for schedule(static) num_threads(ThreadsFor(size_t(B) * T * C))
   for (int blk = 0; blk < nblocks; blk++) {

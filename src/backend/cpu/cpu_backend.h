@@ -123,6 +123,13 @@ class CpuBackend : public Backend {
   // Team size for a loop over `work` elements: 1 for small loops, where waking and joining threads
   // costs more than the loop (and stalls badly when the cores are shared with other processes).
   int ThreadsFor(size_t work) const;
+  // The embedding ops' bodies, for the vocabulary slice [vocab_start, vocab_start + V_local).
+  void EmbeddingRowsForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                            int B, int T, int C, int vocab_start, int V_local,
+                            const int32_t* positions);
+  void EmbeddingRowsBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                             int B, int T, int C, int vocab_start, int V_local,
+                             const int32_t* positions);
 
   // The products of the low-precision modes (see backend.h, "mixed precision"):
   // C (M,N) = [C +] op(A) @ op(B) with A, B rounded to precision_ (or given as its bits).
