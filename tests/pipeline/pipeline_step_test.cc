@@ -99,9 +99,10 @@ struct RunResult {
   bool tied_copies_equal = true;  // both copies of a tied embedding: same gradient, same weights
 };
 
-RunResult OneProcess(const GptSpec& spec, int steps) {
+RunResult OneProcess(const GptSpec& spec, int steps, Precision precision = Precision::kFp32) {
   RunResult out;
   auto be = MakeCpuBackend(1);
+  be->SetPrecision(precision);
   GptModel m(be.get(), spec);
   m.Initialize(kSeed, 0.02f);
   float* mom = be->AllocFloats(m.num_params());
@@ -162,6 +163,8 @@ class CountingCommunicator : public Communicator {
 struct Layout {
   int tensor = 1, pipeline = 1, chunks = 1;
   Recompute recompute = Recompute::kNone;
+  Precision precision = Precision::kFp32;
+  bool sequence_parallel = false;
 };
 
 RunResult Pipelined(const GptSpec& spec, const Layout& lay, int steps) {
@@ -186,13 +189,14 @@ RunResult Pipelined(const GptSpec& spec, const Layout& lay, int steps) {
       PipelineSchedule sched;
       ASSERT_TRUE(MakePipelineSchedule(lay.pipeline, kMicro, lay.chunks, &sched).ok());
       auto be = MakeCpuBackend(1);
+      be->SetPrecision(lay.precision);
       std::vector<std::unique_ptr<GptModel>> owned;
       std::vector<GptModel*> chunks;
       std::vector<float*> moms, vars;
       for (int ch = 0; ch < lay.chunks; ++ch) {
-        owned.push_back(std::make_unique<GptModel>(be.get(), spec,
-                                                   TensorParallel{mesh->tensor(), false},
-                                                   ModelStageOf(parts, lay.pipeline, c.pp, ch)));
+        owned.push_back(std::make_unique<GptModel>(
+            be.get(), spec, TensorParallel{mesh->tensor(), lay.sequence_parallel},
+            ModelStageOf(parts, lay.pipeline, c.pp, ch)));
         owned.back()->set_recompute(lay.recompute);
         owned.back()->Initialize(kSeed, 0.02f);
         chunks.push_back(owned.back().get());
@@ -279,6 +283,7 @@ double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
 std::string Name(const Layout& l) {
   std::string s = "T" + std::to_string(l.tensor) + "xP" + std::to_string(l.pipeline);
   if (l.chunks > 1) s += "xV" + std::to_string(l.chunks);
+  if (l.sequence_parallel) s += " sequence parallel";
   return s;
 }
 
@@ -359,23 +364,27 @@ TEST_P(PipelineStageTest, InterleavedTwoChunksIsTheOneProcessModel) {
 
 TEST_P(PipelineStageTest, TensorTwoByPipelineTwoIsTheOneProcessModel) {
   const GptSpec spec = GetParam().spec();
-  const Layout lay{2, 2, 1};
-  const RunResult ref = OneProcess(spec, 3), got = Pipelined(spec, lay, 3);
-  // The tensor-parallel sums round differently: tolerance as the tensor-parallel tests'.
-  double loss_diff = 0, grad_rel = 0;
-  for (size_t s = 0; s < ref.losses.size(); ++s)
-    loss_diff = std::max(loss_diff, std::fabs(ref.losses[s] - got.losses[s]));
-  for (const auto& [name, g] : ref.grads) {
-    double scale = 1e-6;
-    for (float v : g) scale = std::max(scale, std::fabs(double(v)));
-    const double rel = MaxDiff(g, got.grads.at(name)) / scale;
-    EXPECT_LT(rel, 1e-4) << name;
-    grad_rel = std::max(grad_rel, rel);
+  const RunResult ref = OneProcess(spec, 3);
+  Layout sp{2, 2, 1};
+  sp.sequence_parallel = true;  // the boundary activations are each rank's B*T/2 rows
+  for (const Layout& lay : {Layout{2, 2, 1}, sp}) {
+    const RunResult got = Pipelined(spec, lay, 3);
+    // The tensor-parallel sums round differently: tolerance as the tensor-parallel tests'.
+    double loss_diff = 0, grad_rel = 0;
+    for (size_t s = 0; s < ref.losses.size(); ++s)
+      loss_diff = std::max(loss_diff, std::fabs(ref.losses[s] - got.losses[s]));
+    for (const auto& [name, g] : ref.grads) {
+      double scale = 1e-6;
+      for (float v : g) scale = std::max(scale, std::fabs(double(v)));
+      const double rel = MaxDiff(g, got.grads.at(name)) / scale;
+      EXPECT_LT(rel, 1e-4) << Name(lay) << ": " << name;
+      grad_rel = std::max(grad_rel, rel);
+    }
+    EXPECT_LT(loss_diff, 1e-4) << Name(lay);
+    EXPECT_TRUE(got.tied_copies_equal) << Name(lay);
+    std::printf("%s %s: 3 steps, max |loss diff| %.3g, max relative gradient diff %.3g\n",
+                GetParam().name, Name(lay).c_str(), loss_diff, grad_rel);
   }
-  EXPECT_LT(loss_diff, 1e-4);
-  EXPECT_TRUE(got.tied_copies_equal);
-  std::printf("%s T2xP2: max |loss diff| %.3g, max relative gradient diff %.3g\n", GetParam().name,
-              loss_diff, grad_rel);
 }
 
 TEST_P(PipelineStageTest, EachLayoutIsTheSameBitsRunAfterRun) {
@@ -395,6 +404,32 @@ TEST_P(PipelineStageTest, RecomputationOnStagesGivesTheSameBits) {
     const RunResult got = Pipelined(spec, {1, 2, 1, r}, 1);
     EXPECT_EQ(got.losses, none.losses) << RecomputeName(r);
     EXPECT_EQ(got.grads, none.grads) << RecomputeName(r);
+  }
+}
+
+// bf16: each stage converts its own weights and keeps each slot's 16-bit matmul inputs; the
+// untied Llama shape is the one-process bf16 run's bits, the tied one within rounding of the
+// embedding gradient's sum.
+TEST_P(PipelineStageTest, Bf16StagesAreTheOneProcessBf16Model) {
+  const GptSpec spec = GetParam().spec();
+  const RunResult ref = OneProcess(spec, 2, Precision::kBf16);
+  for (const Layout& lay : {Layout{1, 2, 1, Recompute::kNone, Precision::kBf16},
+                            Layout{1, 2, 2, Recompute::kNone, Precision::kBf16}}) {
+    const RunResult got = Pipelined(spec, lay, 2);
+    double loss_diff = 0, grad_diff = 0;
+    for (size_t s = 0; s < ref.losses.size(); ++s)
+      loss_diff = std::max(loss_diff, std::fabs(ref.losses[s] - got.losses[s]));
+    for (const auto& [name, g] : ref.grads)
+      grad_diff = std::max(grad_diff, MaxDiff(g, got.grads.at(name)));
+    if (spec.untie_embeddings) {
+      EXPECT_EQ(loss_diff, 0.0) << Name(lay);
+      EXPECT_EQ(grad_diff, 0.0) << Name(lay);
+    }
+    EXPECT_LT(loss_diff, 1e-3) << Name(lay);
+    EXPECT_LT(grad_diff, 1e-5) << Name(lay);
+    EXPECT_TRUE(got.tied_copies_equal);
+    std::printf("%s bf16 %s: max |loss diff| %.3g, max |gradient diff| %.3g\n", GetParam().name,
+                Name(lay).c_str(), loss_diff, grad_diff);
   }
 }
 
