@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -108,7 +109,16 @@ struct RankRun {
   int layers = 0;  // transformer layers this rank holds (all its chunks)
   std::map<std::string, CountingCommunicator::Count> tensor, pipeline;
   std::vector<double> busy, start, end;  // per iteration: seconds computing; steady-clock seconds
+  // Per chunk: this thread's CPU seconds for one micro-batch's forward and backward, measured
+  // after the iterations (median of 3): what the stage costs without the machine's other load.
+  std::vector<double> forward_cpu, backward_cpu;
 };
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -128,8 +138,8 @@ std::vector<int32_t> Tokens(int iter, int mb, int salt, int n, int vocab) {
 
 // Runs `iters` iterations of `m` micro-batches at `lay` on ranks as threads; the counts are the
 // last iteration's. Every rank's backend has one compute thread.
-Status RunLayout(const Shape& shape, const Layout& lay, int m, int iters,
-                 std::vector<RankRun>* out) {
+Status RunLayout(const Shape& shape, const Layout& lay, int m, int iters, std::vector<RankRun>* out,
+                 bool stage_costs = false) {
   const int world = lay.T * lay.P;
   if (Status st = GptModel::CheckTensorParallel(shape.spec, lay.T); !st.ok()) return st;
   std::vector<StageLayers> parts;
@@ -182,6 +192,29 @@ Status RunLayout(const Shape& shape, const Layout& lay, int m, int iters,
         run.start.push_back(t0);
         run.end.push_back(t1);
         run.busy.push_back(res.stats.compute_seconds);
+      }
+      if (stage_costs && lay.T == 1) {
+        // Each chunk alone on zeros (its cost does not depend on the values), timed in CPU time.
+        const size_t floats = chunks[0]->StageActivationFloats(shape.b, shape.s);
+        std::vector<float> in(floats, 0.0f), out_buf(floats), grad(floats, 0.0f), in_grad(floats);
+        const auto tokens = Tokens(0, 0, 0, n, shape.spec.vocab);
+        for (GptModel* c : chunks) {
+          std::vector<double> f, b;
+          for (int rep = 0; rep < 3; ++rep) {
+            const bool first = c->stage().embedding, last = c->stage().head;
+            double t = ThreadCpuSeconds();
+            c->StageForward(0, tokens.data(), first ? nullptr : in.data(), tokens.data(), shape.b,
+                            shape.s, dloss, last ? nullptr : out_buf.data());
+            f.push_back(ThreadCpuSeconds() - t);
+            t = ThreadCpuSeconds();
+            c->StageBackward(0, last ? nullptr : grad.data(), first ? nullptr : in_grad.data());
+            b.push_back(ThreadCpuSeconds() - t);
+          }
+          std::sort(f.begin(), f.end());
+          std::sort(b.begin(), b.end());
+          run.forward_cpu.push_back(f[1]);
+          run.backward_cpu.push_back(b[1]);
+        }
       }
       run.tensor = tensor.counts();
       run.pipeline = pipe.counts();
@@ -343,9 +376,64 @@ int BytesTable(const std::vector<Shape>& shapes, int m, bool verbose) {
   return 0;
 }
 
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// The schedule's actions replayed with each (stage, chunk)'s measured forward and backward cost
+// and free point to point, a send and its receive meeting when both stages reach them (the
+// rendezvous of the executor): the iteration one core per stage with these costs would take.
+// Out: the makespan and every stage's compute.
+Status Replay(const PipelineSchedule& s, const std::vector<RankRun>& runs, double* makespan,
+              std::vector<double>* busy) {
+  const int P = s.stages;
+  std::vector<size_t> next(P, 0);
+  std::vector<double> t(P, 0.0);
+  busy->assign(P, 0.0);
+  auto matches = [&](const PipeAction& a, int r, const PipeAction& b) {
+    if (b.peer != r) return false;
+    return (a.op == PipeOp::kSendActivation && b.op == PipeOp::kRecvActivation) ||
+           (a.op == PipeOp::kSendGrad && b.op == PipeOp::kRecvGrad) ||
+           (a.op == PipeOp::kRecvActivation && b.op == PipeOp::kSendActivation) ||
+           (a.op == PipeOp::kRecvGrad && b.op == PipeOp::kSendGrad);
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < P; ++r) {
+      while (next[r] < s.actions[r].size()) {
+        const PipeAction& a = s.actions[r][next[r]];
+        if (a.op == PipeOp::kForward || a.op == PipeOp::kBackward) {
+          const double cost = a.op == PipeOp::kForward ? runs[r].forward_cpu[a.chunk]
+                                                       : runs[r].backward_cpu[a.chunk];
+          t[r] += cost;
+          (*busy)[r] += cost;
+          ++next[r];
+          progress = true;
+          continue;
+        }
+        const int p = a.peer;
+        if (next[p] >= s.actions[p].size() || !matches(a, r, s.actions[p][next[p]])) break;
+        t[r] = t[p] = std::max(t[r], t[p]);
+        ++next[r];
+        ++next[p];
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < P; ++r) {
+    if (next[r] != s.actions[r].size())
+      return Status::Internal(
+          fmt::format("replay: stage {} stuck at {}", r, ToString(s.actions[r][next[r]])));
+  }
+  *makespan = *std::max_element(t.begin(), t.end());
+  return Status::OK();
 }
 
 int BubbleTable(const Shape& sh, bool quick, int repeats) {
@@ -359,17 +447,22 @@ int BubbleTable(const Shape& sh, bool quick, int repeats) {
   Log("pipeline bubble on real stages ({}: {} layers, hidden {}, b {}, s {}), ranks as threads "
       "with one compute thread each, {} cores; median of {} iterations after one warm-up",
       sh.name, sh.spec.num_layers, sh.spec.hidden, sh.b, sh.s, cores, repeats);
-  Log("per stage: bubble = 1 - compute / iteration (iteration: first rank's start to last rank's "
-      "end); mean and max over stages; formula (P-1)/(V m+P-1)");
-  Log("{:>2} {:>2} {:>3} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}", "P", "V", "m", "iter ms",
-      "compute ms", "mean", "max", "formula", "simulated");
+  Log("bubble = 1 - compute / iteration (iteration: first rank's start to last rank's end), for "
+      "the busiest stage and the mean over stages; measured on the wall clock, and replayed: the "
+      "schedule run with each chunk's forward and backward CPU time (what one idle core per "
+      "stage gives); formula (P-1)/(V m+P-1); cpu: the CPU the stage threads got, of one core "
+      "each");
+  Log("{:>2} {:>2} {:>3} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}", "P", "V", "m",
+      "iter ms", "busy ms", "busiest", "mean", "replay", "r. mean", "formula", "simulated", "cpu");
   for (const Case& c : cases) {
     Layout lay{1, c.P, c.V, false};
     std::vector<RankRun> runs;
-    if (Status st = RunLayout(sh, lay, c.m, repeats + 1, &runs); !st.ok()) return Fail(st);
-    std::vector<double> iter_ms, busy_ms, mean_b, max_b;
+    const double cpu0 = ProcessCpuSeconds(), wall0 = Now();
+    if (Status st = RunLayout(sh, lay, c.m, repeats + 1, &runs, true); !st.ok()) return Fail(st);
+    const double cpu_share = (ProcessCpuSeconds() - cpu0) / ((Now() - wall0) * c.P);
+    std::vector<double> iter_ms, busy_ms, mean_b, busiest_b;
     for (int it = 1; it <= repeats; ++it) {  // iteration 0 warms up (lays out the activations)
-      double t0 = 1e300, t1 = 0, sum = 0, mx = 0, busy = 0;
+      double t0 = 1e300, t1 = 0, sum = 0, busy = 0;
       for (const RankRun& r : runs) {
         t0 = std::min(t0, r.start[it]);
         t1 = std::max(t1, r.end[it]);
@@ -377,23 +470,30 @@ int BubbleTable(const Shape& sh, bool quick, int repeats) {
       for (const RankRun& r : runs) {
         const double b = 1.0 - r.busy[it] / (t1 - t0);
         sum += b;
-        mx = std::max(mx, b);
         busy = std::max(busy, r.busy[it]);
       }
       iter_ms.push_back(1e3 * (t1 - t0));
       busy_ms.push_back(1e3 * busy);
       mean_b.push_back(sum / runs.size());
-      max_b.push_back(mx);
+      busiest_b.push_back(1.0 - busy / (t1 - t0));
     }
     PipelineSchedule sched;
     PipeSimulation sim;
     if (Status st = MakePipelineSchedule(c.P, c.m, c.V, &sched); !st.ok()) return Fail(st);
     if (Status st = SimulateSchedule(sched, PipeCosts{}, &sim); !st.ok()) return Fail(st);
+    double makespan = 0;
+    std::vector<double> replay_busy;
+    if (Status st = Replay(sched, runs, &makespan, &replay_busy); !st.ok()) return Fail(st);
+    double replay_mean = 0;
+    for (double b : replay_busy) replay_mean += (1.0 - b / makespan) / c.P;
+    const double replay_busiest =
+        1.0 - *std::max_element(replay_busy.begin(), replay_busy.end()) / makespan;
     const double formula = (c.P - 1.0) / (c.V * c.m + c.P - 1);
-    Log("{:>2} {:>2} {:>3} {:>10.1f} {:>10.1f} {:>8.1f}% {:>8.1f}% {:>8.1f}% {:>8.1f}%{}", c.P, c.V,
-        c.m, Median(iter_ms), Median(busy_ms), 100 * Median(mean_b), 100 * Median(max_b),
-        100 * formula, 100 * sim.bubble_fraction,
-        static_cast<unsigned>(c.P) > cores ? "  (threads > cores: compute stretched)" : "");
+    Log("{:>2} {:>2} {:>3} {:>9.1f} {:>9.1f} {:>8.1f}% {:>8.1f}% {:>8.1f}% {:>8.1f}% {:>8.1f}% "
+        "{:>8.1f}% {:>6.0f}%",
+        c.P, c.V, c.m, Median(iter_ms), Median(busy_ms), 100 * Median(busiest_b),
+        100 * Median(mean_b), 100 * replay_busiest, 100 * replay_mean, 100 * formula,
+        100 * sim.bubble_fraction, 100 * cpu_share);
   }
   return 0;
 }
