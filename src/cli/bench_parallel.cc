@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <map>
 #include <memory>
@@ -451,9 +452,10 @@ int BubbleTable(const Shape& sh, bool quick, int repeats) {
       "the busiest stage and the mean over stages; measured on the wall clock, and replayed: the "
       "schedule run with each chunk's forward and backward CPU time (what one idle core per "
       "stage gives); formula (P-1)/(V m+P-1); cpu: the CPU the stage threads got, of one core "
-      "each");
-  Log("{:>2} {:>2} {:>3} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}", "P", "V", "m",
-      "iter ms", "busy ms", "busiest", "mean", "replay", "r. mean", "formula", "simulated", "cpu");
+      "each; imbal.: the replay's busiest stage's compute over the lightest's");
+  Log("{:>2} {:>2} {:>3} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6}", "P", "V",
+      "m", "iter ms", "busy ms", "busiest", "mean", "replay", "r. mean", "formula", "simulated",
+      "cpu", "imbal.");
   for (const Case& c : cases) {
     Layout lay{1, c.P, c.V, false};
     std::vector<RankRun> runs;
@@ -483,17 +485,33 @@ int BubbleTable(const Shape& sh, bool quick, int repeats) {
     if (Status st = SimulateSchedule(sched, PipeCosts{}, &sim); !st.ok()) return Fail(st);
     double makespan = 0;
     std::vector<double> replay_busy;
+    {
+      // The replay at uniform costs (forward 1, backward 2 per stage) is the simulation's bubble.
+      std::vector<RankRun> uniform(c.P);
+      for (RankRun& u : uniform) {
+        u.forward_cpu.assign(c.V, 1.0 / c.V);
+        u.backward_cpu.assign(c.V, 2.0 / c.V);
+      }
+      if (Status st = Replay(sched, uniform, &makespan, &replay_busy); !st.ok()) return Fail(st);
+      const double b = 1.0 - *std::max_element(replay_busy.begin(), replay_busy.end()) / makespan;
+      if (std::abs(b - sim.bubble_fraction) > 1e-9)
+        return Fail(Status::Internal(
+            fmt::format("replay at uniform costs gives a bubble of {} but the simulation {}", b,
+                        sim.bubble_fraction)));
+    }
     if (Status st = Replay(sched, runs, &makespan, &replay_busy); !st.ok()) return Fail(st);
+    const double imbalance = *std::max_element(replay_busy.begin(), replay_busy.end()) /
+                             *std::min_element(replay_busy.begin(), replay_busy.end());
     double replay_mean = 0;
     for (double b : replay_busy) replay_mean += (1.0 - b / makespan) / c.P;
     const double replay_busiest =
         1.0 - *std::max_element(replay_busy.begin(), replay_busy.end()) / makespan;
     const double formula = (c.P - 1.0) / (c.V * c.m + c.P - 1);
     Log("{:>2} {:>2} {:>3} {:>9.1f} {:>9.1f} {:>8.1f}% {:>8.1f}% {:>8.1f}% {:>8.1f}% {:>8.1f}% "
-        "{:>8.1f}% {:>6.0f}%",
+        "{:>8.1f}% {:>6.0f}% {:>6.2f}",
         c.P, c.V, c.m, Median(iter_ms), Median(busy_ms), 100 * Median(busiest_b),
         100 * Median(mean_b), 100 * replay_busiest, 100 * replay_mean, 100 * formula,
-        100 * sim.bubble_fraction, 100 * cpu_share);
+        100 * sim.bubble_fraction, 100 * cpu_share, imbalance);
   }
   return 0;
 }

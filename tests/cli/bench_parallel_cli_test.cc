@@ -117,13 +117,15 @@ TEST(BenchParallelCli, QuickBubbleTableRuns) {
     int P = 0, V = 0, m = 0;
     double iter = 0, busy = 0;
     std::string busiest, mean, replay, replay_mean, formula, simulated, cpu;
+    double imbalance = 0;
     if (!(f >> P >> V >> m >> iter >> busy >> busiest >> mean >> replay >> replay_mean >> formula >>
-          simulated >> cpu))
+          simulated >> cpu >> imbalance))
       continue;
     ++cases;
     EXPECT_EQ(formula, V == 1 ? "20.0%" : "11.1%") << line;
     EXPECT_EQ(simulated, formula) << line;
     EXPECT_GT(iter, 0) << line;
+    EXPECT_GE(imbalance, 1.0) << line;
     EXPECT_LE(busy, iter * 1.05) << line;  // a stage computes within the iteration
     for (const std::string& b : {busiest, mean, replay, replay_mean}) {
       EXPECT_GE(std::stod(b), -5.0) << line;
