@@ -360,8 +360,9 @@ TEST_F(MegatronScriptsCliTest, RealParallelSizesExitTwoNamingOnlyWhatKeelLacks) 
          at = r.out.find("\n  --", at + 1))
       ++named;
     EXPECT_EQ(named, std::string(name) == "tr11" ? 2u : 1u) << r.out;
-    if (std::string(name) == "tr11")
+    if (std::string(name) == "tr11") {
       EXPECT_OUT(r, "--pp-partition-method 'type:transformer|embedding' (how layers are cut");
+    }
     EXPECT_EQ(r.out.find("unknown flag"), std::string::npos) << r.out;
     EXPECT_FALSE(fs::exists(d + "/" + name + "/checkpoints/real")) << r.out;
   }

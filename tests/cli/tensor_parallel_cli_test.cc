@@ -91,9 +91,12 @@ TEST(TensorParallelCliTest, LossesMatchOneProcessAtTp2AndTp2TimesDp2) {
   EXPECT_EQ(Fingerprint(tp.out), Fingerprint(again.out));  // the same bits run after run
   EXPECT_NE(tp.out.find("layout: tensor parallel 2 x data parallel 1"), std::string::npos)
       << tp.out;
-  // A rank's log lines name its mesh coordinates.
+  // A rank's log names its mesh coordinates.
   const std::string rank3 = ReadText(dir + "/tpdp/logs/rank-003.log");
-  EXPECT_NE(rank3.find("[rank 3 (dp 1, pp 0, tp 1)] "), std::string::npos) << rank3;
+  EXPECT_NE(rank3.find("layout: tensor parallel 2 x data parallel 2 (pipeline 1); this rank is "
+                       "dp 1, pp 0, tp 1"),
+            std::string::npos)
+      << rank3;
   // Each tensor rank writes its pieces; each (tp, dp) its moments; one manifest.
   const std::string ck = dir + "/tpdp/iter_0000030/";
   for (const char* f : {"model.tp-00-of-02.pp-000-of-001.safetensors",
@@ -156,7 +159,8 @@ TEST(TensorParallelCliTest, AMissingOrDamagedPieceIsRefusedNamingIt) {
   }
   for (const char* run : {"/a", "/b"}) {
     // --load names the checkpoint: no fallback to an older one.
-    const KeelResult r = Train(1, "--train-iters 4 --load " + dir + run + "/iter_0000002");
+    const KeelResult r = Train(1, "--train-iters 4 --load " + dir + run + "/iter_0000002 --save " +
+                                      dir + run + "-resumed");
     EXPECT_NE(r.code, 0) << r.out;
     EXPECT_NE(r.out.find(piece), std::string::npos) << run << ": " << r.out;
   }
@@ -164,23 +168,23 @@ TEST(TensorParallelCliTest, AMissingOrDamagedPieceIsRefusedNamingIt) {
 
 TEST(TensorParallelCliTest, LayoutsTheRulesRefuseExit2BeforeAnyWork) {
   // 3 heads do not split across 2 ranks.
-  KeelResult r = Train(2, kTp2 + "--num-attention-heads 3 --hidden-size 66 --train-iters 2");
+  KeelResult r = Train(2, kTp2 + "--num-attention-heads 3 --hidden-size 66 --train-iters 4");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--tensor-model-parallel-size 2 must divide --num-attention-heads 3"),
             std::string::npos)
       << r.out;
   // 3 ranks are not a multiple of T=2.
-  r = Train(3, kTp2 + "--train-iters 2");
+  r = Train(3, kTp2 + "--train-iters 4");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("the 3 MPI ranks is not a multiple of tensor parallel 2"), std::string::npos)
       << r.out;
   // One process, T=2.
-  r = Train(1, kTp2 + "--train-iters 2");
+  r = Train(1, kTp2 + "--train-iters 4");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("the 1 MPI rank is not a multiple of tensor parallel 2"), std::string::npos)
       << r.out;
   // Pipeline parallelism is not there yet, and says what is.
-  r = Train(1, "--pipeline-model-parallel-size 2 --train-iters 2");
+  r = Train(1, "--pipeline-model-parallel-size 2 --train-iters 4");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("keel trains tensor parallel (--tensor-model-parallel-size) and data "
                        "parallel, not yet pipeline parallel"),
