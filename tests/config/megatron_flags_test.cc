@@ -144,7 +144,7 @@ TEST(MegatronFlagsTest, FeaturesKeelLacksExitTwoNamingEveryOneAtOnce) {
                     &p);
   ASSERT_EQ(st.code(), Status::Code::kInvalidArgument);
   // Tensor parallelism is keel's: not named.
-  EXPECT_EQ(st.message().find("--tensor-model-parallel-size"), std::string::npos) << st.message();
+  EXPECT_EQ(st.message().find("--tensor-model-parallel-size 4"), std::string::npos) << st.message();
   for (const char* named :
        {"--pipeline-model-parallel-size 12 (pipeline parallelism: keel trains tensor parallel "
         "(--tensor-model-parallel-size) and data parallel, not yet pipeline parallel",
