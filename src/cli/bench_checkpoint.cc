@@ -310,6 +310,10 @@ int BenchCheckpointAsync(const std::string& dir_arg, int repeats, int threads) {
     run.meta.tokenizer = "none";
     CheckpointStaging zero_copy, copies;
     copies.copy = true;
+    // Allocated up front, as CheckpointController does when --async-save is on.
+    copies.params_copy.resize(trainer.model().num_params());
+    copies.exp_avg_copy.resize(trainer.optimizer().shard().size());
+    copies.exp_avg_sq_copy.resize(trainer.optimizer().shard().size());
     std::vector<double> sync_r, stall_r, bg_r, base_r, during_r;
     Log("{}: {} parameters; rep | sync save s | stall s | stall/sync | background write s | "
         "iteration ms without | while writing",

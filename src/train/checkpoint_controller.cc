@@ -138,6 +138,14 @@ CheckpointController::CheckpointController(const TrainConfig& cfg, Env* env, Che
       log_(std::move(log)) {
   if (!log_) log_ = [](const std::string&) {};
   start_us_ = last_save_us_ = env_->NowMicros();
+  if (cfg_.async_save && store_ != nullptr) {
+    // The staging copies are allocated (and their pages touched) now, so that no save's stall
+    // pays for the allocation.
+    async_staging_.copy = true;
+    async_staging_.params_copy.resize(trainer_->model().num_params());
+    async_staging_.exp_avg_copy.resize(trainer_->optimizer().shard().size());
+    async_staging_.exp_avg_sq_copy.resize(trainer_->optimizer().shard().size());
+  }
 }
 
 std::string CheckpointController::GuardNote(const nlohmann::json& guard) const {

@@ -114,7 +114,8 @@ RunResult OpenAndTrain(const TrainConfig& c, Env* env = Env::Default()) {
   return r;
 }
 
-// state.json without its time stamp and the config's hash, which names --async-save.
+// state.json without its time stamp and the config's hash (of the config below, which names
+// --async-save and the --save directory).
 nlohmann::json StateWithoutTime(const std::string& dir) {
   nlohmann::json s = nlohmann::json::parse(ReadFile(dir + "/state.json"));
   s.erase("saved_at");
@@ -122,11 +123,12 @@ nlohmann::json StateWithoutTime(const std::string& dir) {
   return s;
 }
 
+// config.toml without the two lines that differ by design: --async-save and the --save directory.
 std::string ConfigWithoutAsync(const std::string& dir) {
   std::string text = ReadFile(dir + "/config.toml"), out;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("async-save", 0) != 0) out += line + "\n";
+    if (line.rfind("async-save", 0) != 0 && line.rfind("save = ", 0) != 0) out += line + "\n";
   return out;
 }
 
