@@ -81,9 +81,21 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
   // The save runs between iterations, so nothing changes the weights and moments meanwhile: the
   // CPU backend's views are its memory itself; a device backend's are host copies.
   be->Synchronize();
-  staging->params = be->ViewOnHost(model.param_data(), n);
-  staging->exp_avg = be->ViewOnHost(opt.exp_avg(), held.size());
-  staging->exp_avg_sq = be->ViewOnHost(opt.exp_avg_sq(), held.size());
+  if (staging->copy) {
+    // The snapshot of an asynchronous save: the loop changes the live memory after it returns.
+    auto snapshot = [be](const float* src, size_t count, std::vector<float>* buf) {
+      buf->resize(count);
+      be->CopyToHost(buf->data(), src, count);
+      return HostView::ZeroCopy(buf->data(), count);
+    };
+    staging->params = snapshot(model.param_data(), n, &staging->params_copy);
+    staging->exp_avg = snapshot(opt.exp_avg(), held.size(), &staging->exp_avg_copy);
+    staging->exp_avg_sq = snapshot(opt.exp_avg_sq(), held.size(), &staging->exp_avg_sq_copy);
+  } else {
+    staging->params = be->ViewOnHost(model.param_data(), n);
+    staging->exp_avg = be->ViewOnHost(opt.exp_avg(), held.size());
+    staging->exp_avg_sq = be->ViewOnHost(opt.exp_avg_sq(), held.size());
+  }
   const float* host_p = staging->params.data();
   const float* host_m = staging->exp_avg.data();
   const float* host_v = staging->exp_avg_sq.data();

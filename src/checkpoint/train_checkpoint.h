@@ -71,8 +71,17 @@ struct TrainCheckpointSource {
 // Host views (Backend::ViewOnHost) of the tensors a checkpoint's files point at: the weights and
 // this rank's moments. On the CPU backend they are the model's and optimizer's memory itself
 // (zero-copy), which must then not change until the files are written.
+// With `copy` (--async-save) they are copies instead, in buffers kept between saves (allocated at
+// the first), so the loop may train on while a background thread writes the files.
 struct CheckpointStaging {
   HostView params, exp_avg, exp_avg_sq;
+  bool copy = false;
+  std::vector<float> params_copy, exp_avg_copy, exp_avg_sq_copy;
+  // Bytes the copies hold for a model of `params` parameters whose optimizer holds `moments`
+  // elements of each moment (the memory estimate counts them).
+  static uint64_t CopyBytes(uint64_t params, uint64_t moments) {
+    return (params + 2 * moments) * sizeof(float);
+  }
 };
 
 // The files of a checkpoint of `src` that rank src.rank writes (all of them for one process).

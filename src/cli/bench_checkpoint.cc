@@ -6,6 +6,11 @@
 // the faster of the two. Before each load the checkpoint's files are dropped from the page cache
 // (posix_fadvise DONTNEED after the save's fsyncs), so the load reads them back from the disk.
 // Medians are reported.
+//
+// `keel bench --checkpoint --async`: per model (the 21M "small" and GPT-2 124M's transformer),
+// the synchronous save's time against an --async-save's stall of the loop (the snapshot into the
+// staging copies and the writer's start), the background write's time, and the training
+// iteration time while a background write runs against iterations without one.
 #include <fcntl.h>
 #include <fmt/ranges.h>
 #include <spawn.h>
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "backend/registry.h"
+#include "checkpoint/async_checkpoint_writer.h"
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/train_checkpoint.h"
@@ -227,6 +233,134 @@ int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
       "load {:.2f} GB/s (verify included, read from the disk) | verify {:.2f} GB/s",
       Median(save_r), Median(dd_r), Median(ddd_r), Median(ratio_r), Median(load_r),
       Median(verify_r));
+  return 0;
+}
+
+namespace {
+
+struct AsyncBenchModel {
+  const char* name;
+  int layers, hidden, heads, seq, micro_batch, vocab;
+};
+
+}  // namespace
+
+int BenchCheckpointAsync(const std::string& dir_arg, int repeats, int threads) {
+  const std::string dir =
+      dir_arg.empty()
+          ? (fs::temp_directory_path() / ("keel-bench-async-" + std::to_string(getpid()))).string()
+          : dir_arg;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_empty(dir, ec)) {
+    LogError("error: --dir " + dir + " exists and is not empty; give a new or empty directory");
+    return 2;
+  }
+  Cleanup cleanup{dir, !fs::exists(dir, ec)};
+  if (!fs::create_directories(dir, ec) && ec) {
+    cleanup.created = false;
+    return LogError("error: cannot create " + dir + ": " + ec.message()), 1;
+  }
+  const AsyncBenchModel models[] = {{"small (21M)", 6, 512, 8, 256, 4, 4096},
+                                    {"gpt2-124m (16k vocab)", 12, 768, 12, 64, 1, 16384}};
+  Log("async checkpoint bench: {} repeats per model in {}; sync = BuildTrainCheckpoint + Save "
+      "(zero-copy views); stall = the loop's snapshot into reused staging copies + the writer's "
+      "start; iterations timed while the background write runs and without one",
+      repeats, dir);
+  for (const AsyncBenchModel& m : models) {
+    TrainConfig cfg;
+    cfg.model.num_layers = m.layers;
+    cfg.model.hidden = m.hidden;
+    cfg.model.heads = m.heads;
+    cfg.seq_length = m.seq;
+    cfg.micro_batch_size = m.micro_batch;
+    cfg.global_batch_size = m.micro_batch;
+    cfg.model.vocab = m.vocab;
+    cfg.train_iters = 100000;
+    cfg.lr_warmup_iters = 1;
+    cfg.threads = threads;
+    std::vector<std::string> notes;
+    Status st = Validate(&cfg, &notes);
+    if (!st.ok()) return Fail(st);
+    std::unique_ptr<Backend> backend;
+    if (st = MakeBackend(cfg.backend, threads, &backend); !st.ok()) return Fail(st);
+    auto comm = MakeSingleProcessCommunicator();
+    const int seq = m.seq, vocab = m.vocab;
+    SampleFn data = [seq, vocab](int64_t index, int32_t* tokens) {
+      uint64_t x = static_cast<uint64_t>(index) * 0x9E3779B97F4A7C15ull + 1;
+      for (int t = 0; t <= seq; ++t) {
+        x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 29;
+        tokens[t] = static_cast<int32_t>(x % static_cast<uint64_t>(vocab));
+      }
+      return 0;
+    };
+    Trainer trainer(cfg, backend.get(), comm.get(), {data, SampleFn()});
+    trainer.InitializeWeights();
+    auto step = [&]() -> double {
+      const auto t0 = std::chrono::steady_clock::now();
+      const IterationPlan plan = trainer.PlanIteration();
+      StepResult r;
+      Status s = trainer.ComputeGradients(plan, &r);
+      KEEL_CHECK(s.ok(), "bench iteration failed");
+      trainer.Update(true, &r);
+      trainer.EndIteration(plan, &r);
+      return Seconds(t0) * 1e3;
+    };
+    step();  // warm-up: the moments are nonzero from here on
+    RunInfo run;
+    run.meta.tokenizer = "none";
+    CheckpointStaging zero_copy, copies;
+    copies.copy = true;
+    // Allocated up front, as CheckpointController does when --async-save is on.
+    copies.params_copy.resize(trainer.model().num_params());
+    copies.exp_avg_copy.resize(trainer.optimizer().shard().size());
+    copies.exp_avg_sq_copy.resize(trainer.optimizer().shard().size());
+    std::vector<double> sync_r, stall_r, bg_r, base_r, during_r;
+    Log("{}: {} parameters; rep | sync save s | stall s | stall/sync | background write s | "
+        "iteration ms without | while writing",
+        m.name, trainer.model().num_params());
+    for (int rep = 0; rep < repeats; ++rep) {
+      CheckpointStore store(Env::Default(), dir, nullptr);
+      // The synchronous save.
+      const int64_t sync_it = 2 * rep + 1, async_it = 2 * rep + 2;
+      std::vector<CheckpointFile> files;
+      auto t0 = std::chrono::steady_clock::now();
+      st = BuildTrainCheckpoint(Env::Default(), CheckpointSourceOf(trainer), run,
+                                nlohmann::json::array(), &zero_copy, &files);
+      SaveStats stats;
+      if (st.ok()) st = store.Save(sync_it, files, &stats);
+      sync_r.push_back(Seconds(t0));
+      if (!st.ok()) return Fail(st);
+      fs::remove_all(stats.path, ec);
+      // Iterations without a background write.
+      std::vector<double> base;
+      for (int i = 0; i < 3; ++i) base.push_back(step());
+      // The asynchronous save: the loop's stall, then iterations while the write runs.
+      AsyncCheckpointWriter writer(Env::Default(), dir, false);
+      t0 = std::chrono::steady_clock::now();
+      AsyncCheckpointWriter::Job job;
+      job.iteration = async_it;
+      st = BuildTrainCheckpoint(Env::Default(), CheckpointSourceOf(trainer), run,
+                                nlohmann::json::array(), &copies, &job.files);
+      if (!st.ok()) return Fail(st);
+      writer.Start(std::move(job));
+      stall_r.push_back(Seconds(t0));
+      std::vector<double> during;
+      while (!writer.done()) during.push_back(step());
+      AsyncCheckpointWriter::Result r = writer.Wait();
+      if (!r.status.ok()) return Fail(r.status);
+      fs::remove_all(r.stats.path, ec);
+      bg_r.push_back(r.seconds);
+      base_r.push_back(Median(base));
+      during_r.push_back(Median(during));
+      Log("{:>3} | {:>6.3f} | {:>6.4f} | {:>6.3f} | {:>6.3f} | {:>7.1f} | {:>7.1f} ({} iterations)",
+          rep + 1, sync_r.back(), stall_r.back(), stall_r.back() / sync_r.back(), bg_r.back(),
+          base_r.back(), during_r.back(), during.size());
+    }
+    Log("{} median | sync save {:.3f} s | stall {:.4f} s | stall/sync {:.3f} | background write "
+        "{:.3f} s | iteration {:.1f} ms without, {:.1f} ms while writing ({:.2f}x)",
+        m.name, Median(sync_r), Median(stall_r), Median(stall_r) / Median(sync_r), Median(bg_r),
+        Median(base_r), Median(during_r), Median(during_r) / Median(base_r));
+  }
   return 0;
 }
 

@@ -133,6 +133,10 @@ int BenchCommand(int argc, const char* const* argv) {
                "instead: save/load GB/s of a ~100M-parameter checkpoint beside dd's write speed");
   app.add_option("--dir", ckpt_dir,
                  "--checkpoint, --data: directory to write in (default: a temp dir)");
+  bool async = false;
+  app.add_flag("--async", async,
+               "--checkpoint: instead the loop's stall per --async-save against the synchronous "
+               "save, and iteration time while a background write runs (21M and 124M models)");
   int repeats = 5;
   app.add_option("--repeats", repeats, "--checkpoint: save, dd, load rounds (median reported)")
       ->check(CLI::Range(1, 100));
@@ -172,6 +176,7 @@ int BenchCommand(int argc, const char* const* argv) {
     return UsageExit(app, e);
   }
   if (Status st = ValidateThreads(threads); !st.ok()) return Fail(st);
+  if (checkpoint && async) return BenchCheckpointAsync(ckpt_dir, repeats, threads);
   if (checkpoint) return BenchCheckpoint(ckpt_dir, repeats, threads);
   if (guard) return BenchGuard(iters, warmup, threads);
   if (data) return BenchData(ckpt_dir, data_gb, repeats, seq);

@@ -15,6 +15,8 @@ int BenchCommand(int argc, const char* const* argv);
 int BenchLevelShift(int argc, const char* const* argv);
 // `keel bench --checkpoint` (bench_checkpoint.cc): repeats, threads.
 int BenchCheckpoint(const std::string& dir, int repeats, int threads);
+// `keel bench --checkpoint --async` (bench_checkpoint.cc): the loop's stall per --async-save.
+int BenchCheckpointAsync(const std::string& dir, int repeats, int threads);
 // `keel bench --guard` (bench_guard.cc): the guard's cost per step, median of paired ratios.
 int BenchGuard(int iters, int warmup, int threads);
 // `keel bench log-detectors` (bench_log_detectors.cc); argv[0] is "log-detectors".

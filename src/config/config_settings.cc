@@ -521,6 +521,10 @@ const std::vector<Setting>& Settings() {
         IntSetting("keep-last-checkpoints",
                    "keep the newest N checkpoints, delete older unpinned ones (0: keep all)",
                    &TC::keep_last_checkpoints));
+    t->push_back(BoolSetting("async-save",
+                             "periodic saves copy the state and write it on a background thread "
+                             "while training goes on (docs/checkpoints.md)",
+                             &TC::async_save));
     t->push_back(StringSetting("kill-switch-path", "FILE",
                                "when FILE appears: save a checkpoint and exit 0",
                                &TC::kill_switch_path));

@@ -168,6 +168,9 @@ struct TrainConfig {
   int64_t save_interval = 100;       // iterations between checkpoints (0: only final and on stop)
   double save_interval_minutes = 0;  // also save when this much time passed since the last (0: off)
   int keep_last_checkpoints = 2;     // retention: newest K committed checkpoints (0: keep all)
+  // Megatron's --async-save: periodic saves snapshot the state and write it on a background
+  // thread while training goes on (docs/checkpoints.md).
+  bool async_save = false;
   std::string kill_switch_path;      // when this file appears: save, then exit 0
   int64_t exit_interval = 0;         // save and exit once iteration % N == 0 (0: off)
   double exit_duration_in_mins = 0;  // save and exit after this long in this process (0: off)

@@ -52,6 +52,7 @@ FaultInjectionEnv::FaultInjectionEnv(Env* base) : base_(base) {
 FaultInjectionEnv::~FaultInjectionEnv() = default;
 
 void FaultInjectionEnv::Arm(Fault fault, int64_t nth, std::string path_part, bool persistent) {
+  std::lock_guard<std::mutex> lock(mu_);
   armed_ = true;
   persistent_ = persistent;
   fired_ = false;
@@ -66,6 +67,7 @@ void FaultInjectionEnv::SetCrashHook(std::function<void()> hook) {
 }
 
 Status FaultInjectionEnv::Before(Op op, const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (dead_) return Dead(path);
   ++mutations_;
   if (!armed_ || (fired_ && !persistent_)) return Status::OK();

@@ -4,9 +4,11 @@
 // arms it from KEEL_FAULT_INJECTION so kill points inside a save are reached deterministically.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/env.h"
@@ -81,11 +83,14 @@ class FaultInjectionEnv : public Env {
 
   Env* base_;
   std::function<void()> crash_hook_;
-  bool armed_ = false, fired_ = false, dead_ = false, persistent_ = false;
+  // Before() runs on every thread that writes (an --async-save writer beside the loop).
+  std::mutex mu_;
+  bool armed_ = false, persistent_ = false;
+  std::atomic<bool> fired_{false}, dead_{false};
   Fault fault_ = Fault::kCrash;
   int64_t nth_ = 0, seen_ = 0;
   std::string path_part_;
-  int64_t mutations_ = 0;
+  std::atomic<int64_t> mutations_{0};
 };
 
 }  // namespace keel

@@ -56,12 +56,20 @@ Status CheckpointController::WriteCheckpoint(int64_t it, const std::vector<Check
   // succeeded. Each step ends with every rank agreeing on its outcome, so a failure on any rank
   // leaves the previous checkpoint the newest on every rank.
   const uint64_t t0 = env_->NowMicros();
-  const bool leader = comm->rank() == 0;
   Status st = built;
-  if (leader && st.ok()) st = store_->BeginSave(it);
+  if (comm->rank() == 0 && st.ok()) st = store_->BeginSave(it);
   st = comm->AgreeOnStatus(st);
   std::vector<ManifestEntry> written;
-  if (st.ok()) st = comm->AgreeOnStatus(store_->WriteSaveFiles(it, files, &written));
+  if (st.ok()) st = store_->WriteSaveFiles(it, files, &written);
+  return CommitAcrossRanks(it, st, written, t0, stats);
+}
+
+Status CheckpointController::CommitAcrossRanks(int64_t it, Status st,
+                                               const std::vector<ManifestEntry>& written,
+                                               uint64_t start_us, SaveStats* stats) {
+  Communicator* comm = trainer_->comm();
+  const bool leader = comm->rank() == 0;
+  st = comm->AgreeOnStatus(st);
   if (!st.ok()) {
     if (leader) return store_->AbortSave(it, st);
     return Status::IOError(
@@ -73,13 +81,13 @@ Status CheckpointController::WriteCheckpoint(int64_t it, const std::vector<Check
   if (leader) {
     std::vector<ManifestEntry> entries;
     for (const std::string& text : all) DecodeEntries(text, &entries);
-    st = store_->CommitSave(it, entries, t0, stats);
+    st = store_->CommitSave(it, entries, start_us, stats);
   }
   // The commit's outcome (rank 0's) for every rank.
   st = comm->AgreeOnStatus(st);
   if (!leader && st.ok() && stats != nullptr) {
     stats->path = JoinPath(store_->root(), CheckpointDirName(it));
-    stats->seconds = static_cast<double>(env_->NowMicros() - t0) / 1e6;
+    stats->seconds = static_cast<double>(env_->NowMicros() - start_us) / 1e6;
     for (const ManifestEntry& e : written) stats->bytes += e.size;
   }
   return st;
@@ -132,30 +140,135 @@ CheckpointController::CheckpointController(const TrainConfig& cfg, Env* env, Che
       log_(std::move(log)) {
   if (!log_) log_ = [](const std::string&) {};
   start_us_ = last_save_us_ = env_->NowMicros();
+  if (cfg_.async_save && store_ != nullptr) {
+    // The staging copies are allocated (and their pages touched) now, so that no save's stall
+    // pays for the allocation.
+    async_staging_.copy = true;
+    async_staging_.params_copy.resize(trainer_->model().num_params());
+    async_staging_.exp_avg_copy.resize(trainer_->optimizer().shard().size());
+    async_staging_.exp_avg_sq_copy.resize(trainer_->optimizer().shard().size());
+  }
 }
 
-Status CheckpointController::SaveNow(const std::string& why, const nlohmann::json& guard) {
+std::string CheckpointController::GuardNote(const nlohmann::json& guard) const {
+  return !guard.is_object()              ? ""
+         : guard.value("healthy", false) ? "; guard: healthy"
+                                         : "; guard: NOT healthy (event open)";
+}
+
+Status CheckpointController::SaveNow(const std::string& why, const nlohmann::json& guard,
+                                     SaveMode mode) {
   if (store_ == nullptr) return Status::OK();
   PhaseScope save(trainer_->phase_tracker(), Phase::kSave);
+  if (SaveInFlight()) {  // at most one save in flight: this wait is part of this save's stall
+    double waited = 0;
+    (void)FinishBackgroundSave(&waited);  // its failure is logged and counted there
+    if (stop_ == StopReason::kSaveFailures) return failure_;
+  }
   const int64_t it = trainer_->state().counters.iteration;
+  if (mode == SaveMode::kBackground && cfg_.async_save) return StartBackgroundSave(it, why, guard);
   std::vector<CheckpointFile> files;
   const Status built = BuildTrainCheckpoint(env_, CheckpointSourceOf(*trainer_), run_, history_,
                                             &staging_, &files, guard);
   SaveStats stats;
   KEEL_RETURN_IF_ERROR(WriteCheckpoint(it, files, built, &stats));
-  last_saved_ = it;
+  last_saved_ = last_committed_ = it;
   last_save_us_ = env_->NowMicros();
   log_(fmt::format("saved checkpoint {} ({}): {:.1f} MB in {:.2f} s, {:.0f} MB/s{}", stats.path,
                    why, static_cast<double>(stats.bytes) / 1e6, stats.seconds,
                    static_cast<double>(stats.bytes) / 1e6 / std::max(stats.seconds, 1e-9),
-                   !guard.is_object()              ? ""
-                   : guard.value("healthy", false) ? "; guard: healthy"
-                                                   : "; guard: NOT healthy (event open)"));
+                   GuardNote(guard)));
   return Status::OK();
 }
 
+Status CheckpointController::StartBackgroundSave(int64_t it, const std::string& why,
+                                                 const nlohmann::json& guard) {
+  const uint64_t t0 = env_->NowMicros();
+  if (writer_ == nullptr) {
+    writer_ = std::make_unique<AsyncCheckpointWriter>(env_, store_->root(), store_->read_only());
+    async_staging_.copy = true;
+  }
+  // The snapshot: weights and this rank's moments copied into the staging buffers; TrainState,
+  // data position, guard state and history serialized into the files' bytes.
+  std::vector<CheckpointFile> files;
+  Status st = BuildTrainCheckpoint(env_, CheckpointSourceOf(*trainer_), run_, history_,
+                                   &async_staging_, &files, guard);
+  Communicator* comm = trainer_->comm();
+  const bool data_parallel = comm->world_size() > 1;
+  if (data_parallel) {
+    const bool leader = comm->rank() == 0;
+    if (leader && st.ok()) st = store_->BeginSave(it);
+    st = comm->AgreeOnStatus(st);
+    if (!st.ok()) {
+      if (leader) return store_->AbortSave(it, st);
+      return Status::IOError(fmt::format(
+          "saving checkpoint {} failed: {} (the checkpoints saved before it are intact)",
+          JoinPath(store_->root(), CheckpointDirName(it)), st.message()));
+    }
+  }
+  KEEL_RETURN_IF_ERROR(st);
+  AsyncCheckpointWriter::Job job;
+  job.iteration = it;
+  job.files = std::move(files);
+  job.commit = !data_parallel;  // across ranks the commit waits for every rank's files
+  job.keep_last = cfg_.keep_last_checkpoints;
+  writer_->Start(std::move(job));
+  pending_ = Pending{};
+  pending_.iteration = it;
+  pending_.why = why;
+  pending_.guard_note = GuardNote(guard);
+  pending_.start_us = t0;
+  pending_.stall_seconds = static_cast<double>(env_->NowMicros() - t0) / 1e6;
+  last_saved_ = it;
+  last_save_us_ = env_->NowMicros();
+  return Status::OK();
+}
+
+Status CheckpointController::FinishBackgroundSave(double* waited) {
+  const uint64_t t0 = env_->NowMicros();
+  AsyncCheckpointWriter::Result r = writer_->Wait();
+  for (const std::string& line : r.log) log_(line);
+  Status st = r.status;
+  SaveStats stats = r.stats;
+  if (trainer_->comm()->world_size() > 1) {
+    st = CommitAcrossRanks(r.iteration, st, r.written, pending_.start_us, &stats);
+    if (st.ok()) ApplyRetention();  // rank 0's; the others' store is read-only
+  }
+  *waited = static_cast<double>(env_->NowMicros() - t0) / 1e6;
+  pending_.stall_seconds += *waited;
+  if (!st.ok()) {
+    if (last_saved_ == r.iteration) last_saved_ = last_committed_;  // the state is not saved
+    OnPeriodicSave(st);
+    return st;
+  }
+  last_committed_ = r.iteration;
+  consecutive_failures_ = 0;
+  const double mb = static_cast<double>(stats.bytes) / 1e6;
+  log_(fmt::format(
+      "saved checkpoint {} ({}, --async-save): {:.1f} MB; the loop stalled {:.3f} s, the "
+      "background write took {:.2f} s ({:.0f} MB/s){}",
+      stats.path, pending_.why, mb, pending_.stall_seconds, r.seconds,
+      mb / std::max(r.seconds, 1e-9), pending_.guard_note));
+  return Status::OK();
+}
+
+Status CheckpointController::WaitForSave() {
+  if (!SaveInFlight()) return Status::OK();
+  PhaseScope save(trainer_->phase_tracker(), Phase::kSave);
+  double waited = 0;
+  Status st = FinishBackgroundSave(&waited);
+  wait_seconds_ += waited;
+  return st;
+}
+
+double CheckpointController::TakeWaitSeconds() {
+  const double s = wait_seconds_;
+  wait_seconds_ = 0;
+  return s;
+}
+
 void CheckpointController::ApplyRetention() {
-  if (store_ == nullptr) return;
+  if (store_ == nullptr || SaveInFlight()) return;
   Status st = store_->ApplyRetention(cfg_.keep_last_checkpoints);
   if (!st.ok()) log_("WARNING: retention could not remove an old checkpoint: " + st.message());
 }
@@ -177,6 +290,7 @@ Status CheckpointController::RollbackTo(const SavedTrainState& target,
   if (store_ == nullptr)
     return Status::NotFound(
         "there is no --save directory, so no checkpoint to roll back to; give --save");
+  (void)WaitForSave();  // the save in flight first (its failure is logged and counted there)
   KEEL_RETURN_IF_ERROR(trainer_->comm()->AgreeOnStatus(
       store_->RollbackTo(target.train.counters.iteration, kept)));  // rank 0 moves, all wait
   return trainer_->comm()->AgreeOnStatus(Restore(target, /*in_save_dir=*/true));
@@ -210,19 +324,26 @@ std::string CheckpointController::SaveDueAfterIteration() {
   }
   bool minutes_due = cfg_.save_interval_minutes > 0 &&
                      static_cast<double>(now - last_save_us_) / 60e6 >= cfg_.save_interval_minutes;
+  // A background save whose thread is done is collected here, without waiting: in one process
+  // when its thread is done, across ranks when every rank's is.
+  bool collect = SaveInFlight() && writer_->done();
   Communicator* comm = trainer_->comm();
   if (comm->world_size() > 1) {
     // A signal, the kill switch and the clocks are seen by each rank at its own moment: the ranks
-    // take the strongest request of any, so all stop (or save) at the same iteration.
-    double v[2] = {static_cast<double>(stop_), minutes_due ? 1.0 : 0.0};
-    comm->AllReduceMaxHost(v, 2);
+    // take the strongest request of any, so all stop (or save) at the same iteration. A
+    // background write still running on any rank defers its commit on all.
+    double v[3] = {static_cast<double>(stop_), minutes_due ? 1.0 : 0.0,
+                   SaveInFlight() && !collect ? 1.0 : 0.0};
+    comm->AllReduceMaxHost(v, 3);
     const auto agreed = static_cast<StopReason>(static_cast<int>(v[0]));
     if (agreed != stop_)
       log_(fmt::format("stopping at iteration {} with the other ranks: {}", it,
                        StopReasonText(agreed)));
     stop_ = agreed;
     minutes_due = v[1] > 0;
+    collect = SaveInFlight() && v[2] == 0;
   }
+  if (collect) (void)WaitForSave();  // its outcome is logged and counted there
   if (stop_ != StopReason::kNone || store_ == nullptr || it == last_saved_) return "";
   if (cfg_.save_interval > 0 && it % cfg_.save_interval == 0) return "--save-interval";
   if (minutes_due) return "--save-interval-minutes";
@@ -231,10 +352,12 @@ std::string CheckpointController::SaveDueAfterIteration() {
 
 bool CheckpointController::OnPeriodicSave(const Status& st) {
   if (st.ok()) {
-    consecutive_failures_ = 0;
+    // A background save's outcome is counted when it is collected.
+    if (!SaveInFlight()) consecutive_failures_ = 0;
     return true;
   }
-  if (stop_ == StopReason::kCheckFailed) return false;
+  // (kSaveFailures: the failure that stopped the run was counted when it was collected.)
+  if (stop_ == StopReason::kCheckFailed || stop_ == StopReason::kSaveFailures) return false;
   ++consecutive_failures_;
   log_(
       fmt::format("ERROR: {} ({} of {} consecutive failures allowed; training continues and the "

@@ -8,14 +8,23 @@
 // goes on (the previous checkpoint stays the newest; the next interval tries again); after 3
 // consecutive failures the run stops with the error, so a full disk never runs for days without
 // checkpoints. A failed final or stop save is an error the caller exits non-zero with.
+//
+// --async-save: a periodic save (SaveMode::kBackground) copies the state into staging buffers on
+// the loop thread and an AsyncCheckpointWriter writes it while training goes on. Its outcome is
+// collected after a later iteration (SaveDueAfterIteration) or at WaitForSave, the one wait point
+// (the next save, a rollback, a stop and the end of the run come through it), and counts as a
+// periodic save's. Data parallel: the background threads only write each rank's files; the ranks
+// agree on the outcome and rank 0 commits on the loop thread, where every collective runs.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "checkpoint/async_checkpoint_writer.h"
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
@@ -70,10 +79,26 @@ class CheckpointController {
   Status FinalSaveStatus() const;
   // Whether the state at hand still needs a save (--save given and not saved at this iteration).
   bool NeedsSave() const;
+  // kWait: the save is written and committed before SaveNow returns. kBackground: with
+  // --async-save, SaveNow returns once the state is copied and its outcome comes later (see
+  // above); without it, as kWait.
+  enum class SaveMode { kWait, kBackground };
   // Saves the current state with the guard's slot `guard` (null: none) and logs the save; `why`
-  // names it in the log.
-  Status SaveNow(const std::string& why, const nlohmann::json& guard = nullptr);
+  // names it in the log. A save in flight is waited for first.
+  Status SaveNow(const std::string& why, const nlohmann::json& guard = nullptr,
+                 SaveMode mode = SaveMode::kWait);
+  // The wait point: blocks until the save in flight (if any) is written and committed (data
+  // parallel: every rank's files, then rank 0's commit; every rank calls it at the same point),
+  // logs it and counts its outcome as OnPeriodicSave does. Returns that outcome (OK when none was
+  // in flight); a failure has then been logged and counted already.
+  Status WaitForSave();
+  bool SaveInFlight() const { return writer_ != nullptr && writer_->in_flight(); }
+  // Seconds the loop spent in waits for background saves and their commits outside SaveNow,
+  // since the last call (goodput's save stall).
+  double TakeWaitSeconds();
   // After a save (and the guard's pins): removes checkpoints beyond --keep-last-checkpoints.
+  // While a background save is in flight it does nothing: the writer applies retention after
+  // its commit.
   void ApplyRetention();
   // Puts checkpoint `saved` (verified, read) back into the trainer: tensors, then its TrainState.
   // `in_save_dir`: it is one of this run's own checkpoints, so it counts as the last save.
@@ -96,6 +121,24 @@ class CheckpointController {
   // across ranks every rank's files, committed by rank 0 once all of them are written.
   Status WriteCheckpoint(int64_t it, const std::vector<CheckpointFile>& files, Status built,
                          SaveStats* stats);
+  // Data parallel: after every rank wrote its files (`written`, with this rank's outcome `st`),
+  // the ranks agree and rank 0 commits checkpoint `it` (or removes its temporary directory).
+  Status CommitAcrossRanks(int64_t it, Status st, const std::vector<ManifestEntry>& written,
+                           uint64_t start_us, SaveStats* stats);
+  // Starts a background save of the current state (the previous one collected).
+  Status StartBackgroundSave(int64_t it, const std::string& why, const nlohmann::json& guard);
+  // Collects the save in flight (blocking until its thread is done) and commits it across
+  // ranks; `waited` gets the seconds the loop spent here.
+  Status FinishBackgroundSave(double* waited);
+  std::string GuardNote(const nlohmann::json& guard) const;
+
+  // The save in flight (--async-save).
+  struct Pending {
+    int64_t iteration = -1;
+    std::string why, guard_note;
+    uint64_t start_us = 0;
+    double stall_seconds = 0;  // the loop's: the snapshot, then the waits and commit
+  };
 
   TrainConfig cfg_;
   Env* env_;
@@ -104,9 +147,14 @@ class CheckpointController {
   RunInfo run_;
   nlohmann::json history_;
   std::function<void(const std::string&)> log_;
-  CheckpointStaging staging_;
+  CheckpointStaging staging_;        // zero-copy views for saves written while the loop waits
+  CheckpointStaging async_staging_;  // copies, reused between background saves
+  std::unique_ptr<AsyncCheckpointWriter> writer_;  // --async-save
+  Pending pending_;
+  double wait_seconds_ = 0;
   uint64_t start_us_ = 0, last_save_us_ = 0;
-  int64_t last_saved_ = -1;
+  // The last save started (a background one may still fail) and the last one committed.
+  int64_t last_saved_ = -1, last_committed_ = -1;
   int consecutive_failures_ = 0;
   Status failure_;
   StopReason stop_ = StopReason::kNone;

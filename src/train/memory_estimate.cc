@@ -45,6 +45,9 @@ MemoryEstimate EstimateRunMemory(const TrainConfig& cfg) {
       static_cast<uint64_t>(cfg.micro_batch_size) * (static_cast<uint64_t>(cfg.seq_length) + 1);
   e.data = SamplePrefetcher::BufferBytes(cfg.seq_length + 1, SamplePrefetchDepth(cfg)) +
            3 * mb_tokens * sizeof(int32_t);
+  // --async-save snapshots the fp32 weights and this rank's moments into buffers kept between
+  // saves (CheckpointStaging::copy), written while training goes on.
+  if (cfg.async_save && !cfg.save.empty()) e.staging = e.params * sizeof(float) + e.moments;
   return e;
 }
 
@@ -63,14 +66,16 @@ std::string FormatBytes(uint64_t bytes) {
 std::string DescribeMemoryEstimate(const TrainConfig& cfg, const MemoryEstimate& e) {
   return fmt::format(
       "weights {}, gradients {} and AdamW moments {} ({} parameters x {} + 4 + 8 bytes{}), "
-      "activations {} (one micro-batch of {} x {} tokens), data buffers {}",
+      "activations {} (one micro-batch of {} x {} tokens), data buffers {}{}",
       FormatBytes(e.weights), FormatBytes(e.gradients), FormatBytes(e.moments), e.params,
       cfg.precision != Precision::kFp32 ? "(4 + 2)" : "4",
       cfg.data_parallel_size > 1
           ? fmt::format(", per rank of {}{}", cfg.data_parallel_size,
                         cfg.use_distributed_optimizer ? ", moments sharded by ZeRO-1" : "")
           : std::string(),
-      FormatBytes(e.activations), cfg.micro_batch_size, cfg.seq_length, FormatBytes(e.data));
+      FormatBytes(e.activations), cfg.micro_batch_size, cfg.seq_length, FormatBytes(e.data),
+      e.staging > 0 ? fmt::format(", --async-save staging {}", FormatBytes(e.staging))
+                    : std::string());
 }
 
 namespace {

@@ -21,7 +21,8 @@ struct MemoryEstimate {
   uint64_t moments = 0;      // AdamW's two fp32 moments
   uint64_t activations = 0;  // one micro-batch's activations and gradient scratch
   uint64_t data = 0;         // the read-ahead ring and the loop's micro-batch token buffers
-  uint64_t total() const { return weights + gradients + moments + activations + data; }
+  uint64_t staging = 0;      // --async-save: the fp32 copies of weights and moments a save writes
+  uint64_t total() const { return weights + gradients + moments + activations + data + staging; }
 };
 
 // Samples the run reads ahead of the loop (TrainingRun's SamplePrefetcher): two global batches,

@@ -75,6 +75,11 @@ Status TrainingRun::RunIteration(bool* go_on) {
   // 7. The guard carries out its decision: a rollback, an LR cut, or a stop. Goodput records
   //    the iterations before a rollback (it makes them lost) and counts the restore as resume.
   const bool rollback = decision.kind == GuardDecision::Kind::kRollback;
+  if (rollback) {
+    // A rollback reads and moves checkpoints: a background save is committed first.
+    (void)ckpt_->WaitForSave();  // its failure is logged and counted there
+    goodput_->Add(GoodputClock::Part::kSave, ckpt_->TakeWaitSeconds());
+  }
   if (rollback) goodput_->Record("rollback", c.iteration);
   bool acted = false;
   {
@@ -89,29 +94,33 @@ Status TrainingRun::RunIteration(bool* go_on) {
   // 8. Replica checks on their interval: replicas that differ stop the run, unsaved.
   KEEL_RETURN_IF_ERROR(health_->AfterIteration());
   // 9. A save on its interval; a stop request ends the loop (Train saves after it).
+  //    With --async-save a periodic save goes on in the background; a finished one is collected
+  //    here (its commit, across ranks, is the loop's save stall).
   const std::string save_why = ckpt_->SaveDueAfterIteration();
+  goodput_->Add(GoodputClock::Part::kSave, ckpt_->TakeWaitSeconds());
   *go_on = ckpt_->stop_reason() == StopReason::kNone &&
-           (save_why.empty() || ckpt_->OnPeriodicSave(Save(save_why)));
+           (save_why.empty() ||
+            ckpt_->OnPeriodicSave(Save(save_why, CheckpointController::SaveMode::kBackground)));
   return Status::OK();
 }
 
-Status TrainingRun::Save(const std::string& why) {
+Status TrainingRun::Save(const std::string& why, CheckpointController::SaveMode mode) {
   Status st;
   {
     GoodputScope g(goodput_.get(), GoodputClock::Part::kSave);
-    st = SaveUnmeasured(why);
+    st = SaveUnmeasured(why, mode);
   }
   // Every checkpoint is a record's boundary: a later resume from it splits no record.
   if (st.ok()) goodput_->Record("save", trainer_->state().counters.iteration);
   return st;
 }
 
-Status TrainingRun::SaveUnmeasured(const std::string& why) {
+Status TrainingRun::SaveUnmeasured(const std::string& why, CheckpointController::SaveMode mode) {
   // A damaged replica is never saved: the replicas are compared first (data parallel).
   if (Status check = health_->CheckReplicas("before a save"); !check.ok())
     return ckpt_->CheckFailed(check);
   const auto t0 = std::chrono::steady_clock::now();
-  KEEL_RETURN_IF_ERROR(ckpt_->SaveNow(why, guard_->StateForCheckpoint()));
+  KEEL_RETURN_IF_ERROR(ckpt_->SaveNow(why, guard_->StateForCheckpoint(), mode));
   health_->OnSave(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   guard_->AfterSave(ckpt_->last_saved_iteration());  // the first save after a spike is pinned
   ckpt_->ApplyRetention();
@@ -163,6 +172,9 @@ Status TrainingRun::Train(Outcome* outcome) {
       return OutOfMemoryError(fmt::format("training (iteration {})", c.iteration + 1));
     }
     goodput_->LoopEnded();
+    // The end of the run and a stop request wait for a background save (and commit it).
+    (void)ckpt_->WaitForSave();  // a failure is logged and counted there
+    goodput_->Add(GoodputClock::Part::kSave, ckpt_->TakeWaitSeconds());
     if (guard_->stopped()) {
       // The state is not healthy: no final checkpoint of it; the pinned ones remain.
       LogError("error: " + guard_->stop_message());

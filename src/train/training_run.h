@@ -99,8 +99,10 @@ class TrainingRun {
   Status RunIteration(bool* go_on);
   // A save: the replicas checked first, the guard's slot in it, the guard told after; its time
   // is goodput's save stall, and a record of the time before it goes to the journal.
-  Status Save(const std::string& why);
-  Status SaveUnmeasured(const std::string& why);
+  // kBackground: a periodic save, written in the background with --async-save.
+  Status Save(const std::string& why,
+              CheckpointController::SaveMode mode = CheckpointController::SaveMode::kWait);
+  Status SaveUnmeasured(const std::string& why, CheckpointController::SaveMode mode);
   // After a bad sample stopped an iteration: keeps the last completed iteration (a checkpoint
   // with --save) and returns `error` with what was kept.
   Status StopOnDataError(const Status& error);
