@@ -77,18 +77,28 @@ LossTrendDetector::Fit LossTrendDetector::FitAt(int64_t s) const {
   // Theil-Sen over the block medians of the whole reference, and its standard error (the block
   // medians' noise over the spread of their times). Noise alone gives a slope of about one
   // standard error: the slope used is shrunk toward 0 by one, and never rising.
-  std::vector<double> slopes;
-  for (size_t i = 0; i < blocks; ++i)
-    for (size_t j = i + 1; j < blocks; ++j)
-      if (bt[j] > bt[i]) slopes.push_back((by[j] - by[i]) / (bt[j] - bt[i]));
-  if (slopes.empty()) return f;
-  double mt = 0, stt = 0;
-  for (double t : bt) mt += t / static_cast<double>(blocks);
-  for (double t : bt) stt += (t - mt) * (t - mt);
   const double block_se =
       1.25 * f.noise / std::sqrt(static_cast<double>(n) / static_cast<double>(blocks));
-  f.slope_se = 1.1 * block_se / std::sqrt(stt);
-  const double fitted = std::min(0.0, Median(std::move(slopes)) + f.slope_se);
+  // Of blocks [from, blocks): the slope shrunk by one standard error, never rising; and that error.
+  auto theil_sen = [&](size_t from, double* se) {
+    std::vector<double> slopes;
+    double mt = 0, stt = 0;
+    for (size_t i = from; i < blocks; ++i) mt += bt[i] / static_cast<double>(blocks - from);
+    for (size_t i = from; i < blocks; ++i) {
+      stt += (bt[i] - mt) * (bt[i] - mt);
+      for (size_t j = i + 1; j < blocks; ++j)
+        if (bt[j] > bt[i]) slopes.push_back((by[j] - by[i]) / (bt[j] - bt[i]));
+    }
+    if (slopes.empty() || stt <= 0) return static_cast<double>(NAN);
+    *se = 1.1 * block_se / std::sqrt(stt);
+    return std::min(0.0, Median(std::move(slopes)) + *se);
+  };
+  double se_all = 0;
+  const double fitted = theil_sen(0, &se_all);
+  // The level is carried at the newer half's slope: a healthy loss falls ever more slowly, and the
+  // whole reference's slope would carry it too low early in a run.
+  const double recent = theil_sen(blocks / 2, &f.slope_se);
+  if (!std::isfinite(fitted) || !std::isfinite(recent)) return f;
   f.slope = fitted * cfg_.slope_damping;
   // The level at s: the winsorized mean of the newest `window` iterations of the reference,
   // carried to s at `slope`; its error counts the slope's over the mean distance carried.
@@ -112,10 +122,10 @@ LossTrendDetector::Fit LossTrendDetector::FitAt(int64_t s) const {
     *se =
         std::hypot(1.05 * f.noise / std::sqrt(static_cast<double>(v.size())), f.slope_se * carried);
   };
-  // Carried at the fitted (undamped) slope: damping it would put the level above the curve and
-  // cost a falling loss's divergence much of its evidence. A plateau that began inside the
+  // Carried undamped: damping would put the level above the curve and cost a falling loss's
+  // divergence much of its evidence. A plateau that began inside the
   // reference is judged against the flat level of the last kFlatWindow iterations instead.
-  level_of(cfg_.level_window, fitted, &f.level, &f.level_se);
+  level_of(cfg_.level_window, recent, &f.level, &f.level_se);
   level_of(kFlatWindow, 0.0, &f.flat_level, &f.flat_se);
   f.ok = true;
   return f;
