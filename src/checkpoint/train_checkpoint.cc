@@ -98,13 +98,47 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
     moment_meta["rank"] = fmt::format("{} of {}", src.rank, src.world);
   }
   CheckpointFile moments{OptimizerFileName(src.rank, src.world), "", true, {}, moment_meta};
-  for (const ParamInfo& p : model.params())
-    weights.tensors.push_back({p.name, p.shape, host_p + p.offset});
-  AppendMomentPieces(model.params(), "exp_avg.", shard, host_m + skip, &moments.tensors);
-  AppendMomentPieces(model.params(), "exp_avg_sq.", shard, host_v + skip, &moments.tensors);
-  if (src.rank != 0) {
-    out->push_back(std::move(moments));
-    return Status::OK();
+  std::vector<CheckpointFile> tensor_files;
+  if (src.tensor > 1) {
+    // Tensor parallel: each rank's slices and its moment shard as pieces (tensor_pieces.h); the
+    // data rank 0 of each tensor rank writes the weights, tensor rank 0 the replicated tensors.
+    PieceCoords pc;
+    pc.tp = src.tensor_rank, pc.tensor = src.tensor, pc.dp = src.rank, pc.data = src.world;
+    std::vector<LocalTensor> locals;
+    for (const ParamInfo& p : model.params()) {
+      LocalTensor t;
+      t.name = p.name;
+      t.full_shape = p.full_shape;
+      t.split = p.split;
+      t.tensor_rank = src.tensor_rank;
+      t.tensor_size = src.tensor;
+      t.weights = const_cast<float*>(host_p + p.offset);  // only read
+      const size_t lo = std::max(p.offset, shard.begin);
+      const size_t hi = std::min(p.offset + p.numel, shard.end);
+      if (lo < hi) {
+        t.moment_begin = lo - p.offset;
+        t.moment_end = hi - p.offset;
+        t.exp_avg = const_cast<float*>(host_m + (lo - held.begin));
+        t.exp_avg_sq = const_cast<float*>(host_v + (lo - held.begin));
+      }
+      locals.push_back(std::move(t));
+    }
+    KEEL_RETURN_IF_ERROR(BuildPieceFiles(pc, locals, /*with_moments=*/true, &tensor_files));
+    if (src.rank != 0 || src.tensor_rank != 0) {
+      *out = std::move(tensor_files);
+      return Status::OK();
+    }
+  } else {
+    for (const ParamInfo& p : model.params())
+      weights.tensors.push_back({p.name, p.shape, host_p + p.offset});
+    AppendMomentPieces(model.params(), "exp_avg.", shard, host_m + skip, &moments.tensors);
+    AppendMomentPieces(model.params(), "exp_avg_sq.", shard, host_v + skip, &moments.tensors);
+    if (src.rank != 0) {
+      out->push_back(std::move(moments));
+      return Status::OK();
+    }
+    tensor_files.push_back(std::move(weights));
+    tensor_files.push_back(std::move(moments));
   }
 
   const LrSchedule sched = LrSchedule::FromConfig(cfg);
@@ -122,10 +156,15 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
                    {"nan_iterations", c.nan_iterations},
                    {"data_skipped_iterations", c.data_skipped_iterations}};
   std::vector<std::string> moment_files;
-  for (int r = 0; r < src.world; ++r) moment_files.push_back(OptimizerFileName(r, src.world));
+  for (int tp = 0; tp < src.tensor; ++tp)
+    for (int r = 0; r < src.world; ++r)
+      moment_files.push_back(src.tensor > 1
+                                 ? MomentsFileName(PieceCoords{tp, src.tensor, 0, 1, r, src.world})
+                                 : OptimizerFileName(r, src.world));
   s["optimizer"] = {{"type", "adamw"},
                     {"step", ts.optimizer_step},
                     {"data_parallel_size", src.world},
+                    {"tensor_parallel_size", src.tensor},
                     {"sharded", src.sharded},
                     {"files", moment_files},
                     {"beta1", opt.config().beta1},
@@ -190,9 +229,7 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
   s["config_hash"] = HexDigest(ConfigHash(cfg));
   s["history"] = history;
 
-  std::vector<CheckpointFile> files;
-  files.push_back(std::move(weights));
-  files.push_back(std::move(moments));
+  std::vector<CheckpointFile> files = std::move(tensor_files);
   if (run.meta.tokenizer == "sentencepiece") {
     CheckpointFile tok;
     tok.name = "tokenizer.model";
@@ -384,9 +421,13 @@ Status CopyWeights(const CheckpointTensors& ckpt, GptModel* model) {
   KEEL_RETURN_IF_ERROR(ckpt.CheckModel(model->spec(), /*moments=*/false));
   Backend* be = model->backend();
   std::vector<float> tmp;
+  const int tp = model->tensor_rank(), tensor = model->tensor_size();
   for (const ParamInfo& p : model->params()) {
     tmp.resize(p.numel);
-    KEEL_RETURN_IF_ERROR(ckpt.ReadFull(p.name, tmp.data()));
+    // Tensor parallel: this rank's slice, from whatever layout's pieces hold it.
+    KEEL_RETURN_IF_ERROR(tensor == 1
+                             ? ckpt.ReadFull(p.name, tmp.data())
+                             : ckpt.Read(p.name, p.split, tp, tensor, 0, p.numel, tmp.data()));
     be->CopyToDevice(model->mutable_param_data() + p.offset, tmp.data(), p.numel);
   }
   return Status::OK();
@@ -413,8 +454,8 @@ Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* m
     return Status::InvalidArgument(
         fmt::format("{}: the checkpoint's model ({}) differs from this run's ({})", saved.dir,
                     SpecToJson(saved.spec).dump(), SpecToJson(model->spec()).dump()));
-  // Any layout's pieces (checkpoint/tensor_pieces.h): this process holds the whole model and
-  // its optimizer's shard of the flat moment buffers.
+  // Any layout's pieces (checkpoint/tensor_pieces.h): this process holds the whole model (or its
+  // tensor rank's slices) and its optimizer's shard of the flat moment buffers.
   CheckpointTensors ckpt;
   KEEL_RETURN_IF_ERROR(OpenVerified(env, saved.dir, &ckpt));
   KEEL_RETURN_IF_ERROR(ckpt.CheckModel(model->spec(), /*moments=*/true));
@@ -430,8 +471,11 @@ Status LoadCheckpointTensors(Env* env, const SavedTrainState& saved, GptModel* m
     for (const ParamInfo& p : model->params()) {
       const size_t lo = std::max(p.offset, shard.begin);
       const size_t hi = std::min(p.offset + p.numel, shard.end);
+      // (Tensor parallel: elements of this rank's slice of the moment tensor.)
       if (lo < hi)
-        KEEL_RETURN_IF_ERROR(ckpt.Read(prefix + p.name, TensorSplit{}, 0, 1, lo - p.offset,
+        KEEL_RETURN_IF_ERROR(ckpt.Read(prefix + p.name,
+                                       model->tensor_size() > 1 ? p.split : TensorSplit{},
+                                       model->tensor_rank(), model->tensor_size(), lo - p.offset,
                                        hi - p.offset, tmp.data() + (lo - shard.begin)));
     }
     be->CopyToDevice(dst, tmp.data(), tmp.size());

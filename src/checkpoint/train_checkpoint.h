@@ -59,9 +59,13 @@ struct TrainCheckpointSource {
   int64_t next_global_batch = 0;
   // Data parallel: this rank and the world size (each rank writes its shard of the moments, rank 0
   // everything else), and whether the optimizer is sharded (ZeRO-1; recorded in state.json).
+  // Tensor parallel: rank/world are the data-parallel rank and size, and the model holds the
+  // slices of tensor rank `tensor_rank` of `tensor`; the files are tensor_pieces.h's.
   int rank = 0;
   int world = 1;
   bool sharded = false;
+  int tensor_rank = 0;
+  int tensor = 1;
 };
 
 // Host views (Backend::ViewOnHost) of the tensors a checkpoint's files point at: the weights and

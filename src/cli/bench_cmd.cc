@@ -106,6 +106,7 @@ int BenchCommand(int argc, const char* const* argv) {
   CLI::App app("Training throughput of the CPU backend against the machine's sgemm peak",
                "keel bench");
   if (argc > 1 && std::string(argv[1]) == "level-shift") return BenchLevelShift(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "parallel") return BenchParallel(argc - 1, argv + 1);
   int threads = 0, iters = 5, warmup = 2;
   std::vector<std::string> only;
   app.add_option("--threads", threads,

@@ -25,6 +25,9 @@ int BenchRecompute(int iters, int warmup, int threads, int seq_length);
 int BenchData(const std::string& dir, double gb, int repeats, int seq_length);
 // `keel bench --pipeline` (bench_pipeline.cc): the executor's bubble against (P-1)/(V m+P-1).
 int BenchPipeline(int repeats, double forward_ms);
+// `keel bench parallel` (bench_parallel.cc): bytes per rank of tensor and pipeline layouts on the
+// real model against the analytic counts, and the real stages' bubble; argv[0] is "parallel".
+int BenchParallel(int argc, const char* const* argv);
 // `keel ckpt list|inspect|verify|diff|edit|pin|unpin|export|import` (ckpt_cmd.cc).
 int CkptCommand(int argc, const char* const* argv);
 int TbCommand(int argc, const char* const* argv);

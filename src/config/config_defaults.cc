@@ -131,7 +131,10 @@ Status ResolvePaddedVocab(TrainConfig* c, std::vector<std::string>* notes) {
                                  c->model.padded_vocab));
     return Status::OK();
   }
-  const int64_t mult = c->make_vocab_size_divisible_by;
+  // Tensor parallel T: a multiple of divisible-by x T (Megatron's rule; keel plan's too), so
+  // every rank holds an equal slice of the rows.
+  const int tensor = std::max(1, c->tensor_model_parallel_size);
+  const int64_t mult = int64_t{c->make_vocab_size_divisible_by} * tensor;
   const int64_t padded = RoundUp(c->model.vocab, mult);
   if (padded > kMaxInt) {
     return Invalid(fmt::format(
@@ -141,8 +144,14 @@ Status ResolvePaddedVocab(TrainConfig* c, std::vector<std::string>* notes) {
         mult, c->model.vocab, padded, kMaxInt));
   }
   c->model.padded_vocab = static_cast<int>(padded);
-  notes->push_back(fmt::format("vocab {} padded to {} (multiple of {})", c->model.vocab,
-                               c->model.padded_vocab, mult));
+  if (tensor > 1)
+    notes->push_back(fmt::format(
+        "vocab {} padded to {} (multiple of --make-vocab-size-divisible-by {} x tensor parallel "
+        "{})",
+        c->model.vocab, c->model.padded_vocab, c->make_vocab_size_divisible_by, tensor));
+  else
+    notes->push_back(fmt::format("vocab {} padded to {} (multiple of {})", c->model.vocab,
+                                 c->model.padded_vocab, mult));
   return Status::OK();
 }
 

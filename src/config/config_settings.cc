@@ -384,6 +384,15 @@ const std::vector<Setting>& Settings() {
                             &TC::hysteresis));
     t->push_back(
         RealSetting("loss-scale", "fp16: a static loss scale (0: dynamic)", &TC::loss_scale));
+    // tensor parallel
+    t->push_back(IntSetting("tensor-model-parallel-size",
+                            "tensor-parallel size T: each layer's tensors are split across T "
+                            "ranks (the data-parallel size is the number of ranks / T)",
+                            &TC::tensor_model_parallel_size));
+    t->push_back(BoolSetting("sequence-parallel",
+                             "with T > 1: the norms' and residuals' rows are split across the "
+                             "tensor-parallel ranks (Megatron-LM's sequence parallelism)",
+                             &TC::sequence_parallel));
     // data parallel
     t->push_back(
         BoolSetting("use-distributed-optimizer",

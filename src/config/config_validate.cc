@@ -183,6 +183,7 @@ Status ValidateResolvedModel(const TrainConfig* c) {
 // The batch sizes as given (the global batch's default is computed from them).
 Status ValidateBatch(const TrainConfig* c) {
   KEEL_RETURN_IF_ERROR(Positive("micro-batch-size", c->micro_batch_size));
+  KEEL_RETURN_IF_ERROR(Positive("tensor-model-parallel-size", c->tensor_model_parallel_size));
   if (c->data_parallel_size < 1) {
     return Status::Internal(
         fmt::format("data-parallel size {} must be at least 1", c->data_parallel_size));

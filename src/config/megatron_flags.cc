@@ -74,29 +74,33 @@ void Note(Outcome* out, const ForeignGiven& g, const std::string& why) {
   out->notes->push_back(fmt::format("{}: {}", g.where, why));
 }
 
-// A parallel size: 1 is what keel does, more is a feature it does not have yet.
-Resolver ParallelSize(const char* what) {
-  return [what](const ForeignGiven& g, const Context& c, Outcome* out) {
+// The pipeline size: 1 is what keel does, more is a feature it does not have yet (tensor
+// parallelism, --tensor-model-parallel-size, is a keel setting).
+Resolver PipelineSize() {
+  return [](const ForeignGiven& g, const Context& c, Outcome* out) {
     const std::optional<int64_t> v = c.Int(g.flag->name, 1, out);
     if (!v) return;
     if (*v < 1) {
       out->errors.push_back(fmt::format(
-          "{}: a parallel size must be at least 1 (keel trains with 1: data parallel only)",
-          g.where));
+          "{}: a parallel size must be at least 1 (keel trains with one pipeline stage)", g.where));
     } else if (*v > 1) {
-      out->not_yet.push_back(
-          fmt::format("{} ({}: keel trains data parallel only; give it 1, and the processes become "
-                      "data-parallel ranks)",
-                      g.where, what));
+      out->not_yet.push_back(fmt::format(
+          "{} (pipeline parallelism: keel trains tensor parallel (--tensor-model-parallel-size) "
+          "and data parallel, not yet pipeline parallel; give it 1)",
+          g.where));
     }
   };
 }
 
-// A flag that means something only with more than one tensor- or pipeline-parallel rank.
+// A flag that means something only with more than one tensor- or pipeline-parallel rank. The
+// tensor size is a keel setting (the config's), the pipeline size a foreign flag.
 Resolver NeedsParallel(const char* size_flag, const char* feature, const char* why_nothing) {
   return [=](const ForeignGiven& g, const Context& c, Outcome* out) {
     Outcome scratch{out->notes, {}, {}};
-    const std::optional<int64_t> size = c.Int(size_flag, 1, &scratch);
+    const std::optional<int64_t> size =
+        std::string_view(size_flag) == "tensor-model-parallel-size"
+            ? std::optional<int64_t>(c.cfg->tensor_model_parallel_size)
+            : c.Int(size_flag, 1, &scratch);
     if (size.value_or(1) > 1)
       out->not_yet.push_back(fmt::format("{} ({})", g.where, feature));
     else
@@ -155,16 +159,16 @@ const std::vector<Entry>& Entries() {
     add(Alias("model-parallel-size", "tensor-model-parallel-size"));         // Megatron's old name
     // Megatron-DeepSpeed: --checkpoint-activations' chunk of layers (Megatron-LM's uniform method).
     add(Alias("checkpoint-num-layers", "recompute-num-layers"));
-    // Parallelism keel does not have yet (size 1: what keel does).
-    add(Value("tensor-model-parallel-size", Kind::kNotYet, "tensor-parallel size; keel: 1"),
-        ParallelSize("tensor parallelism"));
+    // Pipeline parallelism keel does not have yet (size 1: what keel does).
     add(Value("pipeline-model-parallel-size", Kind::kNotYet, "pipeline-parallel size; keel: 1"),
-        ParallelSize("pipeline parallelism"));
+        PipelineSize());
     add(Value("num-layers-per-virtual-pipeline-stage", Kind::kNotYet,
               "interleaved pipeline stages; not in keel"),
         [](const ForeignGiven& g, const Context&, Outcome* out) {
           out->not_yet.push_back(fmt::format(
-              "{} (the interleaved pipeline schedule: no pipeline parallelism yet)", g.where));
+              "{} (the interleaved pipeline schedule: keel trains tensor parallel, not yet "
+              "pipeline parallel)",
+              g.where));
         });
     add(Value("pp-partition-method", Kind::kAccepted,
               "how layers are cut into pipeline stages; nothing to cut with one stage"),
@@ -173,17 +177,14 @@ const std::vector<Entry>& Entries() {
                       "one pipeline stage holds every layer, so there is nothing to partition"));
     add(Switch("sync-tp-duplicated-parameters", Kind::kAccepted,
                "syncs parameters duplicated across tensor-parallel ranks"),
-        NeedsParallel("tensor-model-parallel-size",
-                      "parameters duplicated across tensor-parallel ranks: no tensor parallelism "
-                      "yet",
-                      "with one tensor-parallel rank no parameter is duplicated across ranks"));
-    add(Switch("sequence-parallel", Kind::kAccepted,
-               "splits activations across tensor-parallel ranks"),
-        NeedsParallel("tensor-model-parallel-size",
-                      "sequence parallelism across tensor-parallel ranks: no tensor parallelism "
-                      "yet",
-                      "it splits activations across tensor-parallel ranks, and there is one (as "
-                      "in Megatron-LM, which turns it off at tensor-parallel size 1)"));
+        [](const ForeignGiven& g, const Context& c, Outcome* out) {
+          Note(out, g,
+               c.cfg->tensor_model_parallel_size > 1
+                   ? "keel's duplicated parameters (norms, row-parallel biases) stay identical "
+                     "across tensor-parallel ranks by construction, and the replica check "
+                     "hashes them across those ranks (--check-replicas-interval)"
+                   : "with one tensor-parallel rank no parameter is duplicated across ranks");
+        });
     // The optimizer: Megatron's adam (with decoupled weight decay) is keel's AdamW.
     add(Value("optimizer", Kind::kAccepted, "adam (keel's AdamW, Megatron's adam)"),
         Choice({{"adam", ""}, {"sgd", "!SGD: keel's optimizer is AdamW"}}));
@@ -280,8 +281,8 @@ const std::vector<Entry>& Entries() {
     add(Switch("partition-activations", Kind::kAccepted,
                "splits recomputation checkpoints across model-parallel ranks"),
         NeedsParallel("tensor-model-parallel-size",
-                      "partitioning activation checkpoints across tensor-parallel ranks: no "
-                      "tensor parallelism yet",
+                      "partitioning activation checkpoints across tensor-parallel ranks: each "
+                      "tensor-parallel rank keeps its own recomputation checkpoints",
                       "it splits the recomputation's checkpoints across tensor-parallel ranks, "
                       "and there is one"));
     add(Value("zero-stage", Kind::kAccepted,

@@ -64,7 +64,7 @@ struct TrainConfig {
   int micro_batch_size = 8;
   int global_batch_size = 16;              // 0: micro_batch_size * data_parallel_size
   std::vector<int64_t> rampup_batch_size;  // empty, or {start, increment, ramp-up samples}
-  int data_parallel_size = 1;              // set from the communicator, not a flag
+  int data_parallel_size = 1;              // world / tensor size; not a flag
   // From a DeepSpeed config's gradient_accumulation_steps, not a flag (0: none): the global
   // batch must be micro-batch x data-parallel size x this, and is that when not given.
   int gradient_accumulation_steps = 0;
@@ -102,6 +102,12 @@ struct TrainConfig {
   int64_t loss_scale_window = 1000;  // clean iterations before the scale doubles
   int64_t hysteresis = 2;            // overflows absorbed before the scale halves
   double loss_scale = 0;             // > 0: a static scale instead of the dynamic one
+
+  // ---- tensor parallel (docs/distributed.md) ----
+  // Megatron-LM's --tensor-model-parallel-size T: the world's ranks form groups of T adjacent
+  // ranks, each holding a slice of every split tensor; the data-parallel size is world / T.
+  int tensor_model_parallel_size = 1;
+  bool sequence_parallel = false;  // Megatron-LM's --sequence-parallel (needs T > 1 to matter)
 
   // ---- data parallel (docs/distributed.md) ----
   bool use_distributed_optimizer = true;  // ZeRO-1: Adam moments sharded over the ranks

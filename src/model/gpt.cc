@@ -115,7 +115,18 @@ std::vector<float> AlibiSlopes(int heads) {
   return slopes;
 }
 
-std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec, int tensor) {
+std::string ModelStage::Describe(int num_layers) const {
+  const int last = last_layer < 0 ? num_layers : last_layer;
+  std::string s = embedding ? "embedding + " : "";
+  s += fmt::format("layers {}-{}", first_layer, last - 1);
+  if (head) s += " + head";
+  return s;
+}
+
+std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec, int tensor,
+                                             const ModelStage& stage) {
+  const int first = stage.first_layer;
+  const int last = stage.last_layer < 0 ? spec.num_layers : stage.last_layer;
   const int64_t C = spec.hidden, F = spec.ffn_hidden, Vp = spec.padded_vocab;
   const int64_t W = spec.QkvWidth(), F1 = spec.Fc1Width();
   std::vector<ParamInfo> params;
@@ -143,11 +154,13 @@ std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec, int tensor) {
     add(name + ".weight", {out, in}, true);
     if (spec.bias) add(name + ".bias", {out}, false);
   };
-  add("embedding.word_embeddings.weight", {Vp, C}, true);
-  if (spec.LearnedPositions())
-    add("embedding.position_embeddings.weight", {spec.max_positions, C}, true);
-  if (spec.embed_layernorm) norm("embedding.layernorm");
-  for (int l = 0; l < spec.num_layers; ++l) {
+  if (stage.embedding) {
+    add("embedding.word_embeddings.weight", {Vp, C}, true);
+    if (spec.LearnedPositions())
+      add("embedding.position_embeddings.weight", {spec.max_positions, C}, true);
+    if (spec.embed_layernorm) norm("embedding.layernorm");
+  }
+  for (int l = first; l < last; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     norm(p + "input_layernorm");
     linear(p + "attention.query_key_value", W, C);
@@ -163,8 +176,14 @@ std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec, int tensor) {
     linear(p + "mlp.dense_h_to_4h", F1, C);
     linear(p + "mlp.dense_4h_to_h", C, F);
   }
+  if (!stage.head) return params;
   norm("final_layernorm");
-  if (spec.untie_embeddings) add("output_layer.weight", {Vp, C}, true);
+  if (spec.untie_embeddings) {
+    add("output_layer.weight", {Vp, C}, true);
+  } else if (!stage.embedding) {
+    // The tied output layer on a last stage without the embedding: its own copy (Megatron's).
+    add("embedding.word_embeddings.weight", {Vp, C}, true);
+  }
   return params;
 }
 
@@ -250,8 +269,19 @@ GptModel::Dims GptModel::DimsOf(const GptSpec& spec, int tensor, bool sp) {
   return d;
 }
 
-GptModel::GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp)
-    : backend_(backend), spec_(spec) {
+GptModel::GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp, ModelStage stage)
+    : backend_(backend), spec_(spec), stage_(stage) {
+  if (stage_.last_layer < 0) stage_.last_layer = spec.num_layers;
+  KEEL_CHECK(stage_.first_layer >= 0 && stage_.first_layer <= stage_.last_layer &&
+                 stage_.last_layer <= spec.num_layers,
+             fmt::format("pipeline stage {} outside the model's {} layers",
+                         stage_.Describe(spec.num_layers), spec.num_layers));
+  KEEL_CHECK(stage_.embedding == (stage_.first_layer == 0) &&
+                 stage_.head == (stage_.last_layer == spec.num_layers),
+             fmt::format("pipeline stage {}: the embedding goes with layer 0 and the head with "
+                         "the last layer",
+                         stage_.Describe(spec.num_layers)));
+  nl_ = stage_.last_layer - stage_.first_layer;
   KEEL_CHECK(spec.hidden % spec.heads == 0, "hidden size must divide by heads");
   KEEL_CHECK(spec.KvHeads() >= 1 && spec.heads % spec.KvHeads() == 0,
              "key/value heads must divide the heads");
@@ -267,8 +297,20 @@ GptModel::GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp)
   }
   d_ = DimsOf(spec, tp_, sp_);
   vocab_start_ = tp_rank_ * d_.Vp;
-  params_ = ParamLayout(spec, tp_);
+  params_ = ParamLayout(spec, tp_, stage_);
   for (const ParamInfo& p : params_) num_params_ += p.numel;
+  init_index_.resize(params_.size());
+  if (whole_model()) {
+    for (size_t i = 0; i < params_.size(); ++i) init_index_[i] = i;
+  } else {
+    // A stage's tensors keep their whole-model keys (the tied copy: the embedding's, index 0).
+    const std::vector<ParamInfo> whole = ParamLayout(spec, tp_);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      size_t j = 0;
+      while (whole[j].name != params_[i].name) ++j;
+      init_index_[i] = j;
+    }
+  }
   partial_offset_.assign(params_.size(), SIZE_MAX);
   for (size_t i = 0; i < params_.size() && tp_ > 1; ++i) {
     const std::string& name = params_[i].name;
@@ -281,13 +323,14 @@ GptModel::GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp)
   }
   if (partial_numel_ > 0) partial_grads_ = backend_->AllocFloats(partial_numel_);
   // Each layer's first tensor, and (entry num_layers) the first one after the layers.
-  layer_first_param_.assign(spec.num_layers + 1, params_.size());
+  // Each (local) layer's first tensor, and (entry nl_) the first one after the layers.
+  layer_first_param_.assign(nl_ + 1, params_.size());
   for (size_t i = params_.size(); i-- > 0;) {
     const std::string& name = params_[i].name;
     if (name.rfind("layers.", 0) == 0) {
-      layer_first_param_[std::stoi(name.substr(7))] = i;
+      layer_first_param_[std::stoi(name.substr(7)) - stage_.first_layer] = i;
     } else if (i > 0 && params_[i - 1].name.rfind("layers.", 0) == 0) {
-      layer_first_param_[spec.num_layers] = i;
+      layer_first_param_[nl_] = i;
     }
   }
   params_mem_ = backend_->AllocFloats(num_params_);
@@ -308,7 +351,7 @@ GptModel::GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp)
 }
 
 GptModel::~GptModel() {
-  FreeActivations();
+  FreeAllActivations();
   if (lowp_params_) backend_->Free(lowp_params_);
   backend_->Free(params_mem_);
   backend_->Free(grads_mem_);
@@ -365,7 +408,7 @@ void GptModel::Initialize(uint64_t seed, float std) {
       const bool is_proj = p.name.find("attention.dense.weight") != std::string::npos ||
                            p.name.find("dense_4h_to_h.weight") != std::string::npos;
       const float s = is_proj ? proj_std : std;
-      const RngKey key{seed, RngPurpose::kInit, pi};
+      const RngKey key{seed, RngPurpose::kInit, init_index_[pi]};
       if (p.split.replicated() || tp_ == 1) {
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < p.numel; ++i) host[i] = s * NormalAt(key, i);
@@ -385,7 +428,7 @@ void GptModel::Initialize(uint64_t seed, float std) {
 // Tensor parallel: the products' outputs and attention have this rank's widths (Dims); under
 // sequence parallelism the residual stream and the norms' statistics have N / T rows (R).
 void GptModel::LayoutActivations(const GptSpec& spec, const Dims& d, int B, int T, int layers,
-                                 Recompute recompute, int full_layers, Activations* acts,
+                                 bool head, Recompute recompute, int full_layers, Activations* acts,
                                  BufferSource* src) {
   const size_t N = static_cast<size_t>(B) * T, C = spec.hidden, F = d.F;
   const size_t NH = d.NH, Vp = d.Vp, A = d.A;
@@ -431,13 +474,15 @@ void GptModel::LayoutActivations(const GptSpec& spec, const Dims& d, int B, int 
     a.layers.push_back(y);
     a.res.push_back(src->Floats(R * C));  // the layer's output
   }
-  a.lnf = src->Floats(N * C);
-  a.lnf_mean = mean();
-  a.lnf_rstd = src->Floats(R);
-  a.logits = src->Floats(N * Vp);
-  a.losses = src->Floats(N);
-  a.logz = src->Floats(N);
-  if (d.tensor > 1) {
+  if (head) {
+    a.lnf = src->Floats(N * C);
+    a.lnf_mean = mean();
+    a.lnf_rstd = src->Floats(R);
+    a.logits = src->Floats(N * Vp);
+    a.losses = src->Floats(N);
+    a.logz = src->Floats(N);
+  }
+  if (d.tensor > 1 && head) {
     a.row_max = src->Floats(N);
     a.ce_sums = src->Floats(2 * N);
   }
@@ -459,16 +504,17 @@ void GptModel::LayoutActivations(const GptSpec& spec, const Dims& d, int B, int 
   a.dfch = src->Floats(N * F1);
   a.dgelu = src->Floats(N * F);
   a.demb = src->Floats(R * C);
-  src->Host(&a.host_losses, N);
+  if (head) src->Host(&a.host_losses, N);
 }
 
-uint64_t GptModel::LowpInputElements(const GptSpec& spec, int B, int T, int full_layers) {
+uint64_t GptModel::LowpInputElements(const GptSpec& spec, int layers, int B, int T,
+                                     int full_layers) {
   const uint64_t N = static_cast<uint64_t>(B) * static_cast<uint64_t>(T);
   const uint64_t NC = N * static_cast<uint64_t>(spec.hidden);
   const uint64_t NF = N * static_cast<uint64_t>(spec.ffn_hidden);
   // Full recomputation rebuilds a layer's copies with its forward: the recomputed layers share
   // one layer's slots.
-  const uint64_t slots = static_cast<uint64_t>(spec.num_layers - std::max(full_layers - 1, 0));
+  const uint64_t slots = static_cast<uint64_t>(layers - std::max(full_layers - 1, 0));
   return slots * (3 * NC + NF) + NC;
 }
 
@@ -483,13 +529,15 @@ uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T, Precision 
   const Dims dims = DimsOf(spec, tensor, sequence_parallel);
   const int full = FullRecomputeLayers(spec, recompute, full_layers);
   const uint64_t lowp =
-      precision == Precision::kFp32 ? 0 : LowpInputElements(spec, B, T, full) * sizeof(uint16_t);
+      precision == Precision::kFp32
+          ? 0
+          : LowpInputElements(spec, spec.num_layers, B, T, full) * sizeof(uint16_t);
   // Layers after the first are of two kinds, recomputed (they add only what each keeps) or not:
   // the layouts of one and two layers give each kind's share.
   auto bytes = [&](int layers, int shared) {
     Activations a;
     BufferSource count;
-    LayoutActivations(spec, dims, B, T, layers, recompute, shared, &a, &count);
+    LayoutActivations(spec, dims, B, T, layers, /*head=*/true, recompute, shared, &a, &count);
     return count.bytes;
   };
   const uint64_t one = bytes(1, 0);
@@ -548,14 +596,17 @@ uint16_t* GptModel::LowpLnfInput() const {
   if (lowp_acts_ == nullptr) return nullptr;
   const size_t NC = static_cast<size_t>(cur_B_) * cur_T_ * spec_.hidden;
   const size_t NF = static_cast<size_t>(cur_B_) * cur_T_ * spec_.ffn_hidden;
-  const size_t slots = static_cast<size_t>(spec_.num_layers - std::max(full_layers_ - 1, 0));
+  const size_t slots = static_cast<size_t>(nl_ - std::max(full_layers_ - 1, 0));
   return lowp_acts_ + slots * (3 * NC + NF);
 }
 
 void GptModel::set_recompute(Recompute r, int full_layers) {
-  const int full = FullRecomputeLayers(spec_, r, full_layers);
+  // A stage recomputes its own first `full_layers` layers (Megatron's count is per stage).
+  GptSpec local = spec_;
+  local.num_layers = nl_;
+  const int full = FullRecomputeLayers(local, r, full_layers);
   if (r == recompute_ && full == full_layers_) return;
-  FreeActivations();  // laid out again by the next Forward
+  FreeAllActivations();  // laid out again by the next Forward
   recompute_ = r;
   full_layers_ = full;
 }
@@ -584,7 +635,7 @@ void GptModel::AllocateActivations(int B, int T) {
   acts_ = new Activations();
   BufferSource alloc;
   alloc.backend = backend_;
-  LayoutActivations(spec_, d_, B, T, spec_.num_layers, recompute_, full_layers_, acts_, &alloc);
+  LayoutActivations(spec_, d_, B, T, nl_, stage_.head, recompute_, full_layers_, acts_, &alloc);
   cur_B_ = B;
   cur_T_ = T;
 }
@@ -617,6 +668,34 @@ void GptModel::FreeActivations() {
   acts_ = nullptr;
   if (lowp_acts_ != nullptr) be->Free(lowp_acts_);
   lowp_acts_ = nullptr;
+}
+
+void GptModel::UseSlot(int s) {
+  KEEL_CHECK(s >= 0, "micro-batch slot < 0");
+  if (s == cur_slot_) return;
+  if (slots_.size() <= static_cast<size_t>(std::max(s, cur_slot_))) {
+    slots_.resize(std::max(s, cur_slot_) + 1);
+  }
+  slots_[cur_slot_] = {acts_, lowp_acts_, cur_B_, cur_T_, positions_, doc_start_, has_targets_};
+  const SlotState& n = slots_[s];
+  acts_ = n.acts;
+  lowp_acts_ = n.lowp_acts;
+  cur_B_ = n.B;
+  cur_T_ = n.T;
+  positions_ = n.positions;
+  doc_start_ = n.doc_start;
+  has_targets_ = n.has_targets;
+  slots_[s] = {};
+  cur_slot_ = s;
+}
+
+void GptModel::FreeAllActivations() {
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    UseSlot(static_cast<int>(s));
+    FreeActivations();
+  }
+  UseSlot(0);
+  FreeActivations();
 }
 
 // The model's norm: LayerNorm (weight, bias; mean kept) or RMSNorm (weight; no mean, no bias).
@@ -775,6 +854,46 @@ void GptModel::LayerForward(int l, const LayerWeights& w) {
 }
 
 double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss) {
+  KEEL_CHECK(whole_model(), "Forward runs the whole model; a pipeline stage runs StageForward");
+  UseSlot(0);
+  return ForwardImpl(tokens, nullptr, targets, B, T, dloss, nullptr);
+}
+
+void GptModel::Backward() {
+  KEEL_CHECK(whole_model(), "Backward runs the whole model; a pipeline stage runs StageBackward");
+  UseSlot(0);
+  BackwardImpl(nullptr, nullptr);
+}
+
+size_t GptModel::StageActivationFloats(int B, int T) const {
+  const size_t N = static_cast<size_t>(B) * T;
+  return (sp_ ? N / tp_ : N) * spec_.hidden;
+}
+
+double GptModel::StageForward(int slot, const int32_t* tokens, const float* input,
+                              const int32_t* targets, int B, int T, float dloss, float* output) {
+  KEEL_CHECK(stage_.embedding ? tokens != nullptr : input != nullptr,
+             fmt::format("StageForward of {}: the {} is missing", stage_.Describe(spec_.num_layers),
+                         stage_.embedding ? "tokens" : "previous stage's output"));
+  KEEL_CHECK(stage_.head || output != nullptr, "StageForward: no place for the stage's output");
+  KEEL_CHECK(tokens != nullptr || !(spec_.reset_position_ids || spec_.reset_attention_mask),
+             "StageForward: reset position ids or attention mask need every stage's tokens");
+  UseSlot(slot);
+  return ForwardImpl(tokens, stage_.embedding ? nullptr : input, stage_.head ? targets : nullptr, B,
+                     T, dloss, stage_.head ? nullptr : output);
+}
+
+void GptModel::StageBackward(int slot, const float* output_grad, float* input_grad) {
+  KEEL_CHECK(stage_.head || output_grad != nullptr,
+             "StageBackward: the gradient of the stage's output is missing");
+  KEEL_CHECK(stage_.embedding || input_grad != nullptr,
+             "StageBackward: no place for the gradient of the stage's input");
+  UseSlot(slot);
+  BackwardImpl(stage_.head ? nullptr : output_grad, stage_.embedding ? nullptr : input_grad);
+}
+
+double GptModel::ForwardImpl(const int32_t* tokens, const float* input, const int32_t* targets,
+                             int B, int T, float dloss, float* output) {
   AllocateActivations(B, T);
   PrepareLowPrecisionWeights();
   Activations& a = *acts_;
@@ -787,7 +906,7 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
     if (lowp_acts_ != nullptr) be->Free(lowp_acts_);
     lowp_acts_ = nullptr;
   } else if (lowp_acts_ == nullptr) {
-    lowp_acts_ = be->AllocHalves(LowpInputElements(spec_, B, T, full_layers_));
+    lowp_acts_ = be->AllocHalves(LowpInputElements(spec_, nl_, B, T, full_layers_));
   }
   // A matmul input in the products' 16-bit format, kept for the backward (nullptr in fp32).
   auto lowp_input = [&](uint16_t* dst, const float* x, size_t n) -> const uint16_t* {
@@ -800,7 +919,7 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   // A norm's bias in the same order: null for RMSNorm.
   auto next_norm_bias = [&]() -> const float* { return spec_.rmsnorm ? nullptr : next(); };
 
-  be->CopyIntsToDevice(a.tokens, tokens, N);
+  if (tokens != nullptr) be->CopyIntsToDevice(a.tokens, tokens, N);
   // Packed documents: token t of a sequence belongs to the document that starts after the last
   // EOD before t (an EOD closes its own document); its position counts from that start.
   const int32_t* positions = nullptr;
@@ -821,44 +940,56 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
     if (spec_.reset_attention_mask) doc_start_ = a.doc_start;
   }
   positions_ = positions;
-  const float* wte = next();
-  const float* wpe = spec_.LearnedPositions() ? next() : nullptr;
-  float* emb = spec_.embed_layernorm ? a.emb : a.res[0];
-  if (tp_ == 1) {
-    be->EmbeddingForward(emb, a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
+  const float* wte = nullptr;
+  if (!stage_.embedding) {
+    // A later stage: its input is the previous stage's output (this rank's rows).
+    be->CopyToDevice(a.res[0], input, RC);
   } else {
-    // Each rank looks up its vocabulary rows (zeros elsewhere) and the sum over the group is the
-    // embedding; the positions ride in rank 0's part, so they enter the sum once.
-    float* part = sp_ ? a.gathered : emb;
-    be->VocabParallelEmbeddingForward(part, a.tokens, wte, tp_rank_ == 0 ? wpe : nullptr, B, T, C,
-                                      spec_.padded_vocab, vocab_start_, Vp, positions);
-    if (sp_) {
-      TpReduceScatterRows(part, emb, R);
+    wte = next();
+    const float* wpe = spec_.LearnedPositions() ? next() : nullptr;
+    float* emb = spec_.embed_layernorm ? a.emb : a.res[0];
+    if (tp_ == 1) {
+      be->EmbeddingForward(emb, a.tokens, wte, wpe, B, T, C, spec_.padded_vocab, positions);
     } else {
-      TpAllReduce(part, NC);
+      // Each rank looks up its vocabulary rows (zeros elsewhere) and the sum over the group is the
+      // embedding; the positions ride in rank 0's part, so they enter the sum once.
+      float* part = sp_ ? a.gathered : emb;
+      be->VocabParallelEmbeddingForward(part, a.tokens, wte, tp_rank_ == 0 ? wpe : nullptr, B, T, C,
+                                        spec_.padded_vocab, vocab_start_, Vp, positions);
+      if (sp_) {
+        TpReduceScatterRows(part, emb, R);
+      } else {
+        TpAllReduce(part, NC);
+      }
     }
-  }
-  if (spec_.embed_layernorm) {
-    be->RoundToStorage(a.emb, RC);
-    const float* w = next();
-    const float* b = next_norm_bias();
-    NormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, R);
+    if (spec_.embed_layernorm) {
+      be->RoundToStorage(a.emb, RC);
+      const float* w = next();
+      const float* b = next_norm_bias();
+      NormForward(a.res[0], a.emb_mean, a.emb_rstd, a.emb, w, b, R);
+    }
   }
   // fp16 (a no-op otherwise): every activation below is stored in fp16, as on an fp16 GPU run.
   be->RoundToStorage(a.res[0], RC);
-  for (int l = 0; l < spec_.num_layers; ++l) {
+  for (int l = 0; l < nl_; ++l) {
     LayerForward(l, WeightsOf(l));
     pi = layer_first_param_[l + 1];
+  }
+  if (!stage_.head) {
+    be->CopyToHost(output, a.res[nl_], RC);
+    has_targets_ = true;  // the backward may follow, from the next stage's gradient
+    return 0.0;
   }
   const float* lnfw = next();
   const float* lnfb = next_norm_bias();
   float* lnf = sp_ ? a.chunk : a.lnf;
-  NormForward(lnf, a.lnf_mean, a.lnf_rstd, a.res[spec_.num_layers], lnfw, lnfb, R);
+  NormForward(lnf, a.lnf_mean, a.lnf_rstd, a.res[nl_], lnfw, lnfb, R);
   be->RoundToStorage(lnf, RC);
   if (sp_) TpGatherRows(lnf, a.lnf, R);  // the output layer is column (vocabulary) parallel
   // The output layer: the word embedding's transpose (tied) or output_layer.weight. The logits are
   // the products' output (fp16 in fp16); the cross-entropy reads them in fp32.
-  const float* wout = spec_.untie_embeddings ? next() : wte;
+  // A tied last stage without the embedding reads its own copy, after the final norm.
+  const float* wout = spec_.untie_embeddings || !stage_.embedding ? next() : wte;
   be->MatmulForward(a.logits, a.lnf, wout, nullptr, N, C, Vp, Lowp(wout),
                     lowp_input(LowpLnfInput(), a.lnf, NC));
   has_targets_ = targets != nullptr;
@@ -884,7 +1015,7 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets, int B, i
   return sum / N;
 }
 
-void GptModel::Backward() {
+void GptModel::BackwardImpl(const float* output_grad, float* input_grad) {
   KEEL_CHECK(acts_ && has_targets_, "Backward needs a Forward with targets");
   Activations& a = *acts_;
   Backend* be = backend_;
@@ -949,33 +1080,39 @@ void GptModel::Backward() {
     return a.gathered;
   };
 
-  float* dwte = G_ + params_[0].offset;
-  const float* wte = P + params_[0].offset;
-  // The output layer's weight: the tied embedding's (its gradient written by this product first,
-  // added to by the embedding backward last), or output_layer.weight (its own gradient; the
-  // embedding's is then zeroed before the embedding backward adds to it).
-  const float* wout = wte;
-  float* dwout = dwte;
-  if (spec_.untie_embeddings) wout = prev(&dwout, kMatmul);
-  float *dlnfb, *dlnfw;
-  prev_norm_bias(&dlnfb);
-  const float* lnfw = prev(&dlnfw);
-
-  // logits = lnf wout^T: the cross-entropy left dlogits in a.logits.
+  float* dwte = stage_.embedding ? G_ + params_[0].offset : nullptr;
+  const float* wte = stage_.embedding ? P + params_[0].offset : nullptr;
   float* dres = a.dres_a;     // gradient w.r.t. the current residual stream
   float* dres_in = a.dres_b;  // gradient w.r.t. the previous one
-  be->Zero(a.dln, NC);
-  be->MatmulBackward(a.dln, dwout, nullptr, a.logits, a.lnf, wout, N, C, Vp, Lowp(wout), add,
-                     LowpLnfInput());
-  be->Zero(dres, RC);
-  NormBackward(dres, dlnfw, dlnfb, column_parallel_input_grad(), a.res[spec_.num_layers], lnfw,
-               a.lnf_mean, a.lnf_rstd, R);
-  // fp16 (a no-op otherwise): activation gradients are stored in fp16 too; the matmuls and
-  // attention round their own outputs.
-  be->RoundToStorage(dres, RC);
-  flush();
+  if (!stage_.head) {
+    // A stage before the last: the next stage's gradient of this one's output.
+    be->CopyToDevice(dres, output_grad, RC);
+  } else {
+    // The output layer's weight: the tied embedding's (its gradient written by this product first,
+    // added to by the embedding backward last), or output_layer.weight (its own gradient; the
+    // embedding's is then zeroed before the embedding backward adds to it), or a tied last stage's
+    // own copy of the embedding.
+    const float* wout = wte;
+    float* dwout = dwte;
+    if (spec_.untie_embeddings || !stage_.embedding) wout = prev(&dwout, kMatmul);
+    float *dlnfb, *dlnfw;
+    prev_norm_bias(&dlnfb);
+    const float* lnfw = prev(&dlnfw);
 
-  for (int l = spec_.num_layers - 1; l >= 0; --l) {
+    // logits = lnf wout^T: the cross-entropy left dlogits in a.logits.
+    be->Zero(a.dln, NC);
+    be->MatmulBackward(a.dln, dwout, nullptr, a.logits, a.lnf, wout, N, C, Vp, Lowp(wout), add,
+                       LowpLnfInput());
+    be->Zero(dres, RC);
+    NormBackward(dres, dlnfw, dlnfb, column_parallel_input_grad(), a.res[nl_], lnfw, a.lnf_mean,
+                 a.lnf_rstd, R);
+    // fp16 (a no-op otherwise): activation gradients are stored in fp16 too; the matmuls and
+    // attention round their own outputs.
+    be->RoundToStorage(dres, RC);
+    flush();
+  }
+
+  for (int l = nl_ - 1; l >= 0; --l) {
     Activations::Layer& y = a.layers[l];
     float *dfcpb, *dfcpw, *dfcb, *dfcw, *dln2b, *dln2w, *dprojb, *dprojw, *dqkvb, *dqkvw, *dln1b,
         *dln1w;
@@ -1026,7 +1163,7 @@ void GptModel::Backward() {
     be->Zero(a.datty, NA);
     be->MatmulBackward(a.datty, dprojw, dprojb, row_parallel_output_grad(a.dres2), y.atty, projw, N,
                        A, C, Lowp(projw), add, LowpInputOf(l, kAtty));
-    if (recompute_ == Recompute::kSelective && l + 1 < spec_.num_layers) {
+    if (recompute_ == Recompute::kSelective && l + 1 < nl_) {
       // The shared buffer holds a later layer's probabilities: this layer's again (the output
       // written beside them is the same bits as the forward's).
       be->AttentionForward(y.atty, y.att, y.qkv, alibi_slopes_, B, T, A, NH, y.max_logit,
@@ -1059,6 +1196,10 @@ void GptModel::Backward() {
     if (grad_ready_) grad_ready_(params_[pi].offset);
   }
   // dres now holds the gradient w.r.t. res[0].
+  if (!stage_.embedding) {
+    be->CopyToHost(input_grad, dres, RC);  // for the previous stage
+    return;
+  }
   float* dwpe = nullptr;
   const float* demb = dres;
   if (spec_.embed_layernorm) {
@@ -1072,7 +1213,8 @@ void GptModel::Backward() {
   }
   if (spec_.LearnedPositions()) prev(&dwpe);
   flush();
-  if (spec_.untie_embeddings && overwrite) be->Zero(dwte, params_[0].numel);
+  // No product of this model wrote the embedding's gradient first (untied, or the head elsewhere).
+  if ((spec_.untie_embeddings || !stage_.head) && overwrite) be->Zero(dwte, params_[0].numel);
   if (tp_ == 1) {
     be->EmbeddingBackward(dwte, dwpe, demb, a.tokens, B, T, C, spec_.padded_vocab, positions_);
   } else {
@@ -1088,6 +1230,7 @@ void GptModel::ZeroGrad() {
 }
 
 std::vector<float> GptModel::LogitsAt(int b, int t) {
+  KEEL_CHECK(stage_.head, "LogitsAt needs the stage with the output layer");
   KEEL_CHECK(acts_ && b < cur_B_ && t < cur_T_, "LogitsAt out of range");
   KEEL_CHECK(!has_targets_, "LogitsAt needs a Forward without targets (logits are gradients)");
   if (tp_ > 1) {
@@ -1113,7 +1256,7 @@ std::vector<float> GptModel::LogitsAt(int b, int t) {
 }
 
 double GptModel::LastZLoss() {
-  KEEL_CHECK(acts_ && has_targets_, "LastZLoss needs a Forward with targets");
+  KEEL_CHECK(stage_.head && acts_ && has_targets_, "LastZLoss needs a Forward with targets");
   if (spec_.ZLoss() == 0.0f) return 0.0;
   const int N = cur_B_ * cur_T_;
   std::vector<float> h(N);
@@ -1137,7 +1280,7 @@ double GptModel::LastMaxAttentionLogit() {
 }
 
 double GptModel::SequenceLoss(int b) const {
-  KEEL_CHECK(acts_ && has_targets_ && b >= 0 && b < cur_B_,
+  KEEL_CHECK(stage_.head && acts_ && has_targets_ && b >= 0 && b < cur_B_,
              "SequenceLoss needs a Forward with targets");
   const float* row = acts_->host_losses.data() + static_cast<size_t>(b) * cur_T_;
   double s = 0.0;
@@ -1146,7 +1289,7 @@ double GptModel::SequenceLoss(int b) const {
 }
 
 double GptModel::MeanLogZ() {
-  KEEL_CHECK(acts_ && has_targets_, "MeanLogZ needs a Forward with targets");
+  KEEL_CHECK(stage_.head && acts_ && has_targets_, "MeanLogZ needs a Forward with targets");
   const int N = cur_B_ * cur_T_;
   std::vector<float> h(N);
   backend_->CopyToHost(h.data(), acts_->logz, N);

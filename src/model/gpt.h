@@ -33,6 +33,17 @@
 // the group (B*T/T rows each, in rank order): an all-gather before the column-parallel products, a
 // reduce-scatter after the row-parallel ones; the norms' weight gradients are then partial sums,
 // summed over the group after each layer.
+//
+// Pipeline parallelism (ModelStage): a model can hold one pipeline stage (or one virtual chunk of
+// an interleaved stage) of the whole: transformer layers [first, last) (pipeline/stage_partition.h
+// picks them), the embedding only where first == 0, the final norm, output layer and loss only
+// where last == num_layers. Parameter names stay the whole model's (layers.L with the global L)
+// and each value is drawn at its whole-model key, so a stage holds the whole model's values and a
+// checkpoint does not depend on the layout. With a tied output layer the last stage holds its own
+// copy of embedding.word_embeddings.weight (initialised identically); the pipeline step sums the
+// two copies' gradients (Megatron's embedding group) so they stay the same bits. StageForward and
+// StageBackward take and give the boundary activations and their gradients, and keep each
+// in-flight micro-batch's activations in its own slot (1F1B holds up to P per stage).
 #pragma once
 
 #include <cstdint>
@@ -71,6 +82,16 @@ struct ParamInfo {
   TensorSplit split;                // how the whole tensor is cut across tensor ranks
 };
 
+// The part of the whole model a pipeline stage holds (see the top of this file). The default is
+// the whole model.
+struct ModelStage {
+  int first_layer = 0;
+  int last_layer = -1;  // exclusive; -1: num_layers
+  bool embedding = true, head = true;
+  // "layers 2-3 + head" for messages.
+  std::string Describe(int num_layers) const;
+};
+
 // The tensor-parallel group a model runs in (see the top of this file). A null group, or one of
 // size 1, is the single-rank model.
 struct TensorParallel {
@@ -82,7 +103,9 @@ class GptModel {
  public:
   // With a tensor group, every rank of it constructs its model with the same spec and calls
   // Initialize, Forward and Backward in step (they communicate inside).
-  GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp = {});
+  // `stage`: the layers and ends this model holds (ModelStage); its embedding must be where its
+  // first layer is 0, its head where its last is num_layers (KeelError otherwise).
+  GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp = {}, ModelStage stage = {});
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -91,6 +114,13 @@ class GptModel {
   int tensor_size() const { return tp_; }
   int tensor_rank() const { return tp_rank_; }
   bool sequence_parallel() const { return sp_; }
+  // The pipeline stage this model holds (last_layer resolved), and whether it is the whole model.
+  const ModelStage& stage() const { return stage_; }
+  bool whole_model() const {
+    return stage_.embedding && stage_.head && stage_.first_layer == 0 &&
+           stage_.last_layer == spec_.num_layers;
+  }
+  int num_stage_layers() const { return nl_; }
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo* FindParam(const std::string& name) const;
   size_t num_params() const { return num_params_; }
@@ -124,7 +154,11 @@ class GptModel {
   static bool IsGpt2Shape(const GptSpec& spec);
   // Every parameter tensor of `spec` in buffer order, without allocating (keel plan counts these):
   // a rank's slices when the tensors are split across `tensor` ranks (the same for every rank).
-  static std::vector<ParamInfo> ParamLayout(const GptSpec& spec, int tensor = 1);
+  // With a stage: that stage's tensors only, under their whole-model names (a tied last stage
+  // lists embedding.word_embeddings.weight after its final norm, where output_layer.weight would
+  // be).
+  static std::vector<ParamInfo> ParamLayout(const GptSpec& spec, int tensor = 1,
+                                            const ModelStage& stage = {});
   // Whether `spec` can be split across `tensor` ranks (heads, key/value groups, FFN and padded
   // vocabulary divisible); else InvalidArgument naming what does not divide.
   static Status CheckTensorParallel(const GptSpec& spec, int tensor);
@@ -139,10 +173,32 @@ class GptModel {
   // per-token cross-entropy, writes its gradient scaled by `dloss` (the weight of each token in the
   // total loss) ready for Backward, and returns the mean loss of this micro-batch. Without targets
   // it only leaves the logits (see LastLogits) and returns 0.
+  // The whole model only (micro-batch slot 0).
   double Forward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss);
   // Backpropagates the last Forward (which must have had targets); ACCUMULATES into grad_data(),
   // except the first Backward after StartGradAccumulation(), which writes it.
   void Backward();
+
+  // ---- pipeline stages (see the top of this file) -------------------------------------------
+  // The floats of a boundary activation (and of its gradient) of a (B,T) micro-batch: B*T*hidden,
+  // this rank's B*T/T rows under sequence parallelism.
+  size_t StageActivationFloats(int B, int T) const;
+  // The forward of one micro-batch on this stage, its activations kept in `slot` (any small
+  // index; a slot is reused by the next micro-batch given it, its buffers laid out once per
+  // shape) until StageBackward(slot). `tokens` (B,T host): needed on the embedding stage, and on
+  // every stage when position ids or the attention mask are reset at documents. `input` (host,
+  // StageActivationFloats): the previous stage's output, null on the embedding stage. `targets`
+  // and `dloss` as in Forward, read on the head stage only. Writes the outgoing activations to
+  // `output` (host) on every stage but the head; returns the head's mean loss (0 elsewhere).
+  double StageForward(int slot, const int32_t* tokens, const float* input, const int32_t* targets,
+                      int B, int T, float dloss, float* output);
+  // The backward of the micro-batch in `slot`: `output_grad` (host), the gradient of the output
+  // (null on the head stage, which starts from its loss); writes the gradient of its input to
+  // `input_grad` (host; not on the embedding stage, which may pass null). Gradients accumulate as
+  // Backward's do.
+  void StageBackward(int slot, const float* output_grad, float* input_grad);
+  // Frees every slot's activations (the next Forward lays them out again).
+  void FreeAllActivations();
   void ZeroGrad();
   // A step's accumulation begins: the next Backward writes every gradient (the same values as
   // ZeroGrad() then Backward(), without a zeroing pass over the buffer or the products reading
@@ -199,9 +255,17 @@ class GptModel {
   };
   static Dims DimsOf(const GptSpec& spec, int tensor, bool sp);
   // Layers 1..full_layers-1 share layer 0's buffers (FullRecomputeLayers' count).
+  // `head`: whether the final norm, logits and loss buffers are laid out.
   static void LayoutActivations(const GptSpec& spec, const Dims& d, int B, int T, int layers,
-                                Recompute recompute, int full_layers, Activations* acts,
+                                bool head, Recompute recompute, int full_layers, Activations* acts,
                                 BufferSource* src);
+  // The forward and backward of the current slot: the whole model's, or a stage's (input/output
+  // and their gradients in host memory, null where the stage has an end of the model).
+  double ForwardImpl(const int32_t* tokens, const float* input, const int32_t* targets, int B,
+                     int T, float dloss, float* output);
+  void BackwardImpl(const float* output_grad, float* input_grad);
+  // Makes micro-batch slot `s` current: its activations and what the last Forward on it left.
+  void UseSlot(int s);
   // Tensor parallelism's communication (backend memory; the backend synchronised first): the sum
   // of n floats over the group, and (sequence parallel) the gather of every rank's `rows` rows
   // (hidden wide) into `full`, and the sum of `full` over the group scattered by rows into `mine`.
@@ -229,6 +293,10 @@ class GptModel {
 
   Backend* backend_;
   GptSpec spec_;
+  ModelStage stage_;
+  int nl_ = 0;  // this stage's layer count (layer l here is layer stage_.first_layer + l)
+  // Per parameter, its index in the whole model's layout: the key of its initial values.
+  std::vector<size_t> init_index_;
   Communicator* tp_group_ = nullptr;
   int tp_ = 1, tp_rank_ = 0;
   bool sp_ = false;
@@ -257,7 +325,7 @@ class GptModel {
   // lnf), converted once by Forward and read again by Backward's products; nullptr in fp32.
   enum LowpInput { kLn1, kAtty, kLn2, kFchGelu };
   uint16_t* LowpInputOf(int layer, LowpInput which) const;
-  static uint64_t LowpInputElements(const GptSpec& spec, int B, int T, int full_layers);
+  static uint64_t LowpInputElements(const GptSpec& spec, int layers, int B, int T, int full_layers);
   uint16_t* LowpLnfInput() const;
   uint16_t* lowp_acts_ = nullptr;
   Precision lowp_precision_ = Precision::kFp32;
@@ -273,6 +341,17 @@ class GptModel {
   const int32_t* doc_start_ = nullptr;  // of the last Forward, when attention is reset
   bool has_targets_ = false;
   std::function<void(size_t)> grad_ready_;
+  // The parked micro-batch slots (the current one's state lives in the members above).
+  struct SlotState {
+    Activations* acts = nullptr;
+    uint16_t* lowp_acts = nullptr;
+    int B = 0, T = 0;
+    const int32_t* positions = nullptr;
+    const int32_t* doc_start = nullptr;
+    bool has_targets = false;
+  };
+  std::vector<SlotState> slots_;
+  int cur_slot_ = 0;
 };
 
 // The NaN and Inf values among a model's parameters: how many, and the first tensor (in buffer

@@ -14,8 +14,10 @@ namespace keel {
 TrainCheckpointSource CheckpointSourceOf(Trainer& trainer) {
   TrainCheckpointSource src{&trainer.config(), &trainer.model(), &trainer.optimizer(),
                             trainer.state(),   trainer.NextLr(), trainer.NextGlobalBatch()};
-  src.rank = trainer.comm()->rank();
-  src.world = trainer.comm()->world_size();
+  src.rank = trainer.data_comm()->rank();  // the world under data parallelism alone
+  src.world = trainer.data_comm()->world_size();
+  src.tensor_rank = trainer.tensor_rank();
+  src.tensor = trainer.tensor_size();
   src.sharded = trainer.sharded_optimizer();
   return src;
 }

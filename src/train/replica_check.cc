@@ -28,6 +28,20 @@ uint64_t HashTrainState(const TrainState& s) {
   return h;
 }
 
+// Whether each of ReplicaHashes' entries is one tensor-parallel slice (compared only among the
+// ranks holding the same slice: the data-parallel replicas) or the same on every rank of the
+// world (replicated tensors, their moments, the train state).
+std::vector<bool> SliceEntries(Trainer& trainer) {
+  std::vector<bool> out;
+  const bool tp = trainer.tensor_size() > 1;
+  for (const ParamInfo& p : trainer.model().params()) out.push_back(tp && !p.split.replicated());
+  if (!trainer.sharded_optimizer())
+    for (const ParamInfo& p : trainer.model().params())
+      out.insert(out.end(), 2, tp && !p.split.replicated());
+  out.push_back(false);
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, uint64_t>> ReplicaHashes(Trainer& trainer) {
@@ -54,6 +68,9 @@ std::vector<std::pair<std::string, uint64_t>> ReplicaHashes(Trainer& trainer) {
 Status CheckReplicas(Trainer& trainer, Communicator* comm, const std::vector<std::string>& hosts,
                      size_t* checked) {
   const auto mine = ReplicaHashes(trainer);
+  const std::vector<bool> slice = SliceEntries(trainer);
+  // Tensor parallel: world rank r holds tensor rank r % T's slices (tensor ranks adjacent).
+  const int T = trainer.tensor_size();
   *checked = mine.size();
   std::string bytes(mine.size() * sizeof(uint64_t), '\0');
   for (size_t i = 0; i < mine.size(); ++i)
@@ -63,24 +80,31 @@ Status CheckReplicas(Trainer& trainer, Communicator* comm, const std::vector<std
   const int world = static_cast<int>(all.size());
   // Per rank, the tensors where it differs from the majority hash of that tensor.
   std::vector<std::vector<std::string>> differs(world);
+  for (int r = 0; r < world; ++r)
+    if (all[r].size() != bytes.size()) differs[r].push_back("(a different set of tensors)");
   for (size_t i = 0; i < mine.size(); ++i) {
-    std::map<uint64_t, int> votes;
-    std::vector<uint64_t> h(world, 0);
-    for (int r = 0; r < world; ++r) {
-      if (all[r].size() != bytes.size()) {
-        differs[r].push_back("(a different set of tensors)");
-        continue;
+    // A slice is voted on among the ranks of its tensor rank; anything else among all ranks
+    // (a replicated LayerNorm that drifted on one tensor rank is named too).
+    const int groups = slice[i] ? T : 1;
+    for (int g = 0; g < groups; ++g) {
+      std::map<uint64_t, int> votes;
+      std::vector<uint64_t> h(world, 0);
+      auto member = [&](int r) {
+        return all[r].size() == bytes.size() && (groups == 1 || r % T == g);
+      };
+      for (int r = 0; r < world; ++r) {
+        if (!member(r)) continue;
+        std::memcpy(&h[r], all[r].data() + i * sizeof(uint64_t), sizeof(uint64_t));
+        ++votes[h[r]];
       }
-      std::memcpy(&h[r], all[r].data() + i * sizeof(uint64_t), sizeof(uint64_t));
-      ++votes[h[r]];
+      if (votes.size() <= 1) continue;
+      uint64_t majority = 0;
+      int best = 0;
+      for (int r = 0; r < world; ++r)  // ties go to the lowest rank's value
+        if (member(r) && votes[h[r]] > best) best = votes[h[r]], majority = h[r];
+      for (int r = 0; r < world; ++r)
+        if (member(r) && h[r] != majority) differs[r].push_back(mine[i].first);
     }
-    if (votes.size() <= 1) continue;
-    uint64_t majority = 0;
-    int best = 0;
-    for (int r = 0; r < world; ++r)  // ties go to the lowest rank's value
-      if (votes[h[r]] > best) best = votes[h[r]], majority = h[r];
-    for (int r = 0; r < world; ++r)
-      if (all[r].size() == bytes.size() && h[r] != majority) differs[r].push_back(mine[i].first);
   }
   std::string report;
   int bad = 0;
@@ -97,10 +121,12 @@ Status CheckReplicas(Trainer& trainer, Communicator* comm, const std::vector<std
   }
   if (bad == 0) return Status::OK();
   return Status::Corruption(fmt::format(
-      "replica check at iteration {}: the data-parallel replicas no longer hold the same model: "
-      "{}{}",
-      trainer.state().counters.iteration, report,
-      world == 2 ? " (with two ranks, no majority: either may be the damaged one)" : ""));
+      "replica check at iteration {}: the {} no longer hold the same model: {}{}",
+      trainer.state().counters.iteration,
+      T > 1 ? "replicas (data-parallel copies of each slice, tensor-parallel copies of the "
+              "replicated norms and biases)"
+            : "data-parallel replicas",
+      report, world == 2 ? " (with two ranks, no majority: either may be the damaged one)" : ""));
 }
 
 }  // namespace keel

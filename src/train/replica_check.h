@@ -3,6 +3,9 @@
 // A bit flip in one rank's memory or a nondeterministic op makes one drift silently — BLOOM's
 // layer-norm weights drifted apart across ranks for months. Every rank hashes each tensor; the
 // hashes are gathered; any tensor whose hash differs from the majority's is named with its rank.
+// Tensor parallel: a split tensor's slice is compared among the ranks holding that slice (the
+// data-parallel replicas), a replicated one (norms, row-parallel biases) among every rank, so a
+// LayerNorm drifting apart across tensor ranks (tr11's) is caught too.
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "comm/process_mesh.h"
 #include "core/exit_code.h"
 #include "core/host_name.h"
 #include "core/log.h"
@@ -52,6 +53,10 @@ Status RunHealth::Start(const TrainConfig& cfg) {
     o.rank = rank;
     o.world_size = world;
     o.host = hosts_[rank];
+    // Tensor parallel: the dump names the rank's mesh coordinates (Megatron's rank order).
+    const int tensor = cfg.tensor_model_parallel_size;
+    if (tensor > 1 && world % tensor == 0)
+      o.mesh = CoordsOf(MeshShape{tensor, 1, world / tensor}, rank).ToString();
     o.timeout_us = MinutesToMicros(cfg.distributed_timeout_minutes);
     o.first_iteration_timeout_us = MinutesToMicros(cfg.first_iteration_timeout_minutes);
     o.save_timeout_us = MinutesToMicros(cfg.save_timeout_minutes);

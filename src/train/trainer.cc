@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "model/flops.h"
+#include "model/tensor_split.h"
 
 namespace keel {
 
@@ -18,9 +19,15 @@ TrainerData::TrainerData(SampleFn train, SampleFn valid) {
 }
 
 Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, TrainerData data)
+    : Trainer(cfg, backend, TrainerGroups{comm, comm, nullptr}, std::move(data)) {}
+
+Trainer::Trainer(const TrainConfig& cfg, Backend* backend, TrainerGroups groups, TrainerData data)
     : cfg_(cfg),
       backend_(backend),
-      comm_(comm),
+      comm_(groups.world),
+      data_comm_(groups.data != nullptr ? groups.data : groups.world),
+      tensor_comm_(groups.tensor != nullptr && groups.tensor->world_size() > 1 ? groups.tensor
+                                                                               : nullptr),
       data_(std::move(data)),
       rampup_(BatchRampup::FromConfig(cfg)),
       schedule_(LrSchedule::FromConfig(cfg)) {
@@ -28,7 +35,14 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, T
   watch_ = cfg_.guard != GuardLevel::kOff;
   // The products' precision is the backend's; the model follows it (and keeps 16-bit weights).
   backend_->SetPrecision(cfg_.precision);
-  model_ = std::make_unique<GptModel>(backend_, cfg_.model);
+  if (tensor_comm_ != nullptr) {
+    tp_size_ = tensor_comm_->world_size();
+    tp_rank_ = tensor_comm_->rank();
+    KEEL_CHECK(comm_->world_size() == tp_size_ * data_comm_->world_size(),
+               "the world is the tensor group times the data group");
+  }
+  model_ = std::make_unique<GptModel>(backend_, cfg_.model,
+                                      TensorParallel{tensor_comm_, cfg_.sequence_parallel});
   model_->set_recompute(cfg_.recompute_granularity, cfg_.full_recompute_layers());
   ResetLossScaler();
   AdamWConfig oc;
@@ -37,10 +51,13 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, T
   oc.eps = cfg_.adam_eps;
   oc.weight_decay = cfg_.weight_decay;
   const size_t n = model_->num_params();
-  shard_ = ShardOf(n, comm_->rank(), comm_->world_size());
-  zero_ = cfg_.use_distributed_optimizer && comm_->world_size() > 1;
+  // n is this rank's slice of the model under tensor parallelism: ZeRO-1 shards it over the data
+  // group (the ranks holding the same slice).
+  shard_ = ShardOf(n, data_comm_->rank(), data_comm_->world_size());
+  zero_ = cfg_.use_distributed_optimizer && data_comm_->world_size() > 1;
   optimizer_ = std::make_unique<AdamW>(backend_, n, oc, zero_ ? shard_ : ShardRange{0, n});
-  reducer_ = std::make_unique<GradientReducer>(comm_, static_cast<size_t>(cfg_.ddp_bucket_size));
+  reducer_ =
+      std::make_unique<GradientReducer>(data_comm_, static_cast<size_t>(cfg_.ddp_bucket_size));
   total_iters_ = TotalTrainIters(cfg_);
   const size_t mb = static_cast<size_t>(cfg_.micro_batch_size);
   batch_tokens_.resize(mb * (cfg_.seq_length + 1));
@@ -130,10 +147,11 @@ IterationPlan Trainer::PlanIteration() {
   if (faults_) p.lr *= faults_->LrFactor(p.iteration);
   p.data_salt = state_.data_salt;
   p.data_skipped = IsSkipped(p.iteration);
-  const int dp = comm_->world_size();
+  // The tensor ranks of a replica read the same samples: the schedule is the data group's.
+  const int dp = data_comm_->world_size();
   p.schedule = {c.consumed_samples, cfg_.micro_batch_size,
                 p.global_batch / (static_cast<int64_t>(cfg_.micro_batch_size) * dp), dp,
-                comm_->rank()};
+                data_comm_->rank()};
   if (phases_) phases_->BeginIteration(p.iteration);
   return p;
 }
@@ -230,15 +248,16 @@ Status Trainer::ComputeGradients(const IterationPlan& plan, StepResult* r) {
   reducer_->Finish();
   // Each rank now holds the sums of its shard. ZeRO-1 updates only that shard; without it every
   // rank needs every sum.
-  if (!zero_) comm_->AllGather(grads, n);
-  if (watch_ && dp > 1) comm_->AllReduceMaxHost(&max_attn_logit, 1);
+  if (!zero_) data_comm_->AllGather(grads, n);
+  // (The model's maximum is its tensor group's already.)
+  if (watch_ && dp > 1) data_comm_->AllReduceMaxHost(&max_attn_logit, 1);
   // One host all-reduce for the scalars: loss and log Z (sums of micro-batch means), then the
   // per-dataset sums and counts.
   local_loss_sum_ = loss;  // this rank's, for the guard's rerun
   std::vector<double> sums = {loss, log_z};
   sums.insert(sums.end(), dataset_loss_sum.begin(), dataset_loss_sum.end());
   sums.insert(sums.end(), dataset_sequences.begin(), dataset_sequences.end());
-  comm_->AllReduceSumHost(sums.data(), sums.size());
+  SumOverReplicas(sums.data(), sums.size());
   const double micro_batches = static_cast<double>(num_micro * dp);
   r->loss = sums[0] / micro_batches;
   log_z = sums[1] / micro_batches;
@@ -255,10 +274,11 @@ Status Trainer::ComputeGradients(const IterationPlan& plan, StepResult* r) {
   if (faults_) faults_->OnGradients(plan.iteration, grads, n);
   // Statistics of the global gradient: each rank measures the shard it owns (the summed values),
   // the ranks add their parts, so every rank sees the same norm and makes the same decisions.
+  // Tensor parallel: each rank's part of the whole model (LocalGradStats), summed over the world.
   const ShardRange own = dp > 1 ? shard_ : ShardRange{0, n};
   EnterPhase(Phase::kOptimizer);
-  GradStats gs = ComputeGradStats(backend_, grads + own.begin, own.size());
-  if (dp > 1) {
+  GradStats gs = LocalGradStats(grads, own);
+  if (comm_->world_size() > 1) {
     EnterPhase(Phase::kReduce);
     double v[3] = {gs.sum_sq, static_cast<double>(gs.num_zeros), gs.finite ? 0.0 : 1.0};
     comm_->AllReduceSumHost(v, 3);
@@ -325,18 +345,53 @@ void Trainer::Update(bool apply, StepResult* r) {
   const GptModel::UpdatableWeights w =
       zero_ ? GptModel::UpdatableWeights{model_->mutable_param_data(), nullptr}
             : model_->weights_for_update();
+  // Tensor parallel: the replicated tensors the update changes here are counted by tensor rank 0
+  // only, so tensor ranks other than 0 take their share back out of the update's statistics.
+  const ShardRange updated = zero_ ? shard_ : ShardRange{0, model_->num_params()};
+  std::vector<std::pair<size_t, size_t>> replicated;  // [begin, end) within `updated`
+  std::vector<float> before;
+  if (tp_rank_ != 0) {
+    for (const ParamInfo& p : model_->params()) {
+      const size_t lo = std::max(p.offset, updated.begin);
+      const size_t hi = std::min(p.offset + p.numel, updated.end);
+      if (!p.split.replicated() || lo >= hi) continue;
+      replicated.emplace_back(lo, hi);
+      before.resize(before.size() + (hi - lo));
+      backend_->CopyToHost(before.data() + before.size() - (hi - lo), model_->param_data() + lo,
+                           hi - lo);
+    }
+  }
   optimizer_->Step(w.fp32, model_->grad_data(), model_->params(), r->lr, &st,
                    static_cast<float>(grad_scale_), w.lowp);
-  if (zero_) {
-    // Every rank updated its shard: the statistics are summed, the weights all-gathered.
+  if (!replicated.empty()) {
+    std::vector<float> after;
+    size_t k = 0;
+    double update_sq = 0, param_sq = 0;
+    for (auto [lo, hi] : replicated) {
+      after.resize(hi - lo);
+      backend_->CopyToHost(after.data(), model_->param_data() + lo, hi - lo);
+      for (size_t i = 0; i < hi - lo; ++i, ++k) {
+        const double d = static_cast<double>(after[i]) - before[k];
+        update_sq += d * d;
+        param_sq += static_cast<double>(after[i]) * after[i];
+      }
+    }
+    st.update_sq -= update_sq;
+    st.param_sq -= param_sq;
+  }
+  if (zero_ || tp_size_ > 1) {
+    // Every rank updated its shard (ZeRO-1) or its slice (tensor parallel): the statistics are
+    // summed over the ranks that hold different parts, the weights all-gathered over the data
+    // group.
     EnterPhase(Phase::kReduce);
+    Communicator* over = zero_ ? comm_ : tensor_comm_;
     double sums[2] = {st.update_sq, st.param_sq}, max_v = st.max_v;
-    comm_->AllReduceSumHost(sums, 2);
-    comm_->AllReduceMaxHost(&max_v, 1);
+    over->AllReduceSumHost(sums, 2);
+    over->AllReduceMaxHost(&max_v, 1);
     st.update_sq = sums[0];
     st.param_sq = sums[1];
     st.max_v = static_cast<float>(max_v);
-    comm_->AllGather(model_->mutable_param_data(), model_->num_params());
+    if (zero_) data_comm_->AllGather(model_->mutable_param_data(), model_->num_params());
   }
   last_update_ratio_ = std::sqrt(st.update_sq / std::max(st.param_sq, 1e-30));
   last_max_v_ = st.max_v;
@@ -436,12 +491,15 @@ double Trainer::ReplayLocalLoss(const BatchRecord& b) {
 
 double Trainer::RerunLoss(std::vector<int>* differing_ranks) {
   // The same forward sums again; each rank says whether its own differs, so a transient fault
-  // is pinned on the rank whose arithmetic failed.
+  // is pinned on the rank whose arithmetic failed (world ranks; the loss is each replica's, added
+  // by its tensor rank 0).
   const int dp = comm_->world_size();
   const double sum = ReplayLocalLoss(cur_batch_);
   std::vector<double> v(2 + static_cast<size_t>(dp), 0.0);
-  v[0] = sum;
-  v[1] = static_cast<double>(cur_batch_.micro_batches);
+  if (tp_rank_ == 0) {
+    v[0] = sum;
+    v[1] = static_cast<double>(cur_batch_.micro_batches);
+  }
   v[2 + static_cast<size_t>(comm_->rank())] =
       std::memcmp(&sum, &local_loss_sum_, sizeof(double)) != 0 ? 1.0 : 0.0;
   comm_->AllReduceSumHost(v.data(), v.size());
@@ -457,7 +515,7 @@ double Trainer::PreviousBatchLoss() {
   const double sum = ReplayLocalLoss(prev_batch_);
   const bool ok = std::isfinite(sum) && prev_batch_.micro_batches > 0;
   double v[2] = {ok ? sum : 0.0, ok ? static_cast<double>(prev_batch_.micro_batches) : 0.0};
-  comm_->AllReduceSumHost(v, 2);
+  SumOverReplicas(v, 2);
   return v[1] > 0 ? v[0] / v[1] : NAN;
 }
 
@@ -484,14 +542,14 @@ double Trainer::Evaluate(int64_t iters) {
 }
 
 Status Trainer::Evaluate(int64_t iters, int set, double* loss) {
-  const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = comm_->world_size();
+  const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length, dp = data_comm_->world_size();
   // The final global batch, not the ramp-up's current one: every evaluation reads the same samples.
   const int64_t num_micro = cfg_.global_batch_size / (static_cast<int64_t>(mbs) * dp);
   double loss_sum = 0.0;
   int64_t count = 0;
   for (int64_t it = 0; it < iters; ++it) {
     for (int64_t m = 0; m < num_micro; ++m) {
-      const int64_t first = (it * num_micro * dp + m * dp + comm_->rank()) * mbs;
+      const int64_t first = (it * num_micro * dp + m * dp + data_comm_->rank()) * mbs;
       for (int b = 0; b < mbs; ++b) {
         int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
         const SampleRequest req{first + b, state_.counters.iteration, state_.data_salt};
@@ -504,7 +562,7 @@ Status Trainer::Evaluate(int64_t iters, int set, double* loss) {
     }
   }
   double reduced[2] = {loss_sum, static_cast<double>(count)};
-  comm_->AllReduceSumHost(reduced, 2);
+  SumOverReplicas(reduced, 2);
   *loss = reduced[0] / reduced[1];
   return Status::OK();
 }
@@ -562,20 +620,70 @@ void Trainer::AccountIteration(StepResult* r) {
   iv = LogIntervalState{};
 }
 
+void Trainer::SumOverReplicas(double* v, size_t n) {
+  if (tp_rank_ != 0) std::fill(v, v + n, 0.0);
+  comm_->AllReduceSumHost(v, n);
+}
+
+GradStats Trainer::LocalGradStats(const float* grads, ShardRange own) {
+  if (tp_size_ == 1) return ComputeGradStats(backend_, grads + own.begin, own.size());
+  GradStats total;
+  for (const ParamInfo& p : model_->params()) {
+    const size_t lo = std::max(p.offset, own.begin), hi = std::min(p.offset + p.numel, own.end);
+    if (lo >= hi) continue;
+    const GradStats g = ComputeGradStats(backend_, grads + lo, hi - lo);
+    total.finite = total.finite && g.finite;
+    if (!p.split.replicated() || tp_rank_ == 0) {
+      total.sum_sq += g.sum_sq;
+      total.num_zeros += g.num_zeros;
+    }
+  }
+  total.norm = std::sqrt(total.sum_sq);
+  return total;
+}
+
+std::vector<float> Trainer::WholeTensors(const std::vector<float>& local) {
+  if (tp_size_ == 1) return local;
+  std::vector<std::string> all;
+  tensor_comm_->AllGatherBytes(
+      std::string(reinterpret_cast<const char*>(local.data()), local.size() * sizeof(float)), &all);
+  const std::vector<ParamInfo> whole = GptModel::ParamLayout(model_->spec(), 1);
+  const std::vector<ParamInfo>& mine = model_->params();
+  KEEL_CHECK(whole.size() == mine.size(), "the one-rank layout has the same tensors");
+  size_t total = 0;
+  for (const ParamInfo& p : whole) total = std::max(total, p.offset + p.numel);
+  std::vector<float> out(total);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const ParamInfo& p = mine[i];
+    KEEL_CHECK(whole[i].name == p.name, "the one-rank layout has the same tensor order");
+    for (int r = 0; r < tp_size_; ++r) {
+      KEEL_CHECK(all[r].size() == local.size() * sizeof(float), "tensor ranks hold equal slices");
+      InsertShard(reinterpret_cast<const float*>(all[r].data()) + p.offset, p.full_shape, p.split,
+                  r, tp_size_, out.data() + whole[i].offset);
+    }
+  }
+  return out;
+}
+
 uint64_t Trainer::StateFingerprint() {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
   const size_t n = model_->num_params();
   std::vector<float> host(n);
   backend_->CopyToHost(host.data(), model_->param_data(), n);
-  XXH3_64bits_update(st, host.data(), n * sizeof(float));
+  {
+    // Tensor parallel: the whole tensors, so the value does not depend on the layout.
+    const std::vector<float> whole = WholeTensors(host);
+    XXH3_64bits_update(st, whole.data(), whole.size() * sizeof(float));
+  }
   for (float* buf : {optimizer_->exp_avg(), optimizer_->exp_avg_sq()}) {
     // The whole moment buffer, gathered from the shards under ZeRO-1: the fingerprint does not
     // depend on how the optimizer is partitioned.
     const ShardRange& sh = optimizer_->shard();
     backend_->CopyToHost(host.data() + sh.begin, buf, sh.size());
-    if (zero_) comm_->AllGather(host.data(), n);
-    XXH3_64bits_update(st, host.data(), n * sizeof(float));
+    if (zero_) data_comm_->AllGather(host.data(), n);
+    const std::vector<float> whole = WholeTensors(host);
+    XXH3_64bits_update(st, whole.data(), whole.size() * sizeof(float));
   }
   const TrainState& s = state_;
   XXH3_64bits_update(st, &s.optimizer_step, sizeof(s.optimizer_step));

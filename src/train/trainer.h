@@ -154,13 +154,27 @@ class TrainerFaults {
   virtual void OnGradients(int64_t it, float* grads, size_t n) = 0;
 };
 
+// The communicators a trainer runs on (comm/process_mesh.h): the whole world, the data-parallel
+// group of its tensor position (gradients, ZeRO-1 shards, the batch's samples), and its
+// tensor-parallel group (null or size 1: no tensor parallelism). With one process per model
+// replica the data group is the world.
+struct TrainerGroups {
+  Communicator* world = nullptr;
+  Communicator* data = nullptr;
+  Communicator* tensor = nullptr;
+};
+
 // The math of training, one iteration in steps that the run calls in order (TrainingRun's
 // RunIteration reads top to bottom): PlanIteration, ComputeGradients, Update, EndIteration. Its
 // state is the model, the optimizer and a TrainState; it decides nothing about guards, saves or
 // logs.
 class Trainer {
  public:
+  // Data parallel only: `comm` is the world and the data group.
   Trainer(const TrainConfig& cfg, Backend* backend, Communicator* comm, TrainerData data);
+  // Tensor x data parallel: the model is built on groups.tensor (with cfg.sequence_parallel), and
+  // everything data parallel runs on groups.data; what every rank must agree on, on the world.
+  Trainer(const TrainConfig& cfg, Backend* backend, TrainerGroups groups, TrainerData data);
   ~Trainer();
 
   // Fresh weights from the config's seed and init method.
@@ -198,7 +212,13 @@ class Trainer {
   int64_t TotalIterations() const { return total_iters_; }
   // ZeRO-1 is on: this rank's optimizer holds only its shard (optimizer().shard()).
   bool sharded_optimizer() const { return zero_; }
+  // The world (what every rank agrees on: saves, stops, the guard's decisions), and the
+  // data-parallel and tensor-parallel groups (tensor: null without tensor parallelism).
   Communicator* comm() { return comm_; }
+  Communicator* data_comm() { return data_comm_; }
+  Communicator* tensor_comm() { return tensor_comm_; }
+  int tensor_size() const { return tp_size_; }
+  int tensor_rank() const { return tp_rank_; }
   // The data-parallel gradient reduction's totals (communication time, the part not hidden
   // behind backward, bytes sent) since the trainer was built.
   const ReductionStats& reduction_stats() const { return reducer_->stats(); }
@@ -221,7 +241,8 @@ class Trainer {
   int64_t NextGlobalBatch() const;
   // xxh3 over parameters, optimizer moments and the TrainState: equal fingerprints mean
   // bit-identical training state. The same value on every rank, whatever the sharding (a
-  // collective: every rank calls it).
+  // collective: every rank calls it). Tensor parallel: over the whole tensors, gathered from the
+  // slices in the one-rank model's order, so the value does not depend on the layout.
   uint64_t StateFingerprint();
   double FlopsPerIteration(int64_t global_batch) const;
 
@@ -258,9 +279,23 @@ class Trainer {
   // Mean lm loss of the current weights over `iters` batches of validation set `set`.
   Status Evaluate(int64_t iters, int set, double* loss);
 
+  // The world's sum of a per-replica value that every tensor rank of a replica holds (a loss):
+  // only tensor rank 0 adds its own, so every rank gets the same bits.
+  void SumOverReplicas(double* v, size_t n);
+  // This rank's share of the whole model's gradient statistics over own = [begin, end) of its
+  // buffer: split tensors' elements each counted by the rank holding them, replicated tensors by
+  // tensor rank 0 only; finiteness from every element.
+  GradStats LocalGradStats(const float* grads, ShardRange own);
+  // Tensor parallel: this rank's buffer (its slices) as the whole tensors in the one-rank model's
+  // buffer order, gathered over the tensor group (a collective); `local` itself without.
+  std::vector<float> WholeTensors(const std::vector<float>& local);
+
   TrainConfig cfg_;
   Backend* backend_;
-  Communicator* comm_;
+  Communicator* comm_;                   // the world
+  Communicator* data_comm_ = nullptr;    // the data-parallel group
+  Communicator* tensor_comm_ = nullptr;  // the tensor-parallel group (null: none)
+  int tp_size_ = 1, tp_rank_ = 0;
   TrainerData data_;
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<AdamW> optimizer_;

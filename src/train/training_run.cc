@@ -216,7 +216,9 @@ void TrainingRun::LogDataReadAhead() {
 }
 
 void TrainingRun::LogDataParallelTraffic(double train_seconds) {
-  const int world = comm_->world_size();
+  // (The data group's: tensor parallel ranks reduce their own slices with their data replicas.)
+  Communicator* data = trainer_->data_comm();
+  const int world = data->world_size();
   if (world == 1) return;
   const ReductionStats& rs = trainer_->reduction_stats();
   const int64_t iters = trainer_->state().counters.iteration - start_iteration_;
@@ -225,7 +227,7 @@ void TrainingRun::LogDataParallelTraffic(double train_seconds) {
   // This rank sends the part of each bucket it does not own (reduce-scatter), then its shard to
   // every other rank (all-gather of the weights, or of the gradients without ZeRO-1).
   const double rs_bytes = static_cast<double>(rs.bytes_sent);
-  const double ag_bytes = static_cast<double>(ShardOf(n, comm_->rank(), world).size()) * 4.0 *
+  const double ag_bytes = static_cast<double>(ShardOf(n, data->rank(), world).size()) * 4.0 *
                           (world - 1) * static_cast<double>(iters);
   const double bound = 2.0 * (world - 1) / world * static_cast<double>(n) * 4.0;
   const double per_iter = (rs_bytes + ag_bytes) / static_cast<double>(iters);
@@ -277,7 +279,9 @@ std::string TrainingRun::LastCheckpointText() {
 }
 
 Status TrainingRun::PrintSample() {
-  if (cfg_.sample_tokens <= 0 || comm_->rank() != 0) return Status::OK();
+  // Tensor parallel: the tensor ranks of data rank 0 generate together (the model's forward is
+  // theirs); rank 0 logs.
+  if (cfg_.sample_tokens <= 0 || trainer_->data_comm()->rank() != 0) return Status::OK();
   std::unique_ptr<Tokenizer> tok;
   KEEL_RETURN_IF_ERROR(LoadTokenizerForDataset(data_.prefix, data_.meta, &tok));
   std::vector<int32_t> prompt = tok->Encode(cfg_.sample_prompt);
@@ -288,7 +292,8 @@ Status TrainingRun::PrintSample() {
   go.window = cfg_.seq_length;
   std::vector<int32_t> out = Generate(trainer_->model(), prompt, go);
   prompt.insert(prompt.end(), out.begin(), out.end());  // decoded together: see sample_cmd.cc
-  Log("sample (temperature {}, top-k {}):\n{}", go.temperature, go.top_k, tok->Decode(prompt));
+  if (comm_->rank() == 0)
+    Log("sample (temperature {}, top-k {}):\n{}", go.temperature, go.top_k, tok->Decode(prompt));
   return Status::OK();
 }
 

@@ -21,6 +21,7 @@
 #include "checkpoint/checkpoint_store.h"
 #include "checkpoint/resume.h"
 #include "comm/communicator.h"
+#include "comm/process_mesh.h"
 #include "config/config.h"
 #include "core/env.h"
 #include "journal/run_journal.h"
@@ -79,8 +80,13 @@ class TrainingRun {
   Status OpenRankLog();
   // ResolveResumePoint on every rank (rank 0 first); the ranks must agree on the checkpoint.
   Status ResolveResumeOnEveryRank();
-  // Logs that the checkpoint continued from was written by another number of ranks.
+  // Logs that the checkpoint continued from was written by another number of ranks (another
+  // layout: what was resharded).
   Status NoteDataParallelChange();
+  // Tensor parallel: the layout's rules (config/parallel_layout.h, keel plan's), before any work.
+  Status CheckLayout(std::vector<std::string>* notes);
+  // "[rank 3] " or, tensor parallel, "[rank 3 (dp 1, pp 0, tp 1)] ".
+  std::string RankPrefix() const;
   Status CheckMemory(std::vector<std::string>* notes);
   Status PrepareRunDirectory();
   void LogModel();
@@ -124,6 +130,9 @@ class TrainingRun {
   ResumePoint resume_;
   nlohmann::json history_ = nlohmann::json::array();
 
+  // Tensor parallel (T > 1): the world as tensor x data groups; null otherwise (the world is the
+  // data group).
+  std::unique_ptr<ProcessMesh> mesh_;
   std::unique_ptr<Backend> backend_;
   RunSamples* samples_ = nullptr;          // the trainer's sample source (it owns it)
   std::unique_ptr<TrainerFaults> faults_;  // test-only

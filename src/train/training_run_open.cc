@@ -5,6 +5,8 @@
 
 #include "backend/registry.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/tensor_pieces.h"
+#include "config/parallel_layout.h"
 #include "core/json_reader.h"
 #include "core/log.h"
 #include "core/stop_signal.h"
@@ -30,9 +32,7 @@ TrainingRun::~TrainingRun() {
   if (goodput_) goodput_->Record("end", trainer_->state().counters.iteration);
   // The log's copy to SAVE/logs/rank-NNN.log writes to rank_log_, which goes with this run; the
   // caller may still log (the error that ended the run).
-  if (rank_log_)
-    SetLogCopy(nullptr, /*mute_stdout=*/comm_->rank() != 0,
-               fmt::format("[rank {}] ", comm_->rank()));
+  if (rank_log_) SetLogCopy(nullptr, /*mute_stdout=*/comm_->rank() != 0, RankPrefix());
 }
 
 Status TrainingRun::Open(const TrainConfig& config, const RunOptions& options,
@@ -51,11 +51,18 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   std::unique_ptr<TrainingRun> run(new TrainingRun(config, options));
   TrainingRun& r = *run;
   // Defaults that depend on the data-parallel size and the vocabulary (global batch, padded
-  // vocab) are derived once both are known, from the config as the user gave it.
-  r.cfg_.data_parallel_size = r.comm_->world_size();
+  // vocab) are derived once both are known, from the config as the user gave it. Tensor
+  // parallel T: the data-parallel size is world / T (a world that T does not divide is refused
+  // by CheckLayout, before any work).
+  const int world = r.comm_->world_size(), tensor = r.cfg_.tensor_model_parallel_size;
+  const bool divides = tensor >= 1 && world % tensor == 0;
+  r.cfg_.data_parallel_size = divides ? world / tensor : world;
   // The ranks run one job (the same settings, one directory, no other job in it), and the run
   // directory is checked before any work, so a long run never fails at its end.
   KEEL_RETURN_IF_ERROR(AgreeOnConfig(r.comm_, r.cfg_));
+  // The groups of the layout (every rank agreed on T just now): tensor ranks adjacent.
+  if (divides && tensor > 1)
+    KEEL_RETURN_IF_ERROR(ProcessMesh::Make(r.comm_, tensor, /*pipeline=*/1, &r.mesh_));
   KEEL_RETURN_IF_ERROR(r.comm_->AgreeOnStatus(r.PrepareRunDirectory()));
   if (!r.cfg_.save.empty()) {
     std::vector<std::string> lock_notes;
@@ -77,7 +84,9 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   std::vector<std::string> notes;
   *doing = "opening the data";
   KEEL_RETURN_IF_ERROR(OpenRunData(r.env_, &r.cfg_, &r.data_, &notes));
+  if (!divides) KEEL_RETURN_IF_ERROR(r.CheckLayout(&notes));  // names the world and T
   KEEL_RETURN_IF_ERROR(Validate(&r.cfg_, &notes));
+  KEEL_RETURN_IF_ERROR(r.CheckLayout(&notes));
   KEEL_RETURN_IF_ERROR(r.health_->Start(r.cfg_));
   const Status fits = r.CheckMemory(&notes);
   for (const std::string& n : notes) Log("note: {}", n);
@@ -125,13 +134,16 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   *doing = "building the model and the optimizer";
   KEEL_RETURN_IF_ERROR(MakeBackend(r.cfg_.backend, r.cfg_.threads, &r.backend_));
   // A config that needs an op the backend lacks stops here, naming both, not mid-iteration.
-  KEEL_RETURN_IF_ERROR(CheckBackendSupports(*r.backend_, r.cfg_.model, r.cfg_.precision));
+  KEEL_RETURN_IF_ERROR(CheckBackendSupports(*r.backend_, r.cfg_.model, r.cfg_.precision,
+                                            r.cfg_.tensor_model_parallel_size));
   r.backend_->SetPrecision(r.cfg_.precision);  // the trainer sets it too; the log says it now
   Log("backend: {}", r.backend_->Describe());
   auto samples = std::make_shared<RunSamples>(r.cfg_, r.data_, r.test_hooks_);
   r.samples_ = samples.get();
+  TrainerGroups groups{r.comm_, r.comm_, nullptr};
+  if (r.mesh_) groups = {r.comm_, r.mesh_->data(), r.mesh_->tensor()};
   r.trainer_ =
-      std::make_unique<Trainer>(r.cfg_, r.backend_.get(), r.comm_, samples->Describe(samples));
+      std::make_unique<Trainer>(r.cfg_, r.backend_.get(), groups, samples->Describe(samples));
   r.LogSkippedSampleRanges();
   if (r.test_hooks_ != nullptr) {
     r.faults_ = r.test_hooks_->TrainerFaultsFor(r.comm_->rank(), r.backend_.get(), r.env_);
@@ -158,17 +170,20 @@ void TrainingRun::LogModel() {
       spec.rmsnorm ? "RMSNorm" : "LayerNorm", spec.vocab, spec.padded_vocab,
       std::string(spec.untie_embeddings ? ", untied output layer" : "") +
           (spec.bias ? "" : ", no linear biases"));
+  const int64_t whole = static_cast<int64_t>(GptModel::ParamCount(spec));
   if (GptModel::IsGpt2Shape(spec)) {
-    Log("parameters: {} (formula n*(12h^2+13h) + v*h + s*h + 2h = {}{})",
-        trainer_->model().num_params(), formula,
-        static_cast<int64_t>(trainer_->model().num_params()) == formula
-            ? ", equal"
-            : ": differs because of the FFN size");
+    Log("parameters: {} (formula n*(12h^2+13h) + v*h + s*h + 2h = {}{})", whole, formula,
+        whole == formula ? ", equal" : ": differs because of the FFN size");
   } else {
     Log("parameters: {} (from the model's layout; GPT-2's formula n*(12h^2+13h) + v*h + s*h + 2h "
         "= {} does not describe this shape)",
-        trainer_->model().num_params(), formula);
+        whole, formula);
   }
+  if (mesh_)
+    Log("tensor parallel: {} ranks{}; this rank ({}) holds {} of the {} parameters (its slices, "
+        "and the replicated norms and biases)",
+        mesh_->shape().tensor, cfg_.sequence_parallel ? " with sequence parallelism" : "",
+        mesh_->coords().ToString(), trainer_->model().num_params(), whole);
   if (comm_->world_size() > 1) {
     const AdamW& opt = trainer_->optimizer();
     Log("optimizer: {}: this rank holds the Adam moments of {} of {} parameters ({})",
@@ -198,12 +213,39 @@ Status TrainingRun::OpenRankLog() {
                               (void)f->Append(line + "\n");
                               (void)f->Flush();
                             },
-             /*mute_stdout=*/rank != 0, fmt::format("[rank {}] ", rank));
+             /*mute_stdout=*/rank != 0, RankPrefix());
   Log("data parallel: {}{}", comm_->Describe(),
       cfg_.save.empty()
           ? ""
           : fmt::format("; this rank logs to {}/logs/rank-{:03d}.log", cfg_.save, rank));
+  if (mesh_)
+    Log("layout: tensor parallel {} x data parallel {} (pipeline 1); this rank is {}",
+        mesh_->shape().tensor, mesh_->shape().data, mesh_->coords().ToString());
   return Status::OK();
+}
+
+std::string TrainingRun::RankPrefix() const {
+  if (!mesh_) return fmt::format("[rank {}] ", comm_->rank());
+  return fmt::format("[rank {} ({})] ", comm_->rank(), mesh_->coords().ToString());
+}
+
+Status TrainingRun::CheckLayout(std::vector<std::string>* notes) {
+  const int world = comm_->world_size(), tensor = cfg_.tensor_model_parallel_size;
+  if (tensor == 1) {
+    if (cfg_.sequence_parallel)
+      notes->push_back(
+          "--sequence-parallel with tensor-parallel size 1: there is nothing to split (Megatron-LM "
+          "turns it off at size 1 too)");
+    return Status::OK();
+  }
+  // The rules keel plan prices layouts by (one function: the two never disagree). Its notes
+  // repeat the padding Validate noted already.
+  ParallelLayout layout;
+  std::vector<std::string> layout_notes;
+  KEEL_RETURN_IF_ERROR(CheckParallelLayout(
+      cfg_, world, fmt::format("the {} MPI rank{}", world, world == 1 ? "" : "s"), tensor,
+      /*pipeline=*/1, /*layers_per_virtual_stage=*/0, &layout, &layout_notes));
+  return GptModel::CheckTensorParallel(cfg_.model, tensor);
 }
 
 Status TrainingRun::ResolveResumeOnEveryRank() {
@@ -235,7 +277,24 @@ Status TrainingRun::NoteDataParallelChange() {
     const int saved_dp = reader.root()["optimizer"]
                              .Optional("data_parallel_size")
                              .Get<int>(1);  // older checkpoints: one process
+    const int saved_tp = reader.root()["optimizer"].Optional("tensor_parallel_size").Get<int>(1);
     KEEL_RETURN_IF_ERROR(reader.status());
+    const int tensor = cfg_.tensor_model_parallel_size;
+    if (saved_tp != 1 || tensor != 1) {
+      // A tensor-parallel layout on either side: the pieces' note says what is re-cut.
+      if (saved_tp == tensor && saved_dp == cfg_.data_parallel_size) return Status::OK();
+      CheckpointTensors ckpt;
+      CheckpointTensors::Options o;
+      o.checksums = false;  // only the headers are read here; the load checks what it reads
+      KEEL_RETURN_IF_ERROR(CheckpointTensors::Open(env_, resume_.saved->dir, o, &ckpt));
+      PieceCoords now;
+      now.tensor = tensor;
+      now.data = cfg_.data_parallel_size;
+      if (mesh_) now.tp = mesh_->coords().tp, now.dp = mesh_->coords().dp;
+      const std::string note = ReshardNote(ckpt, now);
+      if (!note.empty()) Log("{}", note);
+      return Status::OK();
+    }
     if (saved_dp != comm_->world_size())
       Log("note: {} was saved by {} data-parallel rank{}; this run has {}: each rank loads the "
           "Adam moments of its new shard (no conversion step); the global batch and the sample "

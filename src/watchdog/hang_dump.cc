@@ -76,6 +76,10 @@ class Reader {
     ++line_no_;
     return true;
   }
+  // Whether the next line starts with `prefix` (nothing consumed).
+  bool NextStartsWith(std::string_view prefix) const {
+    return pos_ < text_.size() && text_.compare(pos_, prefix.size(), prefix) == 0;
+  }
   Status Error(const std::string& what) const {
     return Status::InvalidArgument(fmt::format("line {}: {}", line_no_, what));
   }
@@ -178,6 +182,7 @@ std::string FormatHangDump(const HangDump& d) {
   line(fmt::format("rank: {}", d.rank));
   line(fmt::format("world size: {}", d.world_size));
   line("host: " + OneLine(d.host));
+  if (!d.mesh.empty()) line("mesh: " + OneLine(d.mesh));  // tensor parallel runs only
   line(fmt::format("pid: {}", d.pid));
   line(fmt::format("fired here: {}", d.fired_here ? "yes" : "no"));
   line("reason: " + OneLine(d.reason));
@@ -232,6 +237,12 @@ Status ParseHangDump(const std::string& text, HangDump* out) {
             fmt::format("rank {} is not below the world size {}", out->rank, out->world_size));
     } else if (k == "host") {
       out->host = v;
+      // Optional (tensor-parallel runs): the rank's mesh coordinates.
+      if (r.NextStartsWith("mesh: ")) {
+        std::string mesh;
+        r.Next(&mesh);
+        out->mesh = mesh.substr(6);
+      }
     } else if (k == "pid") {
       ok = ParseInt(v, &out->pid) && out->pid >= 0;
     } else if (k == "fired here") {

@@ -29,6 +29,7 @@ struct HangDump {
   int rank = 0;
   int world_size = 1;
   std::string host;
+  std::string mesh;  // "dp 1, pp 0, tp 1" under tensor parallelism; empty otherwise
   int64_t pid = 0;
   bool fired_here = false;  // this rank's watchdog fired (else it joined another rank's dump)
   std::string reason;       // one sentence

@@ -174,6 +174,7 @@ bool Watchdog::Fire(const PhaseSnapshot& s, Firing f) {
   d.rank = o_.rank;
   d.world_size = o_.world_size;
   d.host = o_.host;
+  d.mesh = o_.mesh;
   d.pid = getpid();
   d.fired_here = f.here;
   d.phase = PhaseName(s.phase);
@@ -227,9 +228,10 @@ bool Watchdog::Fire(const PhaseSnapshot& s, Firing f) {
   const std::string stacks = st.ok() ? fmt::format("stacks in {}", dump_path) : "stacks above";
   const std::string analyze =
       st.ok() ? fmt::format(" (`keel hangs analyze {}` groups the ranks)", iter_dir) : "";
-  const std::string line = fmt::format(
-      "watchdog: rank {} (host {}) {} {} ({}{}); {}; ending the job with exit {}{}", o_.rank,
-      o_.host, lead, where, limit, CollectivePhrase(d.collectives), stacks, o_.exit_code, analyze);
+  const std::string line =
+      fmt::format("watchdog: rank {} (host {}{}) {} {} ({}{}); {}; ending the job with exit {}{}",
+                  o_.rank, o_.host, o_.mesh.empty() ? "" : "; " + o_.mesh, lead, where, limit,
+                  CollectivePhrase(d.collectives), stacks, o_.exit_code, analyze);
   LogError("error: " + line);
   if (o_.on_dump) o_.on_dump(line, st.ok() ? iter_dir : std::string());
 

@@ -26,6 +26,7 @@ struct WatchdogOptions {
   std::string job_id;     // the same string on every rank of one job (names the trigger file)
   int rank = 0, world_size = 1;
   std::string host;  // empty: gethostname()
+  std::string mesh;  // the rank's mesh coordinates ("dp 1, pp 0, tp 1"); empty: data parallel only
   // Limits on one phase instance; 0 means none. timeout_us (--distributed-timeout-minutes) holds
   // for every phase without a limit of its own; the others, when 0, fall back to it.
   uint64_t timeout_us = 0;

@@ -84,9 +84,10 @@ TEST(MegatronFlagsTest, MegatronSpellingsAreKeelSettingsAndSaySo) {
   Status st = Parse({"--override-lr-scheduler", "--override-scheduler"}, &p);
   EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
   EXPECT_CONTAINS(st.message(), "Megatron's spelling of keel's --override-scheduler");
-  // Megatron's old --model-parallel-size is --tensor-model-parallel-size.
+  // Megatron's old --model-parallel-size is --tensor-model-parallel-size (a keel setting).
   st = Parse({"--model-parallel-size", "2"}, &p);
-  EXPECT_CONTAINS(st.message(), "--model-parallel-size 2 (tensor parallelism");
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(p.config.tensor_model_parallel_size, 2);
   // A misspelt Megatron flag gets a suggestion like any other.
   st = Parse({"--tensorboard-queue-sise", "5"}, &p);
   EXPECT_CONTAINS(st.message(), "did you mean --tensorboard-queue-size");
@@ -142,9 +143,11 @@ TEST(MegatronFlagsTest, FeaturesKeelLacksExitTwoNamingEveryOneAtOnce) {
                           "--data-impl", "lazy", "--zero-stage", "3"}),
                     &p);
   ASSERT_EQ(st.code(), Status::Code::kInvalidArgument);
+  // Tensor parallelism is keel's: not named.
+  EXPECT_EQ(st.message().find("--tensor-model-parallel-size 4"), std::string::npos) << st.message();
   for (const char* named :
-       {"--tensor-model-parallel-size 4 (tensor parallelism",
-        "--pipeline-model-parallel-size 12 (pipeline parallelism",
+       {"--pipeline-model-parallel-size 12 (pipeline parallelism: keel trains tensor parallel "
+        "(--tensor-model-parallel-size) and data parallel, not yet pipeline parallel",
         "--pp-partition-method type:transformer (how layers are cut", "--optimizer sgd (SGD",
         "--data-impl lazy (reading the lazy IndexedDataset format", "ZeRO stage 3"})
     EXPECT_CONTAINS(st.message(), named);
@@ -160,8 +163,7 @@ TEST(MegatronFlagsTest, FeaturesKeelLacksExitTwoNamingEveryOneAtOnce) {
 // Before, `--pipeline-model-parallel-size -1` was taken for the parse error's own -1 and passed.
 TEST(MegatronFlagsTest, SizesAndCountsBelowTheirRangeAreRefused) {
   ParsedConfig p;
-  for (const char* flag : {"--pipeline-model-parallel-size", "--tensor-model-parallel-size",
-                           "--model-parallel-size"}) {
+  for (const char* flag : {"--pipeline-model-parallel-size"}) {
     for (const char* v : {"-1", "0"}) {
       Status st = Parse(With({flag, v}), &p);
       ASSERT_EQ(st.code(), Status::Code::kInvalidArgument) << flag << " " << v;

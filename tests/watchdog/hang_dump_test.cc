@@ -108,6 +108,20 @@ TEST(HangDumpTest, RoundTripsExactly) {
   ExpectEqual(empty, back);
 }
 
+// Tensor parallel: the dump names the rank's mesh coordinates, on a line of its own that
+// dumps of data-parallel runs do not have.
+TEST(HangDumpTest, MeshCoordinatesRoundTripWhenPresent) {
+  HangDump d = Sample();
+  d.mesh = "dp 1, pp 0, tp 1";
+  const std::string text = keel::FormatHangDump(d);
+  EXPECT_NE(text.find("\nmesh: dp 1, pp 0, tp 1\npid: "), std::string::npos) << text;
+  HangDump back;
+  ASSERT_TRUE(keel::ParseHangDump(text, &back).ok()) << text;
+  EXPECT_EQ(back.mesh, d.mesh);
+  EXPECT_EQ(keel::FormatHangDump(back), text);
+  EXPECT_EQ(keel::FormatHangDump(Sample()).find("\nmesh: "), std::string::npos);
+}
+
 TEST(HangDumpTest, LineBreaksInFieldsCannotForgeLines) {
   HangDump d = Sample();
   d.reason = "two\nlines";
