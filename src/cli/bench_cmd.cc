@@ -107,6 +107,14 @@ int BenchCommand(int argc, const char* const* argv) {
                "keel bench");
   if (argc > 1 && std::string(argv[1]) == "level-shift") return BenchLevelShift(argc - 1, argv + 1);
   if (argc > 1 && std::string(argv[1]) == "parallel") return BenchParallel(argc - 1, argv + 1);
+  // The subcommands parse their own flags; --help here names them so they can be found.
+  app.footer(
+      "Subcommands (each has its own --help):\n"
+      "  keel bench log-detectors   the log analyzer's divergence and throughput-drop detectors "
+      "on\n                             synthetic Megatron logs: delay and false reports\n"
+      "  keel bench level-shift     the throughput level-shift rule: detection delay against the\n"
+      "                             shift's size and the noise, false reports on healthy series\n"
+      "  keel bench parallel        tensor and pipeline parallelism: bytes moved and the bubble");
   int threads = 0, iters = 5, warmup = 2;
   std::vector<std::string> only;
   app.add_option("--threads", threads,

@@ -12,8 +12,11 @@ namespace keel {
 namespace {
 
 constexpr int kBlocks = 8;
-constexpr double kFlatZ = 2.5;      // z of the rise above the level at s itself
-constexpr double kStepMargin = 10;  // squared noise units a step must fit better than the ramp
+constexpr double kFlatZ = 3.25;       // z of the rise above the level just before s (not carried)
+constexpr double kStepMargin = 10;    // squared noise units a step must fit better than the ramp
+constexpr int64_t kFlatWindow = 200;  // iterations before s whose plain mean the flat test uses
+constexpr double kClip = 3;           // winsorizing bound, in noise units
+constexpr double kClipVar = 0.9707;   // E[min(x, 3)^2] of a standard normal |x|
 
 double Median(std::vector<double> v) {
   return MedianOf(std::move(v));
@@ -60,35 +63,70 @@ LossTrendDetector::Fit LossTrendDetector::FitAt(int64_t s) const {
     bt[b] = Median(std::move(t));
     by[b] = Median(std::move(y));
   }
-  // Theil-Sen over the block medians: of the whole reference (the expected curve) and of its
-  // newer half (how fast the loss still fell just before s).
-  auto theil_sen = [&](size_t from) {
+  // The noise: consecutive differences, their MAD first, then their winsorized RMS (the MAD alone
+  // is noisy on 100 records, and an underestimate inflates every z).
+  std::vector<double> diffs;
+  for (size_t i = 1; i < n; ++i) diffs.push_back(ref[i]->y - ref[i - 1]->y);
+  const double dm = Median(diffs);
+  std::vector<double> dev;
+  for (double d : diffs) dev.push_back(std::fabs(d - dm));
+  const double mad = std::max(1.4826 * Median(dev), 1e-6 * std::sqrt(2.0));
+  double ss = 0;
+  for (double d : dev) ss += std::min(d, kClip * mad) * std::min(d, kClip * mad);
+  f.noise = std::max(std::sqrt(ss / static_cast<double>(dev.size()) / kClipVar / 2), 1e-6);
+  // Theil-Sen over the block medians of the whole reference, and its standard error (the block
+  // medians' noise over the spread of their times). Noise alone gives a slope of about one
+  // standard error: the slope used is shrunk toward 0 by one, and never rising.
+  const double block_se =
+      1.25 * f.noise / std::sqrt(static_cast<double>(n) / static_cast<double>(blocks));
+  // Of blocks [from, blocks): the slope shrunk by one standard error, never rising; and that error.
+  auto theil_sen = [&](size_t from, double* se) {
     std::vector<double> slopes;
-    for (size_t i = from; i < blocks; ++i)
+    double mt = 0, stt = 0;
+    for (size_t i = from; i < blocks; ++i) mt += bt[i] / static_cast<double>(blocks - from);
+    for (size_t i = from; i < blocks; ++i) {
+      stt += (bt[i] - mt) * (bt[i] - mt);
       for (size_t j = i + 1; j < blocks; ++j)
         if (bt[j] > bt[i]) slopes.push_back((by[j] - by[i]) / (bt[j] - bt[i]));
-    return slopes.empty() ? NAN : std::min(0.0, Median(std::move(slopes))) * cfg_.slope_damping;
+    }
+    if (slopes.empty() || stt <= 0) return static_cast<double>(NAN);
+    *se = 1.1 * block_se / std::sqrt(stt);
+    return std::min(0.0, Median(std::move(slopes)) + *se);
   };
-  f.slope = theil_sen(0);
-  const double recent_slope = theil_sen(blocks / 2);
-  if (!std::isfinite(f.slope) || !std::isfinite(recent_slope)) return f;
-  // The level at s: the newest `level_window` iterations of the reference, carried to s at the
-  // damped slope of the newer half (a healthy loss keeps falling a little; a plateau, not at all).
-  std::vector<double> last, diffs;
-  for (size_t i = 0; i < n; ++i)
-    if (ref[i]->it >= s - cfg_.level_window)
-      last.push_back(ref[i]->y + recent_slope * static_cast<double>(s - ref[i]->it));
-  if (last.size() < static_cast<size_t>(cfg_.min_records)) {
-    last.clear();
-    for (size_t i = n - static_cast<size_t>(cfg_.min_records); i < n; ++i)
-      last.push_back(ref[i]->y + recent_slope * static_cast<double>(s - ref[i]->it));
-  }
-  for (size_t i = 1; i < n; ++i) diffs.push_back(ref[i]->y - ref[i - 1]->y);
-  f.level = Median(last);
-  const double dm = Median(diffs);
-  for (double& d : diffs) d = std::fabs(d - dm);
-  f.noise = std::max(1.4826 * Median(std::move(diffs)) / std::sqrt(2.0), 1e-6);
-  f.level_se = 1.25 * f.noise / std::sqrt(static_cast<double>(last.size()));
+  double se_all = 0;
+  const double fitted = theil_sen(0, &se_all);
+  // The level is carried at the newer half's slope: a healthy loss falls ever more slowly, and the
+  // whole reference's slope would carry it too low early in a run.
+  const double recent = theil_sen(blocks / 2, &f.slope_se);
+  if (!std::isfinite(fitted) || !std::isfinite(recent)) return f;
+  f.slope = fitted * cfg_.slope_damping;
+  // The level at s: the winsorized mean of the newest `window` iterations of the reference,
+  // carried to s at `slope`; its error counts the slope's over the mean distance carried.
+  auto level_of = [&](int64_t window, double slope, double* level, double* se) {
+    std::vector<double> v;
+    for (size_t i = 0; i < n; ++i)
+      if (ref[i]->it >= s - window)
+        v.push_back(ref[i]->y + slope * static_cast<double>(s - ref[i]->it));
+    if (v.size() < static_cast<size_t>(cfg_.min_records)) {
+      v.clear();
+      for (size_t i = n - static_cast<size_t>(cfg_.min_records); i < n; ++i)
+        v.push_back(ref[i]->y + slope * static_cast<double>(s - ref[i]->it));
+    }
+    const double m = Median(v);
+    double sum = 0;
+    for (double x : v) sum += std::clamp(x, m - kClip * f.noise, m + kClip * f.noise);
+    *level = sum / static_cast<double>(v.size());
+    double carried = 0;  // the mean distance carried: the slope's error there adds to the level's
+    for (size_t i = n - v.size(); i < n; ++i) carried += static_cast<double>(s - ref[i]->it);
+    carried *= slope != 0 ? 1.0 / static_cast<double>(v.size()) : 0.0;
+    *se =
+        std::hypot(1.05 * f.noise / std::sqrt(static_cast<double>(v.size())), f.slope_se * carried);
+  };
+  // Carried undamped: damping would put the level above the curve and cost a falling loss's
+  // divergence much of its evidence. A plateau that began inside the
+  // reference is judged against the flat level of the last kFlatWindow iterations instead.
+  level_of(cfg_.level_window, recent, &f.level, &f.level_se);
+  level_of(kFlatWindow, 0.0, &f.flat_level, &f.flat_se);
   f.ok = true;
   return f;
 }
@@ -162,7 +200,9 @@ void LossTrendDetector::Judge() {
     // a plateau (short of the curve, but not rising) does not pass.
     const double se = std::sqrt(f.noise * f.noise * stt + f.level_se * f.level_se * st * st);
     const double srt = syt - f.level * st, srt_exp = srt - f.slope * stt;
-    const double z_flat = srt / se, z = srt_exp / se, b = srt / stt;
+    const double z = srt_exp / se, b = srt / stt;
+    const double se_flat = std::sqrt(f.noise * f.noise * stt + f.flat_se * f.flat_se * st * st);
+    const double z_flat = (syt - f.flat_level * st) / se_flat;
     if (b * d < std::log1p(cfg_.min_abs_rise) || z_flat < kFlatZ) continue;
     if (z > best.z) best = {z, b, &f, next};
   }

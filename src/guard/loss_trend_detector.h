@@ -5,17 +5,22 @@
 //
 //   expected curve  at each candidate start s (on a grid of `grid` iterations), a robust line
 //                   through the `reference` iterations before s: Theil-Sen over the medians of 8
-//                   blocks of log(loss), its level at s, and half its slope (a healthy loss falls
-//                   ever more slowly; never a rising slope). Its noise: the MAD of consecutive
-//                   differences in that reference.
+//                   blocks of log(loss), shrunk toward 0 by its standard error (noise alone gives
+//                   a slope of about one) and never rising. Its level at s: the winsorized mean of
+//                   the newest `level_window` iterations carried to s at that slope (its error
+//                   counts the slope's); after s it falls at `slope_damping` of the slope (a
+//                   healthy loss falls ever more slowly). Its noise: the winsorized RMS of
+//                   consecutive differences in the reference (the MAD alone is noisy on 100
+//                   records, and an underestimate inflates every z).
 //   the rise        for every candidate start s between max_window and min_window iterations ago,
 //                   the residuals of log(loss) after s against that curve are fitted with a ramp
 //                   b (t - s); z = sum r (t - s) / its standard error (the noise and the
 //                   uncertainty of the level at s). The start with the largest z is the onset.
-//   divergence      z >= z_threshold, the ramp's rise above the expected curve >= min_rise, the
-//                   loss itself above its level at s by >= min_abs_rise (a plateau falls short of
-//                   the curve but does not rise), and the newest quarter of the window still up
-//                   (a bump that came back is not a drift).
+//   divergence      z >= z_threshold (+0.5 per doubling of records per `grid` iterations), the
+//                   loss above its level at s by >= min_abs_rise, a ramp above the plain mean of
+//                   the 200 iterations before s at z >= 3.25 (a plateau falls short of the curve
+//                   but does not rise), no better fit by a step, and the newest quarter of the
+//                   window still up (a bump that came back is not a drift).
 //
 // Values are what the caller judged normal (no spikes: the spike detector has those). A restart
 // drops what came after the resume point and ignores `settle` iterations (the bump after a
@@ -39,7 +44,7 @@ struct LossTrendConfig {
   int64_t max_window = 600;     // ... and its start looked for at most this far back
   int64_t grid = 10;            // candidate starts every this many iterations (at least a record)
   int min_records = 8;          // records in a judged window (and 2x in the reference)
-  double z_threshold = 3.75;    // standard errors of the rise
+  double z_threshold = 4.0;     // standard errors of the rise
   int64_t level_window = 500;   // the newest iterations of the reference that set its level
   double min_abs_rise = 0.005;  // rise above the level at the start (relative)
   double slope_damping = 0.5;   // the expected curve keeps this much of the reference's fall
@@ -93,6 +98,7 @@ class LossTrendDetector {
     int64_t s = 0;
     bool ok = false;
     double level = 0, slope = 0, noise = 0, level_se = 0;
+    double flat_level = 0, flat_se = 0, slope_se = 0;  // the level just before s, not carried
   };
   Fit FitAt(int64_t s) const;
   void Judge();
