@@ -11,6 +11,7 @@
 #include <fstream>
 #include <tuple>
 
+#include "../model/test_shapes.h"
 #include "checkpoint/checkpoint_store.h"
 #include "core/shard_range.h"
 #include "model/gpt.h"
@@ -18,30 +19,13 @@
 namespace keel {
 namespace {
 
+// Four layers: P = 1, 2 and 4 split them evenly.
+constexpr test_shapes::Sizes kSizes{4, 32, 100, 128};
 GptSpec Gpt2Spec() {
-  GptSpec s;
-  s.num_layers = 4;
-  s.hidden = 32;
-  s.ffn_hidden = 128;
-  s.heads = 4;
-  s.max_positions = 16;
-  s.vocab = 100;
-  s.padded_vocab = 128;
-  return s;
+  return test_shapes::Gpt2(kSizes);
 }
-
 GptSpec LlamaSpec() {
-  GptSpec s = Gpt2Spec();
-  s.heads = 8;
-  s.ffn_hidden = 96;
-  s.rope = true;
-  s.rmsnorm = true;
-  s.swiglu = true;
-  s.bias = false;
-  s.group_query_attention = true;
-  s.num_query_groups = 4;
-  s.untie_embeddings = true;
-  return s;
+  return test_shapes::Llama(kSizes);
 }
 
 // The full model: pattern values, distinct per tensor and per buffer.
