@@ -68,6 +68,11 @@ constexpr std::initializer_list<const char*> kSrunHostFlags = {
 constexpr std::initializer_list<const char*> kSrunRankFlags = {"-n", "--ntasks"};
 constexpr std::initializer_list<const char*> kSrunNodeFlags = {"-N", "--nodes"};
 
+// The most nodes a Slurm node list may name (a range of more was refused already).
+constexpr size_t kMaxSlurmNodes = 100000;
+// DNS's limit on a host name; it also bounds what a list of kMaxSlurmNodes expands to.
+constexpr size_t kMaxHostName = 255;
+
 }  // namespace
 
 Status ParseHostfile(const std::string& text, const std::string& path,
@@ -134,6 +139,16 @@ Status ExpandSlurmNodeList(const std::string& list, std::vector<std::string>* ou
         "Slurm node list '{}': {}; expected names and bracket ranges, e.g. node[01-04,07],gpu5",
         list, why));
   };
+  // The whole list is capped, not only each range: a short list of many ranges would otherwise
+  // expand to millions of names.
+  auto too_many = [&] {
+    return bad(
+        fmt::format("it names more than {} nodes, more than a Slurm job has", kMaxSlurmNodes));
+  };
+  auto too_long = [&](const std::string& name) {
+    return bad(fmt::format("'{}' has {} characters, more than a host name can ({})",
+                           name.substr(0, 40) + "...", name.size(), kMaxHostName));
+  };
   size_t p = 0;
   while (p < list.size()) {
     // One item: up to a comma outside brackets.
@@ -149,6 +164,8 @@ Status ExpandSlurmNodeList(const std::string& list, std::vector<std::string>* ou
     if (item.empty()) continue;
     const size_t open = item.find('[');
     if (open == std::string::npos) {
+      if (out->size() >= kMaxSlurmNodes) return too_many();
+      if (item.size() > kMaxHostName) return too_long(item);
       out->push_back(item);
       continue;
     }
@@ -169,6 +186,11 @@ Status ExpandSlurmNodeList(const std::string& list, std::vector<std::string>* ou
       if (lo.empty() || hi.empty() || *e1 != '\0' || *e2 != '\0' || a < 0 || b < a ||
           b - a > 100000)
         return bad("'" + r + "' is not a number or a range A-B");
+      if (static_cast<size_t>(b - a) >= kMaxSlurmNodes - out->size()) return too_many();
+      // The longest name of the range is its last (zero padding to lo's width, at least).
+      if (const std::string last = prefix + fmt::format("{:0{}}", b, lo.size()) + suffix;
+          last.size() > kMaxHostName)
+        return too_long(last);
       for (long n = a; n <= b; ++n)
         out->push_back(prefix + fmt::format("{:0{}}", n, lo.size()) + suffix);
     }

@@ -51,6 +51,28 @@ TEST(HostsTest, ExpandsSlurmNodeLists) {
   EXPECT_FALSE(ExpandSlurmNodeList("node[a]", &n).ok());
 }
 
+// Found by fuzz/launch_hosts_fuzz: each range was capped at 100000 nodes but not the list, so 300
+// ranges in 2.4 KB expanded to 30 million names (a hang, then out of memory); and zero padding or
+// a long prefix made names of any length.
+TEST(HostsTest, SlurmNodeListIsCappedInNodesAndNameLength) {
+  std::vector<std::string> n;
+  ASSERT_TRUE(ExpandSlurmNodeList("n[0-49999],m[0-49999]", &n).ok());
+  EXPECT_EQ(n.size(), 100000u);
+  std::string many = "node-long-prefix-name[0-99999";
+  for (int i = 0; i < 299; ++i) many += ",0-99999";
+  Status st = ExpandSlurmNodeList(many + "]", &n);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("names more than 100000 nodes"), std::string::npos) << st.message();
+  st = ExpandSlurmNodeList("n[0-49999],m[0-49999],x", &n);
+  EXPECT_NE(st.message().find("names more than 100000 nodes"), std::string::npos) << st.message();
+  st = ExpandSlurmNodeList("node[" + std::string(300, '0') + "1-2]", &n);
+  EXPECT_NE(st.message().find("characters, more than a host name can (255)"), std::string::npos)
+      << st.message();
+  st = ExpandSlurmNodeList(std::string(256, 'a'), &n);
+  EXPECT_NE(st.message().find("has 256 characters"), std::string::npos) << st.message();
+  EXPECT_TRUE(ExpandSlurmNodeList(std::string(255, 'a'), &n).ok());
+}
+
 TEST(HostsTest, RefusesACommandThatChoosesHostsItself) {
   for (const std::vector<std::string>& c :
        {std::vector<std::string>{"mpirun", "-H", "a,b", "-np", "2", "keel", "train"},
