@@ -319,5 +319,47 @@ TEST(TensorPiecesTest, PiecesThatDoNotTileAreRefusedNamingTheTensor) {
   env->RemoveDirRecursive(dir);
 }
 
+// The inputs of fuzz/regressions/tensor_pieces_fuzz: a piece's metadata was read with
+// json::value, which throws on a field of another type (keel died with "terminate called ..."); a
+// float "of" was cast to int (undefined); "of" of a billion ranks sized a vector of a billion
+// lists (out of memory); a full shape whose size overflows int64 was multiplied out (undefined).
+// Each is now Corruption.
+TEST(TensorPiecesTest, MalformedPieceMetadataIsCorruptionNamingTheTensor) {
+  const std::string root = TempRoot("metadata");
+  Env* env = Env::Default();
+  const std::vector<float> w = {1, 2, 3, 4};
+  int64_t iteration = 0;
+  for (const char* piece : {
+           R"({"shape":[4],"split_dim":"x","parts":[],"rank":0,"of":1})",
+           R"({"shape":[4],"split_dim":-1,"parts":[],"rank":0,"of":1e300})",
+           R"({"shape":[4],"split_dim":-1,"parts":[],"rank":[0],"of":1})",
+           R"({"shape":[4000000000],"split_dim":0,"parts":[4000000000],"rank":0,"of":1000000000})",
+           R"({"shape":[4294967296,4294967296,4],"split_dim":-1,"parts":[],"rank":0,"of":1})",
+           R"({"shape":[18446744073709551615],"split_dim":-1,"parts":[],"rank":0,"of":1})",
+       }) {
+    env->RemoveDirRecursive(root);
+    CheckpointStore store(env, root, nullptr);
+    ++iteration;
+    ASSERT_TRUE(store.BeginSave(iteration).ok());
+    std::vector<ManifestEntry> entries;
+    const std::vector<CheckpointFile> files = {
+        {"model.safetensors",
+         "",
+         true,
+         {{"w", {4}, w.data()}},
+         {{"keel.pieces", std::string(R"({"w":)") + piece + "}"}}}};
+    ASSERT_TRUE(store.WriteSaveFiles(iteration, files, &entries).ok());
+    ASSERT_TRUE(store.CommitSave(iteration, entries, 0, nullptr).ok());
+    CheckpointTensors ckpt;
+    const Status st =
+        CheckpointTensors::Open(env, JoinPath(root, CheckpointDirName(iteration)), &ckpt);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption) << piece;
+    EXPECT_NE(st.message().find("metadata 'keel.pieces' of tensor 'w' is malformed"),
+              std::string::npos)
+        << st.message();
+  }
+  env->RemoveDirRecursive(root);
+}
+
 }  // namespace
 }  // namespace keel
