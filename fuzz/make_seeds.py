@@ -176,6 +176,51 @@ def main():
     put(out, "loose_json_fuzz", "latin1", b'{"text": "caf\xe9"}')  # not UTF-8: named by offset
     put(out, "loose_json_fuzz", "surrogate", b'{"text": "\xed\xa0\x80"}')
 
+    # Checkpoints of tensor pieces (checkpoint/tensor_pieces.h): the files' names, one a line,
+    # then each file. A column-parallel "w" [4, 3], a row-parallel "d" [3, 4] and a replicated
+    # "ln" [3] (tensor rank 0 writes it) at T=2, with moments as whole slices and element ranges;
+    # and a one-process model with the old moment files of two data ranks (no keel.pieces).
+    def piece(shape, dim, parts, rank, of):
+        return {"shape": shape, "split_dim": dim, "parts": parts, "rank": rank, "of": of}
+
+    def pieces_file(tensors, meta):
+        return safetensors(tensors, {"format": "pt", "keel.pieces": json.dumps(meta)})
+
+    t2_names, t2_files = [], []
+    for tp in range(2):
+        w = piece([4, 3], 0, [4], tp, 2)
+        d = piece([3, 4], 1, [4], tp, 2)
+        ln = piece([3], -1, [], 0, 1)
+        weights = [("w", "F32", [2, 3], f32(6)), ("d", "F32", [3, 2], f32(6))]
+        meta = {"w": w, "d": d}
+        moments = [("exp_avg.w[0:4]", "F32", [4], f32(4)), ("exp_avg.w[4:6]", "F32", [2], f32(2)),
+                   ("exp_avg_sq.w", "F32", [2, 3], f32(6)), ("exp_avg.d", "F32", [3, 2], f32(6)),
+                   ("exp_avg_sq.d", "F32", [3, 2], f32(6))]
+        mmeta = {"exp_avg.w[0:4]": w, "exp_avg.w[4:6]": w, "exp_avg_sq.w": w, "exp_avg.d": d,
+                 "exp_avg_sq.d": d}
+        if tp == 0:
+            weights.append(("ln", "F32", [3], f32(3)))
+            meta["ln"] = ln
+            moments += [("exp_avg.ln", "F32", [3], f32(3)), ("exp_avg_sq.ln", "F32", [3], f32(3))]
+            mmeta.update({"exp_avg.ln": ln, "exp_avg_sq.ln": ln})
+        t2_names.append("model.tp-%02d-of-02.pp-000-of-001.safetensors" % tp)
+        t2_files.append(pieces_file(weights, meta))
+        t2_names.append("optimizer.tp-%02d-of-02.pp-000-of-001.dp-000-of-001.safetensors" % tp)
+        t2_files.append(pieces_file(moments, mmeta))
+    put(out, "tensor_pieces_fuzz", "t2-with-moments",
+        SEP.join(["\n".join(t2_names).encode()] + t2_files))
+    put(out, "tensor_pieces_fuzz", "t2-weights",
+        SEP.join(["\n".join(t2_names[0::2]).encode()] + t2_files[0::2]))
+    old = [safetensors([("w", "F32", [4, 3], f32(12)), ("ln", "F32", [3], f32(3))],
+                       {"format": "pt"}),
+           safetensors([("exp_avg.w", "F32", [4, 3], f32(12)), ("exp_avg_sq.w[0:5]", "F32", [5],
+                                                                 f32(5))]),
+           safetensors([("exp_avg_sq.w[5:12]", "F32", [7], f32(7)),
+                        ("exp_avg.ln", "F32", [3], f32(3)), ("exp_avg_sq.ln", "F32", [3], f32(3))])]
+    put(out, "tensor_pieces_fuzz", "one-process-two-data-ranks",
+        SEP.join([b"model.safetensors\noptimizer.rank-000-of-002.safetensors\n"
+                  b"optimizer.rank-001-of-002.safetensors"] + old))
+
     vocab = gpt2_vocab(assets)
     if vocab is not None:
         e, b = vocab

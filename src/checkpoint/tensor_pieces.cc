@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -34,10 +35,39 @@ bool Divides(const TensorSplit& split, const std::vector<int64_t>& shape, int te
   if (split.dim >= static_cast<int>(shape.size())) return false;
   int64_t sum = 0;
   for (int64_t p : split.parts) {
-    if (p <= 0 || p % tensor != 0) return false;
+    // p <= extent - sum: the sum never passes the extent, so it cannot overflow.
+    if (p <= 0 || p % tensor != 0 || p > shape[split.dim] - sum) return false;
     sum += p;
   }
   return sum == shape[split.dim];
+}
+
+// The most dimensions a piece's shape may have (safetensors' own limit is far below any real
+// tensor's need).
+constexpr int64_t kMaxDims = 64;
+
+// Whether Numel(shape) of positive extents fits an int64 (so every count derived from it does).
+bool NumelFits(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n)) return false;
+  return true;
+}
+
+// An integer a JSON number holds exactly as an int64 (not a float, not above INT64_MAX).
+bool IsInt64(const json& j) {
+  return j.is_number_integer() &&
+         (!j.is_number_unsigned() ||
+          j.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+}
+
+// Field `key` of object `j` as an integer in [lo, hi]; false when it is missing, of another type
+// (where json::value would throw) or out of range.
+bool IntField(const json& j, const char* key, int64_t lo, int64_t hi, int64_t* out) {
+  const auto it = j.find(key);
+  if (it == j.end() || !IsInt64(*it)) return false;
+  *out = it->get<int64_t>();
+  return *out >= lo && *out <= hi;
 }
 
 // A contiguous run of a rank's slice: `len` floats at `full` in the full tensor and at `slice`
@@ -323,20 +353,25 @@ Status CheckpointTensors::Open(Env* env, const std::string& dir, const Options& 
       Tensor piece_of;
       if (meta.contains(name)) {
         const json& p = meta[name];
+        // Every field of its type and range before any is used: a piece is of 1 or of the
+        // checkpoint's T ranks, and its full shape has a size (int64 elements) at all.
+        int64_t split_dim = -2, of = 0, rank = -1;
         bool ok = p.is_object() && p.contains("shape") && p["shape"].is_array() &&
-                  p.value("split_dim", -2) >= -1 && p.contains("parts") && p["parts"].is_array() &&
-                  p.value("of", 0) >= 1 && p.value("rank", -1) >= 0 &&
-                  p.value("rank", -1) < p.value("of", 0);
+                  p.contains("parts") && p["parts"].is_array() &&
+                  IntField(p, "split_dim", -1, kMaxDims, &split_dim) &&
+                  IntField(p, "of", 1, r.tensor_, &of) && (of == 1 || of == r.tensor_) &&
+                  IntField(p, "rank", 0, of - 1, &rank);
         if (ok) {
-          for (const json& d : p["shape"]) ok = ok && d.is_number_integer() && d.get<int64_t>() > 0;
-          for (const json& d : p["parts"]) ok = ok && d.is_number_integer();
+          for (const json& d : p["shape"]) ok = ok && IsInt64(d) && d.get<int64_t>() > 0;
+          for (const json& d : p["parts"]) ok = ok && IsInt64(d);
         }
         if (ok) {
           piece_of.shape = p["shape"].get<std::vector<int64_t>>();
-          piece_of.tensor = p["of"].get<int>();
-          piece_of.split.dim = p["split_dim"].get<int>();
+          piece_of.tensor = static_cast<int>(of);
+          piece_of.split.dim = static_cast<int>(split_dim);
           piece_of.split.parts = p["parts"].get<std::vector<int64_t>>();
-          ok = (piece_of.tensor == 1) == piece_of.split.replicated() &&
+          ok = piece_of.shape.size() <= static_cast<size_t>(kMaxDims) &&
+               NumelFits(piece_of.shape) && (piece_of.tensor == 1) == piece_of.split.replicated() &&
                Divides(piece_of.split, piece_of.shape, piece_of.tensor);
           piece_of.split = Normalized(piece_of.split, piece_of.tensor);
         }
@@ -344,7 +379,6 @@ Status CheckpointTensors::Open(Env* env, const std::string& dir, const Options& 
           return Status::Corruption(
               fmt::format("{}: metadata '{}' of tensor '{}' is malformed ({}); {}", path,
                           kPiecesKey, name, p.dump(), kDamagedCheckpointFix));
-        const int rank = p["rank"].get<int>();
         const std::vector<int64_t> slice =
             ShardShape(piece_of.split, piece_of.shape, piece_of.tensor);
         if ((!ranged && ref.shape != slice) || end > static_cast<size_t>(Numel(slice)))

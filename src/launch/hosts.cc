@@ -28,7 +28,8 @@ std::vector<std::string> Words(const std::string& line) {
 bool ParseCount(const std::string& s, int* v) {
   char* end = nullptr;
   const long n = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || n < 1 || n > 1000000) return false;
+  // All of it: an embedded NUL ends c_str() early.
+  if (s.empty() || end != s.c_str() + s.size() || n < 1 || n > 1000000) return false;
   *v = static_cast<int>(n);
   return true;
 }
@@ -67,6 +68,20 @@ constexpr std::initializer_list<const char*> kSrunHostFlags = {
     "-w", "--nodelist", "-x", "--exclude", "-F", "--nodefile"};
 constexpr std::initializer_list<const char*> kSrunRankFlags = {"-n", "--ntasks"};
 constexpr std::initializer_list<const char*> kSrunNodeFlags = {"-N", "--nodes"};
+
+// A node number of a bracket range: digits only (strtol would take a sign, blanks, and stop at
+// an embedded NUL as if the number ended there).
+bool ParseNodeNumber(const std::string& s, long* v) {
+  if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  *v = std::stol(s);
+  return true;
+}
+
+// The most nodes a Slurm node list may name (a range of more was refused already).
+constexpr size_t kMaxSlurmNodes = 100000;
+// DNS's limit on a host name; it also bounds what a list of kMaxSlurmNodes expands to.
+constexpr size_t kMaxHostName = 255;
 
 }  // namespace
 
@@ -134,6 +149,16 @@ Status ExpandSlurmNodeList(const std::string& list, std::vector<std::string>* ou
         "Slurm node list '{}': {}; expected names and bracket ranges, e.g. node[01-04,07],gpu5",
         list, why));
   };
+  // The whole list is capped, not only each range: a short list of many ranges would otherwise
+  // expand to millions of names.
+  auto too_many = [&] {
+    return bad(
+        fmt::format("it names more than {} nodes, more than a Slurm job has", kMaxSlurmNodes));
+  };
+  auto too_long = [&](const std::string& name) {
+    return bad(fmt::format("'{}' has {} characters, more than a host name can ({})",
+                           name.substr(0, 40) + "...", name.size(), kMaxHostName));
+  };
   size_t p = 0;
   while (p < list.size()) {
     // One item: up to a comma outside brackets.
@@ -149,6 +174,8 @@ Status ExpandSlurmNodeList(const std::string& list, std::vector<std::string>* ou
     if (item.empty()) continue;
     const size_t open = item.find('[');
     if (open == std::string::npos) {
+      if (out->size() >= kMaxSlurmNodes) return too_many();
+      if (item.size() > kMaxHostName) return too_long(item);
       out->push_back(item);
       continue;
     }
@@ -164,11 +191,14 @@ Status ExpandSlurmNodeList(const std::string& list, std::vector<std::string>* ou
       const size_t dash = r.find('-');
       const std::string lo = r.substr(0, dash),
                         hi = dash == std::string::npos ? lo : r.substr(dash + 1);
-      char *e1 = nullptr, *e2 = nullptr;
-      const long a = std::strtol(lo.c_str(), &e1, 10), b = std::strtol(hi.c_str(), &e2, 10);
-      if (lo.empty() || hi.empty() || *e1 != '\0' || *e2 != '\0' || a < 0 || b < a ||
-          b - a > 100000)
+      long a = 0, b = 0;
+      if (!ParseNodeNumber(lo, &a) || !ParseNodeNumber(hi, &b) || b < a || b - a > 100000)
         return bad("'" + r + "' is not a number or a range A-B");
+      if (static_cast<size_t>(b - a) >= kMaxSlurmNodes - out->size()) return too_many();
+      // The longest name of the range is its last (zero padding to lo's width, at least).
+      if (const std::string last = prefix + fmt::format("{:0{}}", b, lo.size()) + suffix;
+          last.size() > kMaxHostName)
+        return too_long(last);
       for (long n = a; n <= b; ++n)
         out->push_back(prefix + fmt::format("{:0{}}", n, lo.size()) + suffix);
     }

@@ -23,7 +23,8 @@ Status ParseHostfile(const std::string& text, const std::string& path, std::vect
 std::string FormatHostfile(const std::vector<HostEntry>& hosts);
 
 // Slurm's node list ("node[01-04,07],gpu5" -> node01 node02 node03 node04 node07 gpu5), zero
-// padding kept. InvalidArgument for an unclosed bracket or a bad range.
+// padding kept. InvalidArgument for an unclosed bracket, a bad range, more than 100000 nodes or a
+// name of more than 255 characters.
 Status ExpandSlurmNodeList(const std::string& list, std::vector<std::string>* out);
 
 enum class RankLauncher { kMpirun, kSrun, kOther };

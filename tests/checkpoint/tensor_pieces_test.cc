@@ -11,6 +11,7 @@
 #include <fstream>
 #include <tuple>
 
+#include "../model/test_shapes.h"
 #include "checkpoint/checkpoint_store.h"
 #include "core/shard_range.h"
 #include "model/gpt.h"
@@ -18,30 +19,13 @@
 namespace keel {
 namespace {
 
+// Four layers: P = 1, 2 and 4 split them evenly.
+constexpr test_shapes::Sizes kSizes{4, 32, 100, 128};
 GptSpec Gpt2Spec() {
-  GptSpec s;
-  s.num_layers = 4;
-  s.hidden = 32;
-  s.ffn_hidden = 128;
-  s.heads = 4;
-  s.max_positions = 16;
-  s.vocab = 100;
-  s.padded_vocab = 128;
-  return s;
+  return test_shapes::Gpt2(kSizes);
 }
-
 GptSpec LlamaSpec() {
-  GptSpec s = Gpt2Spec();
-  s.heads = 8;
-  s.ffn_hidden = 96;
-  s.rope = true;
-  s.rmsnorm = true;
-  s.swiglu = true;
-  s.bias = false;
-  s.group_query_attention = true;
-  s.num_query_groups = 4;
-  s.untie_embeddings = true;
-  return s;
+  return test_shapes::Llama(kSizes);
 }
 
 // The full model: pattern values, distinct per tensor and per buffer.
@@ -333,6 +317,48 @@ TEST(TensorPiecesTest, PiecesThatDoNotTileAreRefusedNamingTheTensor) {
   EXPECT_NE(st.message().find("overlap what model.tp-01-of-02.pp-00"), std::string::npos)
       << st.message();
   env->RemoveDirRecursive(dir);
+}
+
+// The inputs of fuzz/regressions/tensor_pieces_fuzz: a piece's metadata was read with
+// json::value, which throws on a field of another type (keel died with "terminate called ..."); a
+// float "of" was cast to int (undefined); "of" of a billion ranks sized a vector of a billion
+// lists (out of memory); a full shape whose size overflows int64 was multiplied out (undefined).
+// Each is now Corruption.
+TEST(TensorPiecesTest, MalformedPieceMetadataIsCorruptionNamingTheTensor) {
+  const std::string root = TempRoot("metadata");
+  Env* env = Env::Default();
+  const std::vector<float> w = {1, 2, 3, 4};
+  int64_t iteration = 0;
+  for (const char* piece : {
+           R"({"shape":[4],"split_dim":"x","parts":[],"rank":0,"of":1})",
+           R"({"shape":[4],"split_dim":-1,"parts":[],"rank":0,"of":1e300})",
+           R"({"shape":[4],"split_dim":-1,"parts":[],"rank":[0],"of":1})",
+           R"({"shape":[4000000000],"split_dim":0,"parts":[4000000000],"rank":0,"of":1000000000})",
+           R"({"shape":[4294967296,4294967296,4],"split_dim":-1,"parts":[],"rank":0,"of":1})",
+           R"({"shape":[18446744073709551615],"split_dim":-1,"parts":[],"rank":0,"of":1})",
+       }) {
+    env->RemoveDirRecursive(root);
+    CheckpointStore store(env, root, nullptr);
+    ++iteration;
+    ASSERT_TRUE(store.BeginSave(iteration).ok());
+    std::vector<ManifestEntry> entries;
+    const std::vector<CheckpointFile> files = {
+        {"model.safetensors",
+         "",
+         true,
+         {{"w", {4}, w.data()}},
+         {{"keel.pieces", std::string(R"({"w":)") + piece + "}"}}}};
+    ASSERT_TRUE(store.WriteSaveFiles(iteration, files, &entries).ok());
+    ASSERT_TRUE(store.CommitSave(iteration, entries, 0, nullptr).ok());
+    CheckpointTensors ckpt;
+    const Status st =
+        CheckpointTensors::Open(env, JoinPath(root, CheckpointDirName(iteration)), &ckpt);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption) << piece;
+    EXPECT_NE(st.message().find("metadata 'keel.pieces' of tensor 'w' is malformed"),
+              std::string::npos)
+        << st.message();
+  }
+  env->RemoveDirRecursive(root);
 }
 
 }  // namespace

@@ -51,6 +51,46 @@ TEST(HostsTest, ExpandsSlurmNodeLists) {
   EXPECT_FALSE(ExpandSlurmNodeList("node[a]", &n).ok());
 }
 
+// Found by fuzz/launch_hosts_fuzz: each range was capped at 100000 nodes but not the list, so 300
+// ranges in 2.4 KB expanded to 30 million names (a hang, then out of memory); and a long prefix
+// or zero padding made names of any length.
+TEST(HostsTest, SlurmNodeListIsCappedInNodesAndNameLength) {
+  std::vector<std::string> n;
+  ASSERT_TRUE(ExpandSlurmNodeList("n[0-49999],m[0-49999]", &n).ok());
+  EXPECT_EQ(n.size(), 100000u);
+  std::string many = "node-long-prefix-name[0-99999";
+  for (int i = 0; i < 299; ++i) many += ",0-99999";
+  Status st = ExpandSlurmNodeList(many + "]", &n);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("names more than 100000 nodes"), std::string::npos) << st.message();
+  st = ExpandSlurmNodeList("n[0-49999],m[0-49999],x", &n);
+  EXPECT_NE(st.message().find("names more than 100000 nodes"), std::string::npos) << st.message();
+  st = ExpandSlurmNodeList(std::string(251, 'n') + "[1-99999]", &n);  // n...n99999: 256
+  EXPECT_NE(st.message().find("has 256 characters, more than a host name can (255)"),
+            std::string::npos)
+      << st.message();
+  st = ExpandSlurmNodeList("node[" + std::string(300, '0') + "1-2]", &n);  // zero padding
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  st = ExpandSlurmNodeList(std::string(256, 'a'), &n);
+  EXPECT_NE(st.message().find("has 256 characters"), std::string::npos) << st.message();
+  EXPECT_TRUE(ExpandSlurmNodeList(std::string(255, 'a'), &n).ok());
+}
+
+// Found by fuzz/launch_hosts_fuzz: numbers were read with strtol from c_str(), so a range holding
+// a NUL ("[\0...") read as 0, and with it a second bracket inside the first gave names holding
+// ']' and ','; slots=1 followed by a NUL read as slots=1.
+TEST(HostsTest, NodeNumbersAndSlotsAreDigitsOnly) {
+  std::vector<std::string> n;
+  for (const std::string& list :
+       {std::string("[\0W\301\nnode[00,0-027],gp11]u5", 27), std::string("n[1\0x]", 6),
+        std::string("n[+1]"), std::string("n[ 1-2]"), std::string("n[1-2[3]]")}) {
+    const Status st = ExpandSlurmNodeList(list, &n);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << list;
+  }
+  std::vector<HostEntry> h;
+  EXPECT_FALSE(ParseHostfile(std::string("n1 slots=1\0x\n", 13), "hosts", &h).ok());
+}
+
 TEST(HostsTest, RefusesACommandThatChoosesHostsItself) {
   for (const std::vector<std::string>& c :
        {std::vector<std::string>{"mpirun", "-H", "a,b", "-np", "2", "keel", "train"},

@@ -20,6 +20,7 @@
 
 #include "core/fault_injection_env.h"
 #include "launch/run_progress.h"
+#include "supervisor_test_util.h"
 
 namespace keel {
 namespace {
@@ -27,33 +28,13 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string ReadText(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::vector<json> Events(const std::string& run, const std::string& kind) {
-  std::vector<json> out;
-  std::istringstream in(ReadText(run + "/events.jsonl"));
-  std::string line;
-  while (std::getline(in, line)) {
-    const json e = json::parse(line);
-    if (e.value("event", "") == kind) out.push_back(e);
-  }
-  return out;
-}
+using supervisor_test::Events;
+using supervisor_test::ReadText;
 
 class SupervisorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (fs::temp_directory_path() /
-            ("keel_supervisor_" + std::to_string(getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = supervisor_test::FreshTestDir("keel_supervisor");
     run_ = dir_ + "/run";
   }
   void TearDown() override { fs::remove_all(dir_); }

@@ -23,6 +23,7 @@
 #include "model/flops.h"
 #include "model/gpt.h"
 #include "model/tensor_split.h"
+#include "test_shapes.h"
 
 namespace keel {
 namespace {
@@ -39,49 +40,16 @@ void RunRanks(int n, const std::function<void(int, Communicator*)>& f) {
   for (auto& t : threads) t.join();
 }
 
-// GPT-2's shape: learned positions, LayerNorm, GELU, biases, tied output layer. The vocabulary
-// (61) is padded to 64, so the last rank's slice holds padding columns.
+// The vocabulary (61) is padded to 64, so the last rank's slice holds padding columns; Llama's
+// hidden size (64) gives its 8 heads a head dimension of 8.
 GptSpec Gpt2Spec() {
-  GptSpec s;
-  s.num_layers = 2;
-  s.hidden = 32;
-  s.heads = 4;
-  s.ffn_hidden = 128;
-  s.max_positions = 16;
-  s.vocab = 61;
-  s.padded_vocab = 64;
-  return s;
+  return test_shapes::Gpt2({2, 32, 61, 64});
 }
-
-// Llama's: RoPE, RMSNorm, SwiGLU, grouped-query attention (4 key/value groups for 8 heads), no
-// biases, untied output layer.
 GptSpec LlamaSpec() {
-  GptSpec s;
-  s.num_layers = 2;
-  s.hidden = 64;
-  s.heads = 8;
-  s.SetKvHeads(4);
-  s.ffn_hidden = 96;
-  s.max_positions = 16;
-  s.vocab = 61;
-  s.padded_vocab = 64;
-  s.rope = true;
-  s.rmsnorm = true;
-  s.swiglu = true;
-  s.bias = false;
-  s.untie_embeddings = true;
-  return s;
+  return test_shapes::Llama({2, 64, 61, 64});
 }
-
-// BLOOM-ish: ALiBi (slopes by global head index), embedding LayerNorm, plus QK-LayerNorm (its
-// weights are shared by heads on every rank) and z-loss.
 GptSpec BloomSpec() {
-  GptSpec s = Gpt2Spec();
-  s.alibi = true;
-  s.embed_layernorm = true;
-  s.qk_layernorm = true;
-  s.z_loss = 1e-3;
-  return s;
+  return test_shapes::Bloom({2, 32, 61, 64});
 }
 
 std::vector<int32_t> Tokens(int step, int micro, int salt, int vocab) {
