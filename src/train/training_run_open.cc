@@ -95,6 +95,8 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
 
   KEEL_RETURN_IF_ERROR(r.ResolveResumeOnEveryRank());
   for (const std::string& n : r.resume_.notes) Log("note: {}", n);
+  if (r.resume_.adopted_padded_vocab > 0)
+    r.cfg_.model.padded_vocab = r.resume_.adopted_padded_vocab;
   if (r.resume_.kind == ResumePoint::Kind::kFinetune) {
     // A new run from another's weights: its history (an import's provenance) and where it began.
     const SavedTrainState& saved = *r.resume_.saved;
