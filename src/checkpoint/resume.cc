@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -209,6 +210,38 @@ Status FindCheckpoint(Env* env, const TrainConfig& cfg, const CheckpointStore::L
   return Status::OK();
 }
 
+// The padded vocabulary depends on the tensor-parallel size (a multiple of
+// --make-vocab-size-divisible-by x T) but is the model's shape: a checkpoint saved at another T
+// keeps its own padding when the new T splits it evenly; otherwise the resume is refused here.
+Status AdoptSavedPaddedVocab(const SavedTrainState& saved, TrainConfig* now, ResumePoint* out) {
+  const GptSpec& s = saved.config.model;
+  const int tensor = std::max(1, now->tensor_model_parallel_size);
+  if (s.padded_vocab == now->model.padded_vocab || s.vocab != now->model.vocab ||
+      s.padded_vocab < s.vocab || now->pad_vocab_size_to > 0 ||
+      saved.config.pad_vocab_size_to != now->pad_vocab_size_to ||
+      saved.config.make_vocab_size_divisible_by != now->make_vocab_size_divisible_by)
+    return Status::OK();  // another vocabulary or padding setting: the shape check names it
+  const int saved_tp = std::max(1, saved.config.tensor_model_parallel_size);
+  if (s.padded_vocab % tensor != 0)
+    return Status::InvalidArgument(fmt::format(
+        "{}: its vocabulary of {} tokens is padded to {} rows (--make-vocab-size-divisible-by {} "
+        "x tensor parallel {}), which tensor parallel {} cannot split evenly ({} is not a "
+        "multiple of {}); the padded vocabulary is the model's shape and cannot change on "
+        "resume: resume at a --tensor-model-parallel-size that divides {}, or start new runs "
+        "with --pad-vocab-size-to a multiple of every tensor-parallel size you will use",
+        saved.dir, s.vocab, s.padded_vocab, saved.config.make_vocab_size_divisible_by, saved_tp,
+        tensor, s.padded_vocab, tensor, s.padded_vocab));
+  out->notes.push_back(fmt::format(
+      "{} pads the vocabulary of {} tokens to {} rows (saved at tensor parallel {}); tensor "
+      "parallel {} would pad to {}: keeping the checkpoint's {} (tensor parallel {} splits it "
+      "evenly; the padded vocabulary is the model's shape)",
+      saved.dir, s.vocab, s.padded_vocab, saved_tp, tensor, now->model.padded_vocab, s.padded_vocab,
+      tensor));
+  now->model.padded_vocab = s.padded_vocab;
+  out->adopted_padded_vocab = s.padded_vocab;
+  return Status::OK();
+}
+
 }  // namespace
 
 Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStore::Logger& log,
@@ -216,7 +249,9 @@ Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStor
   *out = ResumePoint{};
   KEEL_RETURN_IF_ERROR(FindCheckpoint(env, cfg, log, out));
   if (!out->saved) return Status::OK();
-  const std::vector<ConfigChange> changes = DiffConfigForResume(out->saved->config, cfg);
+  TrainConfig now = cfg;
+  KEEL_RETURN_IF_ERROR(AdoptSavedPaddedVocab(*out->saved, &now, out));
+  const std::vector<ConfigChange> changes = DiffConfigForResume(out->saved->config, now);
   if (out->kind == ResumePoint::Kind::kFinetune) {
     // The weights need a model of their shape; everything else is this run's own.
     std::string refused;

@@ -53,6 +53,9 @@ struct ResumePoint {
   std::vector<ConfigChange> accepted;      // changes an override flag accepted
   std::vector<ConfigChange> free_changes;  // changes that need no flag (a precision, ...)
   std::vector<std::string> notes;          // for the log: free changes, what --load means
+  // The checkpoint's padded vocabulary when it differs from what this run's tensor-parallel size
+  // would pad to and the run takes it (the padded vocabulary is the model's shape); 0: the same.
+  int adopted_padded_vocab = 0;
   // The checkpoint lies in --save (a resume or a rollback): later saves continue its numbering.
   bool in_save_dir() const { return kind == Kind::kResume || kind == Kind::kRollback; }
   // The run continues the checkpoint's (its counters, optimizer, schedule position, guard); a

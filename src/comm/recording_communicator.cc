@@ -59,7 +59,10 @@ class Recorded {
 }  // namespace
 
 RecordingCommunicator::RecordingCommunicator(Communicator* inner, Env* env)
-    : inner_(inner), recorder_(env) {}
+    : inner_(inner), env_(env), recorder_(env) {}
+
+RecordingCommunicator::RecordingCommunicator(std::unique_ptr<Communicator> inner, Env* env)
+    : owned_(std::move(inner)), inner_(owned_.get()), env_(env), recorder_(env) {}
 
 bool RecordingCommunicator::Skip(const std::string& kind) {
   return skip_ && skip_(kind);
@@ -106,8 +109,13 @@ void RecordingCommunicator::CheckHeaders(const std::vector<std::string>& headers
 }
 
 void RecordingCommunicator::OutOfStep(const std::string& report) {
-  LogError("error: " + report);
-  if (on_out_of_step_) on_out_of_step_(report);
+  // A group's ranks are numbered within the group.
+  const std::string full =
+      group_name_.empty()
+          ? report
+          : fmt::format("in the {} group (its own rank numbers): {}", group_name_, report);
+  LogError("error: " + full);
+  if (on_out_of_step_) on_out_of_step_(full);
   RecordingCommunicator::Abort(ToInt(ExitCode::kRanksCannotGoOn));
 }
 
@@ -149,7 +157,27 @@ void RecordingCommunicator::Recv(float* data, size_t n, int peer) {
 }
 
 std::unique_ptr<Communicator> RecordingCommunicator::Split(int color, int key) {
-  return inner_->Split(color, key);
+  return std::make_unique<RecordingCommunicator>(inner_->Split(color, key), env_);
+}
+
+void RecordingCommunicator::AllReduceSum(float* data, size_t n) {
+  Recorded rec(&recorder_, "all-reduce-sum-floats", n * sizeof(float));
+  inner_->AllReduceSum(data, n);
+}
+
+void RecordingCommunicator::AllReduceMax(float* data, size_t n) {
+  Recorded rec(&recorder_, "all-reduce-max-floats", n * sizeof(float));
+  inner_->AllReduceMax(data, n);
+}
+
+void RecordingCommunicator::AllGatherChunks(const float* mine, float* all, size_t chunk) {
+  Recorded rec(&recorder_, "all-gather-chunks", chunk * sizeof(float));
+  inner_->AllGatherChunks(mine, all, chunk);
+}
+
+void RecordingCommunicator::ReduceScatterChunks(const float* all, float* mine, size_t chunk) {
+  Recorded rec(&recorder_, "reduce-scatter-chunks", chunk * sizeof(float));
+  inner_->ReduceScatterChunks(all, mine, chunk);
 }
 
 void RecordingCommunicator::AllGatherBytes(const std::string& mine, std::vector<std::string>* all) {

@@ -24,6 +24,12 @@ namespace keel {
 class RecordingCommunicator : public Communicator {
  public:
   RecordingCommunicator(Communicator* inner, Env* env);
+  // A group of this communicator's (Split): owns its inner communicator, has its own recorder
+  // and sequence numbers, and is named in hang dumps by `group_name` ("tensor", "data").
+  RecordingCommunicator(std::unique_ptr<Communicator> inner, Env* env);
+
+  const std::string& group_name() const { return group_name_; }
+  void set_group_name(std::string name) { group_name_ = std::move(name); }
 
   const CollectiveRecorder& recorder() const { return recorder_; }
   // --debug-collectives: agree on every collective's kind and size before it runs.
@@ -48,7 +54,14 @@ class RecordingCommunicator : public Communicator {
   Status AgreeOnStatus(const Status& st) override;
   void Send(const float* data, size_t n, int peer) override;
   void Recv(float* data, size_t n, int peer) override;
-  // The inner communicator's group, not recorded here (a group gets its own recorder).
+  // The tensor-parallel products and sequence parallelism's pair: recorded as one collective
+  // each and forwarded (the inner communicator's algorithm and bits).
+  void AllReduceSum(float* data, size_t n) override;
+  void AllReduceMax(float* data, size_t n) override;
+  void AllGatherChunks(const float* mine, float* all, size_t chunk) override;
+  void ReduceScatterChunks(const float* all, float* mine, size_t chunk) override;
+  // The inner communicator's group, wrapped in a RecordingCommunicator of its own (its own
+  // flight recorder, sequence numbers and out-of-step check among the group's ranks).
   std::unique_ptr<Communicator> Split(int color, int key) override;
   void Barrier() override;
   [[noreturn]] void Abort(int exit_code) override;
@@ -65,7 +78,10 @@ class RecordingCommunicator : public Communicator {
   void AgreeBeforeData(const std::string& kind, size_t bytes);
   [[noreturn]] void OutOfStep(const std::string& report);
 
+  std::unique_ptr<Communicator> owned_;  // a group's (Split), else null
   Communicator* inner_;
+  Env* env_;
+  std::string group_name_;
   CollectiveRecorder recorder_;
   bool check_every_ = false;
   const char* host_kind_ = nullptr;  // set while a named host collective runs on AllGatherBytes

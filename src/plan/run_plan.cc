@@ -10,6 +10,7 @@
 #include "model/gpt.h"
 #include "model/tensor_split.h"
 #include "optim/batch_rampup.h"
+#include "train/memory_estimate.h"
 
 namespace keel {
 namespace {
@@ -172,6 +173,19 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
     p.memory.push_back(m);
   }
 
+  // The same function keel train checks a rank's memory with, at this layout (one process per
+  // rank; keel train runs pipeline 1 only), so the two figures cannot disagree.
+  if (pp == 1) {
+    TrainConfig rank = c;
+    rank.model.padded_vocab = static_cast<int>(p.padded_vocab);
+    rank.tensor_model_parallel_size = tp;
+    rank.data_parallel_size = p.dp;
+    rank.use_distributed_optimizer = in.zero_stage == 1 || c.use_distributed_optimizer;
+    const MemoryEstimate e = EstimateRunMemory(rank);
+    p.train_rank_bytes = e.total();
+    p.train_rank_terms = DescribeMemoryEstimate(rank, e);
+  }
+
   // The batch schedule: every ramp-up stage with the sample and iteration where it begins.
   p.micro_batches_per_iteration = c.global_batch_size / unit;
   const BatchRampup ramp = BatchRampup::FromConfig(c);
@@ -287,6 +301,9 @@ std::string FormatRunPlan(const PlanInput& in, const RunPlan& p) {
         m.recipe, m.weights_gib, m.grads_gib, m.optimizer_gib, m.total_gib, m.weight_bytes,
         m.grad_bytes, m.optimizer_bytes);
   }
+  if (p.train_rank_bytes > 0)
+    s += fmt::format("keel train on CPU ranks: {} per rank ({})\n", FormatBytes(p.train_rank_bytes),
+                     p.train_rank_terms);
   s += fmt::format(
       "batch: global {}, micro {}, {} micro-batches per data-parallel rank per iteration\n",
       c.global_batch_size, c.micro_batch_size, p.micro_batches_per_iteration);
@@ -375,6 +392,7 @@ nlohmann::json RunPlanJson(const PlanInput& in, const RunPlan& p) {
             {"parameters_per_gpu", p.params_per_stage},
             {"most_loaded_stage", p.max_stage},
             {"memory_per_gpu", memory},
+            {"keel_train_bytes_per_rank", p.train_rank_bytes},
             {"global_batch_size", c.global_batch_size},
             {"micro_batch_size", c.micro_batch_size},
             {"micro_batches_per_iteration", p.micro_batches_per_iteration},

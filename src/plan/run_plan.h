@@ -52,6 +52,10 @@ struct RunPlan {
   std::vector<int64_t> params_per_stage;  // per GPU of each pipeline stage (tensor-parallel shard)
   int max_stage = 0;                      // the stage with the most parameters per GPU
   std::vector<PlanMemory> memory;
+  // What `keel train` would check on each rank of this layout before it starts (its own
+  // EstimateRunMemory, activations and data buffers included; pipeline 1 only, 0 otherwise).
+  uint64_t train_rank_bytes = 0;
+  std::string train_rank_terms;             // DescribeMemoryEstimate's terms
   int64_t micro_batches_per_iteration = 0;  // per data-parallel rank at the full global batch
   std::vector<PlanRampStage> stages;        // empty without a ramp-up
   int64_t max_rampup_dp = 0;       // the largest DP size that runs every stage (0: no ramp-up)

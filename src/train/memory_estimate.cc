@@ -23,10 +23,31 @@ Status OutOfMemoryError(const std::string& doing) {
       "the model, the optimizer, one micro-batch and the data read-ahead)");
 }
 
+namespace {
+
+// GptModel::ParamCount for one tensor rank: ParamLayout's slices, one layer standing for all (a
+// config of a billion layers is counted, not listed).
+uint64_t RankParamCount(const GptSpec& spec, int tensor) {
+  if (tensor <= 1) return GptModel::ParamCount(spec);
+  auto count = [&](int layers) {
+    GptSpec s = spec;
+    s.num_layers = layers;
+    uint64_t n = 0;
+    for (const ParamInfo& p : GptModel::ParamLayout(s, tensor)) n += p.numel;
+    return n;
+  };
+  const uint64_t outside = count(0);
+  return outside + (count(1) - outside) * static_cast<uint64_t>(spec.num_layers);
+}
+
+}  // namespace
+
 MemoryEstimate EstimateRunMemory(const TrainConfig& cfg) {
   const GptSpec spec = cfg.model;
   MemoryEstimate e;
-  e.params = GptModel::ParamCount(spec);
+  // Under tensor parallelism a rank holds its slices (replicated norms and biases whole).
+  const int tensor = std::max(1, cfg.tensor_model_parallel_size);
+  e.params = RankParamCount(spec, tensor);
   // fp32 master weights, plus the 16-bit compute copy that bf16 and fp16 products read.
   e.weights = e.params * (sizeof(float) + (cfg.precision != Precision::kFp32 ? 2 : 0));
   e.gradients = e.params * sizeof(float);
@@ -36,9 +57,9 @@ MemoryEstimate EstimateRunMemory(const TrainConfig& cfg) {
   e.moments = 2 * (zero ? (e.params + dp - 1) / dp : e.params) * sizeof(float);
   // The data-parallel reduction receives one bucket from every rank.
   if (dp > 1) e.gradients += static_cast<uint64_t>(cfg.ddp_bucket_size) * dp * sizeof(float);
-  e.activations =
-      GptModel::ActivationBytes(spec, cfg.micro_batch_size, cfg.seq_length, cfg.precision,
-                                cfg.recompute_granularity, cfg.full_recompute_layers());
+  e.activations = GptModel::ActivationBytes(
+      spec, cfg.micro_batch_size, cfg.seq_length, cfg.precision, cfg.recompute_granularity,
+      cfg.full_recompute_layers(), tensor, cfg.sequence_parallel && tensor > 1);
   // The read-ahead ring, and the loop's own buffers of one micro-batch (the tokens read, the
   // inputs and the targets: Trainer's batch_tokens_, inputs_ and targets_).
   const uint64_t mb_tokens =
@@ -63,16 +84,31 @@ std::string FormatBytes(uint64_t bytes) {
   return v >= 100 ? fmt::format("{:.0f} {}", v, units[u]) : fmt::format("{:.1f} {}", v, units[u]);
 }
 
+namespace {
+
+// ", per rank of tensor parallel 2 x data parallel 2, ..." when the run has more than one rank.
+std::string RankNote(const TrainConfig& cfg) {
+  const int tensor = std::max(1, cfg.tensor_model_parallel_size);
+  if (tensor > 1)
+    return fmt::format(", this rank's slice at tensor parallel {}{} x data parallel {}{}", tensor,
+                       cfg.sequence_parallel ? " (sequence parallel)" : "", cfg.data_parallel_size,
+                       cfg.use_distributed_optimizer && cfg.data_parallel_size > 1
+                           ? ", moments sharded by ZeRO-1"
+                           : "");
+  if (cfg.data_parallel_size > 1)
+    return fmt::format(", per rank of {}{}", cfg.data_parallel_size,
+                       cfg.use_distributed_optimizer ? ", moments sharded by ZeRO-1" : "");
+  return std::string();
+}
+
+}  // namespace
+
 std::string DescribeMemoryEstimate(const TrainConfig& cfg, const MemoryEstimate& e) {
   return fmt::format(
       "weights {}, gradients {} and AdamW moments {} ({} parameters x {} + 4 + 8 bytes{}), "
       "activations {} (one micro-batch of {} x {} tokens), data buffers {}{}",
       FormatBytes(e.weights), FormatBytes(e.gradients), FormatBytes(e.moments), e.params,
-      cfg.precision != Precision::kFp32 ? "(4 + 2)" : "4",
-      cfg.data_parallel_size > 1
-          ? fmt::format(", per rank of {}{}", cfg.data_parallel_size,
-                        cfg.use_distributed_optimizer ? ", moments sharded by ZeRO-1" : "")
-          : std::string(),
+      cfg.precision != Precision::kFp32 ? "(4 + 2)" : "4", RankNote(cfg),
       FormatBytes(e.activations), cfg.micro_batch_size, cfg.seq_length, FormatBytes(e.data),
       e.staging > 0 ? fmt::format(", --async-save staging {}", FormatBytes(e.staging))
                     : std::string());

@@ -36,10 +36,19 @@ std::string RunHealth::RankText(int rank) const {
                      rank < static_cast<int>(hosts_.size()) ? hosts_[rank] : "?");
 }
 
+void RunHealth::AddGroup(const std::string& name, Communicator* group) {
+  auto* g = dynamic_cast<RecordingCommunicator*>(group);
+  if (g == nullptr) return;  // not split from comm()
+  g->set_group_name(name);
+  g->set_check_every(cfg_.debug_collectives);
+  groups_.push_back(g);
+}
+
 Status RunHealth::Start(const TrainConfig& cfg) {
   cfg_ = cfg;
   const int rank = comm_.rank(), world = comm_.world_size();
   comm_.set_check_every(cfg.debug_collectives);
+  for (RecordingCommunicator* g : groups_) g->set_check_every(cfg.debug_collectives);
   // Rank 0's pid and clock name the job: a trigger file of an earlier job is never mistaken for
   // this one's.
   std::vector<std::string> all;
@@ -79,6 +88,7 @@ Status RunHealth::Start(const TrainConfig& cfg) {
         }
       };
     watchdog_ = std::make_unique<Watchdog>(env_, &phases_, &comm_.recorder(), o);
+    for (RecordingCommunicator* g : groups_) watchdog_->AddGroup(g->group_name(), &g->recorder());
     watchdog_->Start();
     Log("watchdog: a phase longer than {:g} min ({:g} min for startup and the first iteration, "
         "{:g} for a save, {:g} for an evaluation) is a hang: every rank dumps its stacks to {} "
@@ -124,12 +134,14 @@ void RunHealth::Attach(Trainer* trainer, RunJournal* journal, RunMetrics* metric
   journal_.store(journal);
   metrics_ = metrics;
   trainer_->set_phase_tracker(&phases_);
-  comm_.set_on_out_of_step([this](const std::string& report) {
+  auto out_of_step = [this](const std::string& report) {
     CollectivesOutOfStepEvent ev;
     ev.iteration = phases_.Snapshot().iteration;
     ev.exit_code = ToInt(ExitCode::kRanksCannotGoOn);
     Journal(ev, report);
-  });
+  };
+  comm_.set_on_out_of_step(out_of_step);
+  for (RecordingCommunicator* g : groups_) g->set_on_out_of_step(out_of_step);
   if (hooks_ == nullptr) return;
   comm_.set_skip_fault(
       hooks_->SkipCollectiveFault(comm_.rank(), [this] { return phases_.Snapshot().iteration; }));

@@ -43,6 +43,10 @@ class RunHealth {
   PhaseTracker* phases() { return &phases_; }
   const std::vector<std::string>& hosts() const { return hosts_; }
 
+  // Before Start: a process group of comm() (a RecordingCommunicator from its Split) whose
+  // flight recorder hang dumps show under `name` ("tensor", "data"); out-of-step reports in it
+  // are journaled as the world's are.
+  void AddGroup(const std::string& name, Communicator* group);
   // Once the config is final: the ranks agree on a job id and learn each other's hosts (two
   // collectives), and the watchdog starts (phase: startup).
   Status Start(const TrainConfig& cfg);
@@ -72,6 +76,7 @@ class RunHealth {
   TrainConfig cfg_;
   PhaseTracker phases_;
   RecordingCommunicator comm_;
+  std::vector<RecordingCommunicator*> groups_;
   std::vector<std::string> hosts_;
   std::string job_id_;
   std::unique_ptr<Watchdog> watchdog_;

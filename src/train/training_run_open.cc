@@ -61,8 +61,12 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   // directory is checked before any work, so a long run never fails at its end.
   KEEL_RETURN_IF_ERROR(AgreeOnConfig(r.comm_, r.cfg_));
   // The groups of the layout (every rank agreed on T just now): tensor ranks adjacent.
-  if (divides && tensor > 1)
+  if (divides && tensor > 1) {
     KEEL_RETURN_IF_ERROR(ProcessMesh::Make(r.comm_, tensor, /*pipeline=*/1, &r.mesh_));
+    // Each group's collectives in a flight recorder of its own (hang dumps name the group).
+    r.health_->AddGroup("tensor", r.mesh_->tensor());
+    r.health_->AddGroup("data", r.mesh_->data());
+  }
   KEEL_RETURN_IF_ERROR(r.comm_->AgreeOnStatus(r.PrepareRunDirectory()));
   if (!r.cfg_.save.empty()) {
     std::vector<std::string> lock_notes;
@@ -95,6 +99,8 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
 
   KEEL_RETURN_IF_ERROR(r.ResolveResumeOnEveryRank());
   for (const std::string& n : r.resume_.notes) Log("note: {}", n);
+  if (r.resume_.adopted_padded_vocab > 0)
+    r.cfg_.model.padded_vocab = r.resume_.adopted_padded_vocab;
   if (r.resume_.kind == ResumePoint::Kind::kFinetune) {
     // A new run from another's weights: its history (an import's provenance) and where it began.
     const SavedTrainState& saved = *r.resume_.saved;

@@ -14,6 +14,8 @@ namespace {
 constexpr std::string_view kMagic = "keel hang dump 1";
 constexpr std::string_view kCollectivesHeader = "collectives (oldest first):";
 constexpr std::string_view kEnd = "end of hang dump";
+// "group tensor: collective count 12, hash 0x..., oldest first:" then its collectives.
+constexpr std::string_view kGroupPrefix = "group ";
 constexpr std::string_view kCallerMark = " [dumping]";
 // Far above any real job; keeps a hostile file from making the analysis allocate per rank.
 constexpr int64_t kMaxWorldSize = 1 << 20;
@@ -53,6 +55,21 @@ bool ParseSeconds(std::string_view s, uint64_t* us) {
   if (whole > UINT64_MAX / 1000000 - 1) return false;
   *us = whole * 1000000 + frac;
   return true;
+}
+
+// "tensor: collective count 12, hash 0x00000000000000ab, oldest first:"
+bool ParseGroupLine(std::string_view s, GroupCollectives* g) {
+  const size_t colon = s.find(": collective count ");
+  if (colon == std::string_view::npos || colon == 0) return false;
+  g->name = std::string(s.substr(0, colon));
+  s.remove_prefix(colon + std::string_view(": collective count ").size());
+  const size_t comma = s.find(", hash 0x");
+  if (comma == std::string_view::npos || !ParseInt(s.substr(0, comma), &g->digest.count))
+    return false;
+  s.remove_prefix(comma + std::string_view(", hash 0x").size());
+  constexpr std::string_view kTail = ", oldest first:";
+  return s.size() == 16 + kTail.size() && s.substr(16) == kTail &&
+         ParseInt(s.substr(0, 16), &g->digest.hash, 16);
 }
 
 bool ParseDouble(const std::string& s, double* v) {
@@ -193,11 +210,17 @@ std::string FormatHangDump(const HangDump& d) {
   line(fmt::format("collective count: {}", d.digest.count));
   line(fmt::format("collective hash: 0x{:016x}", d.digest.hash));
   line(kCollectivesHeader);
-  for (const DumpedCollective& c : d.collectives) {
+  auto collective = [&](const DumpedCollective& c) {
     line(fmt::format(
         "  #{} {} {} B, began {} s ago, {}", c.seq, KindToken(c.kind), c.bytes,
         Seconds(c.began_us_ago),
         c.in_flight ? std::string("in flight") : "took " + Seconds(c.duration_us) + " s"));
+  };
+  for (const DumpedCollective& c : d.collectives) collective(c);
+  for (const GroupCollectives& g : d.groups) {
+    line(fmt::format("{}{}: collective count {}, hash 0x{:016x}, oldest first:", kGroupPrefix,
+                     KindToken(g.name), g.digest.count, g.digest.hash));
+    for (const DumpedCollective& c : g.collectives) collective(c);
   }
   for (const ThreadStack& t : d.threads) {
     line(fmt::format("thread {} ({}){}", t.tid, OneLine(t.name), t.is_caller ? kCallerMark : ""));
@@ -278,10 +301,18 @@ Status ParseHangDump(const std::string& text, HangDump* out) {
         return r.Error(
             "bad collective (expected '  #SEQ KIND BYTES B, began S s ago, took S s' "
             "or '..., in flight')");
-      if (!out->collectives.empty() && c.seq <= out->collectives.back().seq)
+      std::vector<DumpedCollective>& list =
+          out->groups.empty() ? out->collectives : out->groups.back().collectives;
+      if (!list.empty() && c.seq <= list.back().seq)
+        return r.Error(fmt::format("collective #{} is not after #{}", c.seq, list.back().seq));
+      list.push_back(std::move(c));
+    } else if (line.compare(0, kGroupPrefix.size(), kGroupPrefix) == 0 && out->threads.empty()) {
+      GroupCollectives g;
+      if (!ParseGroupLine(line.substr(kGroupPrefix.size()), &g))
         return r.Error(
-            fmt::format("collective #{} is not after #{}", c.seq, out->collectives.back().seq));
-      out->collectives.push_back(std::move(c));
+            "bad group line (expected 'group NAME: collective count N, hash 0x..., oldest "
+            "first:')");
+      out->groups.push_back(std::move(g));
     } else if (line.compare(0, 7, "thread ") == 0) {
       ThreadStack t;
       if (!ParseThreadLine(line, &t))

@@ -25,6 +25,14 @@ struct DumpedCollective {
   bool in_flight = false;
 };
 
+// The flight recorder of one process group (tensor, data) under model parallelism: its own
+// sequence numbers, among the group's ranks.
+struct GroupCollectives {
+  std::string name;  // one word: "tensor", "data"
+  CollectiveDigest digest;
+  std::vector<DumpedCollective> collectives;  // oldest first
+};
+
 struct HangDump {
   int rank = 0;
   int world_size = 1;
@@ -39,6 +47,7 @@ struct HangDump {
   int64_t unix_time = 0;     // seconds since the epoch when the dump was taken
   CollectiveDigest digest;
   std::vector<DumpedCollective> collectives;  // oldest first
+  std::vector<GroupCollectives> groups;       // tensor-parallel runs only
   std::vector<ThreadStack> threads;
 };
 

@@ -22,11 +22,17 @@ std::string IterDirName(int64_t iteration) {
   return fmt::format("iter_{}", iteration);
 }
 
-// "in collective #S KIND" (the oldest still in flight: the one the others wait in), else
-// "after collective #S KIND", else "before any collective".
-std::string CollectivePhrase(const std::vector<DumpedCollective>& cs) {
+// "in collective #S KIND" (the oldest still in flight: the one the others wait in), or "in the
+// tensor group's collective #S KIND" when a group's is, else "after collective #S KIND", else
+// "before any collective".
+std::string CollectivePhrase(const HangDump& d) {
+  const std::vector<DumpedCollective>& cs = d.collectives;
   for (const DumpedCollective& c : cs)
     if (c.in_flight) return fmt::format("in collective #{} {}", c.seq, c.kind);
+  for (const GroupCollectives& g : d.groups)
+    for (const DumpedCollective& c : g.collectives)
+      if (c.in_flight)
+        return fmt::format("in the {} group's collective #{} {}", g.name, c.seq, c.kind);
   if (cs.empty()) return "before any collective";
   return fmt::format("after collective #{} {}", cs.back().seq, cs.back().kind);
 }
@@ -191,6 +197,13 @@ bool Watchdog::Fire(const PhaseSnapshot& s, Firing f) {
     d.digest = collectives_->digest();
     d.collectives = DumpCollectives(collectives_->Recent(), now);
   }
+  for (const auto& [name, recorder] : groups_) {
+    GroupCollectives g;
+    g.name = name;
+    g.digest = recorder->digest();
+    g.collectives = DumpCollectives(recorder->Recent(), now);
+    d.groups.push_back(std::move(g));
+  }
   const std::string where =
       fmt::format("{} of iteration {} for {:.1f} s", d.phase, d.iteration, d.phase_seconds);
   if (f.here) {
@@ -231,7 +244,7 @@ bool Watchdog::Fire(const PhaseSnapshot& s, Firing f) {
   const std::string line =
       fmt::format("watchdog: rank {} (host {}{}) {} {} ({}{}); {}; ending the job with exit {}{}",
                   o_.rank, o_.host, o_.mesh.empty() ? "" : "; " + o_.mesh, lead, where, limit,
-                  CollectivePhrase(d.collectives), stacks, o_.exit_code, analyze);
+                  CollectivePhrase(d), stacks, o_.exit_code, analyze);
   LogError("error: " + line);
   if (o_.on_dump) o_.on_dump(line, st.ok() ? iter_dir : std::string());
 

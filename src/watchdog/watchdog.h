@@ -13,6 +13,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "comm/collective_recorder.h"
 #include "core/env.h"
@@ -55,6 +57,12 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
+  // A process group's flight recorder (tensor, data), dumped after the world's under `name`.
+  // Before Start.
+  void AddGroup(std::string name, const CollectiveRecorder* recorder) {
+    groups_.emplace_back(std::move(name), recorder);
+  }
+
   // A thread that calls CheckOnce every poll_us until the watchdog fires or is destroyed.
   void Start();
   // One check now: another rank's trigger, then this rank's own limit. True when this call fired
@@ -84,6 +92,7 @@ class Watchdog {
   Env* env_;
   const PhaseTracker* phases_;
   const CollectiveRecorder* collectives_;
+  std::vector<std::pair<std::string, const CollectiveRecorder*>> groups_;
   WatchdogOptions o_;
   std::mutex check_mu_;  // one CheckOnce at a time
   bool fired_ = false;

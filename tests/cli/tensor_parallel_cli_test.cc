@@ -166,6 +166,35 @@ TEST(TensorParallelCliTest, AMissingOrDamagedPieceIsRefusedNamingIt) {
   }
 }
 
+// The padded vocabulary depends on T (a multiple of --make-vocab-size-divisible-by x T) but is
+// the model's shape: a resume at another T keeps the checkpoint's padding when the new T splits
+// it evenly (a note says so), and is refused naming the fix when it does not.
+TEST(TensorParallelCliTest, ResumeAtAnotherTKeepsTheCheckpointsPaddedVocabulary) {
+  const std::string dir = FreshTempDir("tp_padded_vocab");
+  // The default corpus's 4096 tokens: 5994 rows at T=2 (multiple of 999 x 2), 4995 at T=1.
+  const std::string args = "--make-vocab-size-divisible-by 999 --train-iters 4 --save ";
+  ASSERT_EQ(Train(2, kTp2 + "--exit-interval 2 --save-interval 2 " + args + dir + "/a").code, 0);
+  fs::copy(dir + "/a", dir + "/b", fs::copy_options::recursive);
+  const KeelResult one = Train(1, args + dir + "/a");
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_NE(one.out.find("note: " + dir +
+                         "/a/iter_0000002 pads the vocabulary of 4096 tokens to 5994 rows (saved "
+                         "at tensor parallel 2); tensor parallel 1 would pad to 4995: keeping "
+                         "the checkpoint's 5994"),
+            std::string::npos)
+      << one.out;
+  EXPECT_NE(one.out.find("vocab 4096 (padded 5994)"), std::string::npos) << one.out;
+  // T=4 cannot split 5994 rows: refused before any work, naming what to do.
+  const KeelResult four = Train(4, "--tensor-model-parallel-size 4 " + args + dir + "/b");
+  EXPECT_EQ(four.code, 2) << four.out;
+  EXPECT_NE(four.out.find("which tensor parallel 4 cannot split evenly (5994 is not a multiple "
+                          "of 4)"),
+            std::string::npos)
+      << four.out;
+  EXPECT_NE(four.out.find("--pad-vocab-size-to"), std::string::npos) << four.out;
+  EXPECT_FALSE(fs::exists(dir + "/b/iter_0000004"));
+}
+
 TEST(TensorParallelCliTest, LayoutsTheRulesRefuseExit2BeforeAnyWork) {
   // 3 heads do not split across 2 ranks.
   KeelResult r = Train(2, kTp2 + "--num-attention-heads 3 --hidden-size 66 --train-iters 4");

@@ -5,6 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "model/gpt.h"
+#include "train/memory_estimate.h"
+
 namespace keel {
 namespace {
 
@@ -204,6 +207,37 @@ TEST(RunPlanTest, ParameterCountIsTheClosedFormAndShardsAddUp) {
   // FLOPs per iteration: 3 x forward of 8 sequences of 32 tokens.
   const double fwd = L * (8.0 * h * h + 4.0 * h * F + 4.0 * s * h) + 2.0 * h * V;
   EXPECT_DOUBLE_EQ(p.flops_per_iteration, 3 * fwd * 8 * 32);
+}
+
+// keel plan's figure for a rank of keel train is keel train's own check at that layout (the same
+// function): a tensor rank's slice, its share of the activations, the moments over D under
+// ZeRO-1; with and without sequence parallelism.
+TEST(RunPlanTest, KeelTrainsPerRankMemoryIsTheTrainersOwnEstimate) {
+  for (bool sp : {false, true}) {
+    std::vector<std::string> flags = {"--num-layers",          "2",   "--hidden-size",       "64",
+                                      "--num-attention-heads", "4",   "--seq-length",        "32",
+                                      "--micro-batch-size",    "2",   "--global-batch-size", "8",
+                                      "--train-iters",         "100", "--lr-warmup-iters",   "2"};
+    if (sp) flags.push_back("--sequence-parallel");
+    PlanInput in = Input(flags, 1000, 1, 4, 2, 1);
+    ASSERT_EQ(in.cfg.sequence_parallel, sp);
+    in.zero_stage = 1;
+    RunPlan p;
+    ASSERT_TRUE(MakeRunPlan(in, &p).ok());
+    TrainConfig rank = in.cfg;
+    rank.tensor_model_parallel_size = 2;
+    rank.data_parallel_size = 2;
+    rank.use_distributed_optimizer = true;
+    rank.model.padded_vocab = 1024;  // 1000 padded to a multiple of 128 x 2
+    EXPECT_EQ(p.padded_vocab, 1024);
+    const MemoryEstimate e = EstimateRunMemory(rank);
+    EXPECT_EQ(p.train_rank_bytes, e.total()) << sp;
+    EXPECT_EQ(static_cast<int64_t>(e.params), p.params_per_stage[0]) << sp;
+    EXPECT_LT(e.params, GptModel::ParamCount(rank.model) * 6 / 10) << sp;
+    EXPECT_NE(FormatRunPlan(in, p).find("keel train on CPU ranks: " + FormatBytes(e.total()) +
+                                        " per rank"),
+              std::string::npos);
+  }
 }
 
 TEST(RunPlanTest, ABillionLayersArePlannedWithoutListingThem) {

@@ -7,6 +7,7 @@
 // has the one-rank fingerprint at any T); the replica check names a replicated norm that drifted
 // on one tensor rank.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <cmath>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "comm/communicator.h"
 #include "comm/process_mesh.h"
 #include "pattern_data.h"
+#include "train/memory_estimate.h"
 #include "train/replica_check.h"
 #include "train/trainer.h"
 
@@ -197,6 +199,73 @@ TEST(TrainerTensorParallelTest, ReplicaCheckComparesReplicatedTensorsAcrossTenso
     EXPECT_NE(drifted[r].message().find("layers.1.post_attention_layernorm.weight"),
               std::string::npos)
         << drifted[r].message();
+  }
+}
+
+// The memory check keel train (and keel plan) makes on a tensor rank is what the rank allocates:
+// its slice of the weights, gradients and moments, and its share of the activations (the whole
+// model's figure would refuse runs that fit, or pass runs that do not, at large T).
+TEST(TrainerTensorParallelTest, MemoryEstimateIsWhatARankAllocates) {
+#if defined(KEEL_SANITIZED_BUILD)
+  GTEST_SKIP() << "AddressSanitizer replaces malloc, so mallinfo2 counts nothing";
+#endif
+  auto heap = [] {
+    const struct mallinfo2 m = mallinfo2();
+    return m.uordblks + m.hblkhd;
+  };
+  // Every buffer under 2 MiB: larger ones are 2 MiB-aligned (huge pages), which costs malloc up to
+  // 2 MiB more per buffer, noise at the sizes that matter and not in the estimate.
+  const int tensor = 2;
+  for (bool sp : {false, true}) {
+    TrainConfig cfg = Gpt2Config(tensor);
+    cfg.model.hidden = 128;
+    cfg.model.ffn_hidden = 512;
+    cfg.model.vocab = 1000;
+    cfg.micro_batch_size = 8;
+    cfg.sequence_parallel = sp;
+    std::vector<std::string> notes;
+    ASSERT_TRUE(Validate(&cfg, &notes).ok());
+    auto comms = MakeThreadGroup(tensor);
+    size_t before = 0, after = 0;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < tensor; ++r) {
+      threads.emplace_back([&, r] {
+        std::unique_ptr<ProcessMesh> mesh;
+        ASSERT_TRUE(ProcessMesh::Make(comms[r].get(), tensor, 1, &mesh).ok());
+        auto be = MakeCpuBackend(1);
+        {
+          // The process's first products make the backend's own scratch (not the run's).
+          TrainerGroups g{comms[r].get(), mesh->data(), mesh->tensor()};
+          Trainer warm(cfg, be.get(), g, {PatternData(1), PatternData(2)});
+          warm.TrainStep();
+        }
+        comms[r]->Barrier();
+        if (r == 0) before = heap();
+        comms[r]->Barrier();
+        {
+          TrainerGroups g{comms[r].get(), mesh->data(), mesh->tensor()};
+          Trainer tr(cfg, be.get(), g, {PatternData(1), PatternData(2)});
+          tr.InitializeWeights();
+          tr.TrainStep();
+          comms[r]->Barrier();
+          if (r == 0) after = heap();
+          comms[r]->Barrier();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    const MemoryEstimate e = EstimateRunMemory(cfg);
+    // The run's read-ahead ring belongs to TrainingRun, not the trainer measured here.
+    const double counted = static_cast<double>(e.total() - e.data);
+    const double allocated = static_cast<double>(after - before) / tensor;
+    std::printf("T=2%s: estimate %.0f bytes (params %llu), a rank allocated %.0f\n",
+                sp ? " with SP" : "", counted, static_cast<unsigned long long>(e.params),
+                allocated);
+    EXPECT_NEAR(allocated, counted, 0.1 * counted) << "sequence parallel " << sp;
+    TrainConfig one = cfg;
+    one.tensor_model_parallel_size = 1;
+    one.sequence_parallel = false;
+    EXPECT_LT(e.params, GptModel::ParamCount(one.model) * 6 / 10);
   }
 }
 

@@ -122,6 +122,43 @@ TEST(HangDumpTest, MeshCoordinatesRoundTripWhenPresent) {
   EXPECT_EQ(keel::FormatHangDump(Sample()).find("\nmesh: "), std::string::npos);
 }
 
+// Tensor parallel: each process group's flight recorder after the world's, with its own
+// sequence numbers; a dump without groups has no such lines.
+TEST(HangDumpTest, GroupFlightRecordersRoundTripWhenPresent) {
+  HangDump d = Sample();
+  keel::GroupCollectives tensor;
+  tensor.name = "tensor";
+  tensor.digest = {7, 0xabcdef0123456789ull};
+  keel::DumpedCollective c;
+  c.seq = 7;
+  c.kind = "all-reduce-sum-floats";
+  c.bytes = 4096;
+  c.began_us_ago = 3000000;
+  c.in_flight = true;
+  tensor.collectives.push_back(c);
+  keel::GroupCollectives data;
+  data.name = "data";
+  d.groups = {tensor, data};
+  const std::string text = keel::FormatHangDump(d);
+  EXPECT_NE(text.find("\ngroup tensor: collective count 7, hash 0xabcdef0123456789, oldest "
+                      "first:\n  #7 all-reduce-sum-floats 4096 B, began 3.000000 s ago, in "
+                      "flight\ngroup data: collective count 0, hash 0x0000000000000000, oldest "
+                      "first:\nthread "),
+            std::string::npos)
+      << text;
+  HangDump back;
+  const Status st = keel::ParseHangDump(text, &back);
+  ASSERT_TRUE(st.ok()) << st.message() << "\n" << text;
+  ASSERT_EQ(back.groups.size(), 2u);
+  EXPECT_EQ(back.groups[0].name, "tensor");
+  EXPECT_EQ(back.groups[0].digest.hash, 0xabcdef0123456789ull);
+  ASSERT_EQ(back.groups[0].collectives.size(), 1u);
+  EXPECT_TRUE(back.groups[0].collectives[0].in_flight);
+  EXPECT_EQ(back.collectives.size(), d.collectives.size());  // the world's stay the world's
+  EXPECT_EQ(keel::FormatHangDump(back), text);
+  EXPECT_EQ(keel::FormatHangDump(Sample()).find("\ngroup "), std::string::npos);
+}
+
 TEST(HangDumpTest, LineBreaksInFieldsCannotForgeLines) {
   HangDump d = Sample();
   d.reason = "two\nlines";

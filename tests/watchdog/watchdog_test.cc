@@ -15,9 +15,13 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/collective_recorder.h"
+#include "comm/communicator.h"
+#include "comm/process_mesh.h"
+#include "comm/recording_communicator.h"
 #include "core/fault_injection_env.h"
 #include "core/log.h"
 #include "watchdog/hang_dump.h"
@@ -251,6 +255,54 @@ TEST_F(WatchdogTest, TheDumpSaysWhereTheRankIsAndTheLogLineWhereTheDumpIs) {
             "(limit 100 s; in collective #2 all-gather); stacks in " +
                 iter_dir + "/rank-000.txt; ending the job with exit 4 (`keel hangs analyze " +
                 iter_dir + "` groups the ranks)");
+}
+
+// Tensor parallel: the mesh's groups, split from the recording communicator, record their own
+// collectives; a rank stuck in a tensor-group all-reduce (its peer never joins) is dumped with
+// that collective in flight under the group's name, and the log line names it.
+TEST_F(WatchdogTest, AHangInsideATensorGroupAllReduceIsNamed) {
+  auto comms = keel::MakeThreadGroup(2);
+  std::vector<std::unique_ptr<keel::RecordingCommunicator>> world;
+  for (int r = 0; r < 2; ++r)
+    world.push_back(std::make_unique<keel::RecordingCommunicator>(comms[r].get(), &env_));
+  std::vector<std::unique_ptr<keel::ProcessMesh>> mesh(2);
+  {
+    std::vector<std::thread> split;
+    for (int r = 0; r < 2; ++r)
+      split.emplace_back(
+          [&, r] { ASSERT_TRUE(keel::ProcessMesh::Make(world[r].get(), 2, 1, &mesh[r]).ok()); });
+    for (auto& t : split) t.join();
+  }
+  auto* tensor0 = dynamic_cast<keel::RecordingCommunicator*>(mesh[0]->tensor());
+  ASSERT_NE(tensor0, nullptr);
+  Rank r(&env_, Options(0, 2));
+  r.watchdog->AddGroup("tensor", &tensor0->recorder());
+  InIteration(&r, 5, Phase::kForward);
+  std::vector<float> x(256, 1.0f), y(256, 2.0f);
+  std::thread stuck([&] { mesh[0]->tensor()->AllReduceSum(x.data(), x.size()); });
+  while (tensor0->recorder().Recent().empty()) std::this_thread::yield();
+  env_.now_us += 101 * kSec;
+  ASSERT_TRUE(r.watchdog->CheckOnce());
+  // Rank 1 joins at last: the all-reduce completes and the thread ends.
+  mesh[1]->tensor()->AllReduceSum(y.data(), y.size());
+  stuck.join();
+  EXPECT_EQ(x[0], 3.0f);
+
+  keel::HangDump d;
+  const keel::Status st = keel::ParseHangDump(Slurp(dir_ + "/hangs/iter_5/rank-000.txt"), &d);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_TRUE(d.collectives.empty());  // nothing of the world's
+  ASSERT_EQ(d.groups.size(), 1u);
+  EXPECT_EQ(d.groups[0].name, "tensor");
+  ASSERT_EQ(d.groups[0].collectives.size(), 1u);
+  EXPECT_EQ(d.groups[0].collectives[0].kind, "all-reduce-sum-floats");
+  EXPECT_EQ(d.groups[0].collectives[0].bytes, 256 * sizeof(float));
+  EXPECT_TRUE(d.groups[0].collectives[0].in_flight);
+  const auto log = Log();
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_NE(log[0].find("(limit 100 s; in the tensor group's collective #1 all-reduce-sum-floats)"),
+            std::string::npos)
+      << log[0];
 }
 
 TEST_F(WatchdogTest, AnotherRankJoinsThroughTheTrigger) {
