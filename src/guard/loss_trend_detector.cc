@@ -263,7 +263,16 @@ void LossTrendDetector::Restart(int64_t iteration) {
   while (!points_.empty() && points_.back().it > iteration) points_.pop_back();
   fits_.clear();
   cur_ = LossTrend();
-  ignore_until_ = iteration + cfg_.settle;
+  // A log of one record per 10 iterations carries a resume's bump for as many records as one of
+  // a record per iteration: 20 iterations would be 2 of its records. The spacing is the smallest
+  // of the last gaps (values judged abnormal, a spike's, leave larger ones).
+  int64_t spacing = 0;
+  for (size_t i = points_.size(); i-- > 1 && i + 8 > points_.size();) {
+    const int64_t gap = points_[i].it - points_[i - 1].it;
+    if (gap > 0 && (spacing == 0 || gap < spacing)) spacing = gap;
+  }
+  spacing = std::max<int64_t>(spacing, 1);
+  ignore_until_ = iteration + std::max(cfg_.settle, cfg_.settle_records * spacing);
 }
 
 void LossTrendDetector::Rebaseline() {

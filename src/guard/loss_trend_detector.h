@@ -23,10 +23,11 @@
 //                   window still up (a bump that came back is not a drift).
 //
 // Values are what the caller judged normal (no spikes: the spike detector has those). A restart
-// drops what came after the resume point and ignores `settle` iterations (the bump after a
-// resume); Rebaseline (a new LR warm-up, a new batch size) starts the history afresh. Sizes are
-// relative (log loss), so the detector is the same for any loss scale. Used by the guard (live,
-// and per dataset of a mixture) and by `keel logs analyze` / `watch`.
+// drops what came after the resume point and ignores `settle` iterations, at least
+// `settle_records` records (the bump after a resume); Rebaseline (a new LR warm-up, a new batch
+// size) starts the history afresh. Sizes are relative (log loss), so the detector is the same for
+// any loss scale. Used by the guard (live, and per dataset of a mixture) and by `keel logs analyze`
+// / `watch`.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,8 @@ struct LossTrendConfig {
   int64_t level_window = 500;   // the newest iterations of the reference that set its level
   double min_abs_rise = 0.005;  // rise above the level at the start (relative)
   double slope_damping = 0.5;   // the expected curve keeps this much of the reference's fall
-  int64_t settle = 20;          // iterations ignored after a restart
+  int64_t settle = 20;          // iterations ignored after a restart ...
+  int settle_records = 10;      // ... and at least this many records (a log's bump lasts records)
 };
 
 struct LossTrend {
@@ -76,7 +78,8 @@ class LossTrendDetector {
   bool diverging() const { return cur_.diverging; }
 
   // The run resumed after `iteration` (a restart; a rollback): values after it are dropped, an
-  // open divergence is forgotten, and the next `settle` iterations are ignored.
+  // open divergence is forgotten, and the next `settle` iterations (at least `settle_records`
+  // records, at the smallest spacing of the last values kept) are ignored.
   void Restart(int64_t iteration);
   // The work changed (LR warm-up, a new global batch size): the history starts afresh.
   void Rebaseline();

@@ -125,6 +125,34 @@ TEST(LossTrendDetector, QuietOnAResumeBump) {
   }
 }
 
+// At 10 iterations a record the bump after a resume lasts 10 records, 100 iterations: the settle
+// counts records too (with 20 iterations, 2 records, 6 of these 20 logs reported a divergence).
+TEST(LossTrendDetector, QuietOnAResumeBumpOfTenRecordsAtTenIterationsARecord) {
+  for (double noise : {0.005, 0.01}) {
+    for (uint64_t seed = 1; seed <= 10; ++seed) {
+      SyntheticLogOptions o;
+      o.iterations = 6000;
+      o.per_record = 10;
+      o.seed = seed;
+      o.loss_noise = noise;
+      o.restart_at = 4000;
+      o.resume_from = 3800;
+      o.resume_bump = 0.06;
+      o.resume_bump_records = 10;
+      LossTrendDetector det;
+      ParsedLog log;
+      ASSERT_TRUE(ParseMegatronLog(GenerateSyntheticLog(o), "s.log", &log).ok());
+      int64_t prev = 0;
+      for (const LogRecord& r : log.records) {
+        if (r.iteration <= prev || r.after_start) det.Restart(r.iteration - 1);
+        prev = r.iteration;
+        ASSERT_FALSE(det.Add(r.iteration, r.lm_loss))
+            << "noise " << noise << " seed " << seed << " iteration " << r.iteration;
+      }
+    }
+  }
+}
+
 TEST(LossTrendDetector, QuietOnAWarmupStepTheLossAbsorbs) {
   // An LR step (or a batch ramp-up step): the loss jumps 3% and falls back over 150 iterations.
   LossTrendDetector det;
