@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "../statistical_sweep.h"
 #include "logs/megatron_log.h"
 #include "logs/synthetic_log.h"
 
@@ -41,7 +42,7 @@ TEST(LossTrendDetector, FindsASlowDivergenceEarlyWithItsStartAndSize) {
   for (auto style : {SyntheticLogStyle::kMegatronLM, SyntheticLogStyle::kMegatronDeepSpeed}) {
     for (int per : {1, 10}) {
       for (double noise : {0.003, 0.005, 0.01}) {
-        for (uint64_t seed : {1, 2, 3}) {
+        for (uint64_t seed = 1; seed <= keel_test::SweepSeeds(3); ++seed) {
           SyntheticLogOptions o;
           o.style = style;
           o.per_record = per;
@@ -74,7 +75,7 @@ TEST(LossTrendDetector, FindsASlowDivergenceEarlyWithItsStartAndSize) {
 TEST(LossTrendDetector, QuietOnHealthyRuns) {
   for (int per : {1, 10}) {
     for (double noise : {0.003, 0.005, 0.01}) {
-      for (uint64_t seed = 1; seed <= 20; ++seed) {
+      for (uint64_t seed = 1; seed <= keel_test::SweepSeeds(20); ++seed) {
         SyntheticLogOptions o;
         o.per_record = per;
         o.loss_noise = noise;

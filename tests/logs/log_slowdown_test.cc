@@ -8,6 +8,7 @@
 #include <regex>
 #include <string>
 
+#include "../statistical_sweep.h"
 #include "logs/log_analysis.h"
 #include "logs/megatron_log.h"
 #include "logs/synthetic_log.h"
@@ -96,7 +97,7 @@ TEST(LogSlowdownTest, TwoAndThreePercentSlowdownsAreFoundWithin300Iterations) {
       for (double noise : {0.003, 0.005, 0.01}) {
         for (double size : {0.02, 0.03}) {
           if (per == 10 && noise == 0.01 && size == 0.02) continue;
-          for (uint64_t seed = 1; seed <= 2; ++seed) {
+          for (uint64_t seed = 1; seed <= keel_test::SweepSeeds(2, 1); ++seed) {
             SCOPED_TRACE(testing::Message() << SyntheticLogStyleName(style) << ", " << per
                                             << " iterations a record, noise " << noise << ", "
                                             << size << " slower, seed " << seed);
@@ -121,7 +122,7 @@ TEST(LogSlowdownTest, HealthyTenThousandIterationLogsReportNoDrop) {
        {SyntheticLogStyle::kMegatronDeepSpeed, SyntheticLogStyle::kMegatronLM}) {
     for (int per : {1, 10}) {
       for (double noise : {0.003, 0.01}) {
-        for (uint64_t seed = 11; seed <= 12; ++seed) {
+        for (uint64_t seed = 11; seed <= 10 + keel_test::SweepSeeds(2, 1); ++seed) {
           SCOPED_TRACE(testing::Message()
                        << SyntheticLogStyleName(style) << ", " << per
                        << " iterations a record, noise " << noise << ", seed " << seed);
