@@ -110,23 +110,35 @@ struct Cleanup {
   }
 };
 
+// The bench's scratch directory: --dir (which must be new or empty) or a new temporary one
+// named `prefix`-PID, into *dir; `cleanup` removes what the bench writes there. 0, or the exit
+// code of the refusal (logged).
+int OpenBenchDir(const std::string& dir_arg, const std::string& prefix, std::string* dir,
+                 Cleanup* cleanup) {
+  *dir = dir_arg.empty()
+             ? (fs::temp_directory_path() / (prefix + std::to_string(getpid()))).string()
+             : dir_arg;
+  std::error_code ec;
+  if (fs::exists(*dir, ec) && !fs::is_empty(*dir, ec)) {
+    LogError("error: --dir " + *dir + " exists and is not empty; give a new or empty directory");
+    return 2;
+  }
+  cleanup->dir = *dir;
+  cleanup->created = !fs::exists(*dir, ec);
+  if (!fs::create_directories(*dir, ec) && ec) {
+    cleanup->created = false;
+    return LogError("error: cannot create " + *dir + ": " + ec.message()), 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int BenchCheckpoint(const std::string& dir_arg, int repeats, int threads) {
-  const std::string dir =
-      dir_arg.empty()
-          ? (fs::temp_directory_path() / ("keel-bench-ckpt-" + std::to_string(getpid()))).string()
-          : dir_arg;
+  std::string dir;
+  Cleanup cleanup;
+  if (const int refused = OpenBenchDir(dir_arg, "keel-bench-ckpt-", &dir, &cleanup)) return refused;
   std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_empty(dir, ec)) {
-    LogError("error: --dir " + dir + " exists and is not empty; give a new or empty directory");
-    return 2;
-  }
-  Cleanup cleanup{dir, !fs::exists(dir, ec)};
-  if (!fs::create_directories(dir, ec) && ec) {
-    cleanup.created = false;
-    return LogError("error: cannot create " + dir + ": " + ec.message()), 1;
-  }
   // GPT-2 124M's transformer with a 16k vocabulary: about 98M parameters.
   TrainConfig cfg;
   cfg.model.num_layers = 12;
@@ -246,20 +258,11 @@ struct AsyncBenchModel {
 }  // namespace
 
 int BenchCheckpointAsync(const std::string& dir_arg, int repeats, int threads) {
-  const std::string dir =
-      dir_arg.empty()
-          ? (fs::temp_directory_path() / ("keel-bench-async-" + std::to_string(getpid()))).string()
-          : dir_arg;
+  std::string dir;
+  Cleanup cleanup;
+  if (const int refused = OpenBenchDir(dir_arg, "keel-bench-async-", &dir, &cleanup))
+    return refused;
   std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_empty(dir, ec)) {
-    LogError("error: --dir " + dir + " exists and is not empty; give a new or empty directory");
-    return 2;
-  }
-  Cleanup cleanup{dir, !fs::exists(dir, ec)};
-  if (!fs::create_directories(dir, ec) && ec) {
-    cleanup.created = false;
-    return LogError("error: cannot create " + dir + ": " + ec.message()), 1;
-  }
   const AsyncBenchModel models[] = {{"small (21M)", 6, 512, 8, 256, 4, 4096},
                                     {"gpt2-124m (16k vocab)", 12, 768, 12, 64, 1, 16384}};
   Log("async checkpoint bench: {} repeats per model in {}; sync = BuildTrainCheckpoint + Save "
