@@ -17,6 +17,7 @@
 #include "core/fault_injection_env.h"
 #include "core/log.h"
 #include "data/prepare.h"
+#include "small_dataset.h"
 #include "train/memory_estimate.h"
 #include "train/training_run.h"
 
@@ -29,20 +30,7 @@ using datatest::TempDir;
 using datatest::WriteTextFile;
 
 const std::string& DatasetPrefix() {
-  static TempDir dir;
-  static const std::string prefix = [] {
-    PrepareOptions options;
-    options.inputs.push_back(dir.Join("corpus.txt"));
-    WriteTextFile(options.inputs.back(), GeneratedCorpus(400, 7));
-    options.output_prefix = dir.Join("data/corpus");
-    options.tokenizer = "sentencepiece";
-    options.vocab_size = 300;
-    PrepareStats stats;
-    Status st = PrepareDataset(Env::Default(), options, &stats);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    return options.output_prefix;
-  }();
-  return prefix;
+  return datatest::SmallDatasetPrefix(7);
 }
 
 TrainConfig Tiny(const std::string& save, bool async) {

@@ -23,6 +23,7 @@
 #include "journal/run_journal.h"
 #include "logs/log_analysis.h"
 #include "logs/megatron_log.h"
+#include "small_dataset.h"
 #include "train/test_hooks.h"
 #include "train/training_run.h"
 
@@ -34,20 +35,7 @@ using datatest::TempDir;
 using datatest::WriteTextFile;
 
 const std::string& DatasetPrefix() {
-  static TempDir dir;
-  static const std::string prefix = [] {
-    PrepareOptions options;
-    options.inputs.push_back(dir.Join("corpus.txt"));
-    WriteTextFile(options.inputs.back(), GeneratedCorpus(400, 11));
-    options.output_prefix = dir.Join("data/corpus");
-    options.tokenizer = "sentencepiece";
-    options.vocab_size = 300;
-    PrepareStats stats;
-    Status st = PrepareDataset(Env::Default(), options, &stats);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    return options.output_prefix;
-  }();
-  return prefix;
+  return datatest::SmallDatasetPrefix(11);
 }
 
 // The run's clock in these tests: every reading of it on the loop's thread is 100 us of work, and

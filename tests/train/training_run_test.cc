@@ -22,6 +22,7 @@
 #include "data/indexed_dataset.h"
 #include "data/prepare.h"
 #include "data/train_data.h"
+#include "small_dataset.h"
 #include "train/memory_estimate.h"
 
 namespace keel {
@@ -32,22 +33,8 @@ using datatest::GeneratedCorpus;
 using datatest::TempDir;
 using datatest::WriteTextFile;
 
-// One small SentencePiece dataset for every test of this file.
 const std::string& DatasetPrefix() {
-  static TempDir dir;  // removed, with the dataset, when the test process exits
-  static const std::string prefix = [] {
-    PrepareOptions options;
-    options.inputs.push_back(dir.Join("corpus.txt"));
-    WriteTextFile(options.inputs.back(), GeneratedCorpus(400, 7));
-    options.output_prefix = dir.Join("data/corpus");
-    options.tokenizer = "sentencepiece";
-    options.vocab_size = 300;
-    PrepareStats stats;
-    Status st = PrepareDataset(Env::Default(), options, &stats);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    return options.output_prefix;
-  }();
-  return prefix;
+  return datatest::SmallDatasetPrefix(7);
 }
 
 TrainConfig Tiny(const std::string& save) {
