@@ -111,11 +111,13 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
   }
   CheckpointFile moments{OptimizerFileName(src.rank, src.world), "", true, {}, moment_meta};
   std::vector<CheckpointFile> tensor_files;
-  if (src.tensor > 1) {
-    // Tensor parallel: each rank's slices and its moment shard as pieces (tensor_pieces.h); the
-    // data rank 0 of each tensor rank writes the weights, tensor rank 0 the replicated tensors.
+  if (src.tensor > 1 || src.pipeline > 1) {
+    // Tensor and pipeline parallel: each rank's slices of its stage and its moment shard as
+    // pieces (tensor_pieces.h); the data rank 0 of each (tensor, pipeline) position writes the
+    // weights, tensor rank 0 the replicated tensors, the first stage the tied embedding.
     PieceCoords pc;
     pc.tp = src.tensor_rank, pc.tensor = src.tensor, pc.dp = src.rank, pc.data = src.world;
+    pc.pp = src.pipeline_rank, pc.pipeline = src.pipeline;
     std::vector<LocalTensor> locals;
     for (const ParamInfo& p : model.params()) {
       LocalTensor t;
@@ -125,6 +127,7 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
       t.tensor_rank = src.tensor_rank;
       t.tensor_size = src.tensor;
       t.weights = const_cast<float*>(host_p + p.offset);  // only read
+      t.owner = !p.tied_copy;
       const size_t lo = std::max(p.offset, shard.begin);
       const size_t hi = std::min(p.offset + p.numel, shard.end);
       if (lo < hi) {
@@ -136,7 +139,7 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
       locals.push_back(std::move(t));
     }
     KEEL_RETURN_IF_ERROR(BuildPieceFiles(pc, locals, /*with_moments=*/true, &tensor_files));
-    if (src.rank != 0 || src.tensor_rank != 0) {
+    if (src.rank != 0 || src.tensor_rank != 0 || src.pipeline_rank != 0) {
       *out = std::move(tensor_files);
       return Status::OK();
     }
@@ -168,15 +171,18 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
                    {"nan_iterations", c.nan_iterations},
                    {"data_skipped_iterations", c.data_skipped_iterations}};
   std::vector<std::string> moment_files;
-  for (int tp = 0; tp < src.tensor; ++tp)
-    for (int r = 0; r < src.world; ++r)
-      moment_files.push_back(src.tensor > 1
-                                 ? MomentsFileName(PieceCoords{tp, src.tensor, 0, 1, r, src.world})
-                                 : OptimizerFileName(r, src.world));
+  for (int pp = 0; pp < src.pipeline; ++pp)
+    for (int tp = 0; tp < src.tensor; ++tp)
+      for (int r = 0; r < src.world; ++r)
+        moment_files.push_back(
+            src.tensor > 1 || src.pipeline > 1
+                ? MomentsFileName(PieceCoords{tp, src.tensor, pp, src.pipeline, r, src.world})
+                : OptimizerFileName(r, src.world));
   s["optimizer"] = {{"type", "adamw"},
                     {"step", ts.optimizer_step},
                     {"data_parallel_size", src.world},
                     {"tensor_parallel_size", src.tensor},
+                    {"pipeline_parallel_size", src.pipeline},
                     {"sharded", src.sharded},
                     {"files", moment_files},
                     {"beta1", opt.config().beta1},

@@ -66,6 +66,10 @@ struct TrainCheckpointSource {
   bool sharded = false;
   int tensor_rank = 0;
   int tensor = 1;
+  // Pipeline parallel: the model holds stage `pipeline_rank` of `pipeline` (its tied embedding
+  // copy is not written: the first stage's is).
+  int pipeline_rank = 0;
+  int pipeline = 1;
 };
 
 // Host views (Backend::ViewOnHost) of the tensors a checkpoint's files point at: the weights and

@@ -393,6 +393,19 @@ const std::vector<Setting>& Settings() {
                              "with T > 1: the norms' and residuals' rows are split across the "
                              "tensor-parallel ranks (Megatron-LM's sequence parallelism)",
                              &TC::sequence_parallel));
+    // pipeline parallel
+    t->push_back(IntSetting("pipeline-model-parallel-size",
+                            "pipeline-parallel size P: the layers are cut into P stages on "
+                            "their own ranks (the data-parallel size is the ranks / (T x P))",
+                            &TC::pipeline_model_parallel_size));
+    t->push_back(IntSetting("num-layers-per-virtual-pipeline-stage",
+                            "with P > 1: layers per model chunk of the interleaved schedule "
+                            "(0: one chunk per stage, the 1F1B schedule)",
+                            &TC::num_layers_per_virtual_pipeline_stage));
+    t->push_back(StringSetting("pp-partition-method", "METHOD",
+                               "with P > 1: how layers are cut into stages: \"\" (Megatron-LM's "
+                               "split), uniform, parameters, or type:REGEX (Megatron-DeepSpeed's)",
+                               &TC::pp_partition_method));
     // data parallel
     t->push_back(
         BoolSetting("use-distributed-optimizer",

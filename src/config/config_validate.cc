@@ -184,6 +184,11 @@ Status ValidateResolvedModel(const TrainConfig* c) {
 Status ValidateBatch(const TrainConfig* c) {
   KEEL_RETURN_IF_ERROR(Positive("micro-batch-size", c->micro_batch_size));
   KEEL_RETURN_IF_ERROR(Positive("tensor-model-parallel-size", c->tensor_model_parallel_size));
+  KEEL_RETURN_IF_ERROR(Positive("pipeline-model-parallel-size", c->pipeline_model_parallel_size));
+  if (c->num_layers_per_virtual_pipeline_stage < 0)
+    return Invalid(fmt::format(
+        "--num-layers-per-virtual-pipeline-stage {} must be at least 0 (0: no interleaving)",
+        c->num_layers_per_virtual_pipeline_stage));
   if (c->data_parallel_size < 1) {
     return Status::Internal(
         fmt::format("data-parallel size {} must be at least 1", c->data_parallel_size));
@@ -777,6 +782,16 @@ Status Validate(TrainConfig* cfg, std::vector<std::string>* notes) {
   // The values as given: every size the defaults compute with is in range after these.
   KEEL_RETURN_IF_ERROR(ValidateModel(cfg, notes));
   KEEL_RETURN_IF_ERROR(ValidateGuard(*cfg));
+  // Launch scripts pass it from an unquoted variable ($GPT_ARGS) that `bash -c` re-parses; run
+  // directly, the shell's quotes arrive in the value.
+  if (std::string& m = cfg->pp_partition_method;
+      m.size() >= 2 && (m[0] == '\'' || m[0] == '"') && m.back() == m[0]) {
+    notes->push_back(fmt::format(
+        "--pp-partition-method {}: read as {} (the quotes are a shell's, left in by a script "
+        "that expands its arguments without re-parsing them)",
+        m, m.substr(1, m.size() - 2)));
+    m = m.substr(1, m.size() - 2);
+  }
   KEEL_RETURN_IF_ERROR(ValidateBatch(cfg));
   KEEL_RETURN_IF_ERROR(ValidateDataFlags(*cfg));
   KEEL_RETURN_IF_ERROR(ValidateVocab(cfg));

@@ -74,34 +74,10 @@ void Note(Outcome* out, const ForeignGiven& g, const std::string& why) {
   out->notes->push_back(fmt::format("{}: {}", g.where, why));
 }
 
-// The pipeline size: 1 is what keel does, more is a feature it does not have yet (tensor
-// parallelism, --tensor-model-parallel-size, is a keel setting).
-Resolver PipelineSize() {
-  return [](const ForeignGiven& g, const Context& c, Outcome* out) {
-    const std::optional<int64_t> v = c.Int(g.flag->name, 1, out);
-    if (!v) return;
-    if (*v < 1) {
-      out->errors.push_back(fmt::format(
-          "{}: a parallel size must be at least 1 (keel trains with one pipeline stage)", g.where));
-    } else if (*v > 1) {
-      out->not_yet.push_back(fmt::format(
-          "{} (pipeline parallelism: keel trains tensor parallel (--tensor-model-parallel-size) "
-          "and data parallel, not yet pipeline parallel; give it 1)",
-          g.where));
-    }
-  };
-}
-
-// A flag that means something only with more than one tensor- or pipeline-parallel rank. The
-// tensor size is a keel setting (the config's), the pipeline size a foreign flag.
-Resolver NeedsParallel(const char* size_flag, const char* feature, const char* why_nothing) {
+// A flag that means something only with more than one tensor-parallel rank.
+Resolver NeedsTensorParallel(const char* feature, const char* why_nothing) {
   return [=](const ForeignGiven& g, const Context& c, Outcome* out) {
-    Outcome scratch{out->notes, {}, {}};
-    const std::optional<int64_t> size =
-        std::string_view(size_flag) == "tensor-model-parallel-size"
-            ? std::optional<int64_t>(c.cfg->tensor_model_parallel_size)
-            : c.Int(size_flag, 1, &scratch);
-    if (size.value_or(1) > 1)
+    if (c.cfg->tensor_model_parallel_size > 1)
       out->not_yet.push_back(fmt::format("{} ({})", g.where, feature));
     else
       Note(out, g, why_nothing);
@@ -159,22 +135,6 @@ const std::vector<Entry>& Entries() {
     add(Alias("model-parallel-size", "tensor-model-parallel-size"));         // Megatron's old name
     // Megatron-DeepSpeed: --checkpoint-activations' chunk of layers (Megatron-LM's uniform method).
     add(Alias("checkpoint-num-layers", "recompute-num-layers"));
-    // Pipeline parallelism keel does not have yet (size 1: what keel does).
-    add(Value("pipeline-model-parallel-size", Kind::kNotYet, "pipeline-parallel size; keel: 1"),
-        PipelineSize());
-    add(Value("num-layers-per-virtual-pipeline-stage", Kind::kNotYet,
-              "interleaved pipeline stages; not in keel"),
-        [](const ForeignGiven& g, const Context&, Outcome* out) {
-          out->not_yet.push_back(fmt::format(
-              "{} (the interleaved pipeline schedule: keel trains tensor parallel, not yet "
-              "pipeline parallel)",
-              g.where));
-        });
-    add(Value("pp-partition-method", Kind::kAccepted,
-              "how layers are cut into pipeline stages; nothing to cut with one stage"),
-        NeedsParallel("pipeline-model-parallel-size",
-                      "how layers are cut into pipeline stages: no pipeline parallelism yet",
-                      "one pipeline stage holds every layer, so there is nothing to partition"));
     add(Switch("sync-tp-duplicated-parameters", Kind::kAccepted,
                "syncs parameters duplicated across tensor-parallel ranks"),
         [](const ForeignGiven& g, const Context& c, Outcome* out) {
@@ -280,11 +240,10 @@ const std::vector<Entry>& Entries() {
         });
     add(Switch("partition-activations", Kind::kAccepted,
                "splits recomputation checkpoints across model-parallel ranks"),
-        NeedsParallel("tensor-model-parallel-size",
-                      "partitioning activation checkpoints across tensor-parallel ranks: each "
-                      "tensor-parallel rank keeps its own recomputation checkpoints",
-                      "it splits the recomputation's checkpoints across tensor-parallel ranks, "
-                      "and there is one"));
+        NeedsTensorParallel("partitioning activation checkpoints across tensor-parallel ranks: "
+                            "each tensor-parallel rank keeps its own recomputation checkpoints",
+                            "it splits the recomputation's checkpoints across tensor-parallel "
+                            "ranks, and there is one"));
     add(Value("zero-stage", Kind::kAccepted,
               "ZeRO stage: 0 replicated Adam moments, 1 sharded (keel's "
               "--use-distributed-optimizer); 2 and 3 are not in keel"));

@@ -64,7 +64,7 @@ struct TrainConfig {
   int micro_batch_size = 8;
   int global_batch_size = 16;              // 0: micro_batch_size * data_parallel_size
   std::vector<int64_t> rampup_batch_size;  // empty, or {start, increment, ramp-up samples}
-  int data_parallel_size = 1;              // world / tensor size; not a flag
+  int data_parallel_size = 1;              // world / (tensor x pipeline); not a flag
   // From a DeepSpeed config's gradient_accumulation_steps, not a flag (0: none): the global
   // batch must be micro-batch x data-parallel size x this, and is that when not given.
   int gradient_accumulation_steps = 0;
@@ -108,6 +108,16 @@ struct TrainConfig {
   // ranks, each holding a slice of every split tensor; the data-parallel size is world / T.
   int tensor_model_parallel_size = 1;
   bool sequence_parallel = false;  // Megatron-LM's --sequence-parallel (needs T > 1 to matter)
+
+  // ---- pipeline parallel (docs/pipeline.md) ----
+  // Megatron-LM's --pipeline-model-parallel-size P: the layers cut into P stages, each on its
+  // own ranks (tensor ranks adjacent, then data, then pipeline); the data-parallel size is
+  // world / (T P). --num-layers-per-virtual-pipeline-stage (0: one chunk per stage) interleaves
+  // V = layers / (P x it) chunks per stage; --pp-partition-method is Megatron-DeepSpeed's
+  // (pipeline/stage_partition.h; "": Megatron-LM's split).
+  int pipeline_model_parallel_size = 1;
+  int num_layers_per_virtual_pipeline_stage = 0;
+  std::string pp_partition_method;
 
   // ---- data parallel (docs/distributed.md) ----
   bool use_distributed_optimizer = true;  // ZeRO-1: Adam moments sharded over the ranks

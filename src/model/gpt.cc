@@ -183,6 +183,7 @@ std::vector<ParamInfo> GptModel::ParamLayout(const GptSpec& spec, int tensor,
   } else if (!stage.embedding) {
     // The tied output layer on a last stage without the embedding: its own copy (Megatron's).
     add("embedding.word_embeddings.weight", {Vp, C}, true);
+    params.back().tied_copy = true;
   }
   return params;
 }
@@ -270,6 +271,10 @@ GptModel::Dims GptModel::DimsOf(const GptSpec& spec, int tensor, bool sp) {
 }
 
 GptModel::GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp, ModelStage stage)
+    : GptModel(backend, spec, tp, stage, Storage{}) {}
+
+GptModel::GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp, ModelStage stage,
+                   Storage storage)
     : backend_(backend), spec_(spec), stage_(stage) {
   if (stage_.last_layer < 0) stage_.last_layer = spec.num_layers;
   KEEL_CHECK(stage_.first_layer >= 0 && stage_.first_layer <= stage_.last_layer &&
@@ -333,8 +338,14 @@ GptModel::GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp, Mod
       layer_first_param_[nl_] = i;
     }
   }
-  params_mem_ = backend_->AllocFloats(num_params_);
-  grads_mem_ = backend_->AllocFloats(num_params_);
+  if (storage.params != nullptr) {
+    params_mem_ = storage.params;
+    grads_mem_ = storage.grads;
+    owns_storage_ = false;
+  } else {
+    params_mem_ = backend_->AllocFloats(num_params_);
+    grads_mem_ = backend_->AllocFloats(num_params_);
+  }
   if (spec.alibi) {
     // A head's slope depends on its index among all heads: this rank's heads' slopes.
     const std::vector<float> all = AlibiSlopes(spec.heads);
@@ -350,11 +361,50 @@ GptModel::GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp, Mod
   }
 }
 
+std::unique_ptr<GptModel> GptModel::MakeChunked(Backend* backend, const GptSpec& spec,
+                                                TensorParallel tp,
+                                                const std::vector<ModelStage>& chunks) {
+  KEEL_CHECK(!chunks.empty(), "a pipeline rank holds at least one model chunk");
+  if (chunks.size() == 1) return std::make_unique<GptModel>(backend, spec, tp, chunks[0]);
+  // The owner is built as chunk 0 (checked like any stage) and its buffers then laid out for all.
+  std::unique_ptr<GptModel> m(new GptModel(backend, spec, tp, chunks[0], Storage{}));
+  const int tensor = m->tp_;
+  m->params_.clear();
+  size_t total = 0;
+  for (const ModelStage& c : chunks) {
+    for (ParamInfo p : ParamLayout(spec, tensor, c)) {
+      p.offset += total;
+      m->params_.push_back(std::move(p));
+    }
+    total = m->params_.empty() ? 0 : m->params_.back().offset + m->params_.back().numel;
+  }
+  backend->Free(m->params_mem_);
+  backend->Free(m->grads_mem_);
+  m->num_params_ = total;
+  m->params_mem_ = backend->AllocFloats(total);
+  m->grads_mem_ = backend->AllocFloats(total);
+  size_t at = 0;
+  for (const ModelStage& c : chunks) {
+    m->chunks_.emplace_back(
+        new GptModel(backend, spec, tp, c, Storage{m->params_mem_ + at, m->grads_mem_ + at}));
+    at += m->chunks_.back()->num_params();
+  }
+  // Described by its span, for messages (whole_model() is false: it has chunks).
+  m->stage_.first_layer = chunks.front().first_layer;
+  m->stage_.last_layer = chunks.back().last_layer < 0 ? spec.num_layers : chunks.back().last_layer;
+  m->stage_.embedding = chunks.front().embedding;
+  m->stage_.head = chunks.back().head;
+  return m;
+}
+
 GptModel::~GptModel() {
+  chunks_.clear();
   FreeAllActivations();
   if (lowp_params_) backend_->Free(lowp_params_);
-  backend_->Free(params_mem_);
-  backend_->Free(grads_mem_);
+  if (owns_storage_) {
+    backend_->Free(params_mem_);
+    backend_->Free(grads_mem_);
+  }
   if (alibi_slopes_) backend_->Free(alibi_slopes_);
   if (rope_cos_sin_) backend_->Free(rope_cos_sin_);
   if (partial_grads_) backend_->Free(partial_grads_);
@@ -395,6 +445,8 @@ int64_t GptModel::FormulaParamCount(const GptSpec& s) {
 
 void GptModel::Initialize(uint64_t seed, float std) {
   lowp_stale_ = true;
+  for (auto& c : chunks_) c->Initialize(seed, std);
+  if (!chunks_.empty()) return;
   const float proj_std = std / std::sqrt(2.0f * static_cast<float>(spec_.num_layers));
   std::vector<float> host;
   for (size_t pi = 0; pi < params_.size(); ++pi) {
@@ -601,6 +653,7 @@ uint16_t* GptModel::LowpLnfInput() const {
 }
 
 void GptModel::set_recompute(Recompute r, int full_layers) {
+  for (auto& c : chunks_) c->set_recompute(r, full_layers);
   // A stage recomputes its own first `full_layers` layers (Megatron's count is per stage).
   GptSpec local = spec_;
   local.num_layers = nl_;
@@ -872,6 +925,7 @@ size_t GptModel::StageActivationFloats(int B, int T) const {
 
 double GptModel::StageForward(int slot, const int32_t* tokens, const float* input,
                               const int32_t* targets, int B, int T, float dloss, float* output) {
+  KEEL_CHECK(chunks_.empty(), "a chunked model computes through its chunks (chunk(c))");
   KEEL_CHECK(stage_.embedding ? tokens != nullptr : input != nullptr,
              fmt::format("StageForward of {}: the {} is missing", stage_.Describe(spec_.num_layers),
                          stage_.embedding ? "tokens" : "previous stage's output"));
@@ -884,6 +938,7 @@ double GptModel::StageForward(int slot, const int32_t* tokens, const float* inpu
 }
 
 void GptModel::StageBackward(int slot, const float* output_grad, float* input_grad) {
+  KEEL_CHECK(chunks_.empty(), "a chunked model computes through its chunks (chunk(c))");
   KEEL_CHECK(stage_.head || output_grad != nullptr,
              "StageBackward: the gradient of the stage's output is missing");
   KEEL_CHECK(stage_.embedding || input_grad != nullptr,

@@ -48,6 +48,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,9 @@ struct ParamInfo {
   bool weight_decay = false;   // matrices and embeddings decay; biases and norms do not
   std::vector<int64_t> full_shape;  // the whole tensor's shape
   TensorSplit split;                // how the whole tensor is cut across tensor ranks
+  // The last pipeline stage's copy of the tied word embeddings: the same values as the first
+  // stage's, so the whole model's statistics, checkpoints and hashes count it there only.
+  bool tied_copy = false;
 };
 
 // The part of the whole model a pipeline stage holds (see the top of this file). The default is
@@ -106,6 +110,14 @@ class GptModel {
   // `stage`: the layers and ends this model holds (ModelStage); its embedding must be where its
   // first layer is 0, its head where its last is num_layers (KeelError otherwise).
   GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp = {}, ModelStage stage = {});
+  // The interleaved pipeline schedule's V model chunks of one rank (virtual stages r, P + r, ...)
+  // as one model: its parameter and gradient buffers hold the chunks' one after another (params()
+  // lists them so), and chunk(c) is a GptModel working on its part, which the pipeline step runs.
+  // The whole buffers are what the optimizer, the reductions and checkpoints see; only the chunks
+  // compute. One stage: the plain stage model.
+  static std::unique_ptr<GptModel> MakeChunked(Backend* backend, const GptSpec& spec,
+                                               TensorParallel tp,
+                                               const std::vector<ModelStage>& chunks);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -117,10 +129,13 @@ class GptModel {
   // The pipeline stage this model holds (last_layer resolved), and whether it is the whole model.
   const ModelStage& stage() const { return stage_; }
   bool whole_model() const {
-    return stage_.embedding && stage_.head && stage_.first_layer == 0 &&
+    return chunks_.empty() && stage_.embedding && stage_.head && stage_.first_layer == 0 &&
            stage_.last_layer == spec_.num_layers;
   }
   int num_stage_layers() const { return nl_; }
+  // The model chunks this model computes with: itself, or MakeChunked's chunks.
+  int num_chunks() const { return chunks_.empty() ? 1 : static_cast<int>(chunks_.size()); }
+  GptModel& chunk(int c) { return chunks_.empty() ? *this : *chunks_.at(static_cast<size_t>(c)); }
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo* FindParam(const std::string& name) const;
   size_t num_params() const { return num_params_; }
@@ -131,11 +146,16 @@ class GptModel {
   // marked stale, and the next Forward converts the weights again (bf16/fp16 only).
   float* mutable_param_data() {
     lowp_stale_ = true;
+    for (auto& c : chunks_) c->lowp_stale_ = true;
     return params_mem_;
   }
   // How many times the weights were converted to their 16-bit compute copy (tests check that a
   // save does not force one).
-  int64_t lowp_conversions() const { return lowp_conversions_; }
+  int64_t lowp_conversions() const {
+    int64_t n = lowp_conversions_;
+    for (const auto& c : chunks_) n += c->lowp_conversions_;
+    return n;
+  }
   float* grad_data() { return grads_mem_; }
   // For an optimizer that rewrites every weight: the fp32 weights and the 16-bit compute copy
   // (nullptr in fp32, or when the copy is not current), which the optimizer must then rewrite
@@ -203,7 +223,10 @@ class GptModel {
   // A step's accumulation begins: the next Backward writes every gradient (the same values as
   // ZeroGrad() then Backward(), without a zeroing pass over the buffer or the products reading
   // it back). grad_data() holds stale values until then.
-  void StartGradAccumulation() { overwrite_grads_ = true; }
+  void StartGradAccumulation() {
+    overwrite_grads_ = true;
+    for (auto& c : chunks_) c->overwrite_grads_ = true;
+  }
   // Called by Backward after each layer with the offset from which on every gradient is final
   // (the data-parallel reduction starts on those while backward goes on); empty: not called.
   void set_grad_ready(std::function<void(size_t from)> f) { grad_ready_ = std::move(f); }
@@ -242,6 +265,14 @@ class GptModel {
   static uint64_t ParamCount(const GptSpec& spec);
 
  private:
+  // A chunk of MakeChunked's: its parameters and gradients live at `params` and `grads`, which
+  // the owner allocated.
+  struct Storage {
+    float* params = nullptr;
+    float* grads = nullptr;
+  };
+  GptModel(Backend* backend, const GptSpec& spec, TensorParallel tp, ModelStage stage,
+           Storage storage);
   struct LayerParams;
   struct Activations;
   struct BufferSource;
@@ -312,7 +343,9 @@ class GptModel {
   size_t num_params_ = 0;
   float* params_mem_ = nullptr;
   float* grads_mem_ = nullptr;
-  float* alibi_slopes_ = nullptr;  // (NH) on the backend, if ALiBi
+  bool owns_storage_ = true;  // false for a chunk (the owner frees the buffers)
+  std::vector<std::unique_ptr<GptModel>> chunks_;  // MakeChunked's, over params_mem_
+  float* alibi_slopes_ = nullptr;                  // (NH) on the backend, if ALiBi
   float* rope_cos_sin_ = nullptr;  // (max_positions, rot): cos then sin per position, if RoPE
   // The weights in the backend's 16-bit format (bf16/fp16 precision), converted from params_mem_
   // by the first Forward after mutable_param_data() was handed out; nullptr in fp32.

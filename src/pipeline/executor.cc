@@ -82,6 +82,7 @@ Status RunPipelineSchedule(const PipelineSchedule& s, Communicator* comm, const 
           return Status::Internal(
               fmt::format("pipeline stage {}: {} before its output was computed", r, ToString(a)));
         }
+        if (fns.before_transfer) fns.before_transfer();
         comm->Send(buf.data(), n, a.peer);
         st.bytes_sent += static_cast<int64_t>(n * sizeof(float));
         ++st.sends;
@@ -90,6 +91,7 @@ Status RunPipelineSchedule(const PipelineSchedule& s, Communicator* comm, const 
       case PipeOp::kRecvActivation:
       case PipeOp::kRecvGrad: {
         std::vector<float> buf(n);
+        if (fns.before_transfer) fns.before_transfer();
         comm->Recv(buf.data(), n, a.peer);
         inputs[{a.op == PipeOp::kRecvGrad, a.microbatch, a.chunk}] = std::move(buf);
         st.bytes_received += static_cast<int64_t>(n * sizeof(float));

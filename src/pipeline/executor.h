@@ -24,6 +24,8 @@ struct StageFunctions {
   // Backward: `output_grad` null on the last virtual stage (it starts from the loss),
   // `input_grad` null on the first.
   std::function<void(int mb, int chunk, const float* output_grad, float* input_grad)> backward;
+  // Optional: before each send and receive.
+  std::function<void()> before_transfer;
 };
 
 struct PipelineRunStats {

@@ -61,7 +61,7 @@ void SyncTiedEmbeddingGrads(Communicator* pipeline, const std::vector<GptModel*>
 Status RunPipelineStep(const PipelineSchedule& schedule, Communicator* pipeline,
                        const std::vector<GptModel*>& chunks,
                        const std::vector<PipelineMicroBatch>& microbatches, int B, int T,
-                       float dloss, PipelineStepResult* out) {
+                       float dloss, PipelineStepResult* out, const PipelineStepHooks& hooks) {
   const int P = schedule.stages, V = schedule.chunks, r = pipeline->rank();
   if (static_cast<int>(chunks.size()) != V) {
     return Status::InvalidArgument(fmt::format(
@@ -101,27 +101,67 @@ Status RunPipelineStep(const PipelineSchedule& schedule, Communicator* pipeline,
       free_slots[c].erase(free_slots[c].begin());
     }
     slot_of[c][mb] = slot;
+    if (hooks.on_compute) hooks.on_compute(false);
     peak = std::max(peak, static_cast<int>(slot_of[c].size()));
     const PipelineMicroBatch& batch = microbatches[mb];
     loss_sum +=
         chunks[c]->StageForward(slot, batch.tokens, input, batch.targets, B, T, dloss, output);
+    if (hooks.after_forward) hooks.after_forward(mb, c);
   };
   fns.backward = [&](int mb, int c, const float* output_grad, float* input_grad) {
     auto it = slot_of[c].find(mb);
     KEEL_CHECK(it != slot_of[c].end(), "pipeline step: a backward before its forward");
+    if (hooks.on_compute) hooks.on_compute(true);
     chunks[c]->StageBackward(it->second, output_grad, input_grad);
     free_slots[c].insert(it->second);
     slot_of[c].erase(it);
   };
+  fns.before_transfer = hooks.on_transfer;
   PipelineStepResult res;
   Status st = RunPipelineSchedule(schedule, pipeline, fns, &res.stats);
   if (!st.ok()) return st;
+  if (hooks.on_transfer) hooks.on_transfer();
   SyncTiedEmbeddingGrads(pipeline, chunks);
   // Only the last stage has the loss; the others add 0 (exact).
   pipeline->AllReduceSumHost(&loss_sum, 1);
   res.loss_sum = loss_sum;
   res.peak_slots = peak;
   if (out != nullptr) *out = res;
+  return Status::OK();
+}
+
+Status RunPipelineForward(Communicator* pipeline, const std::vector<GptModel*>& chunks,
+                          const std::vector<PipelineMicroBatch>& microbatches, int B, int T,
+                          double* loss_sum, const PipelineStepHooks& hooks) {
+  const int P = pipeline->world_size(), r = pipeline->rank();
+  const int V = static_cast<int>(chunks.size());
+  if (V == 0) return Status::InvalidArgument("pipeline forward: no model chunks");
+  const size_t floats = chunks[0]->StageActivationFloats(B, T);
+  std::vector<float> in(floats), out(floats);
+  double sum = 0;
+  // Virtual stage v runs on rank v % P as chunk v / P; consecutive ones are on different ranks
+  // (P >= 2), and every rank meets the sends and receives in the one global order: no deadlock.
+  for (int mb = 0; mb < static_cast<int>(microbatches.size()); ++mb) {
+    for (int v = 0; v < P * V; ++v) {
+      if (v % P != r) continue;
+      const int c = v / P;
+      const bool first = v == 0, last = v == P * V - 1;
+      if (!first) {
+        if (hooks.on_transfer) hooks.on_transfer();
+        pipeline->Recv(in.data(), floats, (v - 1) % P);
+      }
+      const PipelineMicroBatch& batch = microbatches[mb];
+      if (hooks.on_compute) hooks.on_compute(false);
+      sum += chunks[c]->StageForward(0, batch.tokens, first ? nullptr : in.data(), batch.targets, B,
+                                     T, 0.0f, last ? nullptr : out.data());
+      if (hooks.after_forward) hooks.after_forward(mb, c);
+      if (last) continue;
+      if (hooks.on_transfer) hooks.on_transfer();
+      pipeline->Send(out.data(), floats, (v + 1) % P);
+    }
+  }
+  pipeline->AllReduceSumHost(&sum, 1);
+  *loss_sum = sum;
   return Status::OK();
 }
 

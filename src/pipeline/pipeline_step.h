@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -30,6 +31,17 @@ struct PipelineMicroBatch {
   const int32_t* targets = nullptr;
 };
 
+// What a caller hears during a step (each optional).
+struct PipelineStepHooks {
+  // Right after chunk `chunk`'s forward of micro-batch `mb` (its model's last forward is that
+  // micro-batch's: the loss of each sequence, log Z, the attention logits can be read).
+  std::function<void(int mb, int chunk)> after_forward;
+  // Before each forward (false) or backward (true) computes, and before each send or receive
+  // (a run's phases: compute and the waits on other stages told apart).
+  std::function<void(bool backward)> on_compute;
+  std::function<void()> on_transfer;
+};
+
 struct PipelineStepResult {
   // The sum of the micro-batches' mean losses (the last stage's), the same on every stage.
   double loss_sum = 0;
@@ -47,7 +59,15 @@ struct PipelineStepResult {
 Status RunPipelineStep(const PipelineSchedule& schedule, Communicator* pipeline,
                        const std::vector<GptModel*>& chunks,
                        const std::vector<PipelineMicroBatch>& microbatches, int B, int T,
-                       float dloss, PipelineStepResult* out);
+                       float dloss, PipelineStepResult* out, const PipelineStepHooks& hooks = {});
+
+// The forward of every micro-batch only (an evaluation, the guard's reruns), one micro-batch
+// after another through the virtual stages in order: *loss_sum is the sum of their mean losses,
+// added in micro-batch order on the last stage (the same bits as RunPipelineStep's on the same
+// weights and batches), the same on every stage. Every rank of the pipeline group calls it.
+Status RunPipelineForward(Communicator* pipeline, const std::vector<GptModel*>& chunks,
+                          const std::vector<PipelineMicroBatch>& microbatches, int B, int T,
+                          double* loss_sum, const PipelineStepHooks& hooks = {});
 
 // With a tied output layer split from the embedding (first and last stage differ): the first
 // stage's embedding.word_embeddings.weight gradient and the last stage's copy's are both replaced

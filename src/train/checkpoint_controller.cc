@@ -18,6 +18,8 @@ TrainCheckpointSource CheckpointSourceOf(Trainer& trainer) {
   src.world = trainer.data_comm()->world_size();
   src.tensor_rank = trainer.tensor_rank();
   src.tensor = trainer.tensor_size();
+  src.pipeline_rank = trainer.pipeline_rank();
+  src.pipeline = trainer.pipeline_size();
   src.sharded = trainer.sharded_optimizer();
   return src;
 }

@@ -9,6 +9,8 @@
 #include "core/log.h"
 #include "model/flops.h"
 #include "model/tensor_split.h"
+#include "pipeline/pipeline_step.h"
+#include "pipeline/stage_partition.h"
 
 namespace keel {
 
@@ -28,6 +30,9 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, TrainerGroups groups,
       data_comm_(groups.data != nullptr ? groups.data : groups.world),
       tensor_comm_(groups.tensor != nullptr && groups.tensor->world_size() > 1 ? groups.tensor
                                                                                : nullptr),
+      pipeline_comm_(groups.pipeline != nullptr && groups.pipeline->world_size() > 1
+                         ? groups.pipeline
+                         : nullptr),
       data_(std::move(data)),
       rampup_(BatchRampup::FromConfig(cfg)),
       schedule_(LrSchedule::FromConfig(cfg)) {
@@ -38,11 +43,29 @@ Trainer::Trainer(const TrainConfig& cfg, Backend* backend, TrainerGroups groups,
   if (tensor_comm_ != nullptr) {
     tp_size_ = tensor_comm_->world_size();
     tp_rank_ = tensor_comm_->rank();
-    KEEL_CHECK(comm_->world_size() == tp_size_ * data_comm_->world_size(),
-               "the world is the tensor group times the data group");
   }
-  model_ = std::make_unique<GptModel>(backend_, cfg_.model,
-                                      TensorParallel{tensor_comm_, cfg_.sequence_parallel});
+  if (pipeline_comm_ != nullptr) {
+    pp_size_ = pipeline_comm_->world_size();
+    pp_rank_ = pipeline_comm_->rank();
+  }
+  KEEL_CHECK(comm_->world_size() == tp_size_ * pp_size_ * data_comm_->world_size(),
+             "the world is the tensor group times the pipeline group times the data group");
+  const TensorParallel tp{tensor_comm_, cfg_.sequence_parallel};
+  if (pp_size_ > 1) {
+    // This rank's stage: its model chunks (virtual stages rank, P + rank, ... when interleaved),
+    // one model over one buffer (GptModel::MakeChunked).
+    const int per = cfg_.num_layers_per_virtual_pipeline_stage;
+    const int V = per > 0 ? cfg_.model.num_layers / (pp_size_ * per) : 1;
+    const Status st = PartitionStages(cfg_.pp_partition_method, PartitionModelOf(cfg_.model),
+                                      pp_size_, V, &parts_);
+    KEEL_CHECK(st.ok(), "unvalidated pipeline layout: " + st.message());
+    std::vector<ModelStage> stages;
+    for (int c = 0; c < V; ++c) stages.push_back(ModelStageOf(parts_, pp_size_, pp_rank_, c));
+    model_ = GptModel::MakeChunked(backend_, cfg_.model, tp, stages);
+    for (int c = 0; c < V; ++c) chunks_.push_back(&model_->chunk(c));
+  } else {
+    model_ = std::make_unique<GptModel>(backend_, cfg_.model, tp);
+  }
   model_->set_recompute(cfg_.recompute_granularity, cfg_.full_recompute_layers());
   ResetLossScaler();
   AdamWConfig oc;
@@ -170,6 +193,61 @@ Status Trainer::LoadSequence(const IterationPlan& plan, int64_t m, int b) {
   return Status::OK();
 }
 
+Status Trainer::LoadPipelineBatch(const IterationPlan& plan, int64_t num_micro) {
+  const size_t mbs = static_cast<size_t>(cfg_.micro_batch_size), T = cfg_.seq_length;
+  pp_inputs_.resize(num_micro * mbs * T);
+  pp_targets_.resize(num_micro * mbs * T);
+  pp_dataset_of_.resize(num_micro * mbs);
+  for (int64_t m = 0; m < num_micro; ++m) {
+    for (size_t b = 0; b < mbs; ++b)
+      KEEL_RETURN_IF_ERROR(LoadSequence(plan, m, static_cast<int>(b)));
+    std::copy(inputs_.begin(), inputs_.end(), pp_inputs_.begin() + m * mbs * T);
+    std::copy(targets_.begin(), targets_.end(), pp_targets_.begin() + m * mbs * T);
+    std::copy(dataset_of_.begin(), dataset_of_.end(), pp_dataset_of_.begin() + m * mbs);
+  }
+  return Status::OK();
+}
+
+const PipelineSchedule& Trainer::ScheduleFor(int64_t micro) {
+  auto it = schedules_.find(micro);
+  if (it != schedules_.end()) return it->second;
+  PipelineSchedule s;
+  const Status st =
+      MakePipelineSchedule(pp_size_, static_cast<int>(micro), static_cast<int>(chunks_.size()), &s);
+  KEEL_CHECK(st.ok(), "unvalidated pipeline layout: " + st.message());
+  return schedules_.emplace(micro, std::move(s)).first->second;
+}
+
+double Trainer::PipelineForwardLoss(const int32_t* samples, int64_t micro) {
+  const size_t mbs = static_cast<size_t>(cfg_.micro_batch_size), T = cfg_.seq_length;
+  std::vector<int32_t> in(micro * mbs * T), tg(micro * mbs * T);
+  for (size_t i = 0; i < static_cast<size_t>(micro) * mbs; ++i) {
+    const int32_t* s = samples + i * (T + 1);
+    std::copy(s, s + T, in.data() + i * T);
+    std::copy(s + 1, s + T + 1, tg.data() + i * T);
+  }
+  std::vector<PipelineMicroBatch> batches(static_cast<size_t>(micro));
+  for (int64_t m = 0; m < micro; ++m)
+    batches[m] = {in.data() + m * mbs * T, tg.data() + m * mbs * T};
+  double sum = 0;
+  const Status st = RunPipelineForward(pipeline_comm_, chunks_, batches, static_cast<int>(mbs),
+                                       static_cast<int>(T), &sum);
+  KEEL_CHECK(st.ok(), st.message());
+  return sum;
+}
+
+std::string Trainer::DescribeStage() const {
+  if (pp_size_ == 1) return "the whole model";
+  std::string s = fmt::format("stage {} of {}: ", pp_rank_, pp_size_);
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (c > 0) s += ", ";
+    if (chunks_.size() > 1)
+      s += fmt::format("chunk {} (virtual stage {}) ", c, c * pp_size_ + pp_rank_);
+    s += chunks_[c]->stage().Describe(cfg_.model.num_layers);
+  }
+  return s;
+}
+
 Status Trainer::ComputeGradients(const IterationPlan& plan, StepResult* r) {
   const MicroBatchSchedule& sched = plan.schedule;
   const int mbs = sched.micro_batch_size, T = cfg_.seq_length, dp = sched.data_parallel_size;
@@ -203,7 +281,50 @@ Status Trainer::ComputeGradients(const IterationPlan& plan, StepResult* r) {
   model_->StartGradAccumulation();  // the first micro-batch's backward writes the gradients
   float* grads = model_->grad_data();
   const size_t n = model_->num_params();
-  for (int64_t m = 0; m < num_micro; ++m) {
+  if (pp_size_ > 1) {
+    // Pipeline parallel: every stage reads the iteration's samples, then the schedule runs the
+    // micro-batches through the stages; the last stage's chunk measures the loss and its parts.
+    EnterPhase(Phase::kData);
+    Status st = LoadPipelineBatch(plan, num_micro);
+    if (!st.ok()) {
+      if (corrupted != nullptr)
+        backend_->CopyToDevice(model_->mutable_param_data() + corrupted->offset, &corrupted_weight,
+                               1);
+      return st;
+    }
+    std::vector<PipelineMicroBatch> batches(static_cast<size_t>(num_micro));
+    for (int64_t m = 0; m < num_micro; ++m) {
+      const size_t at = static_cast<size_t>(m) * mbs * T;
+      batches[m] = {pp_inputs_.data() + at, pp_targets_.data() + at};
+    }
+    PipelineStepHooks hooks;
+    hooks.on_compute = [this](bool backward) {
+      EnterPhase(backward ? Phase::kBackward : Phase::kForward);
+    };
+    hooks.on_transfer = [this] { EnterPhase(Phase::kReduce); };
+    hooks.after_forward = [&](int mb, int c) {
+      GptModel& chunk = *chunks_[c];
+      if (chunk.stage().head) {
+        if (nd > 1) {
+          for (int b = 0; b < mbs; ++b) {
+            const int d = pp_dataset_of_[static_cast<size_t>(mb) * mbs + b];
+            dataset_loss_sum[d] += chunk.SequenceLoss(b);
+            dataset_sequences[d] += 1.0;
+          }
+        }
+        if (watch_) log_z += chunk.MeanLogZ();
+      }
+      if (watch_) max_attn_logit = std::max(max_attn_logit, chunk.LastMaxAttentionLogit());
+    };
+    PipelineStepResult res;
+    st = RunPipelineStep(ScheduleFor(num_micro), pipeline_comm_, chunks_, batches, mbs, T, dloss,
+                         &res, hooks);
+    KEEL_CHECK(st.ok(), st.message());  // the schedule and chunks are built to match
+    loss = res.loss_sum;
+    reducer_->Begin(grads, n);
+    reducer_->Ready(0);
+  }
+  for (int64_t m = 0; m < num_micro && pp_size_ == 1; ++m) {
     EnterPhase(Phase::kData);
     for (int b = 0; b < mbs; ++b) {
       Status st = LoadSequence(plan, m, b);
@@ -249,8 +370,12 @@ Status Trainer::ComputeGradients(const IterationPlan& plan, StepResult* r) {
   // Each rank now holds the sums of its shard. ZeRO-1 updates only that shard; without it every
   // rank needs every sum.
   if (!zero_) data_comm_->AllGather(grads, n);
-  // (The model's maximum is its tensor group's already.)
-  if (watch_ && dp > 1) data_comm_->AllReduceMaxHost(&max_attn_logit, 1);
+  // (The model's maximum is its tensor group's already; the stages' each their own.)
+  if (watch_ && pp_size_ > 1) {
+    comm_->AllReduceMaxHost(&max_attn_logit, 1);
+  } else if (watch_ && dp > 1) {
+    data_comm_->AllReduceMaxHost(&max_attn_logit, 1);
+  }
   // One host all-reduce for the scalars: loss and log Z (sums of micro-batch means), then the
   // per-dataset sums and counts.
   local_loss_sum_ = loss;  // this rank's, for the guard's rerun
@@ -346,15 +471,16 @@ void Trainer::Update(bool apply, StepResult* r) {
       zero_ ? GptModel::UpdatableWeights{model_->mutable_param_data(), nullptr}
             : model_->weights_for_update();
   // Tensor parallel: the replicated tensors the update changes here are counted by tensor rank 0
-  // only, so tensor ranks other than 0 take their share back out of the update's statistics.
+  // only (pipeline parallel: the tied embedding by the first stage), so the other ranks take
+  // their share back out of the update's statistics.
   const ShardRange updated = zero_ ? shard_ : ShardRange{0, model_->num_params()};
   std::vector<std::pair<size_t, size_t>> replicated;  // [begin, end) within `updated`
   std::vector<float> before;
-  if (tp_rank_ != 0) {
+  if (tp_rank_ != 0 || pp_size_ > 1) {
     for (const ParamInfo& p : model_->params()) {
       const size_t lo = std::max(p.offset, updated.begin);
       const size_t hi = std::min(p.offset + p.numel, updated.end);
-      if (!p.split.replicated() || lo >= hi) continue;
+      if (CountsParam(p) || lo >= hi) continue;
       replicated.emplace_back(lo, hi);
       before.resize(before.size() + (hi - lo));
       backend_->CopyToHost(before.data() + before.size() - (hi - lo), model_->param_data() + lo,
@@ -379,12 +505,14 @@ void Trainer::Update(bool apply, StepResult* r) {
     st.update_sq -= update_sq;
     st.param_sq -= param_sq;
   }
-  if (zero_ || tp_size_ > 1) {
-    // Every rank updated its shard (ZeRO-1) or its slice (tensor parallel): the statistics are
-    // summed over the ranks that hold different parts, the weights all-gathered over the data
-    // group.
+  if (zero_ || tp_size_ > 1 || pp_size_ > 1) {
+    // Every rank updated its shard (ZeRO-1) or its slice and stage (tensor and pipeline
+    // parallel): the statistics are summed over the ranks that hold different parts, the weights
+    // all-gathered over the data group. Without ZeRO-1 the data ranks hold the same: under
+    // pipeline parallelism (no group of one replica's ranks) data rank 0 alone adds its part.
     EnterPhase(Phase::kReduce);
-    Communicator* over = zero_ ? comm_ : tensor_comm_;
+    Communicator* over = zero_ || pp_size_ > 1 ? comm_ : tensor_comm_;
+    if (!zero_ && pp_size_ > 1 && data_comm_->rank() != 0) st.update_sq = st.param_sq = 0;
     double sums[2] = {st.update_sq, st.param_sq}, max_v = st.max_v;
     over->AllReduceSumHost(sums, 2);
     over->AllReduceMaxHost(&max_v, 1);
@@ -477,7 +605,10 @@ double Trainer::ReplayLocalLoss(const BatchRecord& b) {
   const int mbs = cfg_.micro_batch_size, T = cfg_.seq_length;
   const size_t sample = static_cast<size_t>(T) + 1;
   double sum = 0;
+  // (Every rank calls this, so the pipeline's collectives meet; a rank without the batch would
+  // have none on every rank: the records are kept alike.)
   if (b.tokens.size() != static_cast<size_t>(b.micro_batches) * mbs * sample) return NAN;
+  if (pp_size_ > 1) return PipelineForwardLoss(b.tokens.data(), b.micro_batches);
   for (int64_t m = 0; m < b.micro_batches; ++m) {
     for (int i = 0; i < mbs; ++i) {
       const int32_t* s = b.tokens.data() + (static_cast<size_t>(m) * mbs + i) * sample;
@@ -496,7 +627,7 @@ double Trainer::RerunLoss(std::vector<int>* differing_ranks) {
   const int dp = comm_->world_size();
   const double sum = ReplayLocalLoss(cur_batch_);
   std::vector<double> v(2 + static_cast<size_t>(dp), 0.0);
-  if (tp_rank_ == 0) {
+  if (replica_representative()) {
     v[0] = sum;
     v[1] = static_cast<double>(cur_batch_.micro_batches);
   }
@@ -547,6 +678,7 @@ Status Trainer::Evaluate(int64_t iters, int set, double* loss) {
   const int64_t num_micro = cfg_.global_batch_size / (static_cast<int64_t>(mbs) * dp);
   double loss_sum = 0.0;
   int64_t count = 0;
+  std::vector<int32_t> pipeline_samples;  // pipeline parallel: all of them, then one pass
   for (int64_t it = 0; it < iters; ++it) {
     for (int64_t m = 0; m < num_micro; ++m) {
       const int64_t first = (it * num_micro * dp + m * dp + data_comm_->rank()) * mbs;
@@ -554,13 +686,15 @@ Status Trainer::Evaluate(int64_t iters, int set, double* loss) {
         int32_t* s = batch_tokens_.data() + static_cast<size_t>(b) * (T + 1);
         const SampleRequest req{first + b, state_.counters.iteration, state_.data_salt};
         KEEL_RETURN_IF_ERROR(data_.samples->ReadValid(set, req, s));
+        if (pp_size_ > 1) pipeline_samples.insert(pipeline_samples.end(), s, s + T + 1);
         std::copy(s, s + T, inputs_.data() + static_cast<size_t>(b) * T);
         std::copy(s + 1, s + T + 1, targets_.data() + static_cast<size_t>(b) * T);
       }
-      loss_sum += model_->Forward(inputs_.data(), targets_.data(), mbs, T, 0.0f);
+      if (pp_size_ == 1) loss_sum += model_->Forward(inputs_.data(), targets_.data(), mbs, T, 0.0f);
       ++count;
     }
   }
+  if (pp_size_ > 1) loss_sum = PipelineForwardLoss(pipeline_samples.data(), count);
   double reduced[2] = {loss_sum, static_cast<double>(count)};
   SumOverReplicas(reduced, 2);
   *loss = reduced[0] / reduced[1];
@@ -621,19 +755,20 @@ void Trainer::AccountIteration(StepResult* r) {
 }
 
 void Trainer::SumOverReplicas(double* v, size_t n) {
-  if (tp_rank_ != 0) std::fill(v, v + n, 0.0);
+  if (!replica_representative()) std::fill(v, v + n, 0.0);
   comm_->AllReduceSumHost(v, n);
 }
 
 GradStats Trainer::LocalGradStats(const float* grads, ShardRange own) {
-  if (tp_size_ == 1) return ComputeGradStats(backend_, grads + own.begin, own.size());
+  if (tp_size_ == 1 && pp_size_ == 1)
+    return ComputeGradStats(backend_, grads + own.begin, own.size());
   GradStats total;
   for (const ParamInfo& p : model_->params()) {
     const size_t lo = std::max(p.offset, own.begin), hi = std::min(p.offset + p.numel, own.end);
     if (lo >= hi) continue;
     const GradStats g = ComputeGradStats(backend_, grads + lo, hi - lo);
     total.finite = total.finite && g.finite;
-    if (!p.split.replicated() || tp_rank_ == 0) {
+    if (CountsParam(p)) {
       total.sum_sq += g.sum_sq;
       total.num_zeros += g.num_zeros;
     }
@@ -643,26 +778,65 @@ GradStats Trainer::LocalGradStats(const float* grads, ShardRange own) {
 }
 
 std::vector<float> Trainer::WholeTensors(const std::vector<float>& local) {
-  if (tp_size_ == 1) return local;
+  if (tp_size_ == 1 && pp_size_ == 1) return local;
+  const GptSpec& spec = model_->spec();
+  // 1. This rank's tensors whole (the tensor group's slices joined), in its buffer order; the
+  //    tied embedding copy left out (the first stage has it).
   std::vector<std::string> all;
-  tensor_comm_->AllGatherBytes(
-      std::string(reinterpret_cast<const char*>(local.data()), local.size() * sizeof(float)), &all);
-  const std::vector<ParamInfo> whole = GptModel::ParamLayout(model_->spec(), 1);
-  const std::vector<ParamInfo>& mine = model_->params();
-  KEEL_CHECK(whole.size() == mine.size(), "the one-rank layout has the same tensors");
-  size_t total = 0;
-  for (const ParamInfo& p : whole) total = std::max(total, p.offset + p.numel);
-  std::vector<float> out(total);
-  for (size_t i = 0; i < mine.size(); ++i) {
-    const ParamInfo& p = mine[i];
-    KEEL_CHECK(whole[i].name == p.name, "the one-rank layout has the same tensor order");
+  if (tp_size_ > 1)
+    tensor_comm_->AllGatherBytes(
+        std::string(reinterpret_cast<const char*>(local.data()), local.size() * sizeof(float)),
+        &all);
+  std::vector<float> mine;
+  for (const ParamInfo& p : model_->params()) {
+    if (p.tied_copy) continue;
+    size_t full = 1;
+    for (int64_t d : p.full_shape) full *= static_cast<size_t>(d);
+    const size_t at = mine.size();
+    mine.resize(at + full);
+    if (tp_size_ == 1) {
+      std::copy(local.begin() + p.offset, local.begin() + p.offset + p.numel, mine.begin() + at);
+      continue;
+    }
     for (int r = 0; r < tp_size_; ++r) {
       KEEL_CHECK(all[r].size() == local.size() * sizeof(float), "tensor ranks hold equal slices");
       InsertShard(reinterpret_cast<const float*>(all[r].data()) + p.offset, p.full_shape, p.split,
-                  r, tp_size_, out.data() + whole[i].offset);
+                  r, tp_size_, mine.data() + at);
+    }
+  }
+  if (pp_size_ == 1) return mine;  // the one-rank model's order already
+  // 2. Every stage's tensors, placed by name in the one-rank model's order.
+  pipeline_comm_->AllGatherBytes(
+      std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(float)), &all);
+  const std::vector<ParamInfo> whole = GptModel::ParamLayout(spec, 1);
+  std::map<std::string, const ParamInfo*> by_name;
+  size_t total = 0;
+  for (const ParamInfo& p : whole) {
+    by_name[p.name] = &p;
+    total = std::max(total, p.offset + p.numel);
+  }
+  std::vector<float> out(total);
+  for (int s = 0; s < pp_size_; ++s) {
+    const float* src = reinterpret_cast<const float*>(all[s].data());
+    size_t at = 0;
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      for (const ParamInfo& p :
+           GptModel::ParamLayout(spec, 1, ModelStageOf(parts_, pp_size_, s, static_cast<int>(c)))) {
+        if (p.tied_copy) continue;
+        const ParamInfo* w = by_name.at(p.name);
+        KEEL_CHECK((at + p.numel) * sizeof(float) <= all[s].size(), "a stage sent fewer tensors");
+        std::copy(src + at, src + at + p.numel, out.begin() + w->offset);
+        at += p.numel;
+      }
     }
   }
   return out;
+}
+
+std::vector<float> Trainer::WholeWeights() {
+  std::vector<float> host(model_->num_params());
+  backend_->CopyToHost(host.data(), model_->param_data(), host.size());
+  return WholeTensors(host);
 }
 
 uint64_t Trainer::StateFingerprint() {

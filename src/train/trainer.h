@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +25,8 @@
 #include "optim/batch_rampup.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage_partition.h"
 #include "train/sample_source.h"
 #include "watchdog/phase_tracker.h"
 
@@ -158,10 +161,13 @@ class TrainerFaults {
 // group of its tensor position (gradients, ZeRO-1 shards, the batch's samples), and its
 // tensor-parallel group (null or size 1: no tensor parallelism). With one process per model
 // replica the data group is the world.
+// The pipeline group (null or size 1: no pipeline parallelism) links this rank's stage to the
+// others of its (tensor, data) position.
 struct TrainerGroups {
   Communicator* world = nullptr;
   Communicator* data = nullptr;
   Communicator* tensor = nullptr;
+  Communicator* pipeline = nullptr;
 };
 
 // The math of training, one iteration in steps that the run calls in order (TrainingRun's
@@ -217,8 +223,13 @@ class Trainer {
   Communicator* comm() { return comm_; }
   Communicator* data_comm() { return data_comm_; }
   Communicator* tensor_comm() { return tensor_comm_; }
+  Communicator* pipeline_comm() { return pipeline_comm_; }
   int tensor_size() const { return tp_size_; }
   int tensor_rank() const { return tp_rank_; }
+  int pipeline_size() const { return pp_size_; }
+  int pipeline_rank() const { return pp_rank_; }
+  // Pipeline parallel: this rank's stage and its chunks' layers, for the logs.
+  std::string DescribeStage() const;
   // The data-parallel gradient reduction's totals (communication time, the part not hidden
   // behind backward, bytes sent) since the trainer was built.
   const ReductionStats& reduction_stats() const { return reducer_->stats(); }
@@ -244,6 +255,9 @@ class Trainer {
   // collective: every rank calls it). Tensor parallel: over the whole tensors, gathered from the
   // slices in the one-rank model's order, so the value does not depend on the layout.
   uint64_t StateFingerprint();
+  // The weights as the one-rank model's buffer (ParamLayout(spec) order), joined from every
+  // tensor and pipeline rank's part (a collective over this rank's tensor and pipeline groups).
+  std::vector<float> WholeWeights();
   double FlopsPerIteration(int64_t global_batch) const;
 
   // The guard's probes, between ComputeGradients and Update (every rank calls them together: a
@@ -279,9 +293,22 @@ class Trainer {
   // Mean lm loss of the current weights over `iters` batches of validation set `set`.
   Status Evaluate(int64_t iters, int set, double* loss);
 
-  // The world's sum of a per-replica value that every tensor rank of a replica holds (a loss):
-  // only tensor rank 0 adds its own, so every rank gets the same bits.
+  // The world's sum of a per-replica value that every tensor rank (and pipeline stage) of a
+  // replica holds (a loss): only one rank per replica adds its own, so every rank gets the same
+  // bits.
   void SumOverReplicas(double* v, size_t n);
+  // Whether this rank adds parameter `p` to the whole model's statistics: a split tensor's slice
+  // always; a replicated one on tensor rank 0 only; the last stage's tied embedding copy never.
+  bool CountsParam(const ParamInfo& p) const {
+    return !p.tied_copy && (!p.split.replicated() || tp_rank_ == 0);
+  }
+  // Pipeline parallel: micro-batch m's tokens of this iteration (every stage reads them all).
+  Status LoadPipelineBatch(const IterationPlan& plan, int64_t num_micro);
+  // The forward of `micro` recorded micro-batches' (b, T + 1) samples through the stages; the sum
+  // of their mean losses (every stage gets it).
+  double PipelineForwardLoss(const int32_t* samples, int64_t micro);
+  // The schedule of `micro` micro-batches (built once per count).
+  const PipelineSchedule& ScheduleFor(int64_t micro);
   // This rank's share of the whole model's gradient statistics over own = [begin, end) of its
   // buffer: split tensors' elements each counted by the rank holding them, replicated tensors by
   // tensor rank 0 only; finiteness from every element.
@@ -292,10 +319,18 @@ class Trainer {
 
   TrainConfig cfg_;
   Backend* backend_;
-  Communicator* comm_;                   // the world
-  Communicator* data_comm_ = nullptr;    // the data-parallel group
-  Communicator* tensor_comm_ = nullptr;  // the tensor-parallel group (null: none)
+  Communicator* comm_;                     // the world
+  Communicator* data_comm_ = nullptr;      // the data-parallel group
+  Communicator* tensor_comm_ = nullptr;    // the tensor-parallel group (null: none)
+  Communicator* pipeline_comm_ = nullptr;  // the pipeline group (null: none)
   int tp_size_ = 1, tp_rank_ = 0;
+  int pp_size_ = 1, pp_rank_ = 0;
+  std::vector<GptModel*> chunks_;   // the model chunks this rank computes (pipeline parallel)
+  std::vector<StageLayers> parts_;  // every virtual stage's layers (PartitionStages)
+  std::map<int64_t, PipelineSchedule> schedules_;
+  // Pipeline parallel: the iteration's micro-batches, (m, b, T) inputs and targets.
+  std::vector<int32_t> pp_inputs_, pp_targets_;
+  std::vector<int> pp_dataset_of_;
   TrainerData data_;
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<AdamW> optimizer_;
@@ -319,6 +354,9 @@ class Trainer {
   };
   BatchRecord cur_batch_, prev_batch_;
   double local_loss_sum_ = 0;  // this rank's sum of its micro-batch losses, this iteration
+  // The one rank of each model replica that adds the replica's losses to the world's sums (tensor
+  // rank 0 of the last stage, which measures them).
+  bool replica_representative() const { return tp_rank_ == 0 && pp_rank_ == pp_size_ - 1; }
   double ReplayLocalLoss(const BatchRecord& b);
   std::vector<int> dataset_of_;                     // dataset of each sequence of the micro-batch
   std::vector<IterationRange> config_skip_ranges_;  // --skip-train-iteration/samples-range

@@ -302,7 +302,18 @@ Status TrainingRun::PrintSample() {
   go.max_new_tokens = cfg_.sample_tokens;
   go.seed = cfg_.seed;
   go.window = cfg_.seq_length;
-  std::vector<int32_t> out = Generate(trainer_->model(), prompt, go);
+  std::vector<int32_t> out;
+  if (trainer_->pipeline_size() > 1) {
+    // Pipeline parallel: the stages' weights joined into a whole model on rank 0, which
+    // generates alone (the others only send their tensors).
+    const std::vector<float> whole = trainer_->WholeWeights();
+    if (comm_->rank() != 0) return Status::OK();
+    GptModel model(backend_.get(), trainer_->model().spec());
+    backend_->CopyToDevice(model.mutable_param_data(), whole.data(), whole.size());
+    out = Generate(model, prompt, go);
+  } else {
+    out = Generate(trainer_->model(), prompt, go);
+  }
   prompt.insert(prompt.end(), out.begin(), out.end());  // decoded together: see sample_cmd.cc
   if (comm_->rank() == 0)
     Log("sample (temperature {}, top-k {}):\n{}", go.temperature, go.top_k, tok->Decode(prompt));

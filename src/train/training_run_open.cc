@@ -55,16 +55,19 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   // parallel T: the data-parallel size is world / T (a world that T does not divide is refused
   // by CheckLayout, before any work).
   const int world = r.comm_->world_size(), tensor = r.cfg_.tensor_model_parallel_size;
-  const bool divides = tensor >= 1 && world % tensor == 0;
-  r.cfg_.data_parallel_size = divides ? world / tensor : world;
+  const int pipeline = r.cfg_.pipeline_model_parallel_size;
+  const bool divides = tensor >= 1 && pipeline >= 1 && world % (tensor * pipeline) == 0;
+  r.cfg_.data_parallel_size = divides ? world / (tensor * pipeline) : world;
   // The ranks run one job (the same settings, one directory, no other job in it), and the run
   // directory is checked before any work, so a long run never fails at its end.
   KEEL_RETURN_IF_ERROR(AgreeOnConfig(r.comm_, r.cfg_));
-  // The groups of the layout (every rank agreed on T just now): tensor ranks adjacent.
-  if (divides && tensor > 1) {
-    KEEL_RETURN_IF_ERROR(ProcessMesh::Make(r.comm_, tensor, /*pipeline=*/1, &r.mesh_));
+  // The groups of the layout (every rank agreed on T and P just now): tensor ranks adjacent,
+  // then data, then pipeline.
+  if (divides && (tensor > 1 || pipeline > 1)) {
+    KEEL_RETURN_IF_ERROR(ProcessMesh::Make(r.comm_, tensor, pipeline, &r.mesh_));
     // Each group's collectives in a flight recorder of its own (hang dumps name the group).
-    r.health_->AddGroup("tensor", r.mesh_->tensor());
+    if (tensor > 1) r.health_->AddGroup("tensor", r.mesh_->tensor());
+    if (pipeline > 1) r.health_->AddGroup("pipeline", r.mesh_->pipeline());
     r.health_->AddGroup("data", r.mesh_->data());
   }
   KEEL_RETURN_IF_ERROR(r.comm_->AgreeOnStatus(r.PrepareRunDirectory()));
@@ -147,7 +150,7 @@ Status TrainingRun::OpenSteps(const TrainConfig& config, const RunOptions& optio
   auto samples = std::make_shared<RunSamples>(r.cfg_, r.data_, r.test_hooks_);
   r.samples_ = samples.get();
   TrainerGroups groups{r.comm_, r.comm_, nullptr};
-  if (r.mesh_) groups = {r.comm_, r.mesh_->data(), r.mesh_->tensor()};
+  if (r.mesh_) groups = {r.comm_, r.mesh_->data(), r.mesh_->tensor(), r.mesh_->pipeline()};
   r.trainer_ =
       std::make_unique<Trainer>(r.cfg_, r.backend_.get(), groups, samples->Describe(samples));
   r.LogSkippedSampleRanges();
@@ -185,10 +188,21 @@ void TrainingRun::LogModel() {
         "= {} does not describe this shape)",
         whole, formula);
   }
+  if (mesh_ && mesh_->shape().pipeline > 1)
+    Log("pipeline parallel: {} stages{}, {} schedule; this rank ({}) holds {}",
+        mesh_->shape().pipeline,
+        cfg_.pp_partition_method.empty()
+            ? std::string()
+            : fmt::format(" (--pp-partition-method {})", cfg_.pp_partition_method),
+        trainer_->model().num_chunks() > 1
+            ? fmt::format("interleaved ({} chunks per stage)", trainer_->model().num_chunks())
+            : std::string("1F1B"),
+        mesh_->coords().ToString(), trainer_->DescribeStage());
   if (mesh_)
-    Log("tensor parallel: {} ranks{}; this rank ({}) holds {} of the {} parameters (its slices, "
-        "and the replicated norms and biases)",
-        mesh_->shape().tensor, cfg_.sequence_parallel ? " with sequence parallelism" : "",
+    Log("model parallel: tensor {} x pipeline {}{}; this rank ({}) holds {} of the {} parameters "
+        "(its slices and stage, and the replicated norms and biases)",
+        mesh_->shape().tensor, mesh_->shape().pipeline,
+        cfg_.sequence_parallel && mesh_->shape().tensor > 1 ? " with sequence parallelism" : "",
         mesh_->coords().ToString(), trainer_->model().num_params(), whole);
   if (comm_->world_size() > 1) {
     const AdamW& opt = trainer_->optimizer();
@@ -225,8 +239,9 @@ Status TrainingRun::OpenRankLog() {
           ? ""
           : fmt::format("; this rank logs to {}/logs/rank-{:03d}.log", cfg_.save, rank));
   if (mesh_)
-    Log("layout: tensor parallel {} x data parallel {} (pipeline 1); this rank is {}",
-        mesh_->shape().tensor, mesh_->shape().data, mesh_->coords().ToString());
+    Log("layout: tensor parallel {} x pipeline parallel {} x data parallel {}; this rank is {}",
+        mesh_->shape().tensor, mesh_->shape().pipeline, mesh_->shape().data,
+        mesh_->coords().ToString());
   return Status::OK();
 }
 
@@ -237,21 +252,41 @@ std::string TrainingRun::RankPrefix() const {
 
 Status TrainingRun::CheckLayout(std::vector<std::string>* notes) {
   const int world = comm_->world_size(), tensor = cfg_.tensor_model_parallel_size;
-  if (tensor == 1) {
-    if (cfg_.sequence_parallel)
-      notes->push_back(
-          "--sequence-parallel with tensor-parallel size 1: there is nothing to split (Megatron-LM "
-          "turns it off at size 1 too)");
+  const int pipeline = cfg_.pipeline_model_parallel_size;
+  if (tensor == 1 && cfg_.sequence_parallel)
+    notes->push_back(
+        "--sequence-parallel with tensor-parallel size 1: there is nothing to split (Megatron-LM "
+        "turns it off at size 1 too)");
+  if (pipeline == 1 && !cfg_.pp_partition_method.empty())
+    notes->push_back(fmt::format(
+        "--pp-partition-method {} with one pipeline stage: it holds every layer, so there is "
+        "nothing to partition",
+        cfg_.pp_partition_method));
+  if (tensor == 1 && pipeline == 1 && cfg_.num_layers_per_virtual_pipeline_stage == 0)
     return Status::OK();
-  }
   // The rules keel plan prices layouts by (one function: the two never disagree). Its notes
-  // repeat the padding Validate noted already.
+  // repeat the padding Validate noted already; the pipeline's are new.
   ParallelLayout layout;
   std::vector<std::string> layout_notes;
   KEEL_RETURN_IF_ERROR(CheckParallelLayout(
-      cfg_, world, fmt::format("the {} MPI rank{}", world, world == 1 ? "" : "s"), tensor,
-      /*pipeline=*/1, /*layers_per_virtual_stage=*/0, &layout, &layout_notes));
-  return GptModel::CheckTensorParallel(cfg_.model, tensor);
+      cfg_, world, fmt::format("the {} MPI rank{}", world, world == 1 ? "" : "s"), tensor, pipeline,
+      cfg_.num_layers_per_virtual_pipeline_stage, &layout, &layout_notes));
+  if (tensor > 1) KEEL_RETURN_IF_ERROR(GptModel::CheckTensorParallel(cfg_.model, tensor));
+  if (pipeline == 1) return Status::OK();
+  for (const std::string& n : layout_notes)
+    if (n.find("vocab") == std::string::npos) notes->push_back(n);
+  std::vector<StageLayers> parts;
+  Status st = PartitionStages(cfg_.pp_partition_method, PartitionModelOf(cfg_.model), pipeline,
+                              layout.virtual_stages, &parts);
+  if (!st.ok()) return Status::InvalidArgument(st.message());
+  notes->push_back(fmt::format("pipeline stages: {}", DescribePartition(parts, pipeline)));
+  if (layout.virtual_stages > 1 && !cfg_.rampup_batch_size.empty())
+    return Status::InvalidArgument(
+        "--rampup-batch-size with the interleaved pipeline schedule: the micro-batches per data "
+        "rank must stay a multiple of the pipeline size at every step of the ramp (Megatron-LM's "
+        "rule), which keel does not check per step yet; drop --rampup-batch-size or "
+        "--num-layers-per-virtual-pipeline-stage");
+  return Status::OK();
 }
 
 Status TrainingRun::ResolveResumeOnEveryRank() {
@@ -284,19 +319,24 @@ Status TrainingRun::NoteDataParallelChange() {
                              .Optional("data_parallel_size")
                              .Get<int>(1);  // older checkpoints: one process
     const int saved_tp = reader.root()["optimizer"].Optional("tensor_parallel_size").Get<int>(1);
+    const int saved_pp = reader.root()["optimizer"].Optional("pipeline_parallel_size").Get<int>(1);
     KEEL_RETURN_IF_ERROR(reader.status());
     const int tensor = cfg_.tensor_model_parallel_size;
-    if (saved_tp != 1 || tensor != 1) {
-      // A tensor-parallel layout on either side: the pieces' note says what is re-cut.
-      if (saved_tp == tensor && saved_dp == cfg_.data_parallel_size) return Status::OK();
+    const int pipeline = cfg_.pipeline_model_parallel_size;
+    if (saved_tp != 1 || tensor != 1 || saved_pp != 1 || pipeline != 1) {
+      // A model-parallel layout on either side: the pieces' note says what is re-cut.
+      if (saved_tp == tensor && saved_pp == pipeline && saved_dp == cfg_.data_parallel_size)
+        return Status::OK();
       CheckpointTensors ckpt;
       CheckpointTensors::Options o;
       o.checksums = false;  // only the headers are read here; the load checks what it reads
       KEEL_RETURN_IF_ERROR(CheckpointTensors::Open(env_, resume_.saved->dir, o, &ckpt));
       PieceCoords now;
       now.tensor = tensor;
+      now.pipeline = pipeline;
       now.data = cfg_.data_parallel_size;
-      if (mesh_) now.tp = mesh_->coords().tp, now.dp = mesh_->coords().dp;
+      if (mesh_)
+        now.tp = mesh_->coords().tp, now.pp = mesh_->coords().pp, now.dp = mesh_->coords().dp;
       const std::string note = ReshardNote(ckpt, now);
       if (!note.empty()) Log("{}", note);
       return Status::OK();

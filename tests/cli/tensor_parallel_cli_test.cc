@@ -89,13 +89,15 @@ TEST(TensorParallelCliTest, LossesMatchOneProcessAtTp2AndTp2TimesDp2) {
   EXPECT_LT(d_sp, 1e-4);
   EXPECT_LT(d_tpdp, 1e-4);
   EXPECT_EQ(Fingerprint(tp.out), Fingerprint(again.out));  // the same bits run after run
-  EXPECT_NE(tp.out.find("layout: tensor parallel 2 x data parallel 1"), std::string::npos)
+  EXPECT_NE(tp.out.find("layout: tensor parallel 2 x pipeline parallel 1 x data parallel 1"),
+            std::string::npos)
       << tp.out;
   // A rank's log names its mesh coordinates.
   const std::string rank3 = ReadText(dir + "/tpdp/logs/rank-003.log");
-  EXPECT_NE(rank3.find("layout: tensor parallel 2 x data parallel 2 (pipeline 1); this rank is "
-                       "dp 1, pp 0, tp 1"),
-            std::string::npos)
+  EXPECT_NE(
+      rank3.find("layout: tensor parallel 2 x pipeline parallel 1 x data parallel 2; this rank is "
+                 "dp 1, pp 0, tp 1"),
+      std::string::npos)
       << rank3;
   // Each tensor rank writes its pieces; each (tp, dp) its moments; one manifest.
   const std::string ck = dir + "/tpdp/iter_0000030/";
@@ -212,11 +214,11 @@ TEST(TensorParallelCliTest, LayoutsTheRulesRefuseExit2BeforeAnyWork) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("the 1 MPI rank is not a multiple of tensor parallel 2"), std::string::npos)
       << r.out;
-  // Pipeline parallelism is not there yet, and says what is.
+  // One process, P=2: a stage needs ranks of its own.
   r = Train(1, "--pipeline-model-parallel-size 2 --train-iters 4");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("keel trains tensor parallel (--tensor-model-parallel-size) and data "
-                       "parallel, not yet pipeline parallel"),
+  EXPECT_NE(r.out.find("the 1 MPI rank is not a multiple of tensor parallel 1 x pipeline "
+                       "parallel 2 = 2"),
             std::string::npos)
       << r.out;
 }
