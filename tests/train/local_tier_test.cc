@@ -183,6 +183,39 @@ TEST(LocalTierTest, WithEveryLocalPieceDamagedTheResumeFallsBackToThePersistentT
   EXPECT_EQ(r.fingerprint, ref.fingerprint);
 }
 
+TEST(LocalTierTest, ARollbackRemovesTheLocalPiecesOfTheAbandonedTimeline) {
+  TempDir dir;
+  const RunResult ref = OpenAndTrain(Tiny(dir.Join("ref"), ""));
+  ASSERT_TRUE(ref.status.ok());
+  TrainConfig c = Tiny(dir.Join("run"), dir.Join("local"));
+  ASSERT_TRUE(OpenAndTrain(c).status.ok());  // local pieces 16 and 18 remain
+  ASSERT_TRUE(fs::exists(OwnPiece(dir.Join("local"), 18)));
+  // Back to iteration 10 by hand, killed at the local save of 14: the pieces of 16 and 18 are of
+  // the timeline left behind, so the next start must not take them.
+  c.load = dir.Join("run/iter_0000010");
+  const RunResult rolled = KilledAtLocalSave(c, 14);
+  EXPECT_NE(rolled.log.find("note: local tier: removed " + OwnPiece(dir.Join("local"), 18)),
+            std::string::npos)
+      << rolled.log;
+  EXPECT_FALSE(fs::exists(OwnPiece(dir.Join("local"), 16)));
+  c.load.clear();
+  const RunResult r = OpenAndTrain(c);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString() << r.log;
+  EXPECT_EQ(r.start_iteration, 12) << r.log;
+  EXPECT_EQ(r.fingerprint, ref.fingerprint);
+}
+
+TEST(LocalTierTest, ARecreatedSaveDirectoryNeverMeetsTheLocalPiecesOfTheRunItReplaced) {
+  TempDir dir;
+  const TrainConfig c = Tiny(dir.Join("run"), dir.Join("local"));
+  KilledAtLocalSave(c, 18);
+  fs::remove_all(dir.Join("run"));  // the run is deleted; its local pieces stay behind
+  const RunResult r = OpenAndTrain(c);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString() << r.log;
+  EXPECT_EQ(r.start_iteration, 0) << r.log;
+  EXPECT_EQ(r.log.find("resuming from the local tier"), std::string::npos) << r.log;
+}
+
 TEST(LocalTierTest, ALocalSaveFailureIsLoggedAndTrainingGoesOn) {
   TempDir dir;
   const RunResult ref = OpenAndTrain(Tiny(dir.Join("ref"), ""));
