@@ -6,13 +6,18 @@
 # (tests/cli/resume_cli_test.cc); this script runs as many random ones as you like.
 #
 #
-#   scripts/kill-soak.sh [ROUNDS=20] [KEEL=build/keel] [MODE=sync]
+#   scripts/kill-soak.sh [ROUNDS=20] [KEEL=build/keel] [MODE=sync|async|async2|local|local2]
 #
 # MODE async: the interrupted runs save with --async-save every 2 iterations, and the crashes
 # land on filesystem operations inside the saves' temporary directories, which the background
 # writer performs while the loop trains on (the reference run saves synchronously, so this also
 # checks that both write the same bits). MODE async2: the same under `mpirun -np 2` (crashes
 # only: each rank dies at its own operation, and mpirun takes the other rank down).
+# MODE local: the interrupted runs also save local checkpoints (--non-persistent-save-interval 2
+# to a node-local directory of the run's) beside persistent ones every 10 iterations, and the
+# crashes land on filesystem operations inside the local tier (its pieces, replicas, the
+# assembly of a resume); kill -9 at random times too. MODE local2: the same under `mpirun -np 2`
+# (crashes only), where every piece is also held by the other rank.
 set -uo pipefail
 ROUNDS=${1:-20}
 KEEL=${2:-build/keel}
@@ -38,7 +43,17 @@ case "$MODE" in
               --mca btl_vader_single_copy_mechanism none -np 2)
     fi
     ;;
-  *) echo "MODE must be sync, async or async2" >&2; exit 2 ;;
+  local|local2)
+    RUN_ARGS=(--save-interval 10 --non-persistent-save-interval 2
+              --non-persistent-local-ckpt-dir "$WORK/local")
+    CRASH_PATH=":keel-local-"
+    CRASH_SPAN=400
+    if [[ $MODE == local2 ]]; then
+      LAUNCH=(timeout 300 mpirun --allow-run-as-root --oversubscribe
+              --mca btl_vader_single_copy_mechanism none -np 2)
+    fi
+    ;;
+  *) echo "MODE must be sync, async, async2, local or local2" >&2; exit 2 ;;
 esac
 
 untimed() {  # iteration/validation lines without timing fields, last occurrence per iteration
@@ -53,13 +68,14 @@ untimed "$WORK/ref.log" > "$WORK/ref.lines"
 
 total=0
 for round in $(seq 1 "$ROUNDS"); do
-  rm -rf "$WORK/run" "$WORK"/run.*.log
+  rm -rf "$WORK/run" "$WORK/local" "$WORK"/run.*.log
   kills=0
   for attempt in $(seq 1 40); do
     log="$WORK/run.$attempt.log"
-    if (( RANDOM % 2 )) || [[ $MODE == async2 ]]; then
+    if (( RANDOM % 2 )) || [[ $MODE == async2 || $MODE == local2 ]]; then
       # A crash at a random filesystem operation (most of them happen inside saves; in the async
-      # modes all of them, on the background writer's thread).
+      # modes all of them, on the background writer's thread; in the local modes all of them
+      # inside the local tier).
       KEEL_FAULT_INJECTION="crash-at=$(( RANDOM % CRASH_SPAN + 1 ))$CRASH_PATH" "${LAUNCH[@]}" "$KEEL" "${ARGS[@]}" "${RUN_ARGS[@]}" --save "$WORK/run" > "$log" 2>&1 && rc=0 || rc=$?
     else
       "$KEEL" "${ARGS[@]}" "${RUN_ARGS[@]}" --save "$WORK/run" > "$log" 2>&1 &
@@ -80,6 +96,7 @@ for round in $(seq 1 "$ROUNDS"); do
     exit 1
   fi
   total=$((total + kills))
-  echo "round $round: $kills kills, resumed to the same bits ($FP)"
+  locals=$(cat "$WORK"/run.*.log | grep -c 'resuming from the local tier' || true)
+  echo "round $round: $kills kills ($locals resumes from the local tier), resumed to the same bits ($FP)"
 done
 echo "all $ROUNDS rounds ($total kill points, mode $MODE) bit-identical to the uninterrupted run"

@@ -244,11 +244,31 @@ Status AdoptSavedPaddedVocab(const SavedTrainState& saved, TrainConfig* now, Res
 
 }  // namespace
 
+namespace {
+Status ApplyResumeRules(const TrainConfig& cfg, ResumePoint* out);
+}  // namespace
+
 Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStore::Logger& log,
                           ResumePoint* out) {
   *out = ResumePoint{};
   KEEL_RETURN_IF_ERROR(FindCheckpoint(env, cfg, log, out));
   if (!out->saved) return Status::OK();
+  return ApplyResumeRules(cfg, out);
+}
+
+Status ResolveLocalResumePoint(Env* env, const TrainConfig& cfg, const std::string& dir,
+                               ResumePoint* out) {
+  *out = ResumePoint{};
+  auto saved = std::make_unique<SavedTrainState>();
+  KEEL_RETURN_IF_ERROR(ReadVerifiedCheckpoint(env, dir, saved.get()));
+  out->kind = ResumePoint::Kind::kResume;
+  out->local_tier = true;
+  out->saved = std::move(saved);
+  return ApplyResumeRules(cfg, out);
+}
+
+namespace {
+Status ApplyResumeRules(const TrainConfig& cfg, ResumePoint* out) {
   TrainConfig now = cfg;
   KEEL_RETURN_IF_ERROR(AdoptSavedPaddedVocab(*out->saved, &now, out));
   const std::vector<ConfigChange> changes = DiffConfigForResume(out->saved->config, now);
@@ -279,6 +299,7 @@ Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStor
     out->notes.push_back("changed on resume: " + DescribeChange(c));
   return Status::OK();
 }
+}  // namespace
 
 namespace {
 

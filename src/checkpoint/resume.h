@@ -56,6 +56,9 @@ struct ResumePoint {
   // The checkpoint's padded vocabulary when it differs from what this run's tensor-parallel size
   // would pad to and the run takes it (the padded vocabulary is the model's shape); 0: the same.
   int adopted_padded_vocab = 0;
+  // kResume from the local tier (--non-persistent-save-interval): `saved` is the local
+  // checkpoint assembled from the ranks' pieces, newer than --save's newest valid one.
+  bool local_tier = false;
   // The checkpoint lies in --save (a resume or a rollback): later saves continue its numbering.
   bool in_save_dir() const { return kind == Kind::kResume || kind == Kind::kRollback; }
   // The run continues the checkpoint's (its counters, optimizer, schedule position, guard); a
@@ -79,5 +82,9 @@ const char* ResumeKindName(ResumePoint::Kind kind);
 // checkpoints exist but none verifies.
 Status ResolveResumePoint(Env* env, const TrainConfig& cfg, const CheckpointStore::Logger& log,
                           ResumePoint* out);
+// The resume of `cfg` from checkpoint directory `dir` of the local tier (verified already):
+// kResume with local_tier set, under the same resume rules as ResolveResumePoint's.
+Status ResolveLocalResumePoint(Env* env, const TrainConfig& cfg, const std::string& dir,
+                               ResumePoint* out);
 
 }  // namespace keel

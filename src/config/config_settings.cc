@@ -538,6 +538,17 @@ const std::vector<Setting>& Settings() {
                              "periodic saves copy the state and write it on a background thread "
                              "while training goes on (docs/checkpoints.md)",
                              &TC::async_save));
+    t->push_back(IntSetting("non-persistent-save-interval",
+                            "also save a local checkpoint every N iterations to "
+                            "--non-persistent-local-ckpt-dir (0: off; docs/checkpoints.md)",
+                            &TC::non_persistent_save_interval));
+    t->push_back(StringSetting("non-persistent-ckpt-type", "TYPE",
+                               "where the non-persistent checkpoints go: local (the only type "
+                               "keel has: node-local files, replicated on a neighbour rank)",
+                               &TC::non_persistent_ckpt_type));
+    t->push_back(StringSetting("non-persistent-local-ckpt-dir", "DIR",
+                               "node-local directory of the local checkpoints (e.g. /dev/shm/keel)",
+                               &TC::non_persistent_local_ckpt_dir));
     t->push_back(StringSetting("kill-switch-path", "FILE",
                                "when FILE appears: save a checkpoint and exit 0",
                                &TC::kill_switch_path));

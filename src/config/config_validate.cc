@@ -471,6 +471,58 @@ Status ValidatePrecision(const TrainConfig* c, std::vector<std::string>* notes) 
   return Status::OK();
 }
 
+// Megatron's non-persistent checkpoint flags (docs/checkpoints.md, "Local tier"): every
+// combination that would save nothing, or save somewhere keel cannot, is refused with its fix.
+Status ValidateLocalTier(const TrainConfig& c) {
+  const int64_t n = c.non_persistent_save_interval;
+  const std::string& type = c.non_persistent_ckpt_type;
+  if (type != "local") {
+    if (type == "global" || type == "in_memory")
+      return Invalid(fmt::format(
+          "--non-persistent-ckpt-type {}: keel has only the type local (each rank's piece in a "
+          "node-local directory, replicated on a neighbour rank); use --non-persistent-ckpt-type "
+          "local with --non-persistent-local-ckpt-dir DIR (e.g. /dev/shm/keel)",
+          type));
+    return Invalid(fmt::format(
+        "--non-persistent-ckpt-type '{}' is not a type; use local (Megatron's global and "
+        "in_memory are not implemented in keel)",
+        type));
+  }
+  KEEL_RETURN_IF_ERROR(
+      NonNegative("non-persistent-save-interval", n, "use 0 for no local checkpoints"));
+  const std::string& dir = c.non_persistent_local_ckpt_dir;
+  if (n == 0) {
+    if (!dir.empty())
+      return Invalid("--non-persistent-local-ckpt-dir " + dir +
+                     " saves nothing without --non-persistent-save-interval N: add it (e.g. "
+                     "--non-persistent-save-interval 10), or drop the directory");
+    return Status::OK();
+  }
+  if (dir.empty())
+    return Invalid(fmt::format(
+        "--non-persistent-save-interval {} needs --non-persistent-local-ckpt-dir DIR, the "
+        "node-local directory the local checkpoints go to (e.g. /dev/shm/keel)",
+        n));
+  if (c.save.empty())
+    return Invalid(fmt::format(
+        "--non-persistent-save-interval {} needs --save DIR: local checkpoints complement the "
+        "persistent ones of a run directory and are never the only copy; pass --save DIR",
+        n));
+  if (c.save_interval > 0 && n >= c.save_interval)
+    return Invalid(fmt::format(
+        "--non-persistent-save-interval {} is not shorter than --save-interval {}: local "
+        "checkpoints would be no more frequent than the persistent ones; give a smaller "
+        "interval (e.g. --non-persistent-save-interval {})",
+        n, c.save_interval, std::max<int64_t>(1, c.save_interval / 10)));
+  if (c.tensor_model_parallel_size > 1)
+    return Invalid(fmt::format(
+        "--non-persistent-save-interval with --tensor-model-parallel-size {}: keel's local "
+        "tier saves data-parallel runs only so far; drop --non-persistent-save-interval (the "
+        "persistent checkpoints of --save work at any layout)",
+        c.tensor_model_parallel_size));
+  return Status::OK();
+}
+
 Status ValidateOptimizerAndRun(const TrainConfig* c) {
   for (auto [flag, v] : {std::pair{"adam-beta1", c->adam_beta1}, {"adam-beta2", c->adam_beta2}}) {
     if (!(v >= 0 && v < 1)) {
@@ -582,6 +634,7 @@ Status ValidateOptimizerAndRun(const TrainConfig* c) {
       return Invalid("--load " + c->load +
                      " needs --save: a resumed run must have somewhere to save; pass --save DIR");
   }
+  KEEL_RETURN_IF_ERROR(ValidateLocalTier(*c));
   return CheckSplit(c->split);
 }
 

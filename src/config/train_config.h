@@ -181,6 +181,12 @@ struct TrainConfig {
   // Megatron's --async-save: periodic saves snapshot the state and write it on a background
   // thread while training goes on (docs/checkpoints.md).
   bool async_save = false;
+  // Megatron's non-persistent (local) checkpoints (docs/checkpoints.md, "Local tier"): every N
+  // iterations each rank writes its piece to node-local DIR and a replica of its neighbour's;
+  // resumes take the newest valid across both tiers. 0: off. keel has the type "local" only.
+  int64_t non_persistent_save_interval = 0;
+  std::string non_persistent_ckpt_type = "local";
+  std::string non_persistent_local_ckpt_dir;
   std::string kill_switch_path;      // when this file appears: save, then exit 0
   int64_t exit_interval = 0;         // save and exit once iteration % N == 0 (0: off)
   double exit_duration_in_mins = 0;  // save and exit after this long in this process (0: off)

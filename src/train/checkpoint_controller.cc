@@ -162,6 +162,8 @@ Status CheckpointController::SaveNow(const std::string& why, const nlohmann::jso
                                      SaveMode mode) {
   if (store_ == nullptr) return Status::OK();
   PhaseScope save(trainer_->phase_tracker(), Phase::kSave);
+  last_was_local_ = why == kLocalSaveReason && local_ != nullptr;
+  if (last_was_local_) return SaveLocal(guard);
   if (SaveInFlight()) {  // at most one save in flight: this wait is part of this save's stall
     double waited = 0;
     (void)FinishBackgroundSave(&waited);  // its failure is logged and counted there
@@ -180,6 +182,32 @@ Status CheckpointController::SaveNow(const std::string& why, const nlohmann::jso
                    why, static_cast<double>(stats.bytes) / 1e6, stats.seconds,
                    static_cast<double>(stats.bytes) / 1e6 / std::max(stats.seconds, 1e-9),
                    GuardNote(guard)));
+  return Status::OK();
+}
+
+Status CheckpointController::SaveLocal(const nlohmann::json& guard) {
+  // Synchronous on the loop thread, beside a background persistent save if one is in flight:
+  // both read staging of their own, and the pieces are small and local.
+  const uint64_t t0 = env_->NowMicros();
+  const int64_t it = trainer_->state().counters.iteration;
+  std::vector<CheckpointFile> files;
+  const Status built = BuildTrainCheckpoint(env_, CheckpointSourceOf(*trainer_), run_, history_,
+                                            &staging_, &files, guard);
+  std::string summary;
+  const Status st = local_->Save(it, files, built, &summary);
+  last_local_ = it;
+  const double secs = static_cast<double>(env_->NowMicros() - t0) / 1e6;
+  if (!st.ok()) {
+    log_(fmt::format(
+        "ERROR: local checkpoint {} failed: {}; training goes on (the persistent checkpoints "
+        "are unaffected; the next --non-persistent-save-interval tries again)",
+        it, st.message()));
+    return Status::OK();
+  }
+  log_(
+      fmt::format("saved local checkpoint {} in {} (--non-persistent-save-interval): {} in "
+                  "{:.2f} s{}",
+                  it, local_->root(), summary, secs, GuardNote(guard)));
   return Status::OK();
 }
 
@@ -295,7 +323,11 @@ Status CheckpointController::RollbackTo(const SavedTrainState& target,
   (void)WaitForSave();  // the save in flight first (its failure is logged and counted there)
   KEEL_RETURN_IF_ERROR(trainer_->comm()->AgreeOnStatus(
       store_->RollbackTo(target.train.counters.iteration, kept)));  // rank 0 moves, all wait
-  return trainer_->comm()->AgreeOnStatus(Restore(target, /*in_save_dir=*/true));
+  KEEL_RETURN_IF_ERROR(trainer_->comm()->AgreeOnStatus(Restore(target, /*in_save_dir=*/true)));
+  // Local pieces after the target belong to the abandoned timeline.
+  if (local_) local_->DiscardNewerThan(target.train.counters.iteration);
+  last_local_ = -1;
+  return Status::OK();
 }
 
 std::string CheckpointController::SaveDueAfterIteration() {
@@ -349,13 +381,17 @@ std::string CheckpointController::SaveDueAfterIteration() {
   if (stop_ != StopReason::kNone || store_ == nullptr || it == last_saved_) return "";
   if (cfg_.save_interval > 0 && it % cfg_.save_interval == 0) return "--save-interval";
   if (minutes_due) return "--save-interval-minutes";
+  // The local tier on its own interval (a persistent save at the same iteration covers it).
+  if (local_ && cfg_.non_persistent_save_interval > 0 &&
+      it % cfg_.non_persistent_save_interval == 0 && it != last_local_)
+    return kLocalSaveReason;
   return "";
 }
 
 bool CheckpointController::OnPeriodicSave(const Status& st) {
   if (st.ok()) {
-    // A background save's outcome is counted when it is collected.
-    if (!SaveInFlight()) consecutive_failures_ = 0;
+    // A background save's outcome is counted when it is collected; a local save's never is.
+    if (!SaveInFlight() && !last_was_local_) consecutive_failures_ = 0;
     return true;
   }
   // (kSaveFailures: the failure that stopped the run was counted when it was collected.)

@@ -29,6 +29,7 @@
 #include "checkpoint/train_checkpoint.h"
 #include "config/config.h"
 #include "core/env.h"
+#include "train/local_checkpoint_tier.h"
 #include "train/trainer.h"
 
 namespace keel {
@@ -52,6 +53,9 @@ enum class StopReason {
   kCheckFailed,  // the check before a save failed (replicas differ): nothing more is saved
 };
 const char* StopReasonText(StopReason r);
+
+// The reason SaveDueAfterIteration gives for a local-tier save (SaveNow writes it there).
+constexpr const char* kLocalSaveReason = "--non-persistent-save-interval";
 
 class CheckpointController {
  public:
@@ -108,6 +112,13 @@ class CheckpointController {
   // in `kept` — and the trainer continues from its state.
   Status RollbackTo(const SavedTrainState& target, std::vector<std::string>* kept);
 
+  // --non-persistent-save-interval: the local tier (null: off). SaveDueAfterIteration then also
+  // returns kLocalSaveReason on the local interval when no persistent save is due, and SaveNow
+  // writes that save there, synchronously, while a background persistent save may go on; a
+  // failed local save is logged and never counts among the persistent failures.
+  void set_local_tier(std::unique_ptr<LocalCheckpointTier> tier) { local_ = std::move(tier); }
+  LocalCheckpointTier* local_tier() const { return local_.get(); }
+
   StopReason stop_reason() const { return stop_; }
   // Data parallel: every rank calls these at the same iterations (they agree on stops and
   // saves); rank 0 alone changes the run directory's shared files (the store is read-only on
@@ -131,6 +142,8 @@ class CheckpointController {
   // ranks; `waited` gets the seconds the loop spent here.
   Status FinishBackgroundSave(double* waited);
   std::string GuardNote(const nlohmann::json& guard) const;
+  // Writes the current state's local pieces (kLocalSaveReason); failures are logged only.
+  Status SaveLocal(const nlohmann::json& guard);
 
   // The save in flight (--async-save).
   struct Pending {
@@ -155,6 +168,9 @@ class CheckpointController {
   uint64_t start_us_ = 0, last_save_us_ = 0;
   // The last save started (a background one may still fail) and the last one committed.
   int64_t last_saved_ = -1, last_committed_ = -1;
+  std::unique_ptr<LocalCheckpointTier> local_;
+  int64_t last_local_ = -1;
+  bool last_was_local_ = false;  // the save OnPeriodicSave hears about was a local one
   int consecutive_failures_ = 0;
   Status failure_;
   StopReason stop_ = StopReason::kNone;

@@ -83,6 +83,9 @@ class TrainingRun {
   // Logs that the checkpoint continued from was written by another number of ranks (another
   // layout: what was resharded).
   Status NoteDataParallelChange();
+  // --non-persistent-save-interval: opens the local tier and, when it holds a newer checkpoint
+  // that every rank can restore, resumes from it instead (a note names the tier).
+  Status ResolveLocalTier();
   // Tensor parallel: the layout's rules (config/parallel_layout.h, keel plan's), before any work.
   Status CheckLayout(std::vector<std::string>* notes);
   // "[rank 3] " or, tensor parallel, "[rank 3 (dp 1, pp 0, tp 1)] ".
@@ -141,6 +144,7 @@ class TrainingRun {
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<CheckpointStore> store_;  // null without --save
   std::unique_ptr<CheckpointController> ckpt_;
+  std::unique_ptr<LocalCheckpointTier> local_tier_;  // until ckpt_ takes it
   std::unique_ptr<RunJournal> journal_;
   std::unique_ptr<RunMetrics> metrics_;
   std::unique_ptr<GuardController> guard_;

@@ -297,18 +297,46 @@ Status TrainingRun::ResolveResumeOnEveryRank() {
   st = comm_->AgreeOnStatus(st);
   if (st.ok() && comm_->rank() != 0) st = ResolveResumePoint(env_, cfg_, LogLine, &resume_);
   KEEL_RETURN_IF_ERROR(comm_->AgreeOnStatus(st));
-  KEEL_RETURN_IF_ERROR(NoteDataParallelChange());
-  if (comm_->world_size() == 1) return Status::OK();
-  const int64_t mine = resume_.saved ? resume_.saved->train.counters.iteration : -1;
-  std::vector<std::string> all;
-  comm_->AllGatherBytes(std::to_string(mine), &all);
-  for (size_t r = 1; r < all.size(); ++r)
-    if (all[r] != all[0])
-      return Status::IOError(fmt::format(
-          "the ranks found different checkpoints to continue from (rank 0: iteration {}, rank "
-          "{}: iteration {}): every rank must see the same --save directory (a shared "
-          "filesystem when the ranks run on several machines)",
-          all[0], r, all[r]));
+  if (comm_->world_size() > 1) {
+    const int64_t mine = resume_.saved ? resume_.saved->train.counters.iteration : -1;
+    std::vector<std::string> all;
+    comm_->AllGatherBytes(std::to_string(mine), &all);
+    for (size_t r = 1; r < all.size(); ++r)
+      if (all[r] != all[0])
+        return Status::IOError(fmt::format(
+            "the ranks found different checkpoints to continue from (rank 0: iteration {}, rank "
+            "{}: iteration {}): every rank must see the same --save directory (a shared "
+            "filesystem when the ranks run on several machines)",
+            all[0], r, all[r]));
+  }
+  KEEL_RETURN_IF_ERROR(ResolveLocalTier());
+  return NoteDataParallelChange();
+}
+
+Status TrainingRun::ResolveLocalTier() {
+  if (cfg_.non_persistent_save_interval <= 0) return Status::OK();
+  KEEL_RETURN_IF_ERROR(LocalCheckpointTier::Open(env_, comm_, cfg_, LogLine, &local_tier_));
+  Log("note: local checkpoints every {} iterations (--non-persistent-save-interval) to {}, the "
+      "newest {} kept; persistent ones to {} as before",
+      cfg_.non_persistent_save_interval, local_tier_->Describe(), LocalCheckpointTier::kKeep,
+      cfg_.save);
+  const int64_t persistent = resume_.saved ? resume_.saved->train.counters.iteration : -1;
+  using Kind = ResumePoint::Kind;
+  if (resume_.kind != Kind::kFresh && resume_.kind != Kind::kResume) {
+    // --load of another run or checkpoint: the local pieces of --save's own run do not apply (a
+    // rollback to SAVE/iter_N discards the newer ones when it runs).
+    if (resume_.kind != Kind::kRollback) local_tier_->DiscardNewerThan(-1);
+    return Status::OK();
+  }
+  std::string dir;
+  std::vector<std::string> notes;
+  KEEL_RETURN_IF_ERROR(local_tier_->FindResume(persistent, &dir, &notes));
+  for (const std::string& n : notes) Log("note: {}", n);
+  if (dir.empty()) return Status::OK();
+  ResumePoint local;
+  Status st = comm_->AgreeOnStatus(ResolveLocalResumePoint(env_, cfg_, dir, &local));
+  KEEL_RETURN_IF_ERROR(st);
+  resume_ = std::move(local);
   return Status::OK();
 }
 
@@ -416,6 +444,7 @@ Status TrainingRun::StartFromResumePoint() {
                                  {"weight", data_.data->source(d).weight}});
   ckpt_ = std::make_unique<CheckpointController>(cfg_, env_, store_.get(), trainer_.get(), run_info,
                                                  history_, LogLine);
+  if (local_tier_) ckpt_->set_local_tier(std::move(local_tier_));
   if (!resume_.saved) {
     trainer_->InitializeWeights();
     if (!cfg_.save.empty()) Log("no checkpoint in {}: starting from fresh weights", cfg_.save);
@@ -434,7 +463,8 @@ Status TrainingRun::StartFromResumePoint() {
       std::vector<std::string> kept;
       KEEL_RETURN_IF_ERROR(ckpt_->RollbackTo(saved, &kept));
     } else {
-      KEEL_RETURN_IF_ERROR(ckpt_->Restore(saved, resume_.in_save_dir()));
+      // A local checkpoint is not in --save: the next persistent save is still due.
+      KEEL_RETURN_IF_ERROR(ckpt_->Restore(saved, resume_.in_save_dir() && !resume_.local_tier));
     }
     const double ls = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
     if (saved.config.precision != cfg_.precision) {
@@ -446,10 +476,10 @@ Status TrainingRun::StartFromResumePoint() {
             PrecisionName(saved.config.precision), trainer_->loss_scaler()->scale());
     }
     const TrainState& s = trainer_->state();
-    Log("resumed from {}: iteration {}, consumed samples {}, optimizer step {}, next LR {:.6E}, "
-        "LR scale {} (loaded in {:.2f} s)",
-        saved.dir, s.counters.iteration, s.counters.consumed_samples, s.optimizer_step,
-        trainer_->NextLr(), s.lr_scale, ls);
+    Log("resumed from {}{}: iteration {}, consumed samples {}, optimizer step {}, next LR "
+        "{:.6E}, LR scale {} (loaded in {:.2f} s)",
+        saved.dir, resume_.local_tier ? " (local tier)" : "", s.counters.iteration,
+        s.counters.consumed_samples, s.optimizer_step, trainer_->NextLr(), s.lr_scale, ls);
   }
   if (store_) InstallStopSignalHandlers();
   return Status::OK();
@@ -472,10 +502,12 @@ Status TrainingRun::OpenJournalMetricsAndGuard() {
     std::string changes;
     for (const ConfigChange& c : resume_.free_changes)
       changes += (changes.empty() ? "; changed: " : ", ") + DescribeChange(c);
-    journal_->Append(
-        history_.back(),
-        fmt::format("{} from {} at iteration {}{}", rollback ? "rolled back by hand" : "resumed",
-                    saved->dir, saved->train.counters.iteration, changes));
+    journal_->Append(history_.back(),
+                     fmt::format("{} from {} at iteration {}{}",
+                                 rollback             ? "rolled back by hand"
+                                 : resume_.local_tier ? "resumed (local tier)"
+                                                      : "resumed",
+                                 saved->dir, saved->train.counters.iteration, changes));
   } else if (resume_.kind == ResumePoint::Kind::kFinetune) {
     journal_->Append(history_.back(),
                      fmt::format("fine-tuning from the weights of {} (its iteration {})",

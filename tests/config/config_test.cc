@@ -304,6 +304,40 @@ TEST(ConfigTest, WatchdogLimitsUnderASecondAreRefused) {
   ASSERT_TRUE(Parse({"--distributed-timeout-minutes", "0"}, &p).ok());
 }
 
+TEST(ConfigTest, LocalCheckpointFlagsThatCannotWorkAreRefusedNamingTheFix) {
+  const std::vector<std::string> ok = {"--save",
+                                       "/tmp/x",
+                                       "--non-persistent-save-interval",
+                                       "5",
+                                       "--non-persistent-local-ckpt-dir",
+                                       "/dev/shm/keel"};
+  ParsedConfig p;
+  ASSERT_TRUE(Parse(ok, &p).ok());
+  EXPECT_EQ(p.config.non_persistent_save_interval, 5);
+  EXPECT_EQ(p.config.non_persistent_ckpt_type, "local");
+  ASSERT_TRUE(Parse({"--non-persistent-ckpt-type", "local"}, &p).ok());  // no interval: off
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--save", "/tmp/x", "--non-persistent-save-interval", "5"},
+       "needs --non-persistent-local-ckpt-dir DIR"},
+      {{"--non-persistent-save-interval", "5", "--non-persistent-local-ckpt-dir", "/dev/shm/k"},
+       "needs --save DIR"},
+      {{"--non-persistent-local-ckpt-dir", "/dev/shm/k"},
+       "without --non-persistent-save-interval N: add it"},
+      {{"--non-persistent-save-interval", "-1"}, "use 0 for no local checkpoints"},
+      {{"--non-persistent-ckpt-type", "global"}, "keel has only the type local"},
+      {{"--non-persistent-ckpt-type", "in_memory"}, "keel has only the type local"},
+      {{"--non-persistent-ckpt-type", "disk"}, "'disk' is not a type; use local"},
+      {{"--save", "/tmp/x", "--save-interval", "50", "--non-persistent-save-interval", "50",
+        "--non-persistent-local-ckpt-dir", "/dev/shm/k"},
+       "is not shorter than --save-interval 50"},
+  };
+  for (const auto& [args, fix] : bad) {
+    Status st = Parse(args, &p);
+    ASSERT_EQ(st.code(), Status::Code::kInvalidArgument) << args[0] << " " << st.ToString();
+    EXPECT_CONTAINS(st.message(), fix);
+  }
+}
+
 TEST(ConfigTest, TypeErrorsNameTheFlagValueAndType) {
   ParsedConfig p;
   Status st = Parse({"--num-layers", "four"}, &p);
