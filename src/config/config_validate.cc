@@ -514,12 +514,14 @@ Status ValidateLocalTier(const TrainConfig& c) {
         "checkpoints would be no more frequent than the persistent ones; give a smaller "
         "interval (e.g. --non-persistent-save-interval {})",
         n, c.save_interval, std::max<int64_t>(1, c.save_interval / 10)));
-  if (c.tensor_model_parallel_size > 1)
+  if (c.tensor_model_parallel_size > 1 || c.pipeline_model_parallel_size > 1)
     return Invalid(fmt::format(
-        "--non-persistent-save-interval with --tensor-model-parallel-size {}: keel's local "
+        "--non-persistent-save-interval with --{}-model-parallel-size {}: keel's local "
         "tier saves data-parallel runs only so far; drop --non-persistent-save-interval (the "
         "persistent checkpoints of --save work at any layout)",
-        c.tensor_model_parallel_size));
+        c.tensor_model_parallel_size > 1 ? "tensor" : "pipeline",
+        c.tensor_model_parallel_size > 1 ? c.tensor_model_parallel_size
+                                         : c.pipeline_model_parallel_size));
   return Status::OK();
 }
 
