@@ -14,6 +14,11 @@
 // either streak. Non-finite and non-positive samples are ignored (a skipped iteration computes
 // nothing); an iteration with no sample at all does not count towards a window, and a rank with no
 // sample in a window neither extends nor breaks its streak. World size 1: nobody is ever named.
+//
+// Groups: ranks that do different work by design (pipeline stages: the last computes the loss, a
+// stage may hold more layers) are not each other's reference. With a group per rank, the
+// reference of a rank is the lower median of its own group's medians only; a group of one rank
+// has no peer to be slower than, so its rank is never named.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +44,11 @@ struct StragglerEvent {
 
 class StragglerDetector {
  public:
-  StragglerDetector(int world_size, StragglerOptions o);
+  // `group_of`: each rank's group (e.g. its pipeline stage); empty: one group of every rank.
+  StragglerDetector(int world_size, StragglerOptions o, std::vector<int> group_of = {});
+
+  // The groups with a single rank (ascending): none of their ranks can ever be named.
+  std::vector<int> lone_groups() const;
 
   // One iteration's compute seconds of every rank (waits on other ranks excluded; the same vector
   // on every rank). Returns the events decided at this iteration (only at window ends).
@@ -62,6 +71,8 @@ class StragglerDetector {
 
   int world_size_;
   StragglerOptions opt_;
+  std::vector<int> group_of_;    // per rank
+  std::vector<int> group_size_;  // per rank: how many ranks its group has
   LevelShift rule_;
   int in_window_ = 0;  // iterations in the window so far
   int64_t window_start_ = 0;

@@ -104,7 +104,22 @@ Status RunHealth::Start(const TrainConfig& cfg) {
       StragglerOptions so;
       so.window = static_cast<int>(cfg.straggler_window);
       so.threshold = cfg.straggler_threshold;
-      stragglers_ = std::make_unique<StragglerDetector>(world, so);
+      // Pipeline stages do different work (the last computes the loss): a rank is compared with
+      // the ranks of its own stage only (its data and tensor peers).
+      const int tensor = std::max(1, cfg.tensor_model_parallel_size);
+      const int pipeline = std::max(1, cfg.pipeline_model_parallel_size);
+      std::vector<int> stage_of(static_cast<size_t>(world), 0);
+      if (pipeline > 1 && world % (tensor * pipeline) == 0) {
+        const MeshShape shape{tensor, pipeline, world / (tensor * pipeline)};
+        for (int r = 0; r < world; ++r) stage_of[static_cast<size_t>(r)] = CoordsOf(shape, r).pp;
+      }
+      stragglers_ = std::make_unique<StragglerDetector>(world, so, stage_of);
+      // Every stage has T x D ranks: with one, no rank has a peer to be slower than.
+      if (!stragglers_->lone_groups().empty())
+        Log("note: stragglers: each of the {} pipeline stages has one rank, and a rank is "
+            "compared only with the ranks of its own stage (stages do different work): no rank "
+            "can be named a straggler in this layout",
+            pipeline);
     }
     Log("checks: collectives in step {}; replicas {}; stragglers {}",
         cfg.debug_collectives ? "before every collective (--debug-collectives)"
@@ -112,8 +127,11 @@ Status RunHealth::Start(const TrainConfig& cfg) {
         cfg.check_replicas_interval > 0
             ? fmt::format("every {} iterations and at every save", cfg.check_replicas_interval)
             : std::string("at every save"),
-        stragglers_ ? fmt::format("{:g}% slower for {} iterations", 100 * cfg.straggler_threshold,
-                                  5 * cfg.straggler_window)
+        stragglers_ ? fmt::format("{:g}% slower for {} iterations{}", 100 * cfg.straggler_threshold,
+                                  5 * cfg.straggler_window,
+                                  cfg.pipeline_model_parallel_size > 1
+                                      ? " than the other ranks of the same pipeline stage"
+                                      : "")
                     : std::string("off"));
   }
   drops_ = std::make_unique<ThroughputDropDetector>(world, ThroughputDropOptions{});

@@ -157,5 +157,59 @@ TEST(StragglerDetectorTest, LastSlowdownsEmptyBeforeTheFirstWindow) {
   EXPECT_NEAR(d.last_slowdowns()[1], 0.2, 1e-12);
 }
 
+// Pipeline stages do different work: with each rank's stage as its group, the last stage being
+// slower by design names nobody (on the old one-group rule, P=2 x D=2 named both ranks of stage 1
+// and P=2 named stage 1's rank), while a rank slowed among its own stage's ranks still is.
+TEST(StragglerDetectorTest, RanksAreComparedWithinTheirStageOnly) {
+  // Megatron's order at T=1, P=2, D=2: ranks 0 and 1 are stage 0, ranks 2 and 3 stage 1.
+  const std::vector<int> stage = {0, 0, 1, 1};
+  {
+    SCOPED_TRACE("stage 1 30% slower by design");
+    StragglerDetector d(4, {}, stage);
+    EXPECT_TRUE(d.lone_groups().empty());
+    const auto events =
+        Feed(&d, 4, 1, 400, 21, 0.01, [](int r, int64_t) { return r >= 2 ? 1.3 : 1.0; });
+    EXPECT_TRUE(events.empty());
+    EXPECT_TRUE(d.current_stragglers().empty());
+    for (double s : d.last_slowdowns()) EXPECT_LT(s, 0.03);
+  }
+  {
+    SCOPED_TRACE("stage 1 slower by design, and rank 3 8% slower than its peer rank 2");
+    StragglerDetector d(4, {}, stage);
+    const auto events = Feed(&d, 4, 1, 400, 22, 0.01, [](int r, int64_t) {
+      return (r >= 2 ? 1.3 : 1.0) * (r == 3 ? 1.08 : 1.0);
+    });
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_TRUE(events[0].named);
+    EXPECT_EQ(events[0].rank, 3);
+    EXPECT_NEAR(events[0].slowdown, 0.08, 0.01);  // against rank 2, not the world's reference
+    EXPECT_EQ(d.current_stragglers(), std::vector<int>{3});
+  }
+  {
+    SCOPED_TRACE("a slowed rank of stage 0 among its data peers");
+    StragglerDetector d(4, {}, stage);
+    const auto events = Feed(&d, 4, 1, 400, 23, 0.01, [](int r, int64_t) {
+      return (r >= 2 ? 1.3 : 1.0) * (r == 0 ? 1.08 : 1.0);
+    });
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_EQ(events[0].rank, 0);
+  }
+  {
+    SCOPED_TRACE("P=2, one rank per stage: stage 1 slower, nobody to compare with");
+    StragglerDetector d(2, {}, {0, 1});
+    EXPECT_EQ(d.lone_groups(), (std::vector<int>{0, 1}));
+    const auto events =
+        Feed(&d, 2, 1, 400, 24, 0.01, [](int r, int64_t) { return r == 1 ? 1.5 : 1.0; });
+    EXPECT_TRUE(events.empty());
+    // Without groups the same times name rank 1: the rule above is what spares it.
+    StragglerDetector one_group(2, {});
+    EXPECT_TRUE(one_group.lone_groups().empty());
+    const auto named =
+        Feed(&one_group, 2, 1, 400, 24, 0.01, [](int r, int64_t) { return r == 1 ? 1.5 : 1.0; });
+    ASSERT_EQ(named.size(), 1u);
+    EXPECT_EQ(named[0].rank, 1);
+  }
+}
+
 }  // namespace
 }  // namespace keel
