@@ -6,6 +6,10 @@
 // Tensor parallel: a split tensor's slice is compared among the ranks holding that slice (the
 // data-parallel replicas), a replicated one (norms, row-parallel biases) among every rank, so a
 // LayerNorm drifting apart across tensor ranks (tr11's) is caught too.
+// Pipeline parallel: stages hold different tensors, so each is compared among the ranks of its
+// stage (a slice among those of its (tp, pp) position); the last stage's copy of the tied word
+// embeddings among the first stage's embedding holders of its tensor rank (the two copies must
+// stay the same bits: a drifted one is named as "the last stage's tied copy").
 #pragma once
 
 #include <cstdint>
