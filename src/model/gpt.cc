@@ -577,7 +577,7 @@ int GptModel::FullRecomputeLayers(const GptSpec& spec, Recompute r, int full_lay
 
 uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T, Precision precision,
                                    Recompute recompute, int full_layers, int tensor,
-                                   bool sequence_parallel) {
+                                   bool sequence_parallel, bool head) {
   const Dims dims = DimsOf(spec, tensor, sequence_parallel);
   const int full = FullRecomputeLayers(spec, recompute, full_layers);
   const uint64_t lowp =
@@ -589,9 +589,10 @@ uint64_t GptModel::ActivationBytes(const GptSpec& spec, int B, int T, Precision 
   auto bytes = [&](int layers, int shared) {
     Activations a;
     BufferSource count;
-    LayoutActivations(spec, dims, B, T, layers, /*head=*/true, recompute, shared, &a, &count);
+    LayoutActivations(spec, dims, B, T, layers, head, recompute, shared, &a, &count);
     return count.bytes;
   };
+  if (spec.num_layers <= 0) return bytes(0, 0) + lowp;
   const uint64_t one = bytes(1, 0);
   const uint64_t recomputed = bytes(2, 2) - one, kept = bytes(2, 0) - one;
   const int n_recomputed = std::max(full - 1, 0), n_kept = spec.num_layers - 1 - n_recomputed;

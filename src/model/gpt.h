@@ -249,10 +249,11 @@ class GptModel {
   // Forward allocates, counted by the same code without allocating (memory estimates). bf16 and
   // fp16 add the 16-bit copies of the matmul inputs. `tensor` > 1: what one rank of a tensor group
   // of that size allocates (with `sequence_parallel`, its share of the residual rows).
+  // `head` false: a pipeline stage without the output layer (spec.num_layers its own layers).
   static uint64_t ActivationBytes(const GptSpec& spec, int B, int T,
                                   Precision precision = Precision::kFp32,
                                   Recompute recompute = Recompute::kNone, int full_layers = -1,
-                                  int tensor = 1, bool sequence_parallel = false);
+                                  int tensor = 1, bool sequence_parallel = false, bool head = true);
   // Activation recomputation for the next Forward/Backward pairs (the buffers are laid out again
   // when it changes). `full_layers`: under kFull, how many leading layers recompute (-1: all).
   void set_recompute(Recompute r, int full_layers = -1);
