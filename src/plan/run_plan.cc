@@ -174,11 +174,12 @@ Status MakeRunPlan(const PlanInput& in, RunPlan* out) {
   }
 
   // The same function keel train checks a rank's memory with, at this layout (one process per
-  // rank; keel train runs pipeline 1 only), so the two figures cannot disagree.
-  if (pp == 1) {
+  // rank; at P > 1 a rank of the stage that needs the most), so the two figures cannot disagree.
+  {
     TrainConfig rank = c;
     rank.model.padded_vocab = static_cast<int>(p.padded_vocab);
     rank.tensor_model_parallel_size = tp;
+    rank.pipeline_model_parallel_size = pp;
     rank.data_parallel_size = p.dp;
     rank.use_distributed_optimizer = in.zero_stage == 1 || c.use_distributed_optimizer;
     const MemoryEstimate e = EstimateRunMemory(rank);

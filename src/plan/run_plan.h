@@ -53,7 +53,8 @@ struct RunPlan {
   int max_stage = 0;                      // the stage with the most parameters per GPU
   std::vector<PlanMemory> memory;
   // What `keel train` would check on each rank of this layout before it starts (its own
-  // EstimateRunMemory, activations and data buffers included; pipeline 1 only, 0 otherwise).
+  // EstimateRunMemory, activations and data buffers included; at pipeline parallel P > 1 a rank
+  // of the stage that needs the most).
   uint64_t train_rank_bytes = 0;
   std::string train_rank_terms;             // DescribeMemoryEstimate's terms
   int64_t micro_batches_per_iteration = 0;  // per data-parallel rank at the full global batch

@@ -240,6 +240,34 @@ TEST(RunPlanTest, KeelTrainsPerRankMemoryIsTheTrainersOwnEstimate) {
   }
 }
 
+// At pipeline parallel P > 1 the figure is keel train's check too: a rank of the stage that
+// needs the most (its chunks' layers, the micro-batches the schedule has it hold), not 0 (the
+// plan printed none) and not the whole model.
+TEST(RunPlanTest, KeelTrainsPerRankMemoryAtPipelineParallelIsTheLargestStages) {
+  PlanInput in = Input({"--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+                        "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size",
+                        "16", "--train-iters", "100", "--lr-warmup-iters", "2"},
+                       1000, 1, 4, 1, 2);
+  RunPlan p;
+  ASSERT_TRUE(MakeRunPlan(in, &p).ok());
+  EXPECT_EQ(p.dp, 2);
+  TrainConfig rank = in.cfg;
+  rank.pipeline_model_parallel_size = 2;
+  rank.data_parallel_size = 2;
+  rank.model.padded_vocab = static_cast<int>(p.padded_vocab);
+  const MemoryEstimate e = EstimateRunMemory(rank);
+  ASSERT_GT(p.train_rank_bytes, 0u);
+  EXPECT_EQ(p.train_rank_bytes, e.total());
+  EXPECT_EQ(e.total(),
+            std::max(EstimateRunMemory(rank, 0).total(), EstimateRunMemory(rank, 1).total()));
+  EXPECT_EQ(e.micro_batches_held, e.pipeline_stage == 0 ? 2 : 1);  // 4 micro-batches, 1F1B
+  EXPECT_LT(e.params, GptModel::ParamCount(rank.model) * 7 / 10);
+  EXPECT_NE(FormatRunPlan(in, p).find("keel train on CPU ranks: " + FormatBytes(e.total()) +
+                                      " per rank (weights"),
+            std::string::npos);
+  EXPECT_NE(p.train_rank_terms.find("pipeline stage"), std::string::npos) << p.train_rank_terms;
+}
+
 TEST(RunPlanTest, ABillionLayersArePlannedWithoutListingThem) {
   // The plan used to list every layer's tensors: 2^30 layers took memory until it was killed.
   const PlanInput in =
