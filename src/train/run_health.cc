@@ -190,12 +190,16 @@ void RunHealth::OnStep(const StepResult& r) {
       ev.host = hosts_[e.rank];
       ev.slowdown = e.slowdown;
       ev.since_iteration = e.since_iteration;
-      Journal(ev, e.named ? fmt::format("iteration {}: {} is a straggler: its compute time per "
-                                        "iteration has been {:.1f}% above the other ranks' since "
-                                        "iteration {}; the whole job runs at its pace",
-                                        it, RankText(e.rank), 100 * e.slowdown, e.since_iteration)
-                          : fmt::format("iteration {}: {} is no longer a straggler ({:+.1f}%)", it,
-                                        RankText(e.rank), 100 * e.slowdown));
+      Journal(ev, e.named
+                      ? fmt::format(
+                            "iteration {}: {} is a straggler: its compute time per "
+                            "iteration has been {:.1f}% above the other ranks'{} since "
+                            "iteration {}; the whole job runs at its pace",
+                            it, RankText(e.rank), 100 * e.slowdown,
+                            cfg_.pipeline_model_parallel_size > 1 ? " of its pipeline stage" : "",
+                            e.since_iteration)
+                      : fmt::format("iteration {}: {} is no longer a straggler ({:+.1f}%)", it,
+                                    RankText(e.rank), 100 * e.slowdown));
     }
     const std::vector<double>& s = stragglers_->last_slowdowns();
     if (metrics_ && !s.empty() && it % cfg_.straggler_window == 0) {

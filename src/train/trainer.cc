@@ -364,7 +364,12 @@ Status Trainer::ComputeGradients(const IterationPlan& plan, StepResult* r) {
   backend_->Synchronize();  // the gradients go to collectives, the losses to the host
   if (corrupted != nullptr)
     backend_->CopyToDevice(model_->mutable_param_data() + corrupted->offset, &corrupted_weight, 1);
-  if (faults_) faults_->AfterBackward(plan.iteration, phases_ ? phases_->ComputeSeconds() : 0.0);
+  if (faults_) {
+    // The pipeline step ends in a transfer phase: a slowed rank's sleep (the test-only straggler)
+    // must count as its compute, as it does after a data-parallel backward.
+    if (pp_size_ > 1) EnterPhase(Phase::kBackward);
+    faults_->AfterBackward(plan.iteration, phases_ ? phases_->ComputeSeconds() : 0.0);
+  }
   EnterPhase(Phase::kReduce);
   reducer_->Finish();
   // Each rank now holds the sums of its shard. ZeRO-1 updates only that shard; without it every
