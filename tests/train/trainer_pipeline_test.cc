@@ -52,7 +52,7 @@ TrainConfig Gpt2Config() {
   c.min_lr = 3e-4;
   c.lr_warmup_iters = 5;
   c.log_interval = 10;
-  c.eval_iters = 0;
+  c.eval_iters = 3;  // Validate's batches (the loop itself never evaluates here)
   c.threads = 1;
   return c;
 }
@@ -83,7 +83,8 @@ struct Layout {
 struct RankRun {
   std::vector<double> loss, grad_norm, update_ratio;
   uint64_t fingerprint = 0, fresh_fingerprint = 0;
-  double valid_loss = NAN;  // Evaluate(2) after training
+  double valid_loss = NAN;  // Validate (eval_iters batches) after training
+  double eval_loss = NAN;   // Evaluate(2) after training
 };
 
 // Trains `cfg` at layout `l` (threads) for `iters` iterations; every rank's record, world order.
@@ -118,7 +119,10 @@ std::vector<RankRun> Train(TrainConfig cfg, const Layout& l, int iters = kIters,
         out[r].update_ratio.push_back(s.signals.update_ratio);
       }
       out[r].fingerprint = tr.StateFingerprint();
-      out[r].valid_loss = tr.Evaluate(2);
+      ValidationResult v;
+      EXPECT_TRUE(tr.Validate(&v).ok());
+      out[r].valid_loss = v.loss;
+      out[r].eval_loss = tr.Evaluate(2);
       if (after) after(tr, r);
     });
   }
@@ -149,6 +153,7 @@ void ExpectRanksAgree(const std::vector<RankRun>& run, const char* what) {
     EXPECT_TRUE(SameBits(run[r].update_ratio, run[0].update_ratio)) << what << " rank " << r;
     EXPECT_EQ(run[r].fingerprint, run[0].fingerprint) << what << " rank " << r;
     EXPECT_TRUE(SameBits(run[r].valid_loss, run[0].valid_loss)) << what << " rank " << r;
+    EXPECT_TRUE(SameBits(run[r].eval_loss, run[0].eval_loss)) << what << " rank " << r;
   }
 }
 
@@ -180,7 +185,9 @@ void CompareLayouts(const TrainConfig& cfg, const char* shape,
     ExpectRanksAgree(run, l.name);
     const double dl = MaxDiff(one[0].loss, run[0].loss);
     const double dg = MaxDiff(one[0].grad_norm, run[0].grad_norm);
-    const double dv = std::fabs(one[0].valid_loss - run[0].valid_loss);
+    const double dv = std::max(std::fabs(one[0].valid_loss - run[0].valid_loss),
+                               std::fabs(one[0].eval_loss - run[0].eval_loss));
+    EXPECT_TRUE(std::isfinite(run[0].valid_loss) && std::isfinite(run[0].eval_loss));
     std::printf(
         "%s %s: max |loss - one rank's| = %.3g, max |grad norm - one rank's| = %.3g over %d "
         "iterations; validation after them differs by %.3g\n",
@@ -200,13 +207,15 @@ void CompareLayouts(const TrainConfig& cfg, const char* shape,
       for (size_t i = 0; i < one[0].grad_norm.size(); ++i)
         EXPECT_NEAR(run[0].grad_norm[i], one[0].grad_norm[i], 1e-13 * one[0].grad_norm[i]);
       EXPECT_TRUE(SameBits(run[0].valid_loss, one[0].valid_loss));
+      EXPECT_TRUE(SameBits(run[0].eval_loss, one[0].eval_loss));
     }
     // The same layout again: the same bits.
-    const std::vector<RankRun> again = Train(cfg, l, 10);
-    EXPECT_TRUE(SameBits(again[0].loss,
-                         std::vector<double>(run[0].loss.begin(), run[0].loss.begin() + 10)));
-    EXPECT_TRUE(SameBits(again[0].grad_norm, std::vector<double>(run[0].grad_norm.begin(),
-                                                                 run[0].grad_norm.begin() + 10)));
+    const std::vector<RankRun> again = Train(cfg, l);
+    EXPECT_TRUE(SameBits(again[0].loss, run[0].loss));
+    EXPECT_TRUE(SameBits(again[0].grad_norm, run[0].grad_norm));
+    EXPECT_TRUE(SameBits(again[0].update_ratio, run[0].update_ratio));
+    EXPECT_EQ(again[0].fingerprint, run[0].fingerprint);
+    EXPECT_TRUE(SameBits(again[0].valid_loss, run[0].valid_loss));
   }
 }
 
