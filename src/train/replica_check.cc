@@ -210,11 +210,11 @@ Status CheckReplicas(Trainer& trainer, Communicator* comm, const std::vector<std
     for (size_t k = 0; k < differs[r].size() && k < 5; ++k)
       names += (k ? ", " : "") + differs[r][k];
     if (differs[r].size() > 5) names += fmt::format(" and {} more", differs[r].size() - 5);
-    report +=
-        fmt::format("{}rank {} (host {}{}) differs in {} of {} tensors: {}", bad > 1 ? "; " : "", r,
-                    r < static_cast<int>(hosts.size()) ? hosts[r] : "?",
-                    P > 1 ? ", " + CoordsOf(shape, r).ToString() : std::string(), differs[r].size(),
-                    entries[r].size(), names);
+    report += fmt::format(
+        "{}rank {} (host {}) differs in {} of {} tensors{}: {}", bad > 1 ? "; " : "", r,
+        r < static_cast<int>(hosts.size()) ? hosts[r] : "?", differs[r].size(), entries[r].size(),
+        // After "(host H) differs": launch's blame reads the host from that pattern.
+        P > 1 ? " (" + CoordsOf(shape, r).ToString() + ")" : std::string(), names);
   }
   if (bad == 0) return Status::OK();
   std::string who = "data-parallel replicas";
