@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <tuple>
@@ -30,10 +31,13 @@ std::string RankList(const std::vector<int>& ranks) {
   return out;
 }
 
-// "rank 5 (host h2) is" / "ranks 5,6 (hosts h2,h3) are".
-std::string Subject(const std::vector<int>& ranks, const std::vector<std::string>& hosts) {
+// "rank 5 (host h2) is" / "ranks 5,6 (hosts h2,h3) are"; one rank with its mesh coordinates:
+// "rank 5 (host h2; dp 1, pp 0, tp 1) is".
+std::string Subject(const std::vector<int>& ranks, const std::vector<std::string>& hosts,
+                    const std::string& mesh = "") {
   const std::string h = fmt::format("{}", fmt::join(hosts, ","));
-  if (ranks.size() == 1) return fmt::format("rank {} (host {}) is", ranks[0], h);
+  if (ranks.size() == 1)
+    return fmt::format("rank {} (host {}{}) is", ranks[0], h, mesh.empty() ? "" : "; " + mesh);
   return fmt::format("ranks {} (host{} {}) are", RankList(ranks), hosts.size() > 1 ? "s" : "", h);
 }
 
@@ -172,6 +176,98 @@ std::string Mismatch(const std::vector<HangDump>& dumps) {
   return "";
 }
 
+// "dp 1, pp 0, tp 1" -> coordinates; false for anything else (no mesh: not model parallel).
+bool ParseMesh(const std::string& mesh, int* dp, int* pp, int* tp) {
+  char rest = 0;
+  return std::sscanf(mesh.c_str(), "dp %d, pp %d, tp %d%c", dp, pp, tp, &rest) == 3;
+}
+
+// A rank's transfer in flight in its pipeline-p2p section: "send-to-P" or "recv-from-P".
+struct Transfer {
+  bool send = false;
+  int peer_stage = -1;  // the peer's rank in the pipeline group: its stage
+  std::string kind;
+  uint64_t began_us_ago = 0;
+};
+
+bool TransferInFlight(const HangDump& d, Transfer* t) {
+  for (const GroupCollectives& g : d.groups) {
+    if (g.name != "pipeline-p2p") continue;
+    for (const DumpedCollective& c : g.collectives) {
+      if (!c.in_flight) continue;
+      int peer = -1;
+      char rest = 0;
+      if (std::sscanf(c.kind.c_str(), "send-to-%d%c", &peer, &rest) == 1) {
+        t->send = true;
+      } else if (std::sscanf(c.kind.c_str(), "recv-from-%d%c", &peer, &rest) == 1) {
+        t->send = false;
+      } else {
+        continue;
+      }
+      t->peer_stage = peer;
+      t->kind = c.kind;
+      t->began_us_ago = c.began_us_ago;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Who waits for whom in the pipeline's point-to-point transfers. A send (receive) in flight whose
+// peer is in the matching receive (send) would have gone through: that rank is stuck inside it
+// (named first). A transfer whose peer is elsewhere waits for that peer.
+void AnalyzeTransfers(const std::vector<HangDump>& dumps, HangAnalysis* a) {
+  std::map<std::tuple<int, int, int>, const HangDump*> by_coords;  // (dp, pp, tp)
+  int stages = 0;
+  for (const HangDump& d : dumps) {
+    int dp, pp, tp;
+    if (!ParseMesh(d.mesh, &dp, &pp, &tp)) return;  // not every rank names its place
+    by_coords[{dp, pp, tp}] = &d;
+    stages = std::max(stages, pp + 1);
+  }
+  std::vector<std::string> stuck, waiting;
+  for (const HangDump& d : dumps) {
+    Transfer t;
+    if (!TransferInFlight(d, &t)) continue;
+    int dp, pp, tp;
+    ParseMesh(d.mesh, &dp, &pp, &tp);
+    const std::string who = fmt::format("rank {} (host {}; {}: pipeline stage {} of {})", d.rank,
+                                        d.host, d.mesh, pp, std::max(stages, t.peer_stage + 1));
+    const std::string what =
+        fmt::format("the pipeline group's {} of iteration {} (for {:.1f} s)", t.kind, d.iteration,
+                    static_cast<double>(t.began_us_ago) / 1e6);
+    const auto it = by_coords.find({dp, t.peer_stage, tp});
+    if (it == by_coords.end()) {
+      waiting.push_back(
+          fmt::format("{} is in {}: its peer, stage {} at dp {}, tp {}, left no "
+                      "dump (stopped, or its host is gone)",
+                      who, what, t.peer_stage, dp, tp));
+      continue;
+    }
+    const HangDump& peer = *it->second;
+    Transfer pt;
+    const bool matched = TransferInFlight(peer, &pt) && pt.send != t.send && pt.peer_stage == pp;
+    if (matched) {
+      // Both ends in the same transfer: a receive waits by design, a send whose receive is
+      // posted goes through, so the sender is the one stuck (named once, from its side).
+      if (!t.send) continue;
+      a->stuck.push_back(d.rank);
+      stuck.push_back(fmt::format(
+          "{} is stuck inside {}: rank {} (stage {}) waits in the matching {}, so the data "
+          "never left rank {}; it holds up the job (its stacks: {})",
+          who, what, peer.rank, t.peer_stage, pt.kind, d.rank, HangDumpFileName(d.rank)));
+    } else {
+      waiting.push_back(
+          fmt::format("{} waits in {} for rank {} (stage {}), which is not {} it: "
+                      "{}",
+                      who, what, peer.rank, t.peer_stage, t.send ? "receiving from" : "sending to",
+                      Describe(StateOf(peer), -1)));
+    }
+  }
+  a->transfers = stuck;
+  a->transfers.insert(a->transfers.end(), waiting.begin(), waiting.end());
+}
+
 }  // namespace
 
 Status ReadHangDumps(Env* env, const std::string& dir, std::vector<HangDump>* dumps) {
@@ -303,7 +399,10 @@ HangAnalysis AnalyzeHangs(const std::vector<HangDump>& dumps) {
         n_big == others ? fmt::format("the other {}",
                                       others == 1 ? "rank is" : fmt::format("{} ranks are", others))
                         : fmt::format("{} of the other {} ranks are", n_big, others);
-    a.odd_ones_out.push_back(fmt::format("{} {}; {} {}", Subject(g.ranks, g.hosts),
+    std::string mesh;
+    for (const HangDump& d : dumps)
+      if (g.ranks.size() == 1 && d.rank == g.ranks[0]) mesh = d.mesh;
+    a.odd_ones_out.push_back(fmt::format("{} {}; {} {}", Subject(g.ranks, g.hosts, mesh),
                                          Describe(g.state, at), rest,
                                          DescribeShort(big.state, at)));
   }
@@ -314,6 +413,7 @@ HangAnalysis AnalyzeHangs(const std::vector<HangDump>& dumps) {
         "rank {}: no dump — its process did not answer (stopped, or its host is gone)", r));
   }
   a.mismatch = Mismatch(dumps);
+  AnalyzeTransfers(dumps, &a);
   return a;
 }
 
@@ -339,6 +439,10 @@ std::string FormatHangAnalysis(const HangAnalysis& a) {
   if (!a.missing_sentences.empty()) {
     out += "missing dumps:\n";
     for (const std::string& s : a.missing_sentences) out += "  " + s + "\n";
+  }
+  if (!a.transfers.empty()) {
+    out += "pipeline transfers:\n";
+    for (const std::string& s : a.transfers) out += "  " + s + "\n";
   }
   out += "collectives: ";
   out += a.mismatch.empty() ? "the ranks' flight recorders agree" : a.mismatch;
@@ -370,6 +474,8 @@ nlohmann::json HangAnalysisJson(const HangAnalysis& a) {
   j["missing"] = nlohmann::json::array();
   for (size_t i = 0; i < a.missing.size(); ++i)
     j["missing"].push_back({{"rank", a.missing[i]}, {"sentence", a.missing_sentences[i]}});
+  j["transfers"] = a.transfers;
+  j["stuck"] = a.stuck;
   j["mismatch"] = a.mismatch.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.mismatch);
   return j;
 }
