@@ -213,6 +213,17 @@ bool TransferInFlight(const HangDump& d, Transfer* t) {
   return false;
 }
 
+// Whether the main thread is inside an MPI call (PMPI_Send, MPI_Recv, ...).
+bool InMpi(const HangDump& d) {
+  const ThreadStack* t = MainThread(d);
+  if (t == nullptr) return false;
+  for (const std::string& f : t->frames) {
+    const std::string fn = FunctionOf(f);
+    if (fn.rfind("PMPI_", 0) == 0 || fn.rfind("MPI_", 0) == 0) return true;
+  }
+  return false;
+}
+
 // Who waits for whom in the pipeline's point-to-point transfers. A send (receive) in flight whose
 // peer is in the matching receive (send) would have gone through: that rank is stuck inside it
 // (named first). A transfer whose peer is elsewhere waits for that peer.
@@ -248,14 +259,29 @@ void AnalyzeTransfers(const std::vector<HangDump>& dumps, HangAnalysis* a) {
     Transfer pt;
     const bool matched = TransferInFlight(peer, &pt) && pt.send != t.send && pt.peer_stage == pp;
     if (matched) {
-      // Both ends in the same transfer: a receive waits by design, a send whose receive is
-      // posted goes through, so the sender is the one stuck (named once, from its side).
-      if (!t.send) continue;
+      // Both ends in the same transfer, which a healthy transport completes. The end whose main
+      // thread is inside MPI waits; the other is stuck in keel's side of the transfer. Named
+      // once, from the stuck end's side; both, from the sender's, when the stacks do not tell.
+      const bool mine_in_mpi = InMpi(d), peer_in_mpi = InMpi(peer);
+      if (mine_in_mpi && !peer_in_mpi) continue;  // the peer is the stuck one
+      if (mine_in_mpi == peer_in_mpi) {
+        if (!t.send) continue;
+        a->stuck.push_back(d.rank);
+        a->stuck.push_back(peer.rank);
+        stuck.push_back(fmt::format(
+            "{} is inside {} and rank {} (stage {}) inside the matching {}, and the transfer "
+            "does not complete: the link between hosts {} and {}, or the MPI library (their "
+            "stacks: {}, {})",
+            who, what, peer.rank, t.peer_stage, pt.kind, d.host, peer.host,
+            HangDumpFileName(d.rank), HangDumpFileName(peer.rank)));
+        continue;
+      }
       a->stuck.push_back(d.rank);
       stuck.push_back(fmt::format(
           "{} is stuck inside {}: rank {} (stage {}) waits in the matching {}, so the data "
-          "never left rank {}; it holds up the job (its stacks: {})",
-          who, what, peer.rank, t.peer_stage, pt.kind, d.rank, HangDumpFileName(d.rank)));
+          "never {} rank {}; it holds up the job (its stacks: {})",
+          who, what, peer.rank, t.peer_stage, pt.kind, t.send ? "left" : "reached", d.rank,
+          HangDumpFileName(d.rank)));
     } else {
       waiting.push_back(
           fmt::format("{} waits in {} for rank {} (stage {}), which is not {} it: "
@@ -284,7 +310,13 @@ Status ReadHangDumps(Env* env, const std::string& dir, std::vector<HangDump>* du
   std::vector<std::string> iter_dirs;
   for (const std::string& n : names) {
     if (RankOfHangDumpFile(n) >= 0) continue;
-    if (n.rfind("iter_", 0) == 0 && env->IsDirectory(JoinPath(dir, n))) iter_dirs.push_back(n);
+    if (n.rfind("iter_", 0) != 0 || !env->IsDirectory(JoinPath(dir, n))) continue;
+    // A hang directory holds dumps (a run directory's iter_NNNNNNN checkpoints do not).
+    std::vector<std::string> inside;
+    if (!env->GetChildren(JoinPath(dir, n), &inside).ok()) continue;
+    if (std::any_of(inside.begin(), inside.end(),
+                    [](const std::string& f) { return RankOfHangDumpFile(f) >= 0; }))
+      iter_dirs.push_back(n);
   }
   for (const std::string& n : names) {
     const int rank = RankOfHangDumpFile(n);

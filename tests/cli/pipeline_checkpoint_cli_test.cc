@@ -250,8 +250,12 @@ TEST(PipelineCheckpointCliTest, RankHungInsideAPipelineSendIsNamedWithItsStage) 
     EXPECT_NE(dump.find("group pipeline-p2p:"), std::string::npos) << dump;
   }
   EXPECT_NE(ReadText(hangs + "/rank-002.txt").find("mesh: dp 0, pp 1, tp 0"), std::string::npos);
-  const KeelResult a = RunShell(kKeel + " hangs analyze " + hangs);
+  // Given the run directory, it analyzes the newest hang and says which.
+  const KeelResult a = RunShell(kKeel + " hangs analyze " + dir);
   EXPECT_EQ(a.code, 0) << a.out;
+  EXPECT_NE(a.out.find("note: " + dir + " is a run directory: analyzing its newest hang, " + hangs),
+            std::string::npos)
+      << a.out;
   EXPECT_TRUE(std::regex_search(
       a.out, std::regex(R"(rank 2 \(host [^;]+; dp 0, pp 1, tp 0: pipeline stage 1 of 2\) is )"
                         R"(stuck inside the pipeline group's send-to-0 of iteration 5)")))

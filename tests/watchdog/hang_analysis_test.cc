@@ -258,7 +258,12 @@ TEST(HangAnalysisTest, RankStuckInsideAPipelineSendIsNamedWithItsStage) {
   const std::vector<std::string> p2p = {"recv-from-1", "", "send-to-0", ""};
   std::vector<HangDump> dumps;
   for (int r = 0; r < 4; ++r) {
-    HangDump d = Dump(r, 4, r % 2 ? "backward" : "reduce", 5, History(41), kInReduce);
+    // Rank 0 waits inside MPI's receive; rank 2 never reached MPI's send.
+    const std::vector<std::string> frames =
+        r == 0   ? std::vector<std::string>{"PMPI_Recv", "keel::RecordingCommunicator::Recv()"}
+        : r == 2 ? std::vector<std::string>{"nanosleep", "keel::RecordingCommunicator::Send()"}
+                 : kInReduce;
+    HangDump d = Dump(r, 4, r % 2 ? "backward" : "reduce", 5, History(41), frames);
     d.mesh = meshes[r];
     keel::GroupCollectives tensor{"tensor", {}, History(126, r % 2 ? "all-reduce-sum-floats" : "")};
     keel::GroupCollectives pipe{"pipeline-p2p", {}, {{57, "send-to-1", 4096, 900, 5, false}}};
@@ -278,6 +283,26 @@ TEST(HangAnalysisTest, RankStuckInsideAPipelineSendIsNamedWithItsStage) {
                                              "pp 1, tp 0: pipeline stage 1 of 2) is stuck"),
             std::string::npos);
   EXPECT_EQ(keel::HangAnalysisJson(a)["stuck"], nlohmann::json::array({2}));
+
+  // The stacks the other way round: rank 0 is stuck inside its receive, rank 2 waits in MPI.
+  std::vector<HangDump> swapped = dumps;
+  std::swap(swapped[0].threads[1].frames, swapped[2].threads[1].frames);  // main threads
+  a = keel::AnalyzeHangs(swapped);
+  EXPECT_EQ(a.stuck, std::vector<int>{0});
+  ASSERT_EQ(a.transfers.size(), 1u);
+  EXPECT_NE(a.transfers[0].find("rank 0 (host h1; dp 0, pp 0, tp 0: pipeline stage 0 of 2) is "
+                                "stuck inside the pipeline group's recv-from-1 of iteration 5"),
+            std::string::npos)
+      << a.transfers[0];
+  EXPECT_NE(a.transfers[0].find("so the data never reached rank 0"), std::string::npos);
+
+  // Both inside MPI: the transfer itself does not complete; both are named.
+  swapped[0].threads = dumps[0].threads;
+  a = keel::AnalyzeHangs(swapped);
+  EXPECT_EQ(a.stuck, (std::vector<int>{2, 0}));
+  ASSERT_EQ(a.transfers.size(), 1u);
+  EXPECT_NE(a.transfers[0].find("and the transfer does not complete"), std::string::npos)
+      << a.transfers[0];
 
   // Rank 0 waits in its receive, but rank 2 is elsewhere (not sending): rank 0 waits for it,
   // nobody is stuck inside a transfer.
@@ -345,16 +370,19 @@ TEST_F(HangAnalysisReadTest, ErrorsNameThePathAndTheLine) {
   keel::Status st = Read(dir_ + "/nope", &dumps);
   EXPECT_EQ(st.code(), keel::Status::Code::kNotFound);
 
+  // An empty iter_20 (or a run directory's checkpoints, iter_NNNNNNN) is no hang directory.
+  st = Read(dir_ + "/hangs", &dumps);
+  EXPECT_EQ(st.code(), keel::Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("it is not a hang directory"), std::string::npos) << st.message();
+  st = Read(dir_ + "/hangs/iter_20", &dumps);  // empty
+  EXPECT_NE(st.message().find("it is not a hang directory"), std::string::npos) << st.message();
+
+  Write("rank-000.txt", "keel hang dump 1\nrank: 0\n");
   st = Read(dir_ + "/hangs", &dumps);  // the parent of the iteration directories
   EXPECT_EQ(st.code(), keel::Status::Code::kInvalidArgument);
   EXPECT_NE(st.message().find("holds no rank-RRR.txt dumps but the hang directories iter_20"),
             std::string::npos)
       << st.message();
-
-  st = Read(dir_ + "/hangs/iter_20", &dumps);  // empty
-  EXPECT_NE(st.message().find("it is not a hang directory"), std::string::npos) << st.message();
-
-  Write("rank-000.txt", "keel hang dump 1\nrank: 0\n");
   st = Read(dir_ + "/hangs/iter_20", &dumps);
   EXPECT_EQ(st.code(), keel::Status::Code::kInvalidArgument);
   EXPECT_EQ(st.message(), dir_ +
