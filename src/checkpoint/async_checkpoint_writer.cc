@@ -1,5 +1,7 @@
 #include "checkpoint/async_checkpoint_writer.h"
 
+#include <algorithm>
+
 #include "core/status.h"
 
 namespace keel {
@@ -17,11 +19,24 @@ void AsyncCheckpointWriter::Start(Job job) {
   result_ = Result{};
   result_.iteration = job_.iteration;
   done_.store(false, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> l(staged_mu_);
+    staged_ = job_.copies.empty();
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
 void AsyncCheckpointWriter::Run() {
   const uint64_t t0 = env_->NowMicros();
+  if (!job_.copies.empty()) {
+    for (const CheckpointStaging::DeferredCopy& c : job_.copies)
+      std::copy(c.from, c.from + c.n, c.to);
+    {
+      std::lock_guard<std::mutex> l(staged_mu_);
+      staged_ = true;
+    }
+    staged_cv_.notify_all();
+  }
   std::vector<std::string>* log = &result_.log;
   CheckpointStore store(env_, root_, [log](const std::string& line) { log->push_back(line); });
   store.set_read_only(read_only_);
@@ -38,6 +53,11 @@ void AsyncCheckpointWriter::Run() {
   }
   result_.seconds = static_cast<double>(env_->NowMicros() - t0) / 1e6;
   done_.store(true, std::memory_order_release);
+}
+
+void AsyncCheckpointWriter::WaitStaged() {
+  std::unique_lock<std::mutex> l(staged_mu_);
+  staged_cv_.wait(l, [this] { return staged_; });
 }
 
 AsyncCheckpointWriter::Result AsyncCheckpointWriter::Wait() {

@@ -10,12 +10,15 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "checkpoint/checkpoint_store.h"
+#include "checkpoint/train_checkpoint.h"
 #include "core/env.h"
 #include "core/status.h"
 
@@ -31,6 +34,9 @@ class AsyncCheckpointWriter {
     // files into the temporary directory BeginSave made (the caller commits or aborts).
     bool commit = true;
     int keep_last = 0;
+    // Made first, before any file is written (CheckpointStaging::deferred): the staging copies of
+    // live memory the loop leaves unchanged until WaitStaged() returns.
+    std::vector<CheckpointStaging::DeferredCopy> copies;
   };
   struct Result {
     int64_t iteration = -1;
@@ -57,6 +63,8 @@ class AsyncCheckpointWriter {
   int64_t iteration() const { return job_.iteration; }
   // Blocks until the job in flight is done and returns its result; nothing is in flight after.
   Result Wait();
+  // Blocks until the job in flight has made its staging copies (at once when none is in flight).
+  void WaitStaged();
 
  private:
   void Run();
@@ -67,6 +75,9 @@ class AsyncCheckpointWriter {
   Job job_;
   Result result_;
   std::atomic<bool> done_{false};
+  std::mutex staged_mu_;
+  std::condition_variable staged_cv_;
+  bool staged_ = true;
   std::thread thread_;
 };
 

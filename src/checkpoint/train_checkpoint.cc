@@ -83,9 +83,15 @@ Status BuildTrainCheckpoint(Env* env, const TrainCheckpointSource& src, const Ru
   be->Synchronize();
   if (staging->copy) {
     // The snapshot of an asynchronous save: the loop changes the live memory after it returns.
-    auto snapshot = [be](const float* src, size_t count, std::vector<float>* buf) {
+    staging->deferred.clear();
+    auto snapshot = [be, staging](const float* src, size_t count, std::vector<float>* buf) {
       buf->resize(count);
-      be->CopyToHost(buf->data(), src, count);
+      const HostView live = be->ViewOnHost(src, count);
+      if (staging->defer && live.zero_copy()) {
+        staging->deferred.push_back({live.data(), buf->data(), count});
+      } else {
+        be->CopyToHost(buf->data(), src, count);
+      }
       return HostView::ZeroCopy(buf->data(), count);
     };
     staging->params = snapshot(model.param_data(), n, &staging->params_copy);

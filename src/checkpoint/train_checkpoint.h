@@ -80,6 +80,17 @@ struct TrainCheckpointSource {
 struct CheckpointStaging {
   HostView params, exp_avg, exp_avg_sq;
   bool copy = false;
+  // With `copy`: where the live memory is host memory (the CPU backend), the copies are only
+  // listed in `deferred`, for the background writer to make while the loop computes the next
+  // iteration's gradients; the loop must then not change the weights or moments before they are
+  // made (CheckpointController::WaitForSnapshot, before the next update).
+  bool defer = false;
+  struct DeferredCopy {
+    const float* from = nullptr;
+    float* to = nullptr;
+    size_t n = 0;
+  };
+  std::vector<DeferredCopy> deferred;
   std::vector<float> params_copy, exp_avg_copy, exp_avg_sq_copy;
   // Bytes the copies hold for a model of `params` parameters whose optimizer holds `moments`
   // elements of each moment (the memory estimate counts them).

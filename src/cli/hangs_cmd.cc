@@ -3,6 +3,7 @@
 // first collective the ranks disagree on.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -24,15 +25,41 @@ int HangsCommand(int argc, const char* const* argv) {
       "ones out, the ranks without a dump and the first collective the ranks disagree on");
   std::string dir;
   bool json = false;
-  analyze->add_option("dir", dir, "a hang directory, SAVE/hangs/iter_N")->required();
+  analyze
+      ->add_option("dir", dir,
+                   "a hang directory, SAVE/hangs/iter_N (or a run directory SAVE: its newest)")
+      ->required();
   analyze->add_flag("--json", json, "print the analysis as JSON");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return UsageExit(app, e);
   }
+  Env* env = Env::Default();
+  // A run directory (SAVE, with a hangs/ directory and no dumps of its own): its newest hang.
+  const std::string hangs = JoinPath(dir, "hangs");
+  if (env->IsDirectory(hangs) && !env->FileExists(JoinPath(dir, HangDumpFileName(0)))) {
+    std::vector<std::string> names;
+    std::string newest;
+    int64_t newest_it = -1;
+    if (env->GetChildren(hangs, &names).ok())
+      for (const std::string& n : names) {
+        char* end = nullptr;
+        const int64_t it = n.rfind("iter_", 0) == 0 ? std::strtoll(n.c_str() + 5, &end, 10) : -1;
+        if (it > newest_it && end != nullptr && *end == '\0' &&
+            env->IsDirectory(JoinPath(hangs, n)))
+          newest_it = it, newest = n;
+      }
+    if (!newest.empty()) {
+      const std::string chosen = JoinPath(hangs, newest);
+      // On stderr: --json's stdout stays JSON.
+      std::fprintf(stderr, "note: %s is a run directory: analyzing its newest hang, %s\n",
+                   dir.c_str(), chosen.c_str());
+      dir = chosen;
+    }
+  }
   std::vector<HangDump> dumps;
-  const Status st = ReadHangDumps(Env::Default(), dir, &dumps);
+  const Status st = ReadHangDumps(env, dir, &dumps);
   if (!st.ok()) return Fail(st, NotFoundIs::kUsageError);
   const HangAnalysis a = AnalyzeHangs(dumps);
   if (json) {

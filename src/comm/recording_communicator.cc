@@ -59,10 +59,14 @@ class Recorded {
 }  // namespace
 
 RecordingCommunicator::RecordingCommunicator(Communicator* inner, Env* env)
-    : inner_(inner), env_(env), recorder_(env) {}
+    : inner_(inner), env_(env), recorder_(env), p2p_recorder_(env) {}
 
 RecordingCommunicator::RecordingCommunicator(std::unique_ptr<Communicator> inner, Env* env)
-    : owned_(std::move(inner)), inner_(owned_.get()), env_(env), recorder_(env) {}
+    : owned_(std::move(inner)),
+      inner_(owned_.get()),
+      env_(env),
+      recorder_(env),
+      p2p_recorder_(env) {}
 
 bool RecordingCommunicator::Skip(const std::string& kind) {
   return skip_ && skip_(kind);
@@ -146,13 +150,19 @@ void RecordingCommunicator::AllGather(float* data, size_t n) {
   inner_->AllGather(data, n);
 }
 
-// Point to point is forwarded but not recorded yet: the recorder's digest chains every record
-// and must be equal on every rank, which a stage's sends (that its peer receives) are not.
+// Point to point goes to a recorder of its own: the collective recorder's digest chains every
+// record and must be equal on every rank, which a stage's sends (that its peer receives) are not.
 void RecordingCommunicator::Send(const float* data, size_t n, int peer) {
+  const std::string kind = fmt::format("send-to-{}", peer);
+  Recorded rec(&p2p_recorder_, kind, n * sizeof(float));
+  if (p2p_fault_) p2p_fault_(kind);
   inner_->Send(data, n, peer);
 }
 
 void RecordingCommunicator::Recv(float* data, size_t n, int peer) {
+  const std::string kind = fmt::format("recv-from-{}", peer);
+  Recorded rec(&p2p_recorder_, kind, n * sizeof(float));
+  if (p2p_fault_) p2p_fault_(kind);
   inner_->Recv(data, n, peer);
 }
 

@@ -32,6 +32,9 @@ class RecordingCommunicator : public Communicator {
   void set_group_name(std::string name) { group_name_ = std::move(name); }
 
   const CollectiveRecorder& recorder() const { return recorder_; }
+  // Its point-to-point transfers (Send "send-to-P", Recv "recv-from-P", P a group rank), kept
+  // apart: they differ between the two ends, so they enter no digest.
+  const CollectiveRecorder& p2p_recorder() const { return p2p_recorder_; }
   // --debug-collectives: agree on every collective's kind and size before it runs.
   void set_check_every(bool on) { check_every_ = on; }
   // Called (on every rank) with the report before the job ends for collectives out of step:
@@ -42,6 +45,9 @@ class RecordingCommunicator : public Communicator {
   // TEST-ONLY seam (train/test_hooks.h): true skips the collective about to run, as a buggy rank
   // would (it is neither run nor recorded).
   void set_skip_fault(std::function<bool(const std::string& kind)> f) { skip_ = std::move(f); }
+  // TEST-ONLY seam: called inside each Send and Recv (recorded, not yet transferred) with its
+  // kind; a hang fault sleeps there, as a rank stuck in a pipeline transfer would.
+  void set_p2p_fault(std::function<void(const std::string& kind)> f) { p2p_fault_ = std::move(f); }
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
@@ -83,11 +89,13 @@ class RecordingCommunicator : public Communicator {
   Env* env_;
   std::string group_name_;
   CollectiveRecorder recorder_;
+  CollectiveRecorder p2p_recorder_;
   bool check_every_ = false;
   const char* host_kind_ = nullptr;  // set while a named host collective runs on AllGatherBytes
   bool host_same_size_ = true;       // whether every rank sends the same size in that collective
   std::function<void(const std::string&)> on_out_of_step_;
   std::function<bool(const std::string&)> skip_;
+  std::function<void(const std::string&)> p2p_fault_;
 };
 
 }  // namespace keel

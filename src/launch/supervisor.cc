@@ -816,34 +816,56 @@ bool Supervisor::PlaceHosts(std::string* why) {
              "LR schedule stay; more micro-batches per rank)";
       return false;
     }
-    if (const int mp = CommandModelParallelSize(opt_.command); mp > 1) {
+    // keel trains any tensor x pipeline layout and resumes it at any data-parallel size: the job
+    // shrinks by whole model replicas of T x P ranks.
+    const int mp = CommandModelParallelSize(opt_.command);
+    if (mp > 1 && base_ranks_ < 0) {
       *why = lead + fmt::format(
                         " and --elastic cannot shrink this job: its tensor x pipeline parallel "
-                        "size is {}, and a data-parallel rank needs whole groups of {} ranks; "
-                        "give --spare-hosts N",
+                        "size is {}, so the ranks must drop by whole groups of {}, and the "
+                        "command gives no rank count (-np, --ntasks) to lower; give one, or "
+                        "--spare-hosts N",
                         mp, mp);
       return false;
     }
     if (base_ranks_ >= 0) {
-      ranks_ = base_ranks_ - short_by;
+      const int left = base_ranks_ - short_by;
+      ranks_ = left / mp * mp;
       if (ranks_ < 1) {
-        *why = lead + fmt::format(" and {} ranks less leaves none", short_by);
+        *why = lead + (mp == 1 ? fmt::format(" and {} ranks less leaves none", short_by)
+                               : fmt::format(" and the {} ranks left hold no whole model replica "
+                                             "(tensor x pipeline parallel {} ranks); give "
+                                             "--spare-hosts N",
+                                             std::max(left, 0), mp));
+        ranks_ = before;
         return false;
       }
-      // The global batch must split into micro-batches over the ranks left, or keel refuses.
+      // The global batch must split into micro-batches over the data-parallel ranks left, or
+      // keel refuses.
       char* end = nullptr;
       const std::string g = CommandFlagValue(opt_.command, "--global-batch-size"),
                         m = CommandFlagValue(opt_.command, "--micro-batch-size");
       const long gbs = std::strtol(g.c_str(), &end, 10), mbs = std::strtol(m.c_str(), &end, 10);
-      if (gbs > 0 && mbs > 0 && gbs % (mbs * ranks_) != 0) {
-        *why = lead + fmt::format(
-                          " and --elastic cannot shrink to {} ranks: --global-batch-size {} is "
-                          "not a multiple of --micro-batch-size {} x {} ranks; give "
-                          "--spare-hosts N",
-                          ranks_, gbs, mbs, ranks_);
+      const int data = ranks_ / mp;
+      if (gbs > 0 && mbs > 0 && gbs % (mbs * data) != 0) {
+        *why = lead + (mp == 1 ? fmt::format(" and --elastic cannot shrink to {} ranks: "
+                                             "--global-batch-size {} is not a multiple of "
+                                             "--micro-batch-size {} x {} ranks; give "
+                                             "--spare-hosts N",
+                                             ranks_, gbs, mbs, ranks_)
+                               : fmt::format(" and --elastic cannot shrink to {} ranks: "
+                                             "--global-batch-size {} is not a multiple of "
+                                             "--micro-batch-size {} x {} data-parallel ranks "
+                                             "({} ranks / tensor x pipeline parallel {}); give "
+                                             "--spare-hosts N",
+                                             ranks_, gbs, mbs, data, ranks_, mp));
         ranks_ = before;
         return false;
       }
+      if (ranks_ < left)
+        Log("note: launch: {} ranks fit on the hosts left; {} run (whole model replicas of "
+            "tensor x pipeline parallel {} ranks), {} slot{} idle",
+            left, ranks_, mp, left - ranks_, left - ranks_ == 1 ? " stays" : "s stay");
     }
   } else {
     ranks_ = base_ranks_;

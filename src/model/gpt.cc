@@ -118,7 +118,9 @@ std::vector<float> AlibiSlopes(int heads) {
 std::string ModelStage::Describe(int num_layers) const {
   const int last = last_layer < 0 ? num_layers : last_layer;
   std::string s = embedding ? "embedding + " : "";
-  s += fmt::format("layers {}-{}", first_layer, last - 1);
+  // One layer reads "layer 4", as the partition note says it.
+  s += last - first_layer == 1 ? fmt::format("layer {}", first_layer)
+                               : fmt::format("layers {}-{}", first_layer, last - 1);
   if (head) s += " + head";
   return s;
 }

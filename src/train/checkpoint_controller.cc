@@ -221,6 +221,7 @@ Status CheckpointController::StartBackgroundSave(int64_t it, const std::string& 
   // The snapshot: weights and this rank's moments copied into the staging buffers; TrainState,
   // data position, guard state and history serialized into the files' bytes.
   std::vector<CheckpointFile> files;
+  async_staging_.defer = defer_snapshot_;
   Status st = BuildTrainCheckpoint(env_, CheckpointSourceOf(*trainer_), run_, history_,
                                    &async_staging_, &files, guard);
   Communicator* comm = trainer_->comm();
@@ -242,6 +243,8 @@ Status CheckpointController::StartBackgroundSave(int64_t it, const std::string& 
   job.files = std::move(files);
   job.commit = !data_parallel;  // across ranks the commit waits for every rank's files
   job.keep_last = cfg_.keep_last_checkpoints;
+  job.copies = std::move(async_staging_.deferred);
+  async_staging_.deferred.clear();
   writer_->Start(std::move(job));
   pending_ = Pending{};
   pending_.iteration = it;
@@ -289,6 +292,15 @@ Status CheckpointController::WaitForSave() {
   Status st = FinishBackgroundSave(&waited);
   wait_seconds_ += waited;
   return st;
+}
+
+void CheckpointController::WaitForSnapshot() {
+  if (!SaveInFlight()) return;
+  const uint64_t t0 = env_->NowMicros();
+  writer_->WaitStaged();
+  const double waited = static_cast<double>(env_->NowMicros() - t0) / 1e6;
+  pending_.stall_seconds += waited;
+  wait_seconds_ += waited;
 }
 
 double CheckpointController::TakeWaitSeconds() {

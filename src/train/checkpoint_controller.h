@@ -97,6 +97,13 @@ class CheckpointController {
   // in flight); a failure has then been logged and counted already.
   Status WaitForSave();
   bool SaveInFlight() const { return writer_ != nullptr && writer_->in_flight(); }
+  // A background save copies the weights and moments while the loop computes the next gradients
+  // (on a backend whose memory is the host's); before the loop changes them (the update, a
+  // test's weight fault) it waits here for the copies. The wait is the save's stall too.
+  void WaitForSnapshot();
+  // Off: the loop makes the snapshot itself when the save starts (a run with test-only faults,
+  // which may write the weights anywhere).
+  void set_defer_snapshot(bool on) { defer_snapshot_ = on; }
   // Seconds the loop spent in waits for background saves and their commits outside SaveNow,
   // since the last call (goodput's save stall).
   double TakeWaitSeconds();
@@ -162,6 +169,7 @@ class CheckpointController {
   std::function<void(const std::string&)> log_;
   CheckpointStaging staging_;        // zero-copy views for saves written while the loop waits
   CheckpointStaging async_staging_;  // copies, reused between background saves
+  bool defer_snapshot_ = true;
   std::unique_ptr<AsyncCheckpointWriter> writer_;  // --async-save
   Pending pending_;
   double wait_seconds_ = 0;

@@ -62,10 +62,13 @@ Status RunHealth::Start(const TrainConfig& cfg) {
     o.rank = rank;
     o.world_size = world;
     o.host = hosts_[rank];
-    // Tensor parallel: the dump names the rank's mesh coordinates (Megatron's rank order).
+    // Tensor or pipeline parallel: the dump names the rank's mesh coordinates (Megatron's rank
+    // order).
     const int tensor = cfg.tensor_model_parallel_size;
-    if (tensor > 1 && world % tensor == 0)
-      o.mesh = CoordsOf(MeshShape{tensor, 1, world / tensor}, rank).ToString();
+    const int pipeline = cfg.pipeline_model_parallel_size;
+    if ((tensor > 1 || pipeline > 1) && tensor >= 1 && pipeline >= 1 &&
+        world % (tensor * pipeline) == 0)
+      o.mesh = CoordsOf(MeshShape{tensor, pipeline, world / (tensor * pipeline)}, rank).ToString();
     o.timeout_us = MinutesToMicros(cfg.distributed_timeout_minutes);
     o.first_iteration_timeout_us = MinutesToMicros(cfg.first_iteration_timeout_minutes);
     o.save_timeout_us = MinutesToMicros(cfg.save_timeout_minutes);
@@ -88,7 +91,12 @@ Status RunHealth::Start(const TrainConfig& cfg) {
         }
       };
     watchdog_ = std::make_unique<Watchdog>(env_, &phases_, &comm_.recorder(), o);
-    for (RecordingCommunicator* g : groups_) watchdog_->AddGroup(g->group_name(), &g->recorder());
+    for (RecordingCommunicator* g : groups_) {
+      watchdog_->AddGroup(g->group_name(), &g->recorder());
+      // The pipeline's sends and receives too: a stage stuck in one is named by them.
+      if (g->group_name() == "pipeline")
+        watchdog_->AddGroup(g->group_name() + "-p2p", &g->p2p_recorder());
+    }
     watchdog_->Start();
     Log("watchdog: a phase longer than {:g} min ({:g} min for startup and the first iteration, "
         "{:g} for a save, {:g} for an evaluation) is a hang: every rank dumps its stacks to {} "
@@ -163,6 +171,10 @@ void RunHealth::Attach(Trainer* trainer, RunJournal* journal, RunMetrics* metric
   if (hooks_ == nullptr) return;
   comm_.set_skip_fault(
       hooks_->SkipCollectiveFault(comm_.rank(), [this] { return phases_.Snapshot().iteration; }));
+  for (RecordingCommunicator* g : groups_)
+    if (g->group_name() == "pipeline")
+      g->set_p2p_fault(
+          hooks_->PointToPointFault(comm_.rank(), [this] { return phases_.Snapshot().iteration; }));
 }
 
 void RunHealth::Journal(const JournalEvent& event, const std::string& sentence) {

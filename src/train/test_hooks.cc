@@ -22,7 +22,7 @@ Status BadFaults(const std::string& text, const std::string& why) {
       "KEEL_TRAIN_FAULTS=" + text + ": " + why +
       "; expected comma-separated poison=A-B, nan-grad=A-B, overflow=A-B (iteration ranges), "
       "lr=A-B*X (X times the LR over a range), save-delay=S (seconds), "
-      "hang=N, kill=N, "
+      "hang=N, kill=N, hang-send=N, hang-recv=N, "
       "bitflip=N, skip-collective=N, corrupt=N (iterations), slow=F (a fraction), each optionally "
       "followed "
       "by :rank=R, :host=H, :attempt=A, (skip-collective) :kind=K and (slow) :iters=A-B");
@@ -93,6 +93,10 @@ Status ParseFaultItem(const std::string& text, const std::string& item, const st
       f.kind = RankFault::Kind::kSkipCollective;
     else if (key == "corrupt")
       f.kind = RankFault::Kind::kCorrupt;
+    else if (key == "hang-send")
+      f.kind = RankFault::Kind::kHangSend;
+    else if (key == "hang-recv")
+      f.kind = RankFault::Kind::kHangRecv;
     else
       return BadFaults(text, "unknown fault '" + key + "'");
     if (!ParseInt(value, &n) || n < 1)
@@ -298,6 +302,25 @@ std::function<bool(const std::string&)> TestHooks::SkipCollectiveFault(
     };
   }
   return nullptr;
+}
+
+std::function<void(const std::string&)> TestHooks::PointToPointFault(
+    int rank, std::function<int64_t()> iteration) const {
+  std::vector<RankFault> mine;
+  for (const RankFault& f : rank_faults)
+    if ((f.kind == RankFault::Kind::kHangSend || f.kind == RankFault::Kind::kHangRecv) &&
+        (f.rank < 0 || f.rank == rank))
+      mine.push_back(f);
+  if (mine.empty()) return nullptr;
+  return [mine, rank, iteration](const std::string& kind) {
+    for (const RankFault& f : mine) {
+      const char* prefix = f.kind == RankFault::Kind::kHangSend ? "send-" : "recv-";
+      if (kind.rfind(prefix, 0) != 0 || iteration() != f.iteration) continue;
+      LogError(fmt::format("fault: rank {} hangs inside the pipeline {} in iteration {}", rank,
+                           kind, f.iteration));
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  };
 }
 
 }  // namespace keel

@@ -24,6 +24,11 @@
 //       so a restarted job does not fail the same way again, and with :host=H: armed only in a
 //       process on host H, whatever its rank (unless :rank=R is given too): a bad machine,
 //       wherever keel launch places the ranks.
+//   KEEL_TRAIN_FAULTS=hang-send=N:rank=R,hang-recv=N:rank=R
+//       pipeline parallel runs: the rank's first send (receive) to another stage in iteration N
+//       hangs inside the transfer (recorded in the flight recorder's pipeline-p2p section, never
+//       sent or received): a stage stuck in a pipeline send, for the watchdog and `keel hangs
+//       analyze`
 //   KEEL_TEST_HOSTNAME=H
 //       this process plays host H: ThisHostName (hang dumps, straggler events, lock files, the
 //       host= key above) says H, so ranks on one machine play ranks on several hosts
@@ -51,10 +56,19 @@ class Backend;
 class TrainerFaults;
 
 struct RankFault {
-  enum class Kind { kHang, kKill, kSlow, kBitFlip, kSkipCollective, kCorrupt };
+  enum class Kind {
+    kHang,
+    kKill,
+    kSlow,
+    kBitFlip,
+    kSkipCollective,
+    kCorrupt,
+    kHangSend,
+    kHangRecv
+  };
   Kind kind = Kind::kHang;
   int rank = 0;                               // -1: any (:host=H without :rank=)
-  int64_t iteration = 0;                      // hang, kill, bitflip, skip-collective, corrupt
+  int64_t iteration = 0;                      // every kind but slow
   double fraction = 0;                        // slow
   IterationRange iterations{1, INT64_MAX};    // slow: the iterations it slows (:iters=A-B)
   std::string collective = "all-reduce-sum";  // skip-collective
@@ -92,6 +106,10 @@ struct TestHooks {
   // The communicator's skip seam for rank `rank` (`iteration` says which iteration is under
   // way); empty when none.
   std::function<bool(const std::string&)> SkipCollectiveFault(
+      int rank, std::function<int64_t()> iteration) const;
+  // The pipeline group's point-to-point seam for rank `rank` (hang-send, hang-recv): called with
+  // each transfer's kind ("send-to-P", "recv-from-P"); empty when none is armed for it.
+  std::function<void(const std::string&)> PointToPointFault(
       int rank, std::function<int64_t()> iteration) const;
 };
 

@@ -53,7 +53,9 @@ Status TrainingRun::RunIteration(bool* go_on) {
       verdict = guard_->Judge(r.signals);
     }
     decision = verdict.decision;
-    // 4. The update, or a skipped one (never a non-finite one).
+    // 4. The update, or a skipped one (never a non-finite one), once a background save has
+    //    copied the weights and moments it changes.
+    ckpt_->WaitForSnapshot();
     trainer_->Update(verdict.apply_update, &r);
   }
   // 5. The counters move past the batch; the iteration's time is the slowest rank's.

@@ -445,6 +445,10 @@ Status TrainingRun::StartFromResumePoint() {
   ckpt_ = std::make_unique<CheckpointController>(cfg_, env_, store_.get(), trainer_.get(), run_info,
                                                  history_, LogLine);
   if (local_tier_) ckpt_->set_local_tier(std::move(local_tier_));
+  // Test-only rank faults may write a weight anywhere in an iteration (corrupt=, bitflip=):
+  // their runs snapshot at once.
+  if (test_hooks_ != nullptr && !test_hooks_->rank_faults.empty())
+    ckpt_->set_defer_snapshot(false);
   if (!resume_.saved) {
     trainer_->InitializeWeights();
     if (!cfg_.save.empty()) Log("no checkpoint in {}: starting from fresh weights", cfg_.save);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <tuple>
@@ -30,10 +31,13 @@ std::string RankList(const std::vector<int>& ranks) {
   return out;
 }
 
-// "rank 5 (host h2) is" / "ranks 5,6 (hosts h2,h3) are".
-std::string Subject(const std::vector<int>& ranks, const std::vector<std::string>& hosts) {
+// "rank 5 (host h2) is" / "ranks 5,6 (hosts h2,h3) are"; one rank with its mesh coordinates:
+// "rank 5 (host h2; dp 1, pp 0, tp 1) is".
+std::string Subject(const std::vector<int>& ranks, const std::vector<std::string>& hosts,
+                    const std::string& mesh = "") {
   const std::string h = fmt::format("{}", fmt::join(hosts, ","));
-  if (ranks.size() == 1) return fmt::format("rank {} (host {}) is", ranks[0], h);
+  if (ranks.size() == 1)
+    return fmt::format("rank {} (host {}{}) is", ranks[0], h, mesh.empty() ? "" : "; " + mesh);
   return fmt::format("ranks {} (host{} {}) are", RankList(ranks), hosts.size() > 1 ? "s" : "", h);
 }
 
@@ -172,6 +176,124 @@ std::string Mismatch(const std::vector<HangDump>& dumps) {
   return "";
 }
 
+// "dp 1, pp 0, tp 1" -> coordinates; false for anything else (no mesh: not model parallel).
+bool ParseMesh(const std::string& mesh, int* dp, int* pp, int* tp) {
+  char rest = 0;
+  return std::sscanf(mesh.c_str(), "dp %d, pp %d, tp %d%c", dp, pp, tp, &rest) == 3;
+}
+
+// A rank's transfer in flight in its pipeline-p2p section: "send-to-P" or "recv-from-P".
+struct Transfer {
+  bool send = false;
+  int peer_stage = -1;  // the peer's rank in the pipeline group: its stage
+  std::string kind;
+  uint64_t began_us_ago = 0;
+};
+
+bool TransferInFlight(const HangDump& d, Transfer* t) {
+  for (const GroupCollectives& g : d.groups) {
+    if (g.name != "pipeline-p2p") continue;
+    for (const DumpedCollective& c : g.collectives) {
+      if (!c.in_flight) continue;
+      int peer = -1;
+      char rest = 0;
+      if (std::sscanf(c.kind.c_str(), "send-to-%d%c", &peer, &rest) == 1) {
+        t->send = true;
+      } else if (std::sscanf(c.kind.c_str(), "recv-from-%d%c", &peer, &rest) == 1) {
+        t->send = false;
+      } else {
+        continue;
+      }
+      t->peer_stage = peer;
+      t->kind = c.kind;
+      t->began_us_ago = c.began_us_ago;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether the main thread is inside an MPI call (PMPI_Send, MPI_Recv, ...).
+bool InMpi(const HangDump& d) {
+  const ThreadStack* t = MainThread(d);
+  if (t == nullptr) return false;
+  for (const std::string& f : t->frames) {
+    const std::string fn = FunctionOf(f);
+    if (fn.rfind("PMPI_", 0) == 0 || fn.rfind("MPI_", 0) == 0) return true;
+  }
+  return false;
+}
+
+// Who waits for whom in the pipeline's point-to-point transfers. A send (receive) in flight whose
+// peer is in the matching receive (send) would have gone through: that rank is stuck inside it
+// (named first). A transfer whose peer is elsewhere waits for that peer.
+void AnalyzeTransfers(const std::vector<HangDump>& dumps, HangAnalysis* a) {
+  std::map<std::tuple<int, int, int>, const HangDump*> by_coords;  // (dp, pp, tp)
+  int stages = 0;
+  for (const HangDump& d : dumps) {
+    int dp, pp, tp;
+    if (!ParseMesh(d.mesh, &dp, &pp, &tp)) return;  // not every rank names its place
+    by_coords[{dp, pp, tp}] = &d;
+    stages = std::max(stages, pp + 1);
+  }
+  std::vector<std::string> stuck, waiting;
+  for (const HangDump& d : dumps) {
+    Transfer t;
+    if (!TransferInFlight(d, &t)) continue;
+    int dp, pp, tp;
+    ParseMesh(d.mesh, &dp, &pp, &tp);
+    const std::string who = fmt::format("rank {} (host {}; {}: pipeline stage {} of {})", d.rank,
+                                        d.host, d.mesh, pp, std::max(stages, t.peer_stage + 1));
+    const std::string what =
+        fmt::format("the pipeline group's {} of iteration {} (for {:.1f} s)", t.kind, d.iteration,
+                    static_cast<double>(t.began_us_ago) / 1e6);
+    const auto it = by_coords.find({dp, t.peer_stage, tp});
+    if (it == by_coords.end()) {
+      waiting.push_back(
+          fmt::format("{} is in {}: its peer, stage {} at dp {}, tp {}, left no "
+                      "dump (stopped, or its host is gone)",
+                      who, what, t.peer_stage, dp, tp));
+      continue;
+    }
+    const HangDump& peer = *it->second;
+    Transfer pt;
+    const bool matched = TransferInFlight(peer, &pt) && pt.send != t.send && pt.peer_stage == pp;
+    if (matched) {
+      // Both ends in the same transfer, which a healthy transport completes. The end whose main
+      // thread is inside MPI waits; the other is stuck in keel's side of the transfer. Named
+      // once, from the stuck end's side; both, from the sender's, when the stacks do not tell.
+      const bool mine_in_mpi = InMpi(d), peer_in_mpi = InMpi(peer);
+      if (mine_in_mpi && !peer_in_mpi) continue;  // the peer is the stuck one
+      if (mine_in_mpi == peer_in_mpi) {
+        if (!t.send) continue;
+        a->stuck.push_back(d.rank);
+        a->stuck.push_back(peer.rank);
+        stuck.push_back(fmt::format(
+            "{} is inside {} and rank {} (stage {}) inside the matching {}, and the transfer "
+            "does not complete: the link between hosts {} and {}, or the MPI library (their "
+            "stacks: {}, {})",
+            who, what, peer.rank, t.peer_stage, pt.kind, d.host, peer.host,
+            HangDumpFileName(d.rank), HangDumpFileName(peer.rank)));
+        continue;
+      }
+      a->stuck.push_back(d.rank);
+      stuck.push_back(fmt::format(
+          "{} is stuck inside {}: rank {} (stage {}) waits in the matching {}, so the data "
+          "never {} rank {}; it holds up the job (its stacks: {})",
+          who, what, peer.rank, t.peer_stage, pt.kind, t.send ? "left" : "reached", d.rank,
+          HangDumpFileName(d.rank)));
+    } else {
+      waiting.push_back(
+          fmt::format("{} waits in {} for rank {} (stage {}), which is not {} it: "
+                      "{}",
+                      who, what, peer.rank, t.peer_stage, t.send ? "receiving from" : "sending to",
+                      Describe(StateOf(peer), -1)));
+    }
+  }
+  a->transfers = stuck;
+  a->transfers.insert(a->transfers.end(), waiting.begin(), waiting.end());
+}
+
 }  // namespace
 
 Status ReadHangDumps(Env* env, const std::string& dir, std::vector<HangDump>* dumps) {
@@ -188,7 +310,13 @@ Status ReadHangDumps(Env* env, const std::string& dir, std::vector<HangDump>* du
   std::vector<std::string> iter_dirs;
   for (const std::string& n : names) {
     if (RankOfHangDumpFile(n) >= 0) continue;
-    if (n.rfind("iter_", 0) == 0 && env->IsDirectory(JoinPath(dir, n))) iter_dirs.push_back(n);
+    if (n.rfind("iter_", 0) != 0 || !env->IsDirectory(JoinPath(dir, n))) continue;
+    // A hang directory holds dumps (a run directory's iter_NNNNNNN checkpoints do not).
+    std::vector<std::string> inside;
+    if (!env->GetChildren(JoinPath(dir, n), &inside).ok()) continue;
+    if (std::any_of(inside.begin(), inside.end(),
+                    [](const std::string& f) { return RankOfHangDumpFile(f) >= 0; }))
+      iter_dirs.push_back(n);
   }
   for (const std::string& n : names) {
     const int rank = RankOfHangDumpFile(n);
@@ -303,7 +431,10 @@ HangAnalysis AnalyzeHangs(const std::vector<HangDump>& dumps) {
         n_big == others ? fmt::format("the other {}",
                                       others == 1 ? "rank is" : fmt::format("{} ranks are", others))
                         : fmt::format("{} of the other {} ranks are", n_big, others);
-    a.odd_ones_out.push_back(fmt::format("{} {}; {} {}", Subject(g.ranks, g.hosts),
+    std::string mesh;
+    for (const HangDump& d : dumps)
+      if (g.ranks.size() == 1 && d.rank == g.ranks[0]) mesh = d.mesh;
+    a.odd_ones_out.push_back(fmt::format("{} {}; {} {}", Subject(g.ranks, g.hosts, mesh),
                                          Describe(g.state, at), rest,
                                          DescribeShort(big.state, at)));
   }
@@ -314,6 +445,7 @@ HangAnalysis AnalyzeHangs(const std::vector<HangDump>& dumps) {
         "rank {}: no dump — its process did not answer (stopped, or its host is gone)", r));
   }
   a.mismatch = Mismatch(dumps);
+  AnalyzeTransfers(dumps, &a);
   return a;
 }
 
@@ -339,6 +471,10 @@ std::string FormatHangAnalysis(const HangAnalysis& a) {
   if (!a.missing_sentences.empty()) {
     out += "missing dumps:\n";
     for (const std::string& s : a.missing_sentences) out += "  " + s + "\n";
+  }
+  if (!a.transfers.empty()) {
+    out += "pipeline transfers:\n";
+    for (const std::string& s : a.transfers) out += "  " + s + "\n";
   }
   out += "collectives: ";
   out += a.mismatch.empty() ? "the ranks' flight recorders agree" : a.mismatch;
@@ -370,6 +506,8 @@ nlohmann::json HangAnalysisJson(const HangAnalysis& a) {
   j["missing"] = nlohmann::json::array();
   for (size_t i = 0; i < a.missing.size(); ++i)
     j["missing"].push_back({{"rank", a.missing[i]}, {"sentence", a.missing_sentences[i]}});
+  j["transfers"] = a.transfers;
+  j["stuck"] = a.stuck;
   j["mismatch"] = a.mismatch.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.mismatch);
   return j;
 }

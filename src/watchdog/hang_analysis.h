@@ -44,6 +44,11 @@ struct HangAnalysis {
   std::vector<int> missing;               // ranks without a dump
   std::vector<std::string> missing_sentences;
   std::string mismatch;  // the first disagreement of the flight recorders; empty: none
+  // Pipeline parallel (the dumps' pipeline-p2p sections): a sentence per rank in a send or
+  // receive to another stage, the stuck one first; `stuck` has the ranks inside a send (receive)
+  // whose peer waits in the matching receive (send): a transfer that never went through.
+  std::vector<std::string> transfers;
+  std::vector<int> stuck;
 };
 
 // The most keel reads of one rank's hang dump (a dump of a thousand threads' stacks is a few MiB).

@@ -2,8 +2,9 @@
 // BigScience launch scripts (bigscience-workshop/bigscience: train/tr11-176B-ml/tr11-176B-ml.slurm,
 // train/tr8-104B-wide/tr8-104B.slurm, train/tr1-13B-base/tr1-13B-round1.slurm), written out flag
 // for flag in the scripts' order with the shapes and paths scaled to this machine, given to
-// `keel train` unchanged. Each trains a few iterations; with the scripts' real tensor and
-// pipeline sizes each exits 2 naming only the flags whose feature keel does not have yet. The data
+// `keel train` unchanged. Each trains a few iterations on one process; with the scripts' real
+// tensor and pipeline sizes on one process each exits 2 naming the ranks the layout needs, and
+// under mpirun tr1's trains at TP 2 x PP 4 (8 ranks) and tr11's at TP 4 x PP 12 (48). The data
 // is made as the scripts' was: Megatron-format datasets without keel metadata (tr8 and tr1 with
 // GPT-2's files, tr11 with a Hugging Face tokenizer folder and BLOOM's weighted split files).
 #include <fmt/format.h>
@@ -36,15 +37,26 @@ std::string Quote(const std::string& a) {
   return q + "'";
 }
 
-KeelResult Train(const Args& args) {
+std::string TrainCommand(const Args& args) {
   std::string cmd = "train";
   for (const std::string& a : args) {
     cmd += ' ';
     cmd += Quote(a);
   }
+  return cmd;
+}
+
+KeelResult Train(const Args& args) {
   // One thread, as the other CLI tests train: the scripts pass no --threads (keel takes all
   // cores), and the suite's processes share two cores.
-  return RunKeelShell("OMP_NUM_THREADS=1", cmd);
+  return RunKeelShell("OMP_NUM_THREADS=1", TrainCommand(args));
+}
+
+// The script as its srun launched it, one rank per GPU of the layout: under mpirun with
+// `timeout_s`, so a hang fails the test instead of CI.
+KeelResult TrainOnRanks(int np, int timeout_s, const Args& args) {
+  return keel_test::RunShell("OMP_NUM_THREADS=1 " + keel_test::Mpirun(np, "", timeout_s) +
+                             KEEL_BINARY + " " + TrainCommand(args));
 }
 
 // The scripts' `cat <<EOT > $config_json`: ds_config.$SLURM_JOBID.json.
@@ -143,9 +155,13 @@ Args Words(const std::string& text) {
 // 2048 -> 4, --rampup-batch-size 192 16 9_765_625 -> 2 2 8, TRAIN_SAMPLES 220_000_000 -> 2_4,
 // LR_DECAY_SAMPLES 200_000_000 -> 2_0, LR_WARMUP_SAMPLES 183_105 -> 4, --pad-vocab-size-to 250880
 // (BLOOM's 250680 + 200) -> 50432 (GPT-2's 50257 + 175), SAVE_INTERVAL 100 -> 4, --eval-interval
-// 1000 -> 4, TP_SIZE 4 and PP_SIZE 12 -> 1 (one process here); the paths under `d`.
-Args Tr11(const std::string& d, const std::string& tp, const std::string& pp) {
-  const std::string ckpt = d + "/tr11/checkpoints/main";
+// 1000 -> 4, TP_SIZE 4 and PP_SIZE 12 -> 1 (one process; 4 and 12 at the real layout, with NLAYERS
+// 22); the paths under `d`, the run's
+// outputs under `out` (d/tr11 unless given).
+Args Tr11(const std::string& d, const std::string& tp, const std::string& pp,
+          const std::string& nlayers = "2", std::string out = "") {
+  if (out.empty()) out = d + "/tr11";
+  const std::string ckpt = out + "/checkpoints/main";
   const std::string config = WriteDeepSpeedJson(d, "tr11",
                                                 {{"train_micro_batch_size_per_gpu", 2},
                                                  {"train_batch_size", 4},
@@ -160,8 +176,9 @@ Args Tr11(const std::string& d, const std::string& tp, const std::string& pp) {
       "--weight-decay 1e-1 ";
   const std::string exit_opts = " --exit-duration-in-mins 5990 ";
   const std::string gpt_args =
-      " --pp-partition-method 'type:transformer|embedding' --num-layers 2 --hidden-size 64 "
-      "--num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 --micro-batch-size 2 "
+      " --pp-partition-method 'type:transformer|embedding' --num-layers " + nlayers +
+      " --hidden-size 64 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 "
+      "--micro-batch-size 2 "
       "--rampup-batch-size 2 2 8 --global-batch-size 4 --train-samples 2_4 --tokenizer-type "
       "PretrainedFromHF --tokenizer-name-or-path " +
       d + "/tokenizer" +
@@ -171,8 +188,8 @@ Args Tr11(const std::string& d, const std::string& tp, const std::string& pp) {
       d + "/kill-switch-tr11-176B-exp1 --pad-vocab-size-to 50432 " + optimizer_args + exit_opts;
   const std::string output_args =
       " --log-interval 1 --save-interval 4 --eval-interval 4 --eval-iters 1 --tensorboard-dir " +
-      d +
-      "/tr11/tensorboard/main --tensorboard-queue-size 5 --log-timers-to-tensorboard "
+      out +
+      "/tensorboard/main --tensorboard-queue-size 5 --log-timers-to-tensorboard "
       "--log-batch-size-to-tensorboard --log-validation-ppl-to-tensorboard ";
   const std::string deepspeed_args = " --deepspeed --deepspeed_config " + config +
                                      " --zero-stage 0 --deepspeed-activation-checkpointing ";
@@ -243,15 +260,20 @@ Args Tr8(const std::string& d, const std::string& tp, const std::string& pp) {
 // GLOBAL_BATCH_SIZE 1024 -> 4, --rampup-batch-size 16 16 5_000_000 -> 2 2 8, --train-samples
 // 300_000_000 -> 2_4, --lr-decay-samples 126_953_125 -> 2_0, --lr-warmup-samples 216_320 -> 4,
 // SAVE_INTERVAL 1500 -> 4, --log-interval 10 -> 2, --eval-interval 1000 -> 4, --eval-iters 5 ->
-// 1, TP_SIZE 2 and PP_SIZE 4 -> 1. (The script gives --clip-grad twice; so does this.)
-Args Tr1(const std::string& d, const std::string& tp, const std::string& pp) {
-  const std::string ckpt = d + "/tr1/checkpoints";
+// 1, TP_SIZE 2 and PP_SIZE 4 -> 1 (2 and 4 at the real layout, with NLAYERS 4). (The script gives
+// --clip-grad twice; so does this.) The run's
+// outputs under `out` (d/tr1 unless given).
+Args Tr1(const std::string& d, const std::string& tp, const std::string& pp,
+         const std::string& nlayers = "2", std::string out = "") {
+  if (out.empty()) out = d + "/tr1";
+  const std::string ckpt = out + "/checkpoints";
   const std::string optimizer_args =
       " --optimizer adam --adam-beta1 0.9 --adam-beta2 0.999 --adam-eps 1e-8 --lr 1e-4 --min-lr "
       "1e-5 --lr-decay-style cosine --lr-decay-samples 2_0 --lr-warmup-samples 4 --clip-grad 1.0 "
       "--weight-decay 1e-1 ";
   const std::string gpt_args =
-      " --num-layers 2 --hidden-size 64 --ffn-hidden-size 256 --num-attention-heads 4 "
+      " --num-layers " + nlayers +
+      " --hidden-size 64 --ffn-hidden-size 256 --num-attention-heads 4 "
       "--seq-length 16 --max-position-embeddings 16 --micro-batch-size 1 --rampup-batch-size 2 "
       "2 8 --global-batch-size 4 --train-samples 2_4 --vocab-file " +
       d + "/gpt2-vocab.json --merge-file " + d +
@@ -259,9 +281,9 @@ Args Tr1(const std::string& d, const std::string& tp, const std::string& pp) {
       "42 " +
       optimizer_args + " --exit-duration-in-mins 1190 ";
   const std::string output_args =
-      " --log-interval 2 --save-interval 4 --eval-interval 4 --eval-iters 1 --codecarbon-dir " + d +
-      "/tr1/codecarbon --tensorboard-dir " + d +
-      "/tr1/tensorboard --tensorboard-queue-size 5 --log-timers-to-tensorboard "
+      " --log-interval 2 --save-interval 4 --eval-interval 4 --eval-iters 1 --codecarbon-dir " +
+      out + "/codecarbon --tensorboard-dir " + out +
+      "/tensorboard --tensorboard-queue-size 5 --log-timers-to-tensorboard "
       "--log-batch-size-to-tensorboard --log-validation-ppl-to-tensorboard ";
   const std::string deepspeed_args = " --deepspeed --deepspeed_config " +
                                      Fp16DeepSpeedJson(d, "tr1") +
@@ -277,10 +299,15 @@ Args Tr1(const std::string& d, const std::string& tp, const std::string& pp) {
 // What every script's run shows: the first launch of `--save X --load X` starts fresh, the
 // Megatron flags that change nothing here say why, the data is read with the script's
 // tokenizer, the DeepSpeed config is applied, it trains, validates, saves and writes TensorBoard
-// files with Megatron's optional tags into --tensorboard-dir.
-void ExpectScriptTrained(const KeelResult& r, const std::string& ckpt, const std::string& tb) {
+// files with Megatron's optional tags into --tensorboard-dir. Under mpirun the ranks' logs are in
+// --save before the load looks at it, so it is not empty but holds no checkpoint.
+void ExpectScriptTrained(const KeelResult& r, const std::string& ckpt, const std::string& tb,
+                         bool multi_rank = false) {
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_OUT(r, "note: --load " + ckpt + " is empty: starting from fresh weights");
+  EXPECT_OUT(r, "note: --load " + ckpt +
+                    (multi_rank ? " holds no checkpoint (iter_NNNNNNN directory): starting from "
+                                  "fresh weights"
+                                : " is empty: starting from fresh weights"));
   EXPECT_OUT(r, "note: --data-impl mmap: keel always memory-maps");
   EXPECT_OUT(r, "note: --distributed-backend nccl: this is a CPU build");
   EXPECT_OUT(r, "note: --tensorboard-queue-size 5: keel writes and flushes");
@@ -359,6 +386,76 @@ TEST_F(MegatronScriptsCliTest, RealParallelSizesOnOneProcessNameTheRanksTheLayou
     EXPECT_EQ(r.out.find("unknown flag"), std::string::npos) << r.out;
     EXPECT_FALSE(fs::exists(d + "/" + name + "/checkpoints/real")) << r.out;
   }
+}
+
+// What a run at the script's real layout shows besides ExpectScriptTrained: rank 0's layout line,
+// the stages the partition gave, the iteration line of every --log-interval and one model piece
+// per (tp, pp) in the last checkpoint.
+void ExpectLayoutRun(const KeelResult& r, const std::string& ckpt, int tp, int pp, int iterations,
+                     int log_interval, const std::string& stages) {
+  EXPECT_OUT(r, fmt::format("layout: tensor parallel {} x pipeline parallel {} x data parallel 1; "
+                            "this rank is dp 0, pp 0, tp 0",
+                            tp, pp));
+  EXPECT_OUT(r, "note: pipeline stages: " + stages + "\n");
+  EXPECT_OUT(r, fmt::format("training finished: iteration {} ", iterations));
+  for (int it = log_interval; it <= iterations; it += log_interval)
+    EXPECT_OUT(r, fmt::format(" iteration {:>8}/{:>8} |", it, iterations));
+  const std::string iter = fmt::format("{}/iter_{:07d}/", ckpt, iterations);
+  for (int t = 0; t < tp; ++t)
+    for (int p = 0; p < pp; ++p) {
+      const std::string piece =
+          fmt::format("model.tp-{:02d}-of-{:02d}.pp-{:03d}-of-{:03d}.safetensors", t, tp, p, pp);
+      EXPECT_TRUE(fs::exists(iter + piece)) << piece << " not in " << iter;
+    }
+  EXPECT_EQ(ReadText(ckpt + "/latest_checkpointed_iteration.txt"),
+            std::to_string(iterations) + "\n");
+}
+
+// tr1-13B at its real layout, TP 2 x PP 4 on 8 ranks (data parallel 1 here; the script's N came
+// from the node count). NLAYERS 40 -> 4: Megatron's split gives each stage one layer, as the
+// script's 40 gave each ten. The second launch resumes from the pieces of the 8 ranks.
+TEST_F(MegatronScriptsCliTest, Tr1ScriptTrainsAtItsRealLayoutTp2Pp4) {
+  const std::string& d = *dir_;
+  const std::string out = d + "/tr1-tp2-pp4", ckpt = out + "/checkpoints";
+  const Args args = Tr1(d, "2", "4", "4", out);
+  const KeelResult r = TrainOnRanks(8, 240, args);
+  ExpectScriptTrained(r, ckpt, out + "/tensorboard", /*multi_rank=*/true);
+  if (HasFatalFailure()) return;
+  ExpectLayoutRun(r, ckpt, 2, 4, 8, /*log_interval=*/2,
+                  "stage 0: embedding + layer 0, stage 1: layer 1, stage 2: layer 2, stage 3: "
+                  "layer 3 + head");
+  EXPECT_OUT(r, "dynamic loss scaling from 2^12 = 4096 (fp16.initial_scale_power)");
+  const KeelResult again = TrainOnRanks(8, 240, args);
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_OUT(again, "resumed from " + ckpt + "/iter_0000008");
+  EXPECT_OUT(again, "already completes this run");
+}
+
+// tr11-176B (BLOOM) at its real layout, TP 4 x PP 12 on 48 ranks, oversubscribed on this
+// machine's cores. NLAYERS 70 -> 22: 'type:transformer|embedding' weighs the embedding, each
+// layer and the tied output layer 1, so the real 72 items give 12 stages 6 each (the first and
+// last 5 layers and an embedding); the scaled 24 give 2 each, the first and last stage 1 layer.
+// About 65-90 s on 2 shared cores: start-up of 48 ranks ~20 s, the 8 iterations ~15 s, the end
+// of run's fingerprint (every rank gathers the whole model and moments) ~20 s, the sample ~8 s.
+TEST_F(MegatronScriptsCliTest, Tr11ScriptTrainsAtItsRealLayoutTp4Pp12) {
+#if defined(KEEL_SANITIZED_BUILD)
+  GTEST_SKIP() << "48 ranks under AddressSanitizer take many minutes on 2 cores; the Release suite "
+                  "runs this test (tr1's 8-rank layout runs under the sanitizers)";
+#endif
+  const std::string& d = *dir_;
+  const std::string out = d + "/tr11-tp4-pp12", ckpt = out + "/checkpoints/main";
+  const KeelResult r = TrainOnRanks(48, 300, Tr11(d, "4", "12", "22", out));
+  ExpectScriptTrained(r, ckpt, out + "/tensorboard/main", /*multi_rank=*/true);
+  if (HasFatalFailure()) return;
+  std::string stages = "stage 0: embedding + layer 0";
+  for (int p = 1; p < 11; ++p)
+    stages += fmt::format(", stage {}: layers {}-{} (2)", p, 2 * p - 1, 2 * p);
+  stages += ", stage 11: layer 21 + head";
+  ExpectLayoutRun(r, ckpt, 4, 12, 8, /*log_interval=*/1, stages);
+  EXPECT_OUT(r, "this rank (dp 0, pp 0, tp 0) holds stage 0 of 12: embedding + layer 0\n");
+  EXPECT_OUT(r, "vocab 50257 padded to 50432 (--pad-vocab-size-to)");
+  for (const char* group : {"[valid]", "[valid_en]", "[valid_fr]"})
+    EXPECT_OUT(r, std::string("validation loss at iteration 8 ") + group);
 }
 
 }  // namespace

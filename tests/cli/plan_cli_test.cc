@@ -1,4 +1,5 @@
 // `keel plan` as a user runs it: exit codes, the verdict on a ramp-up, JSON for machines.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -8,6 +9,7 @@
 namespace {
 
 using keel_test::RunKeelShell;
+using keel_test::RunShell;
 
 const std::string k13B =
     "plan --num-layers 40 --hidden-size 5120 --num-attention-heads 32 --seq-length 2048 "
@@ -79,6 +81,59 @@ TEST(PlanCliTest, Llama2SevenBillionFromTheCommandLine) {
   EXPECT_EQ(j["model"]["num_query_groups"], 32);
   EXPECT_EQ(j["model"]["untie_embeddings_and_output_weights"], true);
   EXPECT_EQ(j["model"]["add_bias_linear"], false);
+}
+
+// keel plan and keel train check a layout with one function (config/parallel_layout.h): a layout
+// the plan accepts trains, and the rank holding the plan's most loaded stage holds the parameters
+// the plan counts for it. A tiny model on the default corpus (its vocabulary, 4096, given to the
+// plan), the plan's tensor x pipeline x data layout under mpirun.
+TEST(PlanCliTest, ALayoutThePlanAcceptsTrainsWithThePlansParametersPerRank) {
+  const std::string model =
+      "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+      "--micro-batch-size 2 --global-batch-size 8 --train-iters 4 --lr-warmup-iters 1 ";
+  auto r = RunKeelShell("", "plan " + model +
+                                "--vocab-size 4096 --num-nodes 1 --gpus-per-node 4 "
+                                "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                                "--json 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto plan = nlohmann::json::parse(r.out);
+  ASSERT_EQ(plan["feasible"], true) << plan["problems"];
+  const auto& layout = plan["layout"];
+  const int tp = layout["tensor_model_parallel_size"], pp = layout["pipeline_model_parallel_size"];
+  const int dp = layout["data_parallel_size"], world = layout["world_size"];
+  ASSERT_EQ(world, tp * pp * dp);
+  const int64_t stage0 = plan["parameters_per_gpu"][0], total = plan["parameters"];
+  ASSERT_EQ(plan["most_loaded_stage"], 0);  // the embedding's stage: rank 0's
+
+  r = RunShell(
+      keel_test::Mpirun(world, "", 240) + KEEL_BINARY + " train " + model +
+      fmt::format("--tensor-model-parallel-size {} --pipeline-model-parallel-size {} ", tp, pp) +
+      "--threads 1 --eval-interval 4 --eval-iters 1 --sample-tokens 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(fmt::format("layout: tensor parallel {} x pipeline parallel {} x data "
+                                   "parallel {}; this rank is dp 0, pp 0, tp 0",
+                                   tp, pp, dp)),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(fmt::format("this rank (dp 0, pp 0, tp 0) holds {} of the {} parameters",
+                                   stage0, total)),
+            std::string::npos)
+      << "keel plan: stage 0 holds " << stage0 << " of " << total << "\n"
+      << r.out;
+  EXPECT_NE(r.out.find(" iteration        4/       4 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("training finished: iteration 4"), std::string::npos) << r.out;
+
+  // A layout the plan refuses, keel train refuses with the same rule (and exit 2) before any work.
+  r = RunKeelShell(
+      "", "plan " + model + "--num-nodes 1 --gpus-per-node 3 --tensor-model-parallel-size 3");
+  EXPECT_EQ(r.code, 2) << r.out;
+  const std::string rule =
+      "--tensor-model-parallel-size 3 must divide --num-attention-heads 4 and the FFN size 256";
+  EXPECT_NE(r.out.find(rule), std::string::npos) << r.out;
+  r = RunShell(keel_test::Mpirun(3, "", 120) + KEEL_BINARY + " train " + model +
+               "--tensor-model-parallel-size 3 --threads 1 --sample-tokens 0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find(rule), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -30,9 +30,11 @@ class FakeComm : public Communicator {
     for (int r = 1; r < world_; ++r) all->push_back(other(r, mine));
     ++byte_calls;
   }
+  void Send(const float*, size_t, int) override { ++p2p_calls; }
+  void Recv(float*, size_t, int) override { ++p2p_calls; }
   void Barrier() override {}
   [[noreturn]] void Abort(int code) override { throw Aborted{code}; }
-  int data_calls = 0, byte_calls = 0;
+  int data_calls = 0, byte_calls = 0, p2p_calls = 0;
 
  private:
   int world_;
@@ -204,6 +206,32 @@ TEST(RecordingCommunicatorTest, SkipFaultSkipsWithoutRecording) {
   EXPECT_EQ(comm.recorder().digest().count, 0u);
   comm.AllReduceMaxHost(&v, 1);
   EXPECT_EQ(comm.recorder().digest().count, 1u);
+}
+
+// A pipeline's sends and receives: in a recorder of their own (the two ends differ, so they must
+// stay out of the digest the ranks compare), with the peer in the kind; the test-only fault seam
+// runs inside the transfer, while it is in flight.
+TEST(RecordingCommunicatorTest, PointToPointIsRecordedApartFromTheDigest) {
+  FakeComm fake(2);
+  RecordingCommunicator comm(&fake, Env::Default());
+  std::vector<std::string> seen;
+  comm.set_p2p_fault([&](const std::string& kind) {
+    seen.push_back(kind);
+    EXPECT_TRUE(comm.p2p_recorder().Recent().back().in_flight());
+  });
+  std::vector<float> x(16, 1.0f);
+  comm.Send(x.data(), 16, 1);
+  comm.Recv(x.data(), 8, 1);
+  EXPECT_EQ(fake.p2p_calls, 2);
+  EXPECT_EQ(seen, (std::vector<std::string>{"send-to-1", "recv-from-1"}));
+  EXPECT_EQ(comm.recorder().digest().count, 0u);
+  EXPECT_TRUE(comm.recorder().Recent().empty());
+  const auto recs = comm.p2p_recorder().Recent();
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0].kind, "send-to-1");
+  EXPECT_EQ(recs[0].bytes, 16 * sizeof(float));
+  EXPECT_EQ(recs[1].kind, "recv-from-1");
+  EXPECT_FALSE(recs[1].in_flight());
 }
 
 }  // namespace

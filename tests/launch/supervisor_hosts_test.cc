@@ -189,8 +189,8 @@ esac
 }
 
 // Without a spare and without --elastic launch stops, naming the host and the flags; a layout
-// with tensor or pipeline parallelism cannot shrink, and a global batch that does not split over
-// the ranks left is refused before keel would refuse it.
+// whose ranks left hold no whole tensor x pipeline replica cannot shrink, and a global batch that
+// does not split over the (data-parallel) ranks left is refused before keel would refuse it.
 TEST_F(SupervisorHostsTest, WithoutASpareOrElasticLaunchStopsNamingTheHostAndTheFlags) {
   const std::string mismatch =
       "echo '{\"event\":\"replica_mismatch\",\"iteration\":7,\"message\":\"rank 2 (host c) "
@@ -208,14 +208,35 @@ TEST_F(SupervisorHostsTest, WithoutASpareOrElasticLaunchStopsNamingTheHostAndThe
   EXPECT_NE(why.find("--elastic"), std::string::npos) << why;
 
   fs::remove_all(run_);
-  o = Options("a b c", 0, mismatch, {"--tensor-model-parallel-size", "2"});
+  o = Options("a b c d", 0, mismatch,
+              {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"});
+  o.command[2] = "4";
   o.elastic = true;
   r = Run(o);
   EXPECT_EQ(r.end, LaunchEnd::kStopped);
   stops = Events(run_, "launch_stop");
   ASSERT_EQ(stops.size(), 1u);
   why = stops[0]["reason"];
-  EXPECT_NE(why.find("tensor x pipeline parallel size is 2"), std::string::npos) << why;
+  EXPECT_NE(why.find("the 3 ranks left hold no whole model replica (tensor x pipeline parallel 4 "
+                     "ranks)"),
+            std::string::npos)
+      << why;
+
+  fs::remove_all(run_);
+  o = Options("a b c d e f", 0, mismatch, {"--tensor-model-parallel-size", "2"});
+  o.command[2] = "6";
+  o.command[6] = "6";  // --global-batch-size 6: 6 / (2 x 2 data-parallel ranks) does not split
+  o.elastic = true;
+  r = Run(o);
+  EXPECT_EQ(r.end, LaunchEnd::kStopped);
+  stops = Events(run_, "launch_stop");
+  ASSERT_EQ(stops.size(), 1u);
+  why = stops[0]["reason"];
+  EXPECT_NE(why.find("cannot shrink to 4 ranks: --global-batch-size 6 is not a multiple of "
+                     "--micro-batch-size 2 x 2 data-parallel ranks (4 ranks / tensor x pipeline "
+                     "parallel 2)"),
+            std::string::npos)
+      << why;
 
   fs::remove_all(run_);
   o = Options("a b c", 0, mismatch);
@@ -229,6 +250,28 @@ TEST_F(SupervisorHostsTest, WithoutASpareOrElasticLaunchStopsNamingTheHostAndThe
   EXPECT_NE(why.find("--global-batch-size 6 is not a multiple of --micro-batch-size 2 x 2 ranks"),
             std::string::npos)
       << why;
+}
+
+// Tensor x pipeline parallel: --elastic shrinks by whole model replicas (keel resumes any layout
+// at any data-parallel size); the slots left over stay idle, and launch says so.
+TEST_F(SupervisorHostsTest, ElasticShrinksAPipelineJobByWholeModelReplicas) {
+  LaunchOptions o = Options("a b c d", 0, R"(
+case "$N" in
+1) echo '{"event":"replica_mismatch","iteration":7,"message":"replicas differ: rank 1 (host b) differs in 2 of 9 tensors: w, b"}' >> "$RUN/events.jsonl"; exit 1 ;;
+*) exit 0 ;;
+esac
+)",
+                            {"--pipeline-model-parallel-size", "2"});
+  o.command[2] = "4";
+  o.elastic = true;
+  const LaunchResult r = Run(o);
+  EXPECT_EQ(r.end, LaunchEnd::kFinished);
+  // 3 slots left: one replica of 2 ranks (data parallel 2 -> 1); the global batch 12 splits.
+  EXPECT_EQ(Attempts(), (std::vector<std::string>{"a,b,c,d 4", "a,c,d 2"}));
+  const std::vector<json> out = Events(run_, "host_excluded");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0]["ranks_before"], 4);
+  EXPECT_EQ(out[0]["ranks_after"], 2);
 }
 
 // A transient fault pinned on a rank is pinned on its host through the ranks' lock files; one is

@@ -249,6 +249,79 @@ TEST(HangAnalysisTest, DifferentCountsWhileNoRankIsInACollective) {
       << a.mismatch;
 }
 
+// T=2 x P=2: rank 2 (stage 1) is stuck inside its send of a gradient to stage 0, whose rank 0
+// waits in the matching receive; ranks 1 and 3 wait in their tensor groups' all-reduces. The
+// pipeline-p2p sections name rank 2, its coordinates and stage, and the send.
+TEST(HangAnalysisTest, RankStuckInsideAPipelineSendIsNamedWithItsStage) {
+  const std::vector<std::string> meshes = {"dp 0, pp 0, tp 0", "dp 0, pp 0, tp 1",
+                                           "dp 0, pp 1, tp 0", "dp 0, pp 1, tp 1"};
+  const std::vector<std::string> p2p = {"recv-from-1", "", "send-to-0", ""};
+  std::vector<HangDump> dumps;
+  for (int r = 0; r < 4; ++r) {
+    // Rank 0 waits inside MPI's receive; rank 2 never reached MPI's send.
+    const std::vector<std::string> frames =
+        r == 0   ? std::vector<std::string>{"PMPI_Recv", "keel::RecordingCommunicator::Recv()"}
+        : r == 2 ? std::vector<std::string>{"nanosleep", "keel::RecordingCommunicator::Send()"}
+                 : kInReduce;
+    HangDump d = Dump(r, 4, r % 2 ? "backward" : "reduce", 5, History(41), frames);
+    d.mesh = meshes[r];
+    keel::GroupCollectives tensor{"tensor", {}, History(126, r % 2 ? "all-reduce-sum-floats" : "")};
+    keel::GroupCollectives pipe{"pipeline-p2p", {}, {{57, "send-to-1", 4096, 900, 5, false}}};
+    if (!p2p[r].empty()) pipe.collectives.push_back({58, p2p[r], 4096, 4200000, 0, true});
+    d.groups = {tensor, pipe};
+    dumps.push_back(d);
+  }
+  HangAnalysis a = keel::AnalyzeHangs(dumps);
+  EXPECT_EQ(a.stuck, std::vector<int>{2});
+  ASSERT_EQ(a.transfers.size(), 1u);
+  EXPECT_EQ(a.transfers[0],
+            "rank 2 (host h1; dp 0, pp 1, tp 0: pipeline stage 1 of 2) is stuck inside the "
+            "pipeline group's send-to-0 of iteration 5 (for 4.2 s): rank 0 (stage 0) waits in the "
+            "matching recv-from-1, so the data never left rank 2; it holds up the job (its "
+            "stacks: rank-002.txt)");
+  EXPECT_NE(keel::FormatHangAnalysis(a).find("pipeline transfers:\n  rank 2 (host h1; dp 0, "
+                                             "pp 1, tp 0: pipeline stage 1 of 2) is stuck"),
+            std::string::npos);
+  EXPECT_EQ(keel::HangAnalysisJson(a)["stuck"], nlohmann::json::array({2}));
+
+  // The stacks the other way round: rank 0 is stuck inside its receive, rank 2 waits in MPI.
+  std::vector<HangDump> swapped = dumps;
+  std::swap(swapped[0].threads[1].frames, swapped[2].threads[1].frames);  // main threads
+  a = keel::AnalyzeHangs(swapped);
+  EXPECT_EQ(a.stuck, std::vector<int>{0});
+  ASSERT_EQ(a.transfers.size(), 1u);
+  EXPECT_NE(a.transfers[0].find("rank 0 (host h1; dp 0, pp 0, tp 0: pipeline stage 0 of 2) is "
+                                "stuck inside the pipeline group's recv-from-1 of iteration 5"),
+            std::string::npos)
+      << a.transfers[0];
+  EXPECT_NE(a.transfers[0].find("so the data never reached rank 0"), std::string::npos);
+
+  // Both inside MPI: the transfer itself does not complete; both are named.
+  swapped[0].threads = dumps[0].threads;
+  a = keel::AnalyzeHangs(swapped);
+  EXPECT_EQ(a.stuck, (std::vector<int>{2, 0}));
+  ASSERT_EQ(a.transfers.size(), 1u);
+  EXPECT_NE(a.transfers[0].find("and the transfer does not complete"), std::string::npos)
+      << a.transfers[0];
+
+  // Rank 0 waits in its receive, but rank 2 is elsewhere (not sending): rank 0 waits for it,
+  // nobody is stuck inside a transfer.
+  dumps[2].groups[1].collectives.pop_back();
+  a = keel::AnalyzeHangs(dumps);
+  EXPECT_TRUE(a.stuck.empty());
+  ASSERT_EQ(a.transfers.size(), 1u);
+  EXPECT_NE(a.transfers[0].find("rank 0 (host h1; dp 0, pp 0, tp 0: pipeline stage 0 of 2) "
+                                "waits in the pipeline group's recv-from-1 of iteration 5 (for "
+                                "4.2 s) for rank 2 (stage 1), which is not sending to it: in "
+                                "reduce of iteration 5"),
+            std::string::npos)
+      << a.transfers[0];
+
+  // Without mesh coordinates (a data-parallel run) there is no pipeline to read.
+  for (HangDump& d : dumps) d.mesh.clear();
+  EXPECT_TRUE(keel::AnalyzeHangs(dumps).transfers.empty());
+}
+
 TEST(HangAnalysisTest, TheMainThreadIsTheOneWhoseTidIsThePid) {
   HangDump d = Dump(0, 1, "reduce", 1, {}, kInReduce);
   EXPECT_EQ(keel::MainThread(d)->name, "keel");
@@ -297,16 +370,19 @@ TEST_F(HangAnalysisReadTest, ErrorsNameThePathAndTheLine) {
   keel::Status st = Read(dir_ + "/nope", &dumps);
   EXPECT_EQ(st.code(), keel::Status::Code::kNotFound);
 
+  // An empty iter_20 (or a run directory's checkpoints, iter_NNNNNNN) is no hang directory.
+  st = Read(dir_ + "/hangs", &dumps);
+  EXPECT_EQ(st.code(), keel::Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("it is not a hang directory"), std::string::npos) << st.message();
+  st = Read(dir_ + "/hangs/iter_20", &dumps);  // empty
+  EXPECT_NE(st.message().find("it is not a hang directory"), std::string::npos) << st.message();
+
+  Write("rank-000.txt", "keel hang dump 1\nrank: 0\n");
   st = Read(dir_ + "/hangs", &dumps);  // the parent of the iteration directories
   EXPECT_EQ(st.code(), keel::Status::Code::kInvalidArgument);
   EXPECT_NE(st.message().find("holds no rank-RRR.txt dumps but the hang directories iter_20"),
             std::string::npos)
       << st.message();
-
-  st = Read(dir_ + "/hangs/iter_20", &dumps);  // empty
-  EXPECT_NE(st.message().find("it is not a hang directory"), std::string::npos) << st.message();
-
-  Write("rank-000.txt", "keel hang dump 1\nrank: 0\n");
   st = Read(dir_ + "/hangs/iter_20", &dumps);
   EXPECT_EQ(st.code(), keel::Status::Code::kInvalidArgument);
   EXPECT_EQ(st.message(), dir_ +
