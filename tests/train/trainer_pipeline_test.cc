@@ -164,6 +164,7 @@ const Layout kLayouts[] = {
     {1, 2, 1, 2, false, "P=2 interleaved (V=2)"},
     {2, 2, 1, 1, false, "T=2 x P=2"},
     {2, 2, 1, 1, true, "T=2 x P=2 with SP"},
+    {2, 2, 1, 2, false, "T=2 x P=2 interleaved (V=2)"},
     {1, 2, 2, 1, false, "P=2 x D=2"},
 };
 
