@@ -40,6 +40,11 @@ void AsyncCheckpointWriter::Run() {
   std::vector<std::string>* log = &result_.log;
   CheckpointStore store(env_, root_, [log](const std::string& line) { log->push_back(line); });
   store.set_read_only(read_only_);
+  if (job_.retention_first > 0) {
+    Status st = store.ApplyRetention(job_.retention_first);
+    if (!st.ok())
+      log->push_back("WARNING: retention could not remove an old checkpoint: " + st.message());
+  }
   if (job_.commit) {
     result_.status = store.Save(job_.iteration, job_.files, &result_.stats);
     // Retention after the commit, as a synchronous save does; its failure is a warning.

@@ -11,8 +11,8 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <mutex>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +37,10 @@ class AsyncCheckpointWriter {
     // Made first, before any file is written (CheckpointStaging::deferred): the staging copies of
     // live memory the loop leaves unchanged until WaitStaged() returns.
     std::vector<CheckpointStaging::DeferredCopy> copies;
+    // > 0: first (after the copies) the retention a previous save's commit left due, keeping
+    // the newest `retention_first` committed checkpoints (data parallel: rank 0 commits on the
+    // loop thread, and the deletions need not stall it).
+    int retention_first = 0;
   };
   struct Result {
     int64_t iteration = -1;

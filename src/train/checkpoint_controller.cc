@@ -244,6 +244,8 @@ Status CheckpointController::StartBackgroundSave(int64_t it, const std::string& 
   job.commit = !data_parallel;  // across ranks the commit waits for every rank's files
   job.keep_last = cfg_.keep_last_checkpoints;
   job.copies = std::move(async_staging_.deferred);
+  job.retention_first = retention_due_ ? std::max(cfg_.keep_last_checkpoints, 0) : 0;
+  retention_due_ = false;
   async_staging_.deferred.clear();
   writer_->Start(std::move(job));
   pending_ = Pending{};
@@ -265,7 +267,9 @@ Status CheckpointController::FinishBackgroundSave(double* waited) {
   SaveStats stats = r.stats;
   if (trainer_->comm()->world_size() > 1) {
     st = CommitAcrossRanks(r.iteration, st, r.written, pending_.start_us, &stats);
-    if (st.ok()) ApplyRetention();  // rank 0's; the others' store is read-only
+    // Rank 0's retention (the others' store is read-only): its deletions run on the next
+    // background save's thread, or at the next synchronous save or the end, not on the loop.
+    if (st.ok()) retention_due_ = true;
   }
   *waited = static_cast<double>(env_->NowMicros() - t0) / 1e6;
   pending_.stall_seconds += *waited;
@@ -290,6 +294,12 @@ Status CheckpointController::WaitForSave() {
   PhaseScope save(trainer_->phase_tracker(), Phase::kSave);
   double waited = 0;
   Status st = FinishBackgroundSave(&waited);
+  // The loop waits here anyway (a rollback, a stop, the end): the retention due now, not later.
+  if (retention_due_) {
+    const uint64_t t0 = env_->NowMicros();
+    ApplyRetention();
+    waited += static_cast<double>(env_->NowMicros() - t0) / 1e6;
+  }
   wait_seconds_ += waited;
   return st;
 }
@@ -311,6 +321,7 @@ double CheckpointController::TakeWaitSeconds() {
 
 void CheckpointController::ApplyRetention() {
   if (store_ == nullptr || SaveInFlight()) return;
+  retention_due_ = false;
   Status st = store_->ApplyRetention(cfg_.keep_last_checkpoints);
   if (!st.ok()) log_("WARNING: retention could not remove an old checkpoint: " + st.message());
 }

@@ -170,6 +170,9 @@ class CheckpointController {
   CheckpointStaging staging_;        // zero-copy views for saves written while the loop waits
   CheckpointStaging async_staging_;  // copies, reused between background saves
   bool defer_snapshot_ = true;
+  // Data parallel: a background save was committed on the loop thread and its retention is left
+  // to the next background save's thread (or the next ApplyRetention).
+  bool retention_due_ = false;
   std::unique_ptr<AsyncCheckpointWriter> writer_;  // --async-save
   Pending pending_;
   double wait_seconds_ = 0;

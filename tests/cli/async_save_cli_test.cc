@@ -78,6 +78,13 @@ TEST(AsyncSaveCliTest, TwoRanksWriteInTheBackgroundAndRank0CommitsOnceAllWrote) 
       << first.out;
   EXPECT_TRUE(fs::exists(run + "/iter_0000015/optimizer.rank-001-of-002.safetensors"));
   EXPECT_EQ(RunShell(std::string(KEEL_BINARY) + " ckpt verify " + run + "/iter_0000015").code, 0);
+  // Retention (--keep-last-checkpoints 2) still follows every commit, its deletions on the next
+  // background save's thread or at the stop: the saves at 5 and 10 are gone, 15 and 17 kept.
+  for (const char* gone : {"/iter_0000005", "/iter_0000010"}) {
+    EXPECT_FALSE(fs::exists(run + gone)) << gone;
+    EXPECT_NE(first.out.find("removing checkpoint " + run + gone), std::string::npos) << first.out;
+  }
+  EXPECT_TRUE(fs::exists(run + "/iter_0000017"));
   const KeelResult second = Train(2, "--async-save --save " + run);
   ASSERT_EQ(second.code, 0) << second.out;
   EXPECT_NE(second.out.find("resumed from " + run + "/iter_0000017"), std::string::npos)
