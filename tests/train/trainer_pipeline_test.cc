@@ -26,6 +26,7 @@
 #include "comm/communicator.h"
 #include "comm/process_mesh.h"
 #include "pattern_data.h"
+#include "run_compare.h"
 #include "train/memory_estimate.h"
 #include "train/replica_check.h"
 #include "train/trainer.h"
@@ -131,16 +132,8 @@ std::vector<RankRun> Train(TrainConfig cfg, const Layout& l, int iters = kIters,
   return out;
 }
 
-double MaxDiff(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double d = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
-}
-
-bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
-}
+using keel_test::MaxDiff;
+using keel_test::SameBits;
 
 bool SameBits(double a, double b) {
   return std::memcmp(&a, &b, sizeof a) == 0;

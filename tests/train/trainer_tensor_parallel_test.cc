@@ -22,6 +22,7 @@
 #include "comm/communicator.h"
 #include "comm/process_mesh.h"
 #include "pattern_data.h"
+#include "run_compare.h"
 #include "train/memory_estimate.h"
 #include "train/replica_check.h"
 #include "train/trainer.h"
@@ -112,16 +113,8 @@ std::vector<RankRun> Train(TrainConfig cfg, int tensor, int data, bool sp, int i
   return out;
 }
 
-double MaxDiff(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double d = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
-}
-
-bool SameBits(const std::vector<double>& a, const std::vector<double>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
-}
+using keel_test::MaxDiff;
+using keel_test::SameBits;
 
 // Every rank of a run saw the same bits (the guard would decide the same everywhere).
 void ExpectRanksAgree(const std::vector<RankRun>& run) {
