@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../run_compare.h"
 #include "keel_process.h"
 
 namespace {
@@ -76,12 +77,7 @@ std::vector<double> MetricsLosses(const std::string& run, size_t n) {
   return v;
 }
 
-double MaxDiff(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double d = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
-}
+using keel_test::MaxDiff;
 
 TEST(PipelineCheckpointCliTest, SavedAtTp2Pp2ResumesAtEveryOtherLayoutWithTheReshardNote) {
   const std::string dir = FreshTempDir("pp_resume");

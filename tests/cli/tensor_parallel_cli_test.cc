@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../run_compare.h"
 #include "keel_process.h"
 
 namespace {
@@ -60,12 +61,7 @@ std::vector<double> MetricsLosses(const std::string& run) {
   return v;
 }
 
-double MaxDiff(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double d = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
-}
+using keel_test::MaxDiff;
 
 TEST(TensorParallelCliTest, LossesMatchOneProcessAtTp2AndTp2TimesDp2) {
   const std::string dir = FreshTempDir("tp_losses");

@@ -18,11 +18,11 @@
 #include <thread>
 #include <vector>
 
+#include "../run_compare.h"
 #include "backend/backend.h"
 #include "comm/communicator.h"
 #include "comm/process_mesh.h"
 #include "pattern_data.h"
-#include "run_compare.h"
 #include "train/memory_estimate.h"
 #include "train/replica_check.h"
 #include "train/trainer.h"
