@@ -8,6 +8,8 @@
 #include <set>
 #include <tuple>
 
+#include "comm/process_mesh.h"
+
 namespace keel {
 namespace {
 
@@ -33,12 +35,17 @@ std::string RankList(const std::vector<int>& ranks) {
 
 // "rank 5 (host h2) is" / "ranks 5,6 (hosts h2,h3) are"; one rank with its mesh coordinates:
 // "rank 5 (host h2; dp 1, pp 0, tp 1) is".
-std::string Subject(const std::vector<int>& ranks, const std::vector<std::string>& hosts,
-                    const std::string& mesh = "") {
+std::string Who(const std::vector<int>& ranks, const std::vector<std::string>& hosts,
+                const std::string& mesh = "") {
   const std::string h = fmt::format("{}", fmt::join(hosts, ","));
   if (ranks.size() == 1)
-    return fmt::format("rank {} (host {}{}) is", ranks[0], h, mesh.empty() ? "" : "; " + mesh);
-  return fmt::format("ranks {} (host{} {}) are", RankList(ranks), hosts.size() > 1 ? "s" : "", h);
+    return fmt::format("rank {} (host {}{})", ranks[0], h, mesh.empty() ? "" : "; " + mesh);
+  return fmt::format("ranks {} (host{} {})", RankList(ranks), hosts.size() > 1 ? "s" : "", h);
+}
+
+std::string Subject(const std::vector<int>& ranks, const std::vector<std::string>& hosts,
+                    const std::string& mesh = "") {
+  return Who(ranks, hosts, mesh) + (ranks.size() == 1 ? " is" : " are");
 }
 
 std::string Ranks(const std::vector<int>& ranks) {
@@ -62,30 +69,67 @@ bool IsKeelFunction(const std::string& f) {
   return false;
 }
 
+// A collective in flight and the flight recorder it is in ("": the world's, else a group's).
+struct InFlight {
+  std::string group;
+  const DumpedCollective* c = nullptr;
+};
+
+// The oldest collective in flight over the world's and the groups' recorders: the one the others
+// wait in (a later one may have begun on the reducer's thread). Its `c` is null when none is.
+InFlight OldestInFlight(const HangDump& d) {
+  InFlight w;
+  auto consider = [&w](const std::string& group, const std::vector<DumpedCollective>& cs) {
+    for (const DumpedCollective& c : cs) {
+      if (!c.in_flight) continue;
+      if (w.c == nullptr || c.began_us_ago > w.c->began_us_ago) w = {group, &c};
+      break;
+    }
+  };
+  consider("", d.collectives);
+  for (const GroupCollectives& g : d.groups) consider(g.name, g.collectives);
+  return w;
+}
+
+// Whether `d` is inside collective `seq` of `group`'s recorder ("": the world's).
+bool InFlightIn(const HangDump& d, const std::string& group, uint64_t seq) {
+  const std::vector<DumpedCollective>* cs = group.empty() ? &d.collectives : nullptr;
+  for (const GroupCollectives& g : d.groups)
+    if (!group.empty() && g.name == group) cs = &g.collectives;
+  if (cs == nullptr) return false;
+  return std::any_of(cs->begin(), cs->end(),
+                     [seq](const DumpedCollective& c) { return c.in_flight && c.seq == seq; });
+}
+
 HangState StateOf(const HangDump& d) {
   HangState s;
   s.phase = d.phase;
   s.iteration = d.iteration;
-  // The oldest collective in flight is the one the others wait in (a later one may have begun
-  // on the reducer's thread).
-  const DumpedCollective* c = nullptr;
-  for (const DumpedCollective& x : d.collectives)
-    if (x.in_flight) {
-      c = &x;
-      break;
-    }
+  const InFlight w = OldestInFlight(d);
+  const DumpedCollective* c = w.c;
   if (c == nullptr && !d.collectives.empty()) c = &d.collectives.back();
   if (c != nullptr) {
     s.seq = c->seq;
     s.kind = c->kind;
     s.in_flight = c->in_flight;
+    // Beside groups' recorders, the world's collectives are named as the world's.
+    s.group = w.group.empty() && !d.groups.empty() ? "world" : w.group;
   }
   s.frames = MainThreadTopFrames(d);
   return s;
 }
 
+// "the data group's " before a group's collective (its numbering is the group's own); nothing
+// before the world's.
+std::string GroupsPrefix(const std::string& group) {
+  if (group.empty()) return "";
+  if (group == "world") return "the world's ";
+  // The pipeline's sends and receives (pipeline-p2p) are the pipeline group's transfers.
+  return fmt::format("the {} group's ", group == "pipeline-p2p" ? "pipeline" : group);
+}
+
 std::string CollectivePart(const HangState& s) {
-  if (s.in_flight) return fmt::format("in {} #{}", s.kind, s.seq);
+  if (s.in_flight) return fmt::format("in {}{} #{}", GroupsPrefix(s.group), s.kind, s.seq);
   if (s.seq > 0) return fmt::format("after collective #{}", s.seq);
   return "before any collective";
 }
@@ -96,7 +140,8 @@ std::string CollectivePart(const HangState& s) {
 std::string Describe(const HangState& s, int at) {
   std::string out =
       s.in_flight
-          ? fmt::format("in {} #{} ({} of iteration {})", s.kind, s.seq, s.phase, s.iteration)
+          ? fmt::format("in {}{} #{} ({} of iteration {})", GroupsPrefix(s.group), s.kind, s.seq,
+                        s.phase, s.iteration)
           : fmt::format("in {} of iteration {} {}", s.phase, s.iteration, CollectivePart(s));
   if (at >= 0 && at < static_cast<int>(s.frames.size())) out += " at " + s.frames[at];
   return out;
@@ -294,6 +339,189 @@ void AnalyzeTransfers(const std::vector<HangDump>& dumps, HangAnalysis* a) {
   a->transfers.insert(a->transfers.end(), waiting.begin(), waiting.end());
 }
 
+// The mesh of the dumps: its shape and each dumped rank's coordinates, as every rank's "mesh:"
+// line and the world size give them; false when a dump has none or they do not fit one mesh.
+bool MeshOfDumps(const std::vector<HangDump>& dumps, MeshShape* shape,
+                 std::map<int, MeshCoords>* coords) {
+  int world = 0;
+  MeshShape s{0, 0, 0};
+  for (const HangDump& d : dumps) {
+    MeshCoords c;
+    if (!ParseMesh(d.mesh, &c.dp, &c.pp, &c.tp) || c.dp < 0 || c.pp < 0 || c.tp < 0) return false;
+    (*coords)[d.rank] = c;
+    s.tensor = std::max(s.tensor, c.tp + 1);
+    s.pipeline = std::max(s.pipeline, c.pp + 1);
+    world = std::max(world, d.world_size);
+  }
+  if (dumps.empty() || world % (s.tensor * s.pipeline) != 0) return false;
+  s.data = world / (s.tensor * s.pipeline);
+  for (const auto& [rank, c] : *coords) {
+    const MeshCoords m = CoordsOf(s, rank);
+    if (m.tp != c.tp || m.pp != c.pp || m.dp != c.dp) return false;
+  }
+  *shape = s;
+  return true;
+}
+
+// The ranks of the instance of `group` that the rank at `c` belongs to, and the coordinates that
+// pick it ("pp 1, dp 0" for a tensor group); false for a group whose members keel cannot tell.
+bool GroupMembers(const std::string& group, const MeshShape& s, const MeshCoords& c,
+                  std::string* of, std::vector<int>* ranks) {
+  ranks->clear();
+  MeshCoords m = c;
+  if (group.empty()) {
+    of->clear();
+    for (int r = 0; r < s.world(); ++r) ranks->push_back(r);
+  } else if (group == "tensor") {
+    *of = fmt::format("pp {}, dp {}", c.pp, c.dp);
+    for (m.tp = 0; m.tp < s.tensor; ++m.tp) ranks->push_back(RankOf(s, m));
+  } else if (group == "data") {
+    *of = fmt::format("pp {}, tp {}", c.pp, c.tp);
+    for (m.dp = 0; m.dp < s.data; ++m.dp) ranks->push_back(RankOf(s, m));
+  } else if (group == "pipeline") {
+    *of = fmt::format("dp {}, tp {}", c.dp, c.tp);
+    for (m.pp = 0; m.pp < s.pipeline; ++m.pp) ranks->push_back(RankOf(s, m));
+  } else {
+    return false;  // pipeline-p2p: a transfer has one peer (AnalyzeTransfers)
+  }
+  std::sort(ranks->begin(), ranks->end());
+  return true;
+}
+
+// "the data group of pp 0, tp 0 (ranks 0,2)", "the world (ranks 0-3)".
+std::string GroupName(const std::string& group, const std::string& of,
+                      const std::vector<int>& ranks) {
+  if (group.empty()) return fmt::format("the world ({})", Ranks(ranks));
+  return fmt::format("the {} group of {} ({})", group, of, Ranks(ranks));
+}
+
+// Under model parallelism, who waits for whom: each rank inside a collective of the world or of
+// one of its groups waits for the members of that group instance that have not entered it. The
+// ranks those waits lead to, directly or through another waiting rank, that are inside no
+// collective are the ones holding up the job (`hung`, named first). Transfers between stages are
+// AnalyzeTransfers'.
+void AnalyzeWaits(const std::vector<HangDump>& dumps, HangAnalysis* a) {
+  MeshShape shape;
+  std::map<int, MeshCoords> coords;
+  if (!MeshOfDumps(dumps, &shape, &coords)) return;
+  std::map<int, const HangDump*> by_rank;
+  std::map<int, InFlight> where;
+  for (const HangDump& d : dumps) {
+    by_rank[d.rank] = &d;
+    where[d.rank] = OldestInFlight(d);
+  }
+  // (group, instance, seq, kind) -> the wait.
+  std::map<std::tuple<std::string, std::string, uint64_t, std::string>, HangAnalysis::Wait> waits;
+  for (const HangDump& d : dumps) {
+    const InFlight& w = where[d.rank];
+    if (w.c == nullptr) continue;
+    std::string of;
+    std::vector<int> members;
+    if (!GroupMembers(w.group, shape, coords[d.rank], &of, &members)) continue;
+    HangAnalysis::Wait& x = waits[{w.group, of, w.c->seq, w.c->kind}];
+    if (x.ranks.empty()) {
+      x.group = w.group.empty() ? "world" : w.group;
+      x.group_of = of;
+      x.group_ranks = members;
+      x.seq = w.c->seq;
+      x.kind = w.c->kind;
+      x.iteration = d.iteration;
+    }
+    x.ranks.push_back(d.rank);
+    if (std::find(x.hosts.begin(), x.hosts.end(), d.host) == x.hosts.end())
+      x.hosts.push_back(d.host);
+  }
+  std::map<int, std::set<int>> waits_for;  // rank -> the members it waits for
+  std::vector<HangAnalysis::Wait> list;
+  for (auto& [key, x] : waits) {
+    const std::string& group = std::get<0>(key);
+    for (int m : x.group_ranks) {
+      const auto it = by_rank.find(m);
+      if (it == by_rank.end() || !InFlightIn(*it->second, group, x.seq)) x.not_entered.push_back(m);
+    }
+    for (int r : x.ranks) waits_for[r].insert(x.not_entered.begin(), x.not_entered.end());
+    const HangDump& first = *by_rank[x.ranks[0]];
+    const DumpedCollective* c = where[first.rank].c;
+    x.sentence =
+        fmt::format("{} wait{} in {} in its {} #{} of iteration {} (for {:.1f} s)",
+                    Who(x.ranks, x.hosts, x.ranks.size() == 1 ? first.mesh : ""),
+                    x.ranks.size() == 1 ? "s" : "", GroupName(group, x.group_of, x.group_ranks),
+                    x.kind, x.seq, x.iteration, static_cast<double>(c->began_us_ago) / 1e6);
+    if (x.not_entered.empty()) {
+      x.sentence +=
+          ": every rank of the group is inside it, and it does not complete: the network "
+          "between its hosts, or the MPI library";
+    } else {
+      x.sentence += fmt::format(": {} {} not entered it", Ranks(x.not_entered),
+                                x.not_entered.size() == 1 ? "has" : "have");
+      // Where each one is, for a few (a world of hundreds has a line of its own per group).
+      if (x.not_entered.size() <= 4) {
+        std::vector<std::string> parts;
+        for (int m : x.not_entered) {
+          const auto it = by_rank.find(m);
+          parts.push_back(fmt::format("{} is {}",
+                                      x.not_entered.size() == 1 ? "it" : fmt::format("rank {}", m),
+                                      it == by_rank.end() ? std::string("without a dump")
+                                                          : Describe(StateOf(*it->second), -1)));
+        }
+        x.sentence += fmt::format(": {}", fmt::join(parts, "; "));
+      }
+    }
+    list.push_back(x);
+  }
+  // The narrowest groups first: the waits nearest to the rank holding them up.
+  std::stable_sort(list.begin(), list.end(), [](const auto& x, const auto& y) {
+    return std::make_tuple(x.group_ranks.size(), x.ranks[0]) <
+           std::make_tuple(y.group_ranks.size(), y.ranks[0]);
+  });
+
+  // The ranks that the waits lead to and that are inside no collective, with who waits for them.
+  std::map<int, std::set<int>> waited_by;
+  for (const auto& [start, direct] : waits_for) {
+    std::set<int> seen{start};
+    std::vector<int> todo(direct.begin(), direct.end());
+    while (!todo.empty()) {
+      const int r = todo.back();
+      todo.pop_back();
+      if (!seen.insert(r).second) continue;
+      const auto it = by_rank.find(r);
+      if (it == by_rank.end()) continue;  // no dump: the missing dumps name it
+      if (where[r].c == nullptr) {
+        waited_by[r].insert(start);
+        continue;
+      }
+      const auto next = waits_for.find(r);
+      if (next != waits_for.end())
+        todo.insert(todo.end(), next->second.begin(), next->second.end());
+    }
+  }
+  for (const auto& [rank, by] : waited_by) {
+    const HangDump& d = *by_rank[rank];
+    HangAnalysis::Hung h;
+    h.rank = rank;
+    h.host = d.host;
+    h.mesh = d.mesh;
+    h.stage = coords[rank].pp;
+    h.stages = shape.pipeline;
+    h.phase = d.phase;
+    h.iteration = d.iteration;
+    h.phase_seconds = d.phase_seconds;
+    h.waited_for_by.assign(by.begin(), by.end());
+    const HangState s = StateOf(d);
+    const std::string stage =
+        shape.pipeline > 1 ? fmt::format(": pipeline stage {} of {}", h.stage, h.stages) : "";
+    h.sentence = fmt::format(
+        "{} is inside no collective: {} (for {:.1f} s){}; {} {} for it, directly or through "
+        "another rank's wait: it holds up the job (its stacks: {})",
+        Who({rank}, {d.host}, d.mesh + stage), Describe(s, -1), d.phase_seconds,
+        s.frames.empty() ? "" : ", main thread at " + s.frames[0], Ranks(h.waited_for_by),
+        h.waited_for_by.size() == 1 ? "waits" : "wait", HangDumpFileName(rank));
+    a->hung.push_back(rank);
+    a->hung_details.push_back(std::move(h));
+  }
+  a->waits = std::move(list);
+}
+
 }  // namespace
 
 Status ReadHangDumps(Env* env, const std::string& dir, std::vector<HangDump>* dumps) {
@@ -446,6 +674,7 @@ HangAnalysis AnalyzeHangs(const std::vector<HangDump>& dumps) {
   }
   a.mismatch = Mismatch(dumps);
   AnalyzeTransfers(dumps, &a);
+  AnalyzeWaits(dumps, &a);
   return a;
 }
 
@@ -476,6 +705,11 @@ std::string FormatHangAnalysis(const HangAnalysis& a) {
     out += "pipeline transfers:\n";
     for (const std::string& s : a.transfers) out += "  " + s + "\n";
   }
+  if (!a.hung_details.empty() || !a.waits.empty()) {
+    out += "who waits for whom:\n";
+    for (const HangAnalysis::Hung& h : a.hung_details) out += "  " + h.sentence + "\n";
+    for (const HangAnalysis::Wait& w : a.waits) out += "  " + w.sentence + "\n";
+  }
   out += "collectives: ";
   out += a.mismatch.empty() ? "the ranks' flight recorders agree" : a.mismatch;
   out += "\n";
@@ -492,7 +726,12 @@ nlohmann::json HangAnalysisJson(const HangAnalysis& a) {
   for (const HangGroup& g : a.groups) {
     nlohmann::json c = nullptr;
     if (g.state.seq > 0)
-      c = {{"seq", g.state.seq}, {"kind", g.state.kind}, {"in_flight", g.state.in_flight}};
+      c = {{"seq", g.state.seq},
+           {"kind", g.state.kind},
+           {"in_flight", g.state.in_flight},
+           // The recorder that numbers it: null for the world's.
+           {"group",
+            g.state.group.empty() ? nlohmann::json(nullptr) : nlohmann::json(g.state.group)}};
     j["groups"].push_back({{"ranks", g.ranks},
                            {"hosts", g.hosts},
                            {"phase", g.state.phase},
@@ -508,6 +747,31 @@ nlohmann::json HangAnalysisJson(const HangAnalysis& a) {
     j["missing"].push_back({{"rank", a.missing[i]}, {"sentence", a.missing_sentences[i]}});
   j["transfers"] = a.transfers;
   j["stuck"] = a.stuck;
+  j["hung"] = a.hung;
+  j["hung_ranks"] = nlohmann::json::array();
+  for (const HangAnalysis::Hung& h : a.hung_details)
+    j["hung_ranks"].push_back({{"rank", h.rank},
+                               {"host", h.host},
+                               {"mesh", h.mesh},
+                               {"stage", h.stage},
+                               {"stages", h.stages},
+                               {"phase", h.phase},
+                               {"iteration", h.iteration},
+                               {"phase_seconds", h.phase_seconds},
+                               {"waited_for_by", h.waited_for_by},
+                               {"sentence", h.sentence}});
+  j["waits"] = nlohmann::json::array();
+  for (const HangAnalysis::Wait& w : a.waits)
+    j["waits"].push_back({{"ranks", w.ranks},
+                          {"hosts", w.hosts},
+                          {"group", w.group},
+                          {"group_of", w.group_of},
+                          {"group_ranks", w.group_ranks},
+                          {"seq", w.seq},
+                          {"kind", w.kind},
+                          {"iteration", w.iteration},
+                          {"not_entered", w.not_entered},
+                          {"sentence", w.sentence}});
   j["mismatch"] = a.mismatch.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.mismatch);
   return j;
 }

@@ -21,6 +21,9 @@ struct HangState {
   int64_t iteration = 0;
   uint64_t seq = 0;  // the collective it was in (in_flight), else the last it finished; 0: none
   std::string kind;
+  // The process group whose flight recorder numbers `seq` ("tensor", "data", "pipeline",
+  // "pipeline-p2p", "world" beside them); empty: the world's in a dump without groups.
+  std::string group;
   bool in_flight = false;
   // The main thread's innermost 3 keel frames, function names only (see MainThreadTopFrames).
   std::vector<std::string> frames;
@@ -49,6 +52,35 @@ struct HangAnalysis {
   // whose peer waits in the matching receive (send): a transfer that never went through.
   std::vector<std::string> transfers;
   std::vector<int> stuck;
+  // Model parallel (the dumps' mesh coordinates and group sections): who waits for whom. A
+  // sentence per rank outside every collective that ranks wait for (`hung`: the ones holding up
+  // the job), then one per set of ranks waiting in one collective of one group instance ("the
+  // data group of pp 0, tp 0: ranks 0,2"), naming its sequence number and who has not entered.
+  std::vector<int> hung;
+  struct Wait {
+    std::vector<int> ranks;  // waiting, ascending
+    std::vector<std::string> hosts;
+    std::string group;     // "tensor", "data", "pipeline"; "world"
+    std::string group_of;  // the coordinates that pick the instance: "pp 0, tp 0"; "" (world)
+    std::vector<int> group_ranks;
+    uint64_t seq = 0;  // in the group's own numbering
+    std::string kind;
+    int64_t iteration = 0;
+    std::vector<int> not_entered;  // members not in this collective (dumped or not)
+    std::string sentence;
+  };
+  std::vector<Wait> waits;
+  struct Hung {
+    int rank = 0;
+    std::string host, mesh;
+    int stage = 0, stages = 1;
+    std::string phase;
+    int64_t iteration = 0;
+    double phase_seconds = 0;
+    std::vector<int> waited_for_by;  // the ranks waiting for it, directly or through another
+    std::string sentence;
+  };
+  std::vector<Hung> hung_details;
 };
 
 // The most keel reads of one rank's hang dump (a dump of a thousand threads' stacks is a few MiB).
