@@ -1,10 +1,13 @@
 // `keel hangs analyze DIR` as a user runs it on a hang directory: the groups and the odd one out,
-// --json, and clear refusals of paths that are not hang directories and of garbled dumps.
+// --json, and clear refusals of paths that are not hang directories and of garbled dumps; and on
+// the dumps of a real tensor x pipeline parallel job under mpirun (one rank hung, who waits for
+// it where).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 
 #include "keel_process.h"
@@ -101,6 +104,56 @@ TEST_F(HangsCliTest, BadPathsAndGarbledDumpsAreRefusedByName) {
 
   r = RunKeelShell("", "hangs");
   EXPECT_NE(r.code, 0) << r.out;
+}
+
+// T=2 x P=2 under `mpirun -np 4` (tiny model, one thread per rank, a 4 s watchdog): rank 3
+// (dp 0, pp 1, tp 1: the last stage) stops after its backward of iteration 3 without entering
+// another collective. Every rank dumps and the job exits 4; `keel hangs analyze` names rank 3
+// with its host, coordinates and stage as inside no collective, holding up ranks 0-2, and where
+// those wait: the world's gradient-norm all-reduce (its sequence number, its ranks, rank 3 not
+// in it), not a generic "all-reduce-sum". --json has the same facts.
+TEST(HangsMeshCliTest, RankHungUnderTensorAndPipelineParallelismIsNamedWithWhereTheOthersWait) {
+  const std::string save = keel_test::FreshTempDir("hangs_tp2pp2");
+  const keel_test::KeelResult r = keel_test::RunShell(
+      "KEEL_TRAIN_FAULTS=hang=3:rank=3 " + keel_test::Mpirun(4, "", 60) + KEEL_BINARY + " " +
+      keel_test::kDataParallelModel +
+      " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --train-iters 6 "
+      "--save-interval 0 --save " +
+      save + " --distributed-timeout-minutes 0.0667 --first-iteration-timeout-minutes 1");
+  EXPECT_EQ(r.code, 4) << r.out;
+  const std::string dir = save + "/hangs/iter_3";
+  for (int rank = 0; rank < 4; ++rank)
+    ASSERT_TRUE(fs::exists(dir + "/" + keel::HangDumpFileName(rank)))
+        << "rank " << rank << " wrote no dump\n"
+        << r.out;
+
+  const keel_test::KeelResult a = RunKeelShell("", "hangs analyze " + dir);
+  EXPECT_EQ(a.code, 0) << a.out;
+  EXPECT_TRUE(std::regex_search(
+      a.out, std::regex(R"(who waits for whom:\n  rank 3 \(host [^;]+; dp 0, pp 1, tp 1: )"
+                        R"(pipeline stage 1 of 2\) is inside no collective: in backward of )"
+                        R"(iteration 3 after collective #\d+ .*; ranks 0-2 wait for it)")))
+      << a.out;
+  EXPECT_TRUE(std::regex_search(
+      a.out, std::regex(R"(\n  ranks 0-2 \(host [^)]+\) wait in the world \(ranks 0-3\) in its )"
+                        R"(all-reduce-sum #\d+ of iteration 3 \(for [0-9.]+ s\): rank 3 has not )"
+                        R"(entered it: it is in backward of iteration 3)")))
+      << a.out;
+  EXPECT_NE(a.out.find("3 ranks 0-2: in the world's all-reduce-sum #"), std::string::npos) << a.out;
+
+  const keel_test::KeelResult j = RunKeelShell("", "hangs analyze --json " + dir + " 2>/dev/null");
+  ASSERT_EQ(j.code, 0) << j.out;
+  const nlohmann::json v = nlohmann::json::parse(j.out);
+  EXPECT_EQ(v["hung"], nlohmann::json::array({3})) << j.out;
+  EXPECT_EQ(v["hung_ranks"][0]["mesh"], "dp 0, pp 1, tp 1") << j.out;
+  EXPECT_EQ(v["hung_ranks"][0]["stage"], 1) << j.out;
+  EXPECT_EQ(v["hung_ranks"][0]["waited_for_by"], nlohmann::json::array({0, 1, 2})) << j.out;
+  ASSERT_EQ(v["waits"].size(), 1u) << j.out;
+  EXPECT_EQ(v["waits"][0]["group"], "world") << j.out;
+  EXPECT_EQ(v["waits"][0]["ranks"], nlohmann::json::array({0, 1, 2})) << j.out;
+  EXPECT_EQ(v["waits"][0]["not_entered"], nlohmann::json::array({3})) << j.out;
+  EXPECT_EQ(v["groups"][0]["collective"]["group"], "world") << j.out;
+  fs::remove_all(save);
 }
 
 }  // namespace

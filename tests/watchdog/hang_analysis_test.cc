@@ -322,6 +322,158 @@ TEST(HangAnalysisTest, RankStuckInsideAPipelineSendIsNamedWithItsStage) {
   EXPECT_TRUE(keel::AnalyzeHangs(dumps).transfers.empty());
 }
 
+// A group's flight recorder: collectives 1..done of `kind` finished, then `in_flight` if given,
+// begun 4.4 s before the dump.
+keel::GroupCollectives Group(const std::string& name, uint64_t done, const std::string& kind,
+                             const std::string& in_flight = "") {
+  keel::GroupCollectives g{name, {done, done * 31}, {}};
+  for (uint64_t s = done > 64 ? done - 63 : 1; s <= done; ++s)
+    g.collectives.push_back({s, kind, 16384, 4500000 + s, 10, false});
+  if (!in_flight.empty()) g.collectives.push_back({done + 1, in_flight, 16384, 4400000, 0, true});
+  return g;
+}
+
+// T=2 on 2 ranks: rank 1 hangs in its forward's compute at iteration 5, so rank 0 waits in the
+// tensor group's all-reduce #127 it never joins. The analysis names rank 1 (host, coordinates)
+// as inside no collective, and rank 0's wait by its group instance, its ranks and the sequence
+// number: not a world collective (the world's recorder has nothing in flight).
+TEST(HangAnalysisTest, TensorParallelRankHungInComputeIsNamedAndItsPeerWaitsInTheTensorGroup) {
+  std::vector<HangDump> dumps;
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<std::string> frames =
+        r == 0 ? std::vector<std::string>{"PMPI_Allreduce",
+                                          "keel::RecordingCommunicator::AllReduceSum()",
+                                          "keel::Trainer::ComputeGradients()"}
+               : std::vector<std::string>{"keel::Attention::Forward()",
+                                          "keel::Trainer::ComputeGradients()"};
+    HangDump d = Dump(r, 2, "forward", 5, History(41), frames);
+    d.mesh = r == 0 ? "dp 0, pp 0, tp 0" : "dp 0, pp 0, tp 1";
+    d.groups = {
+        Group("tensor", 126, "all-reduce-sum-floats", r == 0 ? "all-reduce-sum-floats" : ""),
+        Group("data", 3, "all-reduce-max")};
+    dumps.push_back(d);
+  }
+  const HangAnalysis a = keel::AnalyzeHangs(dumps);
+  ASSERT_EQ(a.groups.size(), 2u);
+  EXPECT_NE(
+      keel::FormatHangAnalysis(a).find("  1 rank 0: in the tensor group's "
+                                       "all-reduce-sum-floats #127 (forward of iteration 5)\n"),
+      std::string::npos)
+      << keel::FormatHangAnalysis(a);
+  ASSERT_EQ(a.odd_ones_out.size(), 1u);
+  EXPECT_EQ(a.odd_ones_out[0],
+            "rank 1 (host h1; dp 0, pp 0, tp 1) is in forward of iteration 5 after collective #41; "
+            "the other rank is in the tensor group's all-reduce-sum-floats #127");
+  EXPECT_EQ(a.hung, std::vector<int>{1});
+  ASSERT_EQ(a.hung_details.size(), 1u);
+  EXPECT_EQ(a.hung_details[0].sentence,
+            "rank 1 (host h1; dp 0, pp 0, tp 1) is inside no collective: in forward of iteration 5 "
+            "after collective #41 (for 601.0 s), main thread at keel::Attention::Forward(); rank 0 "
+            "waits for it, directly or through another rank's wait: it holds up the job (its "
+            "stacks: rank-001.txt)");
+  ASSERT_EQ(a.waits.size(), 1u);
+  EXPECT_EQ(a.waits[0].sentence,
+            "rank 0 (host h1; dp 0, pp 0, tp 0) waits in the tensor group of pp 0, dp 0 (ranks "
+            "0,1) in its all-reduce-sum-floats #127 of iteration 5 (for 4.4 s): rank 1 has not "
+            "entered it: it is in forward of iteration 5 after collective #41");
+  const std::string text = keel::FormatHangAnalysis(a);
+  EXPECT_NE(text.find("who waits for whom:\n  rank 1 (host h1; dp 0, pp 0, tp 1) is inside no "
+                      "collective"),
+            std::string::npos)
+      << text;
+  // --json carries the same facts.
+  const nlohmann::json j = keel::HangAnalysisJson(a);
+  EXPECT_EQ(j["hung"], nlohmann::json::array({1}));
+  EXPECT_EQ(j["hung_ranks"][0]["mesh"], "dp 0, pp 0, tp 1");
+  EXPECT_EQ(j["hung_ranks"][0]["host"], "h1");
+  EXPECT_EQ(j["hung_ranks"][0]["phase"], "forward");
+  EXPECT_EQ(j["hung_ranks"][0]["waited_for_by"], nlohmann::json::array({0}));
+  EXPECT_EQ(j["waits"][0]["group"], "tensor");
+  EXPECT_EQ(j["waits"][0]["group_of"], "pp 0, dp 0");
+  EXPECT_EQ(j["waits"][0]["group_ranks"], nlohmann::json::array({0, 1}));
+  EXPECT_EQ(j["waits"][0]["seq"], 127);
+  EXPECT_EQ(j["waits"][0]["not_entered"], nlohmann::json::array({1}));
+  EXPECT_EQ(j["groups"][0]["collective"]["group"], "tensor");
+  EXPECT_EQ(j["groups"][1]["collective"]["group"], "world");  // its last: the world's #41
+}
+
+// T=2 x D=2 on 4 ranks (as `mpirun -np 4` dumps it): rank 2 (dp 1) stops after its backward.
+// Rank 0, its peer in the data group of pp 0, tp 0, waits in that group's reduce-scatter #11;
+// ranks 1 and 3 finished their data group's and wait in the world's all-reduce #25 for ranks 0
+// and 2. The analysis names rank 2 as the one holding up all three, and each wait by its group.
+TEST(HangAnalysisTest, DataGroupWaitIsNamedByItsGroupAndLeadsToTheHungRank) {
+  std::vector<HangDump> dumps;
+  for (int r = 0; r < 4; ++r) {
+    const bool hung = r == 2, in_world = r % 2 == 1;
+    HangDump d = Dump(
+        r, 4, hung ? "backward" : "reduce", 3, History(24, in_world ? "all-reduce-sum" : "", 32),
+        hung ? std::vector<std::string>{"keel::Trainer::ComputeGradients()"} : kInReduce);
+    d.mesh = fmt::format("dp {}, pp 0, tp {}", r / 2, r % 2);
+    d.groups = {
+        Group("tensor", 220, "all-reduce-sum-floats"),
+        Group("data", in_world ? 11 : 10, "reduce-scatter", r == 0 ? "reduce-scatter" : "")};
+    dumps.push_back(d);
+  }
+  HangAnalysis a = keel::AnalyzeHangs(dumps);
+  EXPECT_EQ(a.hung, std::vector<int>{2});
+  ASSERT_EQ(a.hung_details.size(), 1u);
+  EXPECT_EQ(a.hung_details[0].sentence.rfind(
+                "rank 2 (host h1; dp 1, pp 0, tp 0) is inside no collective: in backward of "
+                "iteration 3 after collective #24 (for 601.0 s), main thread at "
+                "keel::Trainer::ComputeGradients(); ranks 0,1,3 wait for it",
+                0),
+            0u)
+      << a.hung_details[0].sentence;
+  ASSERT_EQ(a.waits.size(), 2u);
+  EXPECT_EQ(a.waits[0].sentence,
+            "rank 0 (host h1; dp 0, pp 0, tp 0) waits in the data group of pp 0, tp 0 (ranks 0,2) "
+            "in its reduce-scatter #11 of iteration 3 (for 4.4 s): rank 2 has not entered it: it "
+            "is in backward of iteration 3 after collective #24");
+  EXPECT_EQ(a.waits[1].sentence,
+            "ranks 1,3 (host h1) wait in the world (ranks 0-3) in its all-reduce-sum #25 of "
+            "iteration 3 (for 0.0 s): ranks 0,2 have not entered it: rank 0 is in the data "
+            "group's reduce-scatter #11 (reduce of iteration 3); rank 2 is in backward of "
+            "iteration 3 after collective #24");
+  const nlohmann::json j = keel::HangAnalysisJson(a);
+  EXPECT_EQ(j["waits"][0]["group"], "data");
+  EXPECT_EQ(j["waits"][0]["group_of"], "pp 0, tp 0");
+  EXPECT_EQ(j["waits"][0]["group_ranks"], nlohmann::json::array({0, 2}));
+  EXPECT_EQ(j["waits"][0]["seq"], 11);
+  EXPECT_EQ(j["waits"][1]["group"], "world");
+  EXPECT_EQ(j["waits"][1]["not_entered"], nlohmann::json::array({0, 2}));
+  EXPECT_EQ(j["hung_ranks"][0]["waited_for_by"], nlohmann::json::array({0, 1, 3}));
+
+  // Rank 3 waits instead in its tensor group (rank 2 never reached that all-reduce): the tensor
+  // group of pp 0, dp 1 is named with its ranks, and rank 2 still holds up every other rank.
+  dumps[3].collectives.pop_back();
+  dumps[3].groups[0] = Group("tensor", 220, "all-reduce-sum-floats", "all-reduce-sum-floats");
+  a = keel::AnalyzeHangs(dumps);
+  EXPECT_EQ(a.hung, std::vector<int>{2});
+  EXPECT_EQ(a.hung_details[0].waited_for_by, (std::vector<int>{0, 1, 3}));
+  ASSERT_EQ(a.waits.size(), 3u);
+  EXPECT_EQ(a.waits[1].sentence.rfind("rank 3 (host h1; dp 1, pp 0, tp 1) waits in the tensor "
+                                      "group of pp 0, dp 1 (ranks 2,3) in its "
+                                      "all-reduce-sum-floats #221 of iteration 3",
+                                      0),
+            0u)
+      << a.waits[1].sentence;
+
+  // Rank 2 left no dump: the waits name it, the missing dumps say why; nobody dumped is hung.
+  dumps.erase(dumps.begin() + 2);
+  a = keel::AnalyzeHangs(dumps);
+  EXPECT_TRUE(a.hung.empty());
+  EXPECT_NE(a.waits[0].sentence.find("rank 2 has not entered it: it is without a dump"),
+            std::string::npos)
+      << a.waits[0].sentence;
+  ASSERT_EQ(a.missing, std::vector<int>{2});
+
+  // Without mesh coordinates (a data-parallel run) there are no groups to name.
+  for (HangDump& d : dumps) d.mesh.clear();
+  a = keel::AnalyzeHangs(dumps);
+  EXPECT_TRUE(a.waits.empty());
+  EXPECT_TRUE(a.hung.empty());
+}
+
 TEST(HangAnalysisTest, TheMainThreadIsTheOneWhoseTidIsThePid) {
   HangDump d = Dump(0, 1, "reduce", 1, {}, kInReduce);
   EXPECT_EQ(keel::MainThread(d)->name, "keel");
