@@ -344,16 +344,21 @@ void AnalyzeTransfers(const std::vector<HangDump>& dumps, HangAnalysis* a) {
 bool MeshOfDumps(const std::vector<HangDump>& dumps, MeshShape* shape,
                  std::map<int, MeshCoords>* coords) {
   int world = 0;
+  for (const HangDump& d : dumps) world = std::max(world, d.world_size);
   MeshShape s{0, 0, 0};
   for (const HangDump& d : dumps) {
     MeshCoords c;
-    if (!ParseMesh(d.mesh, &c.dp, &c.pp, &c.tp) || c.dp < 0 || c.pp < 0 || c.tp < 0) return false;
+    if (!ParseMesh(d.mesh, &c.dp, &c.pp, &c.tp)) return false;
+    // Each coordinate is below the world size (a garbled file's are not: no overflow below).
+    for (int x : {c.dp, c.pp, c.tp})
+      if (x < 0 || x >= world) return false;
     (*coords)[d.rank] = c;
     s.tensor = std::max(s.tensor, c.tp + 1);
     s.pipeline = std::max(s.pipeline, c.pp + 1);
-    world = std::max(world, d.world_size);
   }
-  if (dumps.empty() || world % (s.tensor * s.pipeline) != 0) return false;
+  if (dumps.empty() || int64_t{s.tensor} * s.pipeline > world ||
+      world % (s.tensor * s.pipeline) != 0)
+    return false;
   s.data = world / (s.tensor * s.pipeline);
   for (const auto& [rank, c] : *coords) {
     const MeshCoords m = CoordsOf(s, rank);
