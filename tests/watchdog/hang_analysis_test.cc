@@ -395,6 +395,24 @@ TEST(HangAnalysisTest, TensorParallelRankHungInComputeIsNamedAndItsPeerWaitsInTh
   EXPECT_EQ(j["waits"][0]["not_entered"], nlohmann::json::array({1}));
   EXPECT_EQ(j["groups"][0]["collective"]["group"], "tensor");
   EXPECT_EQ(j["groups"][1]["collective"]["group"], "world");  // its last: the world's #41
+
+  // Both inside the all-reduce and it does not complete: nobody is hung, the wait says so.
+  std::vector<HangDump> both = dumps;
+  both[1].groups[0] = Group("tensor", 126, "all-reduce-sum-floats", "all-reduce-sum-floats");
+  const HangAnalysis b = keel::AnalyzeHangs(both);
+  EXPECT_TRUE(b.hung.empty());
+  ASSERT_EQ(b.waits.size(), 1u);
+  EXPECT_EQ(b.waits[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_NE(b.waits[0].sentence.find("ranks 0,1 (host h1) wait in the tensor group of pp 0, dp 0 "
+                                     "(ranks 0,1) in its all-reduce-sum-floats #127 of iteration "
+                                     "5 (for 4.4 s): every rank of the group is inside it, and it "
+                                     "does not complete"),
+            std::string::npos)
+      << b.waits[0].sentence;
+
+  // A garbled dump's coordinates far outside the world are no mesh (and no overflow).
+  both[1].mesh = "dp 0, pp 2000000000, tp 2000000000";
+  EXPECT_TRUE(keel::AnalyzeHangs(both).waits.empty());
 }
 
 // T=2 x D=2 on 4 ranks (as `mpirun -np 4` dumps it): rank 2 (dp 1) stops after its backward.
