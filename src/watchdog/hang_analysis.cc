@@ -671,11 +671,22 @@ HangAnalysis AnalyzeHangs(const std::vector<HangDump>& dumps) {
                                          Describe(g.state, at), rest,
                                          DescribeShort(big.state, at)));
   }
-  for (int r = 0; r < a.world_size; ++r) {
-    if (present.count(r)) continue;
-    a.missing.push_back(r);
-    a.missing_sentences.push_back(fmt::format(
-        "rank {}: no dump — its process did not answer (stopped, or its host is gone)", r));
+  for (int r = 0; r < a.world_size; ++r)
+    if (!present.count(r)) a.missing.push_back(r);
+  // One sentence per run of consecutive ranks: a lost host of 8 ranks is one line, and a garbled
+  // world size of a million is not a million lines.
+  for (size_t i = 0; i < a.missing.size();) {
+    size_t j = i;
+    while (j + 1 < a.missing.size() && a.missing[j + 1] == a.missing[j] + 1) ++j;
+    a.missing_runs.push_back({a.missing[i], a.missing[j]});
+    a.missing_sentences.push_back(
+        i == j ? fmt::format(
+                     "rank {}: no dump — its process did not answer (stopped, or its host is gone)",
+                     a.missing[i])
+               : fmt::format("ranks {}-{}: no dump — their processes did not answer (stopped, or "
+                             "their hosts are gone)",
+                             a.missing[i], a.missing[j]));
+    i = j + 1;
   }
   a.mismatch = Mismatch(dumps);
   AnalyzeTransfers(dumps, &a);
@@ -748,8 +759,10 @@ nlohmann::json HangAnalysisJson(const HangAnalysis& a) {
   j["summary"] = a.summary.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.summary);
   j["odd_ones_out"] = a.odd_ones_out;
   j["missing"] = nlohmann::json::array();
-  for (size_t i = 0; i < a.missing.size(); ++i)
-    j["missing"].push_back({{"rank", a.missing[i]}, {"sentence", a.missing_sentences[i]}});
+  for (size_t i = 0; i < a.missing_runs.size(); ++i)
+    j["missing"].push_back({{"first", a.missing_runs[i].first},
+                            {"last", a.missing_runs[i].second},
+                            {"sentence", a.missing_sentences[i]}});
   j["transfers"] = a.transfers;
   j["stuck"] = a.stuck;
   j["hung"] = a.hung;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/env.h"
@@ -39,13 +40,14 @@ struct HangGroup {
 struct HangAnalysis {
   int world_size = 0;  // from the dumps
   int dumps = 0;
-  std::vector<int> fired;                 // ranks whose own watchdog fired
-  std::string fired_reason;               // the first of them's reason
-  std::vector<HangGroup> groups;          // largest first, ties by lowest rank
-  std::string summary;                    // one group: "all N ranks are in ..."; else empty
-  std::vector<std::string> odd_ones_out;  // a sentence per group but the largest
-  std::vector<int> missing;               // ranks without a dump
-  std::vector<std::string> missing_sentences;
+  std::vector<int> fired;                         // ranks whose own watchdog fired
+  std::string fired_reason;                       // the first of them's reason
+  std::vector<HangGroup> groups;                  // largest first, ties by lowest rank
+  std::string summary;                            // one group: "all N ranks are in ..."; else empty
+  std::vector<std::string> odd_ones_out;          // a sentence per group but the largest
+  std::vector<int> missing;                       // ranks without a dump
+  std::vector<std::pair<int, int>> missing_runs;  // consecutive ranks of `missing`: first, last
+  std::vector<std::string> missing_sentences;     // one per run
   std::string mismatch;  // the first disagreement of the flight recorders; empty: none
   // Pipeline parallel (the dumps' pipeline-p2p sections): a sentence per rank in a send or
   // receive to another stage, the stuck one first; `stuck` has the ranks inside a send (receive)

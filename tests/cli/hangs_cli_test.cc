@@ -78,7 +78,8 @@ TEST_F(HangsCliTest, AnalyzeNamesTheOddOneOutAndTheMissingRank) {
   EXPECT_EQ(j["world_size"], 4);
   EXPECT_EQ(j["groups"].size(), 2u);
   EXPECT_EQ(j["groups"][1]["ranks"], nlohmann::json::array({1}));
-  EXPECT_EQ(j["missing"][0]["rank"], 2);
+  EXPECT_EQ(j["missing"][0]["first"], 2);
+  EXPECT_EQ(j["missing"][0]["last"], 2);
 
   r = RunKeelShell("", "--help");
   EXPECT_NE(r.out.find("\n  hangs "), std::string::npos) << r.out;

@@ -179,6 +179,25 @@ TEST(HangAnalysisTest, AllRanksTheSame) {
   EXPECT_NE(keel::FormatHangAnalysis(a).find(a.summary), std::string::npos);
 }
 
+// A lost host's ranks are one sentence, not one each; a dump claiming a huge world stays short.
+TEST(HangAnalysisTest, ConsecutiveMissingRanksAreOneSentence) {
+  std::vector<HangDump> dumps;
+  for (int r : {0, 5})
+    dumps.push_back(Dump(r, 1 << 20, "reduce", 20, History(1234, "reduce-scatter"), kInReduce));
+  const HangAnalysis a = keel::AnalyzeHangs(dumps);
+  EXPECT_EQ(a.missing.size(), (1u << 20) - 2);
+  ASSERT_EQ(a.missing_sentences.size(), 2u);
+  EXPECT_EQ(a.missing_sentences[0],
+            "ranks 1-4: no dump — their processes did not answer (stopped, or their hosts are "
+            "gone)");
+  EXPECT_EQ(a.missing_sentences[1].rfind("ranks 6-1048575: no dump", 0), 0u);
+  const nlohmann::json j = keel::HangAnalysisJson(a);
+  ASSERT_EQ(j["missing"].size(), 2u);
+  EXPECT_EQ(j["missing"][1]["first"], 6);
+  EXPECT_EQ(j["missing"][1]["last"], (1 << 20) - 1);
+  EXPECT_LT(keel::FormatHangAnalysis(a).size(), 4096u);
+}
+
 TEST(HangAnalysisTest, RanksWithoutADumpAreNamed) {
   std::vector<HangDump> dumps;
   for (int r : {0, 1, 2})
