@@ -23,8 +23,9 @@ std::string IterDirName(int64_t iteration) {
 }
 
 // "in collective #S KIND" (the oldest still in flight: the one the others wait in), or "in the
-// tensor group's collective #S KIND" when a group's is, else "after collective #S KIND", else
-// "before any collective".
+// tensor group's collective #S KIND" when a group's is, or "in pipeline transfer #S send-to-P
+// (send/recv between stages)" when a pipeline send or receive is (no collective: only the peer
+// stage takes part), else "after collective #S KIND", else "before any collective".
 std::string CollectivePhrase(const HangDump& d) {
   const std::vector<DumpedCollective>& cs = d.collectives;
   for (const DumpedCollective& c : cs)
@@ -32,7 +33,10 @@ std::string CollectivePhrase(const HangDump& d) {
   for (const GroupCollectives& g : d.groups)
     for (const DumpedCollective& c : g.collectives)
       if (c.in_flight)
-        return fmt::format("in the {} group's collective #{} {}", g.name, c.seq, c.kind);
+        return g.name == kPipelineTransfersGroup
+                   ? fmt::format("in pipeline transfer #{} {} (send/recv between stages)", c.seq,
+                                 c.kind)
+                   : fmt::format("in the {} group's collective #{} {}", g.name, c.seq, c.kind);
   if (cs.empty()) return "before any collective";
   return fmt::format("after collective #{} {}", cs.back().seq, cs.back().kind);
 }

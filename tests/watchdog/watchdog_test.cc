@@ -305,6 +305,30 @@ TEST_F(WatchdogTest, AHangInsideATensorGroupAllReduceIsNamed) {
       << log[0];
 }
 
+// Pipeline parallel: a stage stuck inside a send to its peer stage is in a point-to-point
+// transfer, not a collective (only the peer takes part); the log line names it as one.
+TEST_F(WatchdogTest, AHangInsideAPipelineSendIsNamedAPipelineTransfer) {
+  Rank r(&env_, Options(2, 4));
+  keel::CollectiveRecorder p2p(&env_);
+  r.watchdog->AddGroup(keel::kPipelineTransfersGroup, &p2p);
+  InIteration(&r, 5, Phase::kBackward);
+  p2p.End(p2p.Begin("recv-from-0", 4096));
+  p2p.Begin("send-to-0", 4096);  // the peer never receives
+  env_.now_us += 101 * kSec;
+  ASSERT_TRUE(r.watchdog->CheckOnce());
+  keel::HangDump d;
+  ASSERT_TRUE(keel::ParseHangDump(Slurp(dir_ + "/hangs/iter_5/rank-002.txt"), &d).ok());
+  ASSERT_EQ(d.groups.size(), 1u);
+  EXPECT_EQ(d.groups[0].name, "pipeline-p2p");
+  const auto log = Log();
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_NE(log[0].find("has been in backward of iteration 5 for 101.0 s (limit 100 s; in pipeline "
+                        "transfer #2 send-to-0 (send/recv between stages)); stacks in "),
+            std::string::npos)
+      << log[0];
+  EXPECT_EQ(log[0].find("collective"), std::string::npos) << log[0];
+}
+
 TEST_F(WatchdogTest, AnotherRankJoinsThroughTheTrigger) {
   ClockEnv env1;  // each rank its own clock, as on two machines
   Rank r0(&env_, Options(0, 2));
