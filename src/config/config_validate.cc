@@ -514,14 +514,23 @@ Status ValidateLocalTier(const TrainConfig& c) {
         "checkpoints would be no more frequent than the persistent ones; give a smaller "
         "interval (e.g. --non-persistent-save-interval {})",
         n, c.save_interval, std::max<int64_t>(1, c.save_interval / 10)));
-  if (c.tensor_model_parallel_size > 1 || c.pipeline_model_parallel_size > 1)
+  if (c.tensor_model_parallel_size > 1 || c.pipeline_model_parallel_size > 1) {
+    // Both flags named when both are set: dropping only one would still be refused.
+    std::vector<std::string> layout;
+    if (c.tensor_model_parallel_size > 1)
+      layout.push_back(
+          fmt::format("--tensor-model-parallel-size {}", c.tensor_model_parallel_size));
+    if (c.pipeline_model_parallel_size > 1)
+      layout.push_back(
+          fmt::format("--pipeline-model-parallel-size {}", c.pipeline_model_parallel_size));
+    // The directory goes too: without the interval it is refused on its own (above).
     return Invalid(fmt::format(
-        "--non-persistent-save-interval with --{}-model-parallel-size {}: keel's local "
-        "tier saves data-parallel runs only so far; drop --non-persistent-save-interval (the "
-        "persistent checkpoints of --save work at any layout)",
-        c.tensor_model_parallel_size > 1 ? "tensor" : "pipeline",
-        c.tensor_model_parallel_size > 1 ? c.tensor_model_parallel_size
-                                         : c.pipeline_model_parallel_size));
+        "--non-persistent-save-interval {} with {}: keel's local tier saves data-parallel runs "
+        "only so far (tensor and pipeline model parallel sizes 1); drop "
+        "--non-persistent-save-interval and --non-persistent-local-ckpt-dir (the persistent "
+        "checkpoints of --save work at any layout)",
+        n, fmt::join(layout, " and ")));
+  }
   return Status::OK();
 }
 

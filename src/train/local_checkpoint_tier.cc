@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -122,6 +123,7 @@ Status DecodePieceFiles(const std::string& s, std::vector<CheckpointFile>* out) 
 
 LocalCheckpointTier::LocalCheckpointTier(Env* env, Communicator* comm, std::string root, Logger log)
     : env_(env), comm_(comm), root_(std::move(root)), log_(std::move(log)) {
+  run_dir_ = root_.substr(0, root_.find_last_of('/'));  // Open joins it with rank-R-of-N
   rank_ = comm_->rank();
   world_ = comm_->world_size();
   prev_ = (rank_ - 1 + world_) % world_;
@@ -273,6 +275,50 @@ std::vector<int64_t> LocalCheckpointTier::ValidPieces(CheckpointStore* store, in
 
 Status LocalCheckpointTier::FindResume(int64_t persistent, std::string* dir,
                                        std::vector<std::string>* notes) {
+  int64_t chosen = -1;
+  KEEL_RETURN_IF_ERROR(FindResumeHere(persistent, dir, &chosen, notes));
+  if (rank_ == 0) NoteOtherRankCounts(persistent, dir->empty() ? -1 : chosen, notes);
+  return Status::OK();
+}
+
+void LocalCheckpointTier::NoteOtherRankCounts(int64_t persistent, int64_t chosen,
+                                              std::vector<std::string>* notes) {
+  std::vector<std::string> names;
+  if (!env_->GetChildren(run_dir_, &names).ok()) return;
+  int64_t newest = std::max(persistent, chosen);
+  int ranks = 0;
+  std::string where;
+  for (const std::string& name : names) {
+    int r = -1, k = -1, used = 0;
+    if (std::sscanf(name.c_str(), "rank-%d-of-%d%n", &r, &k, &used) != 2 ||
+        used != static_cast<int>(name.size()) || k == world_ || k < 1)
+      continue;
+    // Its own pieces only (a replica is another rank's own piece); the manifest checked, not
+    // the contents: this is a note, and the piece is not read.
+    CheckpointStore store(env_, JoinPath(JoinPath(run_dir_, name), "own"), nullptr);
+    std::vector<CheckpointInfo> all;
+    if (!env_->IsDirectory(store.root()) || !store.List(&all).ok()) continue;
+    for (const CheckpointInfo& c : all)
+      if (c.iteration > newest && VerifyCheckpointDir(env_, c.path, false, nullptr).ok())
+        newest = c.iteration, ranks = k, where = JoinPath(run_dir_, fmt::format("rank-*-of-{}", k));
+  }
+  if (ranks == 0) return;
+  const std::string instead = chosen >= 0 ? fmt::format("the local tier's iteration {}", chosen)
+                              : persistent >= 0
+                                  ? fmt::format("--save instead (iteration {})", persistent)
+                                  : std::string(
+                                        "--save instead, which holds no valid checkpoint yet: the "
+                                        "run starts fresh");
+  notes->push_back(fmt::format(
+      "local tier: the local checkpoint at iteration {} (in {}) was written by a job of {} ranks "
+      "and "
+      "is not used by this job of {} (a local checkpoint restores only at the number of ranks "
+      "that wrote it); resuming from {}. To continue from it, rerun with {} ranks",
+      newest, where, ranks, world_, instead, ranks));
+}
+
+Status LocalCheckpointTier::FindResumeHere(int64_t persistent, std::string* dir,
+                                           int64_t* chosen_out, std::vector<std::string>* notes) {
   dir->clear();
   // What this rank holds, verified; every rank learns every rank's.
   json mine = {{"own", ValidPieces(own_.get(), persistent, notes)},
@@ -313,6 +359,7 @@ Status LocalCheckpointTier::FindResume(int64_t persistent, std::string* dir,
         world_ > 1 ? fmt::format("its replica on rank {}", (missing + 1) % world_)
                    : std::string("(one process: no replica)")));
   }
+  *chosen_out = chosen;
   if (chosen < 0) {
     DiscardNewerThan(persistent);
     return Status::OK();

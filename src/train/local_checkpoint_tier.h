@@ -58,7 +58,8 @@ class LocalCheckpointTier {
   // checkpoint directory `dir` on every rank ("" when there is none). Damaged pieces and
   // unusable iterations are noted in `notes`. Pieces newer than the resume point (the local
   // iteration, else `persistent`) are removed: they belong to no state the run continues from.
-  // Collective.
+  // Collective. Rank 0 also notes a newer local checkpoint that a job of another number of ranks
+  // wrote (never used here: a piece restores only at the rank count that wrote it).
   Status FindResume(int64_t persistent, std::string* dir, std::vector<std::string>* notes);
 
   // Removes the local pieces (own and replica) of iterations after `iteration`: a rollback or a
@@ -70,11 +71,18 @@ class LocalCheckpointTier {
   // Iterations of `store`'s pieces after `after` that verify; the others go into `notes`.
   std::vector<int64_t> ValidPieces(CheckpointStore* store, int64_t after,
                                    std::vector<std::string>* notes);
+  // FindResume at this job's rank count; `chosen` gets the local iteration resumed from (-1).
+  Status FindResumeHere(int64_t persistent, std::string* dir, int64_t* chosen,
+                        std::vector<std::string>* notes);
+  // The note on the newest local piece newer than `persistent` and `chosen` (-1: none) in this
+  // run's directories of other rank counts (rank-R-of-K, K not this job's), if there is one.
+  void NoteOtherRankCounts(int64_t persistent, int64_t chosen, std::vector<std::string>* notes);
   // Sends `mine` to the next rank and receives the previous rank's into `from_prev`.
   void ExchangeRing(const std::string& mine, std::string* from_prev);
 
   Env* env_;
   Communicator* comm_;
+  std::string run_dir_;  // DIR/keel-local-ID, the parent of every rank count's directories
   std::string root_;
   Logger log_;
   int rank_ = 0, world_ = 1, prev_ = 0;

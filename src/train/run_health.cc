@@ -95,7 +95,7 @@ Status RunHealth::Start(const TrainConfig& cfg) {
       watchdog_->AddGroup(g->group_name(), &g->recorder());
       // The pipeline's sends and receives too: a stage stuck in one is named by them.
       if (g->group_name() == "pipeline")
-        watchdog_->AddGroup(g->group_name() + "-p2p", &g->p2p_recorder());
+        watchdog_->AddGroup(kPipelineTransfersGroup, &g->p2p_recorder());
     }
     watchdog_->Start();
     Log("watchdog: a phase longer than {:g} min ({:g} min for startup and the first iteration, "

@@ -206,9 +206,15 @@ void TrainingRun::LogModel() {
         mesh_->coords().ToString(), trainer_->model().num_params(), whole);
   if (comm_->world_size() > 1) {
     const AdamW& opt = trainer_->optimizer();
-    Log("optimizer: {}: this rank holds the Adam moments of {} of {} parameters ({})",
+    // ZeRO-1 shards over the data-parallel ranks: with one (a T x P layout alone) it is on but has
+    // nothing to shard, which is not the replicated optimizer of --use-distributed-optimizer=false.
+    const std::string mode =
         trainer_->sharded_optimizer() ? "ZeRO-1 (--use-distributed-optimizer)"
-                                      : "replicated (--use-distributed-optimizer=false)",
+        : cfg_.use_distributed_optimizer
+            ? "ZeRO-1 on (--use-distributed-optimizer) but one data-parallel rank, so nothing "
+              "to shard"
+            : "replicated (--use-distributed-optimizer=false)";
+    Log("optimizer: {}: this rank holds the Adam moments of {} of {} parameters ({})", mode,
         opt.shard().size(), opt.num_params(), FormatBytes(2 * opt.shard().size() * sizeof(float)));
   }
   Log("training: {} iterations, {} flops per token", trainer_->TotalIterations(),
@@ -447,8 +453,7 @@ Status TrainingRun::StartFromResumePoint() {
   if (local_tier_) ckpt_->set_local_tier(std::move(local_tier_));
   // Test-only rank faults may write a weight anywhere in an iteration (corrupt=, bitflip=):
   // their runs snapshot at once.
-  if (test_hooks_ != nullptr && !test_hooks_->rank_faults.empty())
-    ckpt_->set_defer_snapshot(false);
+  if (test_hooks_ != nullptr && !test_hooks_->rank_faults.empty()) ckpt_->set_defer_snapshot(false);
   if (!resume_.saved) {
     trainer_->InitializeWeights();
     if (!cfg_.save.empty()) Log("no checkpoint in {}: starting from fresh weights", cfg_.save);

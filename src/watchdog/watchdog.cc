@@ -24,15 +24,21 @@ std::string IterDirName(int64_t iteration) {
 
 // "in collective #S KIND" (the oldest still in flight: the one the others wait in), or "in the
 // tensor group's collective #S KIND" when a group's is, else "after collective #S KIND", else
-// "before any collective".
-std::string CollectivePhrase(const HangDump& d) {
+// "before any collective". A pipeline send or receive in flight is no collective (only the peer
+// stage takes part): "in send-to-P, the pipeline group's transfer #S", and `transfer` is set.
+std::string CollectivePhrase(const HangDump& d, bool* transfer) {
+  *transfer = false;
   const std::vector<DumpedCollective>& cs = d.collectives;
   for (const DumpedCollective& c : cs)
     if (c.in_flight) return fmt::format("in collective #{} {}", c.seq, c.kind);
   for (const GroupCollectives& g : d.groups)
-    for (const DumpedCollective& c : g.collectives)
-      if (c.in_flight)
+    for (const DumpedCollective& c : g.collectives) {
+      if (!c.in_flight) continue;
+      if (g.name != kPipelineTransfersGroup)
         return fmt::format("in the {} group's collective #{} {}", g.name, c.seq, c.kind);
+      *transfer = true;
+      return fmt::format("in {}, the pipeline group's transfer #{}", c.kind, c.seq);
+    }
   if (cs.empty()) return "before any collective";
   return fmt::format("after collective #{} {}", cs.back().seq, cs.back().kind);
 }
@@ -204,8 +210,14 @@ bool Watchdog::Fire(const PhaseSnapshot& s, Firing f) {
     g.collectives = DumpCollectives(recorder->Recent(), now);
     d.groups.push_back(std::move(g));
   }
+  // The main thread inside a pipeline send or receive is in a transfer, which the phase tracker
+  // files under "reduce" (the per-iteration collectives): the line names the transfer.
+  bool transfer = false;
+  const std::string collective = CollectivePhrase(d, &transfer);
   const std::string where =
-      fmt::format("{} of iteration {} for {:.1f} s", d.phase, d.iteration, d.phase_seconds);
+      fmt::format("{} of iteration {} for {:.1f} s",
+                  transfer ? std::string("pipeline transfer (send/recv)") : d.phase, d.iteration,
+                  d.phase_seconds);
   if (f.here) {
     d.reason = fmt::format("the main thread has been in {}, over its limit of {:g} s", where,
                            static_cast<double>(f.limit_us) / kSecond);
@@ -244,7 +256,7 @@ bool Watchdog::Fire(const PhaseSnapshot& s, Firing f) {
   const std::string line =
       fmt::format("watchdog: rank {} (host {}{}) {} {} ({}{}); {}; ending the job with exit {}{}",
                   o_.rank, o_.host, o_.mesh.empty() ? "" : "; " + o_.mesh, lead, where, limit,
-                  CollectivePhrase(d), stacks, o_.exit_code, analyze);
+                  collective, stacks, o_.exit_code, analyze);
   LogError("error: " + line);
   if (o_.on_dump) o_.on_dump(line, st.ok() ? iter_dir : std::string());
 

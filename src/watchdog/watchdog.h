@@ -23,6 +23,10 @@
 
 namespace keel {
 
+// The group name of the pipeline's point-to-point recorder (RecordingCommunicator's
+// p2p_recorder): its records are sends and receives between stages, not collectives.
+constexpr const char* kPipelineTransfersGroup = "pipeline-p2p";
+
 struct WatchdogOptions {
   std::string hangs_dir;  // SAVE/hangs; empty: the dump goes to stderr only (no trigger, no wait)
   std::string job_id;     // the same string on every rank of one job (names the trigger file)
@@ -57,8 +61,8 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // A process group's flight recorder (tensor, data), dumped after the world's under `name`.
-  // Before Start.
+  // A process group's flight recorder (tensor, data), dumped after the world's under `name`
+  // (kPipelineTransfersGroup: the pipeline's sends and receives, named as transfers). Before Start.
   void AddGroup(std::string name, const CollectiveRecorder* recorder) {
     groups_.emplace_back(std::move(name), recorder);
   }

@@ -107,6 +107,16 @@ TEST(LocalTierCliTest, FlagsThatCannotWorkExit2NamingTheFix) {
       {"--save " + dir + "/b --non-persistent-save-interval 5 --non-persistent-local-ckpt-dir " +
            "/proc/keel-local",
        "--non-persistent-local-ckpt-dir /proc/keel-local is not writable on rank 0"},
+      // Refused by the config check, before mpirun would matter: no rank count needed.
+      {"--save " + dir + "/c --non-persistent-save-interval 5 --non-persistent-local-ckpt-dir " +
+           dir + "/l --tensor-model-parallel-size 2",
+       "--non-persistent-save-interval 5 with --tensor-model-parallel-size 2: keel's local tier "
+       "saves data-parallel runs only so far"},
+      {"--save " + dir + "/c --non-persistent-save-interval 5 --non-persistent-local-ckpt-dir " +
+           dir + "/l --pipeline-model-parallel-size 2",
+       "--non-persistent-save-interval 5 with --pipeline-model-parallel-size 2: keel's local "
+       "tier saves data-parallel runs only so far (tensor and pipeline model parallel sizes 1); "
+       "drop --non-persistent-save-interval and --non-persistent-local-ckpt-dir"},
   };
   for (const auto& [args, fix] : cases) {
     const KeelResult r = Train(1, args);
@@ -114,6 +124,7 @@ TEST(LocalTierCliTest, FlagsThatCannotWorkExit2NamingTheFix) {
     EXPECT_NE(r.out.find("error: "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(fix), std::string::npos) << args << "\n" << r.out;
   }
+  EXPECT_FALSE(fs::exists(dir + "/c"));  // refused before anything was written
   fs::remove_all(dir);
 }
 

@@ -88,6 +88,15 @@ TEST(TensorParallelCliTest, LossesMatchOneProcessAtTp2AndTp2TimesDp2) {
   EXPECT_NE(tp.out.find("layout: tensor parallel 2 x pipeline parallel 1 x data parallel 1"),
             std::string::npos)
       << tp.out;
+  // ZeRO-1 (on by default) with one data-parallel rank has nothing to shard: the line says so,
+  // not "replicated (--use-distributed-optimizer=false)", which the config does not say.
+  EXPECT_NE(tp.out.find("optimizer: ZeRO-1 on (--use-distributed-optimizer) but one data-parallel "
+                        "rank, so nothing to shard: "),
+            std::string::npos)
+      << tp.out;
+  EXPECT_EQ(tp.out.find("replicated (--use-distributed-optimizer=false)"), std::string::npos);
+  EXPECT_NE(tpdp.out.find("optimizer: ZeRO-1 (--use-distributed-optimizer): "), std::string::npos)
+      << tpdp.out;
   // A rank's log names its mesh coordinates.
   const std::string rank3 = ReadText(dir + "/tpdp/logs/rank-003.log");
   EXPECT_NE(

@@ -338,6 +338,42 @@ TEST(ConfigTest, LocalCheckpointFlagsThatCannotWorkAreRefusedNamingTheFix) {
   }
 }
 
+// The local tier saves data-parallel layouts only: T > 1, P > 1 and both are refused, naming the
+// sizes given and the fix (dropping both local flags: the directory alone is refused too).
+TEST(ConfigTest, LocalCheckpointsAtTensorOrPipelineParallelSizesAboveOneAreRefused) {
+  const std::vector<std::string> local = {"--save",
+                                          "/tmp/x",
+                                          "--non-persistent-save-interval",
+                                          "5",
+                                          "--non-persistent-local-ckpt-dir",
+                                          "/dev/shm/keel",
+                                          "--num-layers",
+                                          "4"};
+  const std::vector<std::pair<std::vector<std::string>, std::string>> layouts = {
+      {{"--tensor-model-parallel-size", "2"}, "with --tensor-model-parallel-size 2: "},
+      {{"--pipeline-model-parallel-size", "2"}, "with --pipeline-model-parallel-size 2: "},
+      {{"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"},
+       "with --tensor-model-parallel-size 2 and --pipeline-model-parallel-size 2: "},
+  };
+  ParsedConfig p;
+  for (const auto& [layout, named] : layouts) {
+    std::vector<std::string> args = local;
+    args.insert(args.end(), layout.begin(), layout.end());
+    ASSERT_TRUE(Parse(layout, &p).ok()) << layout[0];  // the layout alone is fine
+    const Status st = Parse(args, &p);
+    ASSERT_EQ(st.code(), Status::Code::kInvalidArgument) << layout[0] << " " << st.ToString();
+    EXPECT_CONTAINS(st.message(), "--non-persistent-save-interval 5 " + named);
+    EXPECT_CONTAINS(st.message(), "keel's local tier saves data-parallel runs only so far");
+    EXPECT_CONTAINS(st.message(),
+                    "drop --non-persistent-save-interval and --non-persistent-local-ckpt-dir");
+  }
+  // The fix works: the same layout without the local flags is accepted.
+  ASSERT_TRUE(Parse({"--save", "/tmp/x", "--num-layers", "4", "--tensor-model-parallel-size", "2",
+                     "--pipeline-model-parallel-size", "2"},
+                    &p)
+                  .ok());
+}
+
 TEST(ConfigTest, TypeErrorsNameTheFlagValueAndType) {
   ParsedConfig p;
   Status st = Parse({"--num-layers", "four"}, &p);

@@ -312,6 +312,93 @@ TEST(LocalTierTest, ARankWhoseLocalDirectoryIsLostIsRestoredFromItsReplica) {
   }
 }
 
+// Local pieces written by a job of another number of ranks restore nowhere here; rank 0 says
+// so (iteration, rank counts, where the run resumes instead) rather than passing them silently.
+TEST(LocalTierTest, APieceWrittenByAJobOfAnotherRankCountIsNotedAndNotUsed) {
+  TempDir dir;
+  const LocalCheckpointTier::Logger quiet = [](const std::string&) {};
+  Ranks three(3, dir.Join("save"), dir.Join("local"));
+  three.Each([&](int r) {
+    ASSERT_TRUE(LocalCheckpointTier::Open(Env::Default(), three.comms[r].get(), three.cfg, quiet,
+                                          &three.tiers[r])
+                    .ok());
+    for (int64_t it : {1, 2, 3}) {
+      std::string summary;
+      ASSERT_TRUE(three.tiers[r]->Save(it, PieceOf(r, it), Status::OK(), &summary).ok());
+    }
+  });
+  const std::string piece3 = three.tiers[0]->root() + "/own/" + CheckpointDirName(3);
+  // Two ranks: nothing to resume from at their count; rank 0 notes the 3-rank job's piece.
+  Ranks two(2, dir.Join("save"), dir.Join("local"));
+  std::vector<std::string> dirs(2);
+  std::vector<std::vector<std::string>> notes(2);
+  two.Each([&](int r) {
+    ASSERT_TRUE(
+        LocalCheckpointTier::Open(Env::Default(), two.comms[r].get(), two.cfg, quiet, &two.tiers[r])
+            .ok());
+    ASSERT_TRUE(two.tiers[r]->FindResume(/*persistent=*/1, &dirs[r], &notes[r]).ok());
+  });
+  EXPECT_TRUE(dirs[0].empty() && dirs[1].empty());
+  ASSERT_EQ(notes[0].size(), 1u);
+  EXPECT_EQ(
+      notes[0][0],
+      "local tier: the local checkpoint at iteration 3 (in " +
+          fs::path(three.tiers[0]->root()).parent_path().string() +
+          "/rank-*-of-3) was written by a job of 3 ranks and is not used by this job of 2 (a local "
+          "checkpoint restores only at the number of ranks that wrote it); resuming from "
+          "--save instead (iteration 1). To continue from it, rerun with 3 ranks");
+  EXPECT_TRUE(notes[1].empty()) << notes[1][0];  // rank 0's note only
+  // One process, and --save as new as the other job's pieces: nothing to say.
+  auto one = MakeSingleProcessCommunicator();
+  std::unique_ptr<LocalCheckpointTier> tier;
+  ASSERT_TRUE(LocalCheckpointTier::Open(Env::Default(), one.get(), two.cfg, quiet, &tier).ok());
+  std::string d;
+  std::vector<std::string> n;
+  ASSERT_TRUE(tier->FindResume(/*persistent=*/3, &d, &n).ok());
+  EXPECT_TRUE(d.empty());
+  EXPECT_TRUE(n.empty()) << n[0];
+  ASSERT_TRUE(tier->FindResume(/*persistent=*/-1, &d, &n).ok());
+  ASSERT_EQ(n.size(), 1u);
+  EXPECT_NE(n[0].find("was written by a job of 3 ranks and is not used by this job of 1 "),
+            std::string::npos)
+      << n[0];
+  EXPECT_NE(n[0].find("resuming from --save instead, which holds no valid checkpoint yet"),
+            std::string::npos)
+      << n[0];
+  // The other job's pieces are left alone (a job of 3 ranks may still come back for them).
+  EXPECT_TRUE(fs::exists(piece3));
+}
+
+// The same through a training run: a run of 1 process finds the local pieces of a 2-process job
+// newer than --save's checkpoint, says so in a note and resumes from --save, to the same bits.
+TEST(LocalTierTest, ARunResumesFromSaveWithANoteWhenTheLocalTierIsOfAnotherRankCount) {
+  TempDir dir;
+  const RunResult ref = OpenAndTrain(Tiny(dir.Join("ref"), ""));
+  ASSERT_TRUE(ref.status.ok());
+  const TrainConfig c = Tiny(dir.Join("run"), dir.Join("local"));
+  KilledAtLocalSave(c, 18);  // persistent: iteration 10; local: 14 and 16
+  // The pieces as a job of 2 ranks leaves them (rank 1's a copy: only the directory names count).
+  const fs::path piece = fs::path(OwnPiece(dir.Join("local"), 16));
+  const fs::path run_dir = piece.parent_path().parent_path().parent_path();
+  fs::rename(run_dir / "rank-0-of-1", run_dir / "rank-0-of-2");
+  fs::copy(run_dir / "rank-0-of-2", run_dir / "rank-1-of-2", fs::copy_options::recursive);
+  const RunResult r = OpenAndTrain(c);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString() << r.log;
+  EXPECT_EQ(r.start_iteration, 10) << r.log;
+  EXPECT_NE(r.log.find("note: local tier: the local checkpoint at iteration 16 (in " +
+                       run_dir.string() + "/rank-*-of-2)"),
+            std::string::npos)
+      << r.log;
+  EXPECT_NE(
+      r.log.find(") was written by a job of 2 ranks and is not used by this job of 1 (a local "
+                 "checkpoint restores only at the number of ranks that wrote it); resuming "
+                 "from --save instead (iteration 10). To continue from it, rerun with 2 "
+                 "ranks"),
+      std::string::npos)
+      << r.log;
+  EXPECT_EQ(r.fingerprint, ref.fingerprint);
+}
+
 TEST(LocalTierTest, PiecesRoundTripThroughTheirEncoding) {
   std::vector<CheckpointFile> in = PieceOf(0, 7), out;
   std::string bytes;

@@ -305,6 +305,34 @@ TEST_F(WatchdogTest, AHangInsideATensorGroupAllReduceIsNamed) {
       << log[0];
 }
 
+// Pipeline parallel: a stage stuck inside a send to its peer stage is in a point-to-point
+// transfer, not a collective (only the peer takes part), though the phase tracker files it under
+// reduce; the log line names it as a transfer.
+TEST_F(WatchdogTest, AHangInsideAPipelineSendIsNamedAPipelineTransfer) {
+  Rank r(&env_, Options(2, 4));
+  keel::CollectiveRecorder p2p(&env_);
+  r.watchdog->AddGroup(keel::kPipelineTransfersGroup, &p2p);
+  InIteration(&r, 5, Phase::kReduce);  // the phase a pipeline transfer runs in
+  p2p.End(p2p.Begin("recv-from-0", 4096));
+  p2p.Begin("send-to-0", 4096);  // the peer never receives
+  env_.now_us += 101 * kSec;
+  ASSERT_TRUE(r.watchdog->CheckOnce());
+  keel::HangDump d;
+  ASSERT_TRUE(keel::ParseHangDump(Slurp(dir_ + "/hangs/iter_5/rank-002.txt"), &d).ok());
+  ASSERT_EQ(d.groups.size(), 1u);
+  EXPECT_EQ(d.groups[0].name, "pipeline-p2p");
+  EXPECT_EQ(d.phase,
+            "reduce");  // the dump keeps the tracker's phase (keel hangs analyze groups by it)
+  const auto log = Log();
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_NE(
+      log[0].find("has been in pipeline transfer (send/recv) of iteration 5 for 101.0 s "
+                  "(limit 100 s; in send-to-0, the pipeline group's transfer #2); stacks in "),
+      std::string::npos)
+      << log[0];
+  EXPECT_EQ(log[0].find("collective"), std::string::npos) << log[0];
+}
+
 TEST_F(WatchdogTest, AnotherRankJoinsThroughTheTrigger) {
   ClockEnv env1;  // each rank its own clock, as on two machines
   Rank r0(&env_, Options(0, 2));
