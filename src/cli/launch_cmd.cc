@@ -94,7 +94,9 @@ int LaunchCommand(int argc, const char* const* argv) {
                  "while this file exists nothing is (re)started (default: the command's "
                  "--kill-switch-path)");
   app.add_option("--status-file", o.status_file, "one line of state (default SAVE/launch.status)");
-  app.add_option("--max-restarts", o.max_restarts, "restarts allowed (default 3)")
+  app.add_option("--max-restarts", o.max_restarts,
+                 "restarts after failures allowed (default 3; launch's own stop "
+                 "to take a straggler's host out is not counted)")
       ->check(kNonNegative);
   app.add_option("--max-hours", o.max_hours,
                  "no restart begins after this much wall time (default 0: no limit)")
@@ -128,11 +130,13 @@ int LaunchCommand(int argc, const char* const* argv) {
       ->check(CLI::Range(1, 1000000));
   app.add_option("--straggler-exclude-minutes", o.straggler_exclude_minutes,
                  "a host named a straggler this long is taken out at the next checkpoint, when a "
-                 "spare or --elastic can replace it (default 0: never)")
+                 "spare or --elastic can replace it; a planned restart, not counted against "
+                 "--max-restarts (default 0: never)")
       ->check(kNonNegative);
   app.add_flag("--elastic", o.elastic,
                "with no spare left, relaunch with fewer data-parallel ranks (the global batch and "
-               "LR schedule stay, more micro-batches per rank); off: launch stops");
+               "LR schedule stay, more micro-batches per rank; whole tensor x pipeline replicas, "
+               "their sizes read from the job's --config and flags); off: launch stops");
   app.add_option("--readmit-after", readmit_after,
                  "an excluded host comes back after this long (30m, 2h, 1d; default: never, only "
                  "through SAVE/hosts.readmit)");

@@ -52,6 +52,10 @@ struct ParsedConfig {
 // samples); both positive in the same file or command line is an error. A samples-based run drops
 // the built-in 30-iteration warmup unless lr-warmup-iters was given explicitly.
 Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out);
+// ParseTrainArgs without Validate: the settings as given (the --config file under the flags),
+// derived values unfilled. For a reader on another host than the ranks' (keel launch), where
+// host-bound rules (--threads against this machine's cores) do not apply.
+Status ReadTrainArgs(int argc, const char* const* argv, ParsedConfig* out);
 // Parses a TOML document (same keys as the flags, without leading dashes) over `cfg`. Unknown keys
 // and wrong types are errors; `origin` (a file name) prefixes the messages.
 Status ApplyToml(const std::string& toml_text, const std::string& origin, TrainConfig* cfg);

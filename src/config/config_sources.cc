@@ -472,7 +472,7 @@ Status ApplyToml(const std::string& toml_text, const std::string& origin, TrainC
   return Status::OK();
 }
 
-Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
+Status ReadTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
   *out = ParsedConfig();
   CLI::App app{
       "Pretrain a GPT-style model. Every setting is also a key of the --config TOML file "
@@ -611,9 +611,14 @@ Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
   }
 
   out->as_given = cfg;
-  KEEL_RETURN_IF_ERROR(Validate(&cfg, &out->notes));
   out->config = std::move(cfg);
   return Status::OK();
+}
+
+Status ParseTrainArgs(int argc, const char* const* argv, ParsedConfig* out) {
+  KEEL_RETURN_IF_ERROR(ReadTrainArgs(argc, argv, out));
+  if (out->help_requested) return Status::OK();
+  return Validate(&out->config, &out->notes);
 }
 
 }  // namespace keel

@@ -321,6 +321,13 @@ int CommandModelParallelSize(const std::vector<std::string>& command) {
   return size;
 }
 
+std::vector<std::string> CommandTrainArgs(const std::vector<std::string>& command) {
+  size_t i = LauncherEnd(command);
+  if (i < command.size() && Basename(command[i]) == "keel") ++i;
+  if (i >= command.size() || command[i] != "train") return {};
+  return std::vector<std::string>(command.begin() + static_cast<std::ptrdiff_t>(i), command.end());
+}
+
 bool ParseDuration(const std::string& text, double* seconds) {
   if (text.empty()) return false;
   char* end = nullptr;

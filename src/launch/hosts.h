@@ -48,6 +48,10 @@ std::vector<std::string> CommandForHosts(const std::vector<std::string>& command
 // The command's tensor and pipeline parallel sizes (Megatron's flags; 1 when absent).
 int CommandModelParallelSize(const std::vector<std::string>& command);
 
+// The arguments of the command's keel train, `train` first (after mpirun/srun and their flags,
+// or after keel); empty when the command shows none (a wrapper script).
+std::vector<std::string> CommandTrainArgs(const std::vector<std::string>& command);
+
 // "30" (seconds), "90s", "45m", "2h", "1d"; false when it is not a duration >= 0.
 bool ParseDuration(const std::string& text, double* seconds);
 

@@ -63,12 +63,15 @@ struct AttemptFailure {
   }
 };
 
-// An attempt failed and the job is started again.
+// An attempt failed, or launch stopped it (a straggler's host taken out), and the job is started
+// again.
 struct RestartEvent final : JournalEvent {
   KEEL_JOURNAL_EVENT(RestartEvent, "restart")
   int64_t attempt = 0;
-  AttemptFailure failure;  // its fields are the line's own
-  int64_t restart = 0, max_restarts = 0;
+  AttemptFailure failure;                 // its fields are the line's own
+  int64_t restart = 0, max_restarts = 0;  // restarts counted against --max-restarts, so far
+  // false: launch's own stop (a straggler's host taken out), not counted; absent: counted.
+  std::optional<bool> counted;
   double backoff_seconds = 0, downtime_seconds = 0, lost_seconds = 0;
   template <class F>
   void Fields(F& f) {
@@ -76,6 +79,7 @@ struct RestartEvent final : JournalEvent {
     failure.Fields(f);
     f("restart", restart);
     f("max_restarts", max_restarts);
+    f("counted", counted);
     f("backoff_seconds", backoff_seconds);
     f("downtime_seconds", downtime_seconds);
     f("lost_seconds", lost_seconds);

@@ -151,12 +151,14 @@ void Supervisor::WriteStatus(const std::string& state, bool force) {
           .newest_iteration;
   const int64_t marker = ReadCheckpointMarker(env_, opt_.save_dir);
   const std::string line = fmt::format(
-      "{} keel launch: {} | attempt {} | restarts {} of {} | pid {} | iteration {} | checkpoint "
+      "{} keel launch: {} | attempt {} | restarts {} of {}{} | pid {} | iteration {} | checkpoint "
       "{} | up {} | lost {}{}\n",
       UtcTimestamp(static_cast<std::time_t>(env_->NowUnixMicros() / 1000000)), state, attempt_,
-      restarts_, opt_.max_restarts, pid_ > 0 ? std::to_string(pid_) : "-",
-      iteration < 0 ? "-" : std::to_string(iteration), marker < 0 ? "-" : std::to_string(marker),
-      Elapsed(Seconds()), Iterations(lost_iterations_), HostsText());
+      restarts_, opt_.max_restarts,
+      planned_restarts_ > 0 ? fmt::format(" (+{} planned)", planned_restarts_) : "",
+      pid_ > 0 ? std::to_string(pid_) : "-", iteration < 0 ? "-" : std::to_string(iteration),
+      marker < 0 ? "-" : std::to_string(marker), Elapsed(Seconds()), Iterations(lost_iterations_),
+      HostsText());
   Status st = WriteFileAtomic(env_, opt_.status_file, line);
   if (!st.ok() && !status_warned_) {
     status_warned_ = true;
@@ -170,6 +172,7 @@ void Supervisor::Stop(LaunchEnd end, int code, LaunchEndEvent&& event, const std
   result->exit_code = code;
   result->attempts = attempt_;
   result->restarts = restarts_;
+  result->planned_restarts = planned_restarts_;
   result->lost_iterations = lost_iterations_;
   pid_ = 0;
   event.attempt = attempt_;
@@ -297,6 +300,26 @@ bool Supervisor::EndsWithoutRestart(const Attempt& a, const ChildExit& exit, Lau
          result);
     return true;
   }
+  // Launch stopped it to take a straggler's host out at a checkpoint that is the run's last:
+  // the job finished on its own, and no host needs taking out of a run that is over.
+  if (PlannedStop(a, exit)) {
+    int64_t marker = -1;
+    if (RunComplete(&marker)) {
+      Stop(LaunchEnd::kFinished, 0, LaunchFinishedEvent(),
+           fmt::format("launch: attempt {} finished (exit 0): checkpoint {} completes the run "
+                       "(--train-iters {}); host {}, named a straggler, was to be taken out at "
+                       "it and is not, nothing being left to run; after {}, {} lost to failures",
+                       a.number, CheckpointText(marker), job_.train_iters, a.straggler_host,
+                       RestartsText(), Iterations(lost_iterations_)),
+           result);
+      return true;
+    }
+    if (job_.train_iters < 0)
+      Log("note: launch: attempt {} saved and exited to take host {} out; {} give no iteration "
+          "count, so whether checkpoint {} completes the run is not known: it is restarted (an "
+          "attempt that finds the run complete exits 0 at once)",
+          a.number, a.straggler_host, job_.source, CheckpointText(marker));
+  }
   // Whatever it exited with, launch ended it: no progress, or to take a straggler's host out.
   if (a.stalled || !a.straggler_host.empty()) return false;
   switch (JudgeExit(exit)) {
@@ -309,10 +332,8 @@ bool Supervisor::EndsWithoutRestart(const Attempt& a, const ChildExit& exit, Lau
              result);
       else
         Stop(LaunchEnd::kFinished, 0, LaunchFinishedEvent(),
-             fmt::format("launch: attempt {} finished (exit 0) after {} restart{}, {} lost to "
-                         "failures",
-                         a.number, restarts_, restarts_ == 1 ? "" : "s",
-                         Iterations(lost_iterations_)),
+             fmt::format("launch: attempt {} finished (exit 0) after {}, {} lost to failures",
+                         a.number, RestartsText(), Iterations(lost_iterations_)),
              result);
       return true;
     case ChildVerdict::kConfigError:
@@ -333,6 +354,27 @@ bool Supervisor::EndsWithoutRestart(const Attempt& a, const ChildExit& exit, Lau
       break;
   }
   return false;
+}
+
+bool Supervisor::PlannedStop(const Attempt& a, const ChildExit& exit) const {
+  return !a.straggler_host.empty() && !a.stalled && !a.escalated &&
+         JudgeExit(exit) == ChildVerdict::kFinished;
+}
+
+std::string Supervisor::RestartsText() const {
+  return fmt::format("{} restart{}{}", restarts_, restarts_ == 1 ? "" : "s",
+                     planned_restarts_ > 0 ? fmt::format(" (and {} planned by launch, not counted)",
+                                                         planned_restarts_)
+                                           : "");
+}
+
+bool Supervisor::RunComplete(int64_t* marker) {
+  *marker = ReadCheckpointMarker(env_, opt_.save_dir);
+  return job_read_ && job_.train_iters > 0 && *marker >= job_.train_iters;
+}
+
+bool Supervisor::HoursSpentBy(double backoff) const {
+  return opt_.max_hours > 0 && Seconds() + backoff >= opt_.max_hours * 3600;
 }
 
 Supervisor::Failure Supervisor::AccountFailure(const Attempt& a, const ChildExit& exit) {
@@ -367,7 +409,8 @@ Supervisor::Failure Supervisor::AccountFailure(const Attempt& a, const ChildExit
   if (exit.signaled) f.event.signal = SignalName(exit.signal);
   if (!hang.empty()) f.event.hang_dump = hang;
   f.sentence = fmt::format(
-      "attempt {} failed: {}; it {}, newest checkpoint {} ({} lost){}", a.number, f.cause,
+      "attempt {} {}: {}; it {}, newest checkpoint {} ({} lost){}", a.number,
+      PlannedStop(a, exit) ? "was stopped (exit 0)" : "failed", f.cause,
       mp.newest_iteration < 0 ? "had recorded no iteration"
                               : fmt::format("had reached iteration {}", mp.newest_iteration),
       CheckpointText(f.marker), Iterations(f.lost),
@@ -420,6 +463,22 @@ Status Supervisor::Run(LaunchResult* result) {
     spares_.assign(opt_.hosts.begin() + static_cast<std::ptrdiff_t>(n), opt_.hosts.end());
     target_hosts_ = in_use_.size();
     base_ranks_ = ranks_ = CommandRankCount(opt_.command);
+    if (opt_.elastic || opt_.straggler_exclude_minutes > 0) {
+      // The replica size a shrink keeps whole, and the run's length: from the job's --config too.
+      if (Status js = ReadJobSettings(opt_.command, base_ranks_, &job_); !js.ok()) {
+        Stop(LaunchEnd::kNotStarted, 2, StopFor(js.message()),
+             fmt::format("launch: cannot start: {}", js.message()), result);
+        return js;
+      }
+      job_read_ = true;
+      Log("launch: the job's settings, from {}: tensor x pipeline parallel {} x {}, global batch "
+          "{}, micro-batch {}, {}",
+          job_.source, job_.tensor, job_.pipeline,
+          job_.global_batch > 0 ? std::to_string(job_.global_batch) : "not given",
+          job_.micro_batch > 0 ? std::to_string(job_.micro_batch) : "not given",
+          job_.train_iters > 0 ? fmt::format("{} iterations", job_.train_iters)
+                               : std::string("iterations not known"));
+    }
   }
   WriteStatus("starting", true);
   if (KillSwitchOn()) {
@@ -475,14 +534,16 @@ Status Supervisor::Run(LaunchResult* result) {
     pid_ = 0;
     Failure f = AccountFailure(a, exit);
     BlameAttempt(a, exit);
+    // Launch's own stop is no failure: the user's budget of restarts is for failures.
+    const bool planned = PlannedStop(a, exit);
     consecutive = f.marker > a.marker_at_start ? 1 : consecutive + 1;
     const double backoff =
         std::min(opt_.max_backoff_seconds,
                  opt_.backoff_seconds * std::pow(2.0, std::min(consecutive - 1, 30)));
     std::string spent;
-    if (restarts_ >= opt_.max_restarts)
+    if (!planned && restarts_ >= opt_.max_restarts)
       spent = fmt::format("its {} restarts are spent", opt_.max_restarts);
-    else if (opt_.max_hours > 0 && Seconds() + backoff >= opt_.max_hours * 3600)
+    else if (HoursSpentBy(backoff))
       spent = fmt::format("--max-hours {} would be spent before a restart ({} used)",
                           opt_.max_hours, Elapsed(Seconds()));
     if (!spent.empty()) {
@@ -499,11 +560,16 @@ Status Supervisor::Run(LaunchResult* result) {
            fmt::format("launch: {}; {}; not restarting", f.sentence, why), result);
       return Status::OK();
     }
-    Log("launch: {}; restart {} of {} in {} s", f.sentence, restarts_ + 1, opt_.max_restarts,
-        backoff);
+    if (planned)
+      Log("launch: {}; a planned restart, not counted against --max-restarts ({} of {} used), "
+          "in {} s",
+          f.sentence, restarts_, opt_.max_restarts, backoff);
+    else
+      Log("launch: {}; restart {} of {} in {} s", f.sentence, restarts_ + 1, opt_.max_restarts,
+          backoff);
     WriteStatus("backoff", true);
     if (!Backoff(backoff, exit, result)) return Status::OK();
-    ++restarts_;
+    ++(planned ? planned_restarts_ : restarts_);
     const double down_s = (env_->NowMicros() - a.end_us) / 1e6;
     const double lost_s = f.compute_s + f.stuck_s + down_s;
     RestartEvent restart;
@@ -511,17 +577,21 @@ Status Supervisor::Run(LaunchResult* result) {
     restart.failure = f.event;
     restart.restart = restarts_;
     restart.max_restarts = opt_.max_restarts;
+    if (planned) restart.counted = false;
     restart.backoff_seconds = backoff;
     restart.downtime_seconds = down_s;
     restart.lost_seconds = lost_s;
     journal_.Append(
         restart,
-        fmt::format("launch: restart {} of {}: {}; continuing from {}; lost {:.1f} s ({:.1f} s "
+        fmt::format("launch: {}: {}; continuing from {}; lost {:.1f} s ({:.1f} s "
                     "computing the lost iterations, {:.1f} s without progress before the end, "
                     "{:.1f} s down including the {} s backoff)",
-                    restarts_, opt_.max_restarts, f.sentence,
-                    f.marker < 0 ? "the start" : CheckpointDirName(f.marker), lost_s, f.compute_s,
-                    f.stuck_s, down_s, backoff));
+                    planned ? fmt::format("planned restart (not counted against --max-restarts: "
+                                          "{} of {} used)",
+                                          restarts_, opt_.max_restarts)
+                            : fmt::format("restart {} of {}", restarts_, opt_.max_restarts),
+                    f.sentence, f.marker < 0 ? "the start" : CheckpointDirName(f.marker), lost_s,
+                    f.compute_s, f.stuck_s, down_s, backoff));
   }
 }
 
@@ -650,6 +720,16 @@ bool Supervisor::WatchStragglers(Attempt* a) {
   if (a->straggler_pending.empty() ||
       ReadCheckpointMarker(env_, opt_.save_dir) <= a->straggler_marker)
     return false;
+  if (HoursSpentBy(opt_.backoff_seconds)) {
+    // A stop launch could not restart would end a job that runs: the host stays.
+    Log("launch: host {} stays in: --max-hours {} leaves no time for the restart that would take "
+        "it out",
+        a->straggler_pending, opt_.max_hours);
+    a->straggler_pending.clear();
+    a->straggler_since.clear();
+    a->straggler_rank.clear();
+    return false;
+  }
   a->straggler_host = a->straggler_pending;
   a->straggler_evidence = fmt::format(
       "events.jsonl: host {} named a straggler for over --straggler-exclude-minutes {} (no "
@@ -818,7 +898,7 @@ bool Supervisor::PlaceHosts(std::string* why) {
     }
     // keel trains any tensor x pipeline layout and resumes it at any data-parallel size: the job
     // shrinks by whole model replicas of T x P ranks.
-    const int mp = CommandModelParallelSize(opt_.command);
+    const int mp = job_.ModelParallel();
     if (mp > 1 && base_ranks_ < 0) {
       *why = lead + fmt::format(
                         " and --elastic cannot shrink this job: its tensor x pipeline parallel "
@@ -842,10 +922,7 @@ bool Supervisor::PlaceHosts(std::string* why) {
       }
       // The global batch must split into micro-batches over the data-parallel ranks left, or
       // keel refuses.
-      char* end = nullptr;
-      const std::string g = CommandFlagValue(opt_.command, "--global-batch-size"),
-                        m = CommandFlagValue(opt_.command, "--micro-batch-size");
-      const long gbs = std::strtol(g.c_str(), &end, 10), mbs = std::strtol(m.c_str(), &end, 10);
+      const long gbs = job_.global_batch, mbs = job_.micro_batch;
       const int data = ranks_ / mp;
       if (gbs > 0 && mbs > 0 && gbs % (mbs * data) != 0) {
         *why = lead + (mp == 1 ? fmt::format(" and --elastic cannot shrink to {} ranks: "

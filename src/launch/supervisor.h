@@ -37,6 +37,7 @@
 #include "launch/blame.h"
 #include "launch/child_process.h"
 #include "launch/hosts.h"
+#include "launch/job_settings.h"
 #include "launch/launch_events.h"
 
 namespace keel {
@@ -101,7 +102,8 @@ struct LaunchResult {
   LaunchEnd end = LaunchEnd::kNotStarted;
   int exit_code = 1;  // what `keel launch` exits with
   int attempts = 0;
-  int restarts = 0;
+  int restarts = 0;          // counted against --max-restarts
+  int planned_restarts = 0;  // launch's own stops (a straggler's host taken out): not counted
   int64_t lost_iterations = 0;
 };
 
@@ -131,6 +133,11 @@ class Supervisor {
   bool EndsWithoutRestart(const Attempt& a, const ChildExit& exit, LaunchResult* result);
   // The cause, the iterations and time lost, the hang dump; adds to the lost iterations.
   Failure AccountFailure(const Attempt& a, const ChildExit& exit);
+  // Launch's own stop, not a failure: the job saved and exited (0) when launch asked it to, to
+  // take a straggler's host out. Its restart does not count against --max-restarts.
+  bool PlannedStop(const Attempt& a, const ChildExit& exit) const;
+  // "2 restarts" and, when there were any, the planned ones beside them.
+  std::string RestartsText() const;
   // Sleeps `seconds` in steps, watching the kill switch and signals; false when told to stop.
   bool Backoff(double seconds, const ChildExit& last, LaunchResult* result);
   // Ends the run of launch: the result, a journal entry (`event`, `sentence`), the status file.
@@ -163,6 +170,14 @@ class Supervisor {
   std::map<std::string, int> pinned_hard_, pinned_crash_;  // hangs and mismatches; crashes
   size_t target_hosts_ = 0;
   int base_ranks_ = -1, ranks_ = -1;  // the command's rank count, and the current one
+  // keel train's settings (--config under the flags), read at the start when --elastic or
+  // --straggler-exclude-minutes needs them.
+  JobSettings job_;
+  bool job_read_ = false;
+  // The newest checkpoint is the run's last (a job that finished); false when not known.
+  bool RunComplete(int64_t* marker);
+  // No restart could begin within --max-hours (the backoff included).
+  bool HoursSpentBy(double backoff) const;
   bool KillSwitchOn();
   double Seconds() const;  // since Run began
 
@@ -175,7 +190,7 @@ class Supervisor {
   uint64_t last_status_us_ = 0;
   bool status_warned_ = false;
   std::string state_;
-  int attempt_ = 0, restarts_ = 0, pid_ = 0;
+  int attempt_ = 0, restarts_ = 0, planned_restarts_ = 0, pid_ = 0;
   int64_t lost_iterations_ = 0;
 };
 

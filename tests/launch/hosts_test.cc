@@ -4,8 +4,13 @@
 #include "launch/hosts.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 
 #include "launch/blame.h"
+#include "launch/job_settings.h"
 
 namespace keel {
 namespace {
@@ -133,6 +138,57 @@ TEST(HostsTest, TheCommandOfAnAttempt) {
             4);
   EXPECT_EQ(CommandModelParallelSize({"keel", "--model-parallel-size=2"}), 2);
   EXPECT_EQ(CommandModelParallelSize({"keel", "train"}), 1);
+}
+
+TEST(HostsTest, FindsKeelTrainsArgumentsInTheCommand) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(CommandTrainArgs({"mpirun", "-np", "4", "build/keel", "train", "--save", "r"}),
+            (V{"train", "--save", "r"}));
+  EXPECT_EQ(CommandTrainArgs({"srun", "--ntasks=8", "keel", "train"}), (V{"train"}));
+  EXPECT_EQ(CommandTrainArgs({"build/keel", "train", "--config", "c.toml"}),
+            (V{"train", "--config", "c.toml"}));
+  EXPECT_TRUE(CommandTrainArgs({"mpirun", "-np", "2", "./wrapper.sh", "--tensor"}).empty());
+  EXPECT_TRUE(CommandTrainArgs({"keel", "launch"}).empty());
+}
+
+// The job's settings as keel train reads them: the --config file under the flags; a
+// --train-samples run's length from its global batch; a wrapper's flags as written.
+TEST(HostsTest, ReadsTheJobsSettingsFromItsConfigUnderItsFlags) {
+  const std::string config = ::testing::TempDir() + "job_settings_" + std::to_string(getpid());
+  std::ofstream(config) << "tensor-model-parallel-size = 2\npipeline-model-parallel-size = 2\n"
+                           "global-batch-size = 32\ntrain-iters = 500\n";
+  JobSettings j;
+  ASSERT_TRUE(ReadJobSettings({"mpirun", "-np", "8", "keel", "train", "--config", config,
+                               "--pipeline-model-parallel-size=1", "--micro-batch-size", "4"},
+                              8, &j)
+                  .ok());
+  EXPECT_EQ(j.tensor, 2);
+  EXPECT_EQ(j.pipeline, 1);
+  EXPECT_EQ(j.global_batch, 32);
+  EXPECT_EQ(j.micro_batch, 4);
+  EXPECT_EQ(j.train_iters, 500);
+  EXPECT_EQ(j.source, "keel train's --config " + config + " and flags");
+
+  ASSERT_TRUE(ReadJobSettings({"mpirun", "-np", "2", "keel", "train", "--train-samples", "100",
+                               "--global-batch-size", "8", "--micro-batch-size", "4"},
+                              2, &j)
+                  .ok());
+  EXPECT_EQ(j.train_iters, 12);  // 100 / 8, floored as Megatron
+
+  ASSERT_TRUE(ReadJobSettings({"mpirun", "-np", "4", "./run.sh", "--tensor-model-parallel-size",
+                               "2", "--train-iters", "30"},
+                              4, &j)
+                  .ok());
+  EXPECT_EQ(j.ModelParallel(), 2);
+  EXPECT_EQ(j.train_iters, 30);
+  EXPECT_EQ(j.global_batch, 0);
+
+  Status st = ReadJobSettings({"keel", "train", "--config", config + ".missing"}, -1, &j);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("--config " + config + ".missing: cannot read the file"),
+            std::string::npos)
+      << st.message();
+  std::remove(config.c_str());
 }
 
 TEST(HostsTest, ParsesDurations) {

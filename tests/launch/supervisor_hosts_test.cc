@@ -274,6 +274,151 @@ esac
   EXPECT_EQ(out[0]["ranks_after"], 2);
 }
 
+// The job's tensor and pipeline sizes in its --config file (the command line overriding it, as in
+// keel train) set the replica --elastic keeps whole; an unreadable --config stops launch before
+// it starts anything (exit 2), naming the file.
+TEST_F(SupervisorHostsTest, ElasticReadsTheModelParallelSizesFromTheJobsConfig) {
+  const std::string config = dir_ + "/job.toml";
+  std::ofstream(config) << "pipeline-model-parallel-size = 2\n";
+  const std::string body = R"(
+case "$N" in
+1) echo '{"event":"replica_mismatch","iteration":7,"message":"replicas differ: rank 1 (host b) differs in 2 of 9 tensors: w, b"}' >> "$RUN/events.jsonl"; exit 1 ;;
+*) exit 0 ;;
+esac
+)";
+  LaunchOptions o = Options("a b c d", 0, body, {"--config", config});
+  o.command[2] = "4";
+  o.elastic = true;
+  LaunchResult r = Run(o);
+  EXPECT_EQ(r.end, LaunchEnd::kFinished);
+  // 3 slots left hold one replica of 2 ranks (the old reading of the flags alone ran 3).
+  EXPECT_EQ(Attempts(), (std::vector<std::string>{"a,b,c,d 4", "a,c,d 2"}));
+
+  fs::remove_all(run_);
+  o = Options("a b c d", 0, body, {"--config=" + config, "--pipeline-model-parallel-size", "1"});
+  o.command[2] = "4";
+  o.elastic = true;
+  r = Run(o);
+  EXPECT_EQ(r.end, LaunchEnd::kFinished);
+  EXPECT_EQ(Attempts(), (std::vector<std::string>{"a,b,c,d 4", "a,c,d 3"}));
+
+  fs::remove_all(run_);
+  o = Options("a b c d", 0, body, {"--config", dir_ + "/missing.toml"});
+  o.elastic = true;
+  Status st;
+  r = Run(o, &st);
+  EXPECT_EQ(r.end, LaunchEnd::kNotStarted);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(st.message().find("cannot read the job's keel train settings: --config " + dir_ +
+                              "/missing.toml: cannot read the file"),
+            std::string::npos)
+      << st.message();
+  EXPECT_FALSE(fs::exists(run_ + "/attempts.txt"));
+  const std::vector<json> stops = Events(run_, "launch_stop");
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_NE(stops[0]["reason"].get<std::string>().find("missing.toml"), std::string::npos);
+}
+
+// Straggler exclusion, in process: the job names host b a straggler after checkpoint 10 and
+// writes checkpoint 20 a second later; launch, past --straggler-exclude-minutes, stops it there.
+// Then `rest` runs (the job's SIGTERM from launch ends it with exit 0, as keel's save-and-exit);
+// later attempts run `later`.
+std::string StragglerJob(const std::string& rest, const std::string& later = "exit 0") {
+  return R"(trap 'exit 0' TERM USR1
+if [ "$N" = 1 ]; then
+  echo 10 > "$RUN/latest_checkpointed_iteration.txt"
+  echo '{"event":"straggler","iteration":10,"rank":1,"host":"b"}' >> "$RUN/events.jsonl"
+  sleep 1
+  echo 20 > "$RUN/latest_checkpointed_iteration.txt"
+)" + rest +
+         "\nfi\n" + later + "\n";
+}
+
+// Issue: a straggler stop at the run's last checkpoint (20 of --train-iters 20, the job finishing
+// on its own) is the end of the run: no restart, no host taken out for nothing.
+TEST_F(SupervisorHostsTest, AStragglerStopAtTheRunsLastCheckpointFinishes) {
+  LaunchOptions o = Options("a b c d", 1, StragglerJob("  sleep 1"), {"--train-iters", "20"});
+  o.straggler_exclude_minutes = 0.001;
+  const LaunchResult r = Run(o);
+  EXPECT_EQ(r.end, LaunchEnd::kFinished);
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_EQ(Attempts(), (std::vector<std::string>{"a,b,c 3"}));
+  EXPECT_TRUE(Events(run_, "restart").empty());
+  EXPECT_TRUE(Events(run_, "host_excluded").empty());
+  ASSERT_EQ(Events(run_, "launch_finished").size(), 1u);
+  const std::string chronicle = ReadText(run_ + "/CHRONICLE.md");
+  EXPECT_NE(chronicle.find("launch: attempt 1 finished (exit 0): checkpoint iter_0000020 completes "
+                           "the run (--train-iters 20); host b, named a straggler, was to be taken "
+                           "out at it and is not"),
+            std::string::npos)
+      << chronicle;
+  EXPECT_NE(ReadText(run_ + "/launch.status").find("finished | attempt 1 | restarts 0 of 3 |"),
+            std::string::npos);
+
+  // The same stop at checkpoint 20 of 40 is a restart on the spare.
+  fs::remove_all(run_);
+  o = Options("a b c d", 1, StragglerJob("  sleep 10"), {"--train-iters", "40"});
+  o.straggler_exclude_minutes = 0.001;
+  EXPECT_EQ(Run(o).end, LaunchEnd::kFinished);
+  EXPECT_EQ(Attempts(), (std::vector<std::string>{"a,b,c 3", "a,d,c 3"}));
+}
+
+// Issue: taking a straggler's host out is launch's own planned stop, not a failure: it restarts
+// on the spare even with --max-restarts 0, and says it did not count; a failure still counts.
+TEST_F(SupervisorHostsTest, AStragglerStopDoesNotCountAgainstMaxRestarts) {
+  LaunchOptions o = Options("a b c d", 1, StragglerJob("  sleep 10"), {"--train-iters", "40"});
+  o.straggler_exclude_minutes = 0.001;
+  o.max_restarts = 0;
+  LaunchResult r = Run(o);
+  EXPECT_EQ(r.end, LaunchEnd::kFinished);
+  EXPECT_EQ(r.attempts, 2);
+  EXPECT_EQ(r.restarts, 0);
+  EXPECT_EQ(r.planned_restarts, 1);
+  EXPECT_EQ(Attempts(), (std::vector<std::string>{"a,b,c 3", "a,d,c 3"}));
+  const std::vector<json> restarts = Events(run_, "restart");
+  ASSERT_EQ(restarts.size(), 1u);
+  EXPECT_EQ(restarts[0]["attempt"], 1);
+  EXPECT_EQ(restarts[0]["restart"], 0);  // restarts counted so far
+  EXPECT_EQ(restarts[0]["counted"], false);
+  EXPECT_EQ(restarts[0]["lost_iterations"], 0);
+  const std::vector<json> out = Events(run_, "host_excluded");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0]["host"], "b");
+  EXPECT_EQ(out[0]["replaced_by"], "d");
+  const std::vector<json> done = Events(run_, "launch_finished");
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0]["attempt"], 2);
+  EXPECT_EQ(done[0]["restarts"], 0);
+  const std::string chronicle = ReadText(run_ + "/CHRONICLE.md");
+  EXPECT_NE(chronicle.find("- launch: planned restart (not counted against --max-restarts: 0 of 0 "
+                           "used): attempt 1 was stopped (exit 0): stopped by launch to take out "
+                           "host b"),
+            std::string::npos)
+      << chronicle;
+  EXPECT_NE(chronicle.find("attempt 2 finished (exit 0) after 0 restarts (and 1 planned by "
+                           "launch, not counted)"),
+            std::string::npos)
+      << chronicle;
+  EXPECT_NE(ReadText(run_ + "/launch.status")
+                .find("finished | attempt 2 | restarts 0 of 0 (+1 "
+                      "planned) |"),
+            std::string::npos)
+      << ReadText(run_ + "/launch.status");
+
+  // A failure after it is counted: --max-restarts 0 gives up on it.
+  fs::remove_all(run_);
+  o = Options("a b c d", 1, StragglerJob("  sleep 10", "exit 1"), {"--train-iters", "40"});
+  o.straggler_exclude_minutes = 0.001;
+  o.max_restarts = 0;
+  r = Run(o);
+  EXPECT_EQ(r.end, LaunchEnd::kGaveUp);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.restarts, 0);
+  EXPECT_EQ(r.planned_restarts, 1);
+  EXPECT_EQ(Attempts().size(), 2u);
+}
+
 // A transient fault pinned on a rank is pinned on its host through the ranks' lock files; one is
 // not enough to take it out (the crash threshold, 2), --exclude-after 1 is.
 TEST_F(SupervisorHostsTest, ATransientFaultIsPinnedOnTheHostOfItsRank) {
