@@ -7,8 +7,9 @@
 // run after run; a fresh model's fingerprint is the one-rank model's at every layout; Llama's
 // untied model at T=1 is the one-rank run bit for bit. The guard's rerun probe gives the
 // iteration's own loss bits, validation the one-rank losses; the replica check compares each
-// stage's tensors among that stage's ranks and names a drifted tied-embedding copy; the memory
-// estimate is what the ranks of each stage allocate.
+// stage's tensors among that stage's ranks and names a drifted tied-embedding copy; the
+// fingerprint holds about one whole tensor on any rank, and the sample generated through the
+// stages is the one-rank sample; the memory estimate is what the ranks of each stage allocate.
 #include <gtest/gtest.h>
 #include <malloc.h>
 
