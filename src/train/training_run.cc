@@ -206,7 +206,7 @@ Status TrainingRun::Train(Outcome* outcome) {
     LogDataReadAhead();
   }
   Log("state fingerprint: {:016x}", trainer_->StateFingerprint());
-  health_->Stop();  // the loop is over: the sample below is rank 0's alone
+  health_->Stop();  // the loop is over: the sample below is data rank 0's model replica's
   if (store_)
     Log("checkpoints are in {} (sample with `keel sample --load {}`)", cfg_.save, cfg_.save);
   try {
