@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/gpt.h"
@@ -20,5 +21,18 @@ struct GenerateOptions {
 
 std::vector<int32_t> Generate(GptModel& model, const std::vector<int32_t>& prompt,
                               const GenerateOptions& opts);
+
+// The token the draw at sequence position `position` (the sequence's length so far) picks from a
+// row of logits, at the options' temperature and top-k.
+int32_t SampleToken(const std::vector<float>& logits, size_t position, const GenerateOptions& opts);
+
+// Generate's loop with the forward given (a model split over pipeline stages): `next(window,
+// last, position)` returns the token after position `last` of `window` (W tokens, the context
+// left-aligned, zeros after it), to be drawn at sequence position `position`. W: opts.window, or
+// `max_positions` when that is 0.
+using NextTokenFn =
+    std::function<int32_t(const std::vector<int32_t>& window, int last, size_t position)>;
+std::vector<int32_t> GenerateWith(const NextTokenFn& next, const std::vector<int32_t>& prompt,
+                                  const GenerateOptions& opts, int max_positions);
 
 }  // namespace keel

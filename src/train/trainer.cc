@@ -236,6 +236,41 @@ double Trainer::PipelineForwardLoss(const int32_t* samples, int64_t micro) {
   return sum;
 }
 
+std::vector<int32_t> Trainer::Generate(const std::vector<int32_t>& prompt,
+                                       const GenerateOptions& opts) {
+  if (pp_size_ == 1) return keel::Generate(*model_, prompt, opts);
+  const int P = pp_size_, V = static_cast<int>(chunks_.size());
+  auto next = [&](const std::vector<int32_t>& window, int last, size_t position) {
+    // The window through the virtual stages in order (v on rank v % P as chunk v / P, as
+    // RunPipelineForward); causal attention: the padding after `last` cannot reach its logits.
+    const int W = static_cast<int>(window.size());
+    const size_t floats = chunks_[0]->StageActivationFloats(1, W);
+    std::vector<float> in(floats), out(floats);
+    int32_t token = 0;
+    for (int v = 0; v < P * V; ++v) {
+      if (v % P != pp_rank_) continue;
+      const bool first = v == 0, head = v == P * V - 1;
+      GptModel* chunk = chunks_[v / P];
+      if (!first) pipeline_comm_->Recv(in.data(), floats, (v - 1) % P);
+      chunk->StageForward(0, window.data(), first ? nullptr : in.data(), nullptr, 1, W, 0.0f,
+                          head ? nullptr : out.data());
+      if (head)
+        token = SampleToken(chunk->LogitsAt(0, last), position, opts);
+      else
+        pipeline_comm_->Send(out.data(), floats, (v + 1) % P);
+    }
+    // The last stage's choice, to every stage (the next window's tokens).
+    std::vector<std::string> all;
+    pipeline_comm_->AllGatherBytes(
+        pp_rank_ == P - 1 ? std::string(reinterpret_cast<const char*>(&token), sizeof token) : "",
+        &all);
+    KEEL_CHECK(all[P - 1].size() == sizeof token, "the last stage sent no token");
+    std::memcpy(&token, all[P - 1].data(), sizeof token);
+    return token;
+  };
+  return GenerateWith(next, prompt, opts, model_->spec().max_positions);
+}
+
 std::string Trainer::DescribeStage() const {
   if (pp_size_ == 1) return "the whole model";
   std::string s = fmt::format("stage {} of {}: ", pp_rank_, pp_size_);
@@ -782,88 +817,131 @@ GradStats Trainer::LocalGradStats(const float* grads, ShardRange own) {
   return total;
 }
 
-std::vector<float> Trainer::WholeTensors(const std::vector<float>& local) {
-  if (tp_size_ == 1 && pp_size_ == 1) return local;
-  const GptSpec& spec = model_->spec();
-  // 1. This rank's tensors whole (the tensor group's slices joined), in its buffer order; the
-  //    tied embedding copy left out (the first stage has it).
-  std::vector<std::string> all;
-  if (tp_size_ > 1)
-    tensor_comm_->AllGatherBytes(
-        std::string(reinterpret_cast<const char*>(local.data()), local.size() * sizeof(float)),
-        &all);
-  std::vector<float> mine;
-  for (const ParamInfo& p : model_->params()) {
-    if (p.tied_copy) continue;
-    size_t full = 1;
-    for (int64_t d : p.full_shape) full *= static_cast<size_t>(d);
-    const size_t at = mine.size();
-    mine.resize(at + full);
-    if (tp_size_ == 1) {
-      std::copy(local.begin() + p.offset, local.begin() + p.offset + p.numel, mine.begin() + at);
-      continue;
-    }
-    for (int r = 0; r < tp_size_; ++r) {
-      KEEL_CHECK(all[r].size() == local.size() * sizeof(float), "tensor ranks hold equal slices");
-      InsertShard(reinterpret_cast<const float*>(all[r].data()) + p.offset, p.full_shape, p.split,
-                  r, tp_size_, mine.data() + at);
-    }
-  }
-  if (pp_size_ == 1) return mine;  // the one-rank model's order already
-  // 2. Every stage's tensors, placed by name in the one-rank model's order.
-  pipeline_comm_->AllGatherBytes(
-      std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(float)), &all);
-  const std::vector<ParamInfo> whole = GptModel::ParamLayout(spec, 1);
-  std::map<std::string, const ParamInfo*> by_name;
-  size_t total = 0;
-  for (const ParamInfo& p : whole) {
-    by_name[p.name] = &p;
-    total = std::max(total, p.offset + p.numel);
-  }
-  std::vector<float> out(total);
-  for (int s = 0; s < pp_size_; ++s) {
-    const float* src = reinterpret_cast<const float*>(all[s].data());
-    size_t at = 0;
-    for (size_t c = 0; c < chunks_.size(); ++c) {
-      for (const ParamInfo& p :
-           GptModel::ParamLayout(spec, 1, ModelStageOf(parts_, pp_size_, s, static_cast<int>(c)))) {
-        if (p.tied_copy) continue;
-        const ParamInfo* w = by_name.at(p.name);
-        KEEL_CHECK((at + p.numel) * sizeof(float) <= all[s].size(), "a stage sent fewer tensors");
-        std::copy(src + at, src + at + p.numel, out.begin() + w->offset);
-        at += p.numel;
-      }
-    }
-  }
-  return out;
-}
+namespace {
 
-std::vector<float> Trainer::WholeWeights() {
-  std::vector<float> host(model_->num_params());
-  backend_->CopyToHost(host.data(), model_->param_data(), host.size());
-  return WholeTensors(host);
-}
+// The fingerprint's host buffers, counted: the most bytes it held at once is what
+// fingerprint_peak_bytes() reports (about one whole tensor, never the model).
+class HeldBuffers {
+ public:
+  std::vector<float> Take(size_t n) {
+    now_ += n * sizeof(float);
+    peak_ = std::max(peak_, now_);
+    return std::vector<float>(n);
+  }
+  void Give(std::vector<float>* v) {
+    now_ -= v->size() * sizeof(float);
+    std::vector<float>().swap(*v);
+  }
+  size_t peak() const { return peak_; }
+
+ private:
+  size_t now_ = 0, peak_ = 0;
+};
+
+}  // namespace
 
 uint64_t Trainer::StateFingerprint() {
+  const GptSpec& spec = model_->spec();
+  const size_t n = model_->num_params();
+  // Every rank holds the whole state when nothing is split: each hashes its own, no messages.
+  const bool local_only = tp_size_ == 1 && pp_size_ == 1 && !zero_;
+  const int dp_rank = local_only ? 0 : data_comm_->rank();
+  const int dp = data_comm_->world_size();
+  // One rank hashes (tp 0, pp 0, dp 0); the others send it their parts, tensor by tensor.
+  const bool hasher = dp_rank == 0 && tp_rank_ == 0 && pp_rank_ == 0;
+  // Each whole tensor's stage (the tied embedding's first-stage original, not the copy), and this
+  // rank's slice of those of its own stage.
+  std::map<std::string, int> owner;
+  for (int s = 1; s < pp_size_; ++s)
+    for (size_t c = 0; c < chunks_.size(); ++c)
+      for (const ParamInfo& p :
+           GptModel::ParamLayout(spec, 1, ModelStageOf(parts_, pp_size_, s, static_cast<int>(c))))
+        if (!p.tied_copy) owner[p.name] = s;
+  std::map<std::string, const ParamInfo*> local;
+  for (const ParamInfo& p : model_->params())
+    if (!p.tied_copy) local[p.name] = &p;
+  const std::vector<ParamInfo> whole = GptModel::ParamLayout(spec, 1);
+
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
-  const size_t n = model_->num_params();
-  std::vector<float> host(n);
-  backend_->CopyToHost(host.data(), model_->param_data(), n);
-  {
-    // Tensor parallel: the whole tensors, so the value does not depend on the layout.
-    const std::vector<float> whole = WholeTensors(host);
-    XXH3_64bits_update(st, whole.data(), whole.size() * sizeof(float));
+  HeldBuffers held;
+  // The same bytes as hashing the one-rank model's buffers whole, one after another: the
+  // weights, exp_avg, exp_avg_sq, each tensor whole in the one-rank order (xxh3's streaming
+  // digest depends only on the byte sequence), so the value does not depend on the layout.
+  const ShardRange& sh = optimizer_->shard();
+  const float* bufs[3] = {model_->param_data(), optimizer_->exp_avg(), optimizer_->exp_avg_sq()};
+  for (int k = 0; k < 3; ++k) {
+    const bool sharded = k > 0 && zero_;  // ZeRO-1: data rank r holds ShardOf(n, r, dp)
+    for (const ParamInfo& w : whole) {
+      const auto it = owner.find(w.name);
+      const int s = it == owner.end() ? 0 : it->second;
+      if (pp_rank_ != s) {
+        if (!hasher) continue;
+        std::vector<float> tensor = held.Take(w.numel);
+        pipeline_comm_->Recv(tensor.data(), w.numel, s);
+        XXH3_64bits_update(st, tensor.data(), w.numel * sizeof(float));
+        held.Give(&tensor);
+        continue;
+      }
+      const ParamInfo& p = *local.at(w.name);
+      // 1. This rank's slice on data rank 0, its moments' pieces gathered from their shards.
+      std::vector<float> slice;
+      if (sharded) {
+        const size_t lo = std::max(p.offset, sh.begin), hi = std::min(p.offset + p.numel, sh.end);
+        if (dp_rank != 0) {
+          if (lo < hi) {
+            std::vector<float> piece = held.Take(hi - lo);
+            backend_->CopyToHost(piece.data(), bufs[k] + (lo - sh.begin), hi - lo);
+            data_comm_->Send(piece.data(), hi - lo, 0);
+            held.Give(&piece);
+          }
+          continue;
+        }
+        slice = held.Take(p.numel);
+        if (lo < hi)
+          backend_->CopyToHost(slice.data() + (lo - p.offset), bufs[k] + (lo - sh.begin), hi - lo);
+        for (int r = 1; r < dp; ++r) {
+          const ShardRange o = ShardOf(n, r, dp);
+          const size_t a = std::max(p.offset, o.begin), b = std::min(p.offset + p.numel, o.end);
+          if (a < b) data_comm_->Recv(slice.data() + (a - p.offset), b - a, r);
+        }
+      } else {
+        if (dp_rank != 0) continue;  // data rank 0 holds the same values
+        slice = held.Take(p.numel);
+        backend_->CopyToHost(slice.data(), bufs[k] + p.offset, p.numel);
+      }
+      // 2. The whole tensor on tensor rank 0: the slices joined (a replicated one is whole).
+      std::vector<float> tensor;
+      if (tp_size_ == 1 || p.split.replicated()) {
+        if (tp_rank_ != 0) {
+          held.Give(&slice);
+          continue;
+        }
+        tensor = std::move(slice);
+      } else if (tp_rank_ != 0) {
+        tensor_comm_->Send(slice.data(), p.numel, 0);
+        held.Give(&slice);
+        continue;
+      } else {
+        tensor = held.Take(w.numel);
+        InsertShard(slice.data(), p.full_shape, p.split, 0, tp_size_, tensor.data());
+        for (int r = 1; r < tp_size_; ++r) {
+          tensor_comm_->Recv(slice.data(), p.numel, r);
+          InsertShard(slice.data(), p.full_shape, p.split, r, tp_size_, tensor.data());
+        }
+        held.Give(&slice);
+      }
+      KEEL_CHECK(tensor.size() == w.numel,
+                 "a stage's tensor is not the one-rank model's: " + w.name);
+      // 3. To the hasher (pipeline rank 0 of this tensor and data position).
+      if (hasher)
+        XXH3_64bits_update(st, tensor.data(), w.numel * sizeof(float));
+      else
+        pipeline_comm_->Send(tensor.data(), w.numel, 0);
+      held.Give(&tensor);
+    }
   }
-  for (float* buf : {optimizer_->exp_avg(), optimizer_->exp_avg_sq()}) {
-    // The whole moment buffer, gathered from the shards under ZeRO-1: the fingerprint does not
-    // depend on how the optimizer is partitioned.
-    const ShardRange& sh = optimizer_->shard();
-    backend_->CopyToHost(host.data() + sh.begin, buf, sh.size());
-    if (zero_) data_comm_->AllGather(host.data(), n);
-    const std::vector<float> whole = WholeTensors(host);
-    XXH3_64bits_update(st, whole.data(), whole.size() * sizeof(float));
-  }
+  fingerprint_peak_bytes_ = held.peak();
   const TrainState& s = state_;
   XXH3_64bits_update(st, &s.optimizer_step, sizeof(s.optimizer_step));
   XXH3_64bits_update(st, &s.counters, sizeof(s.counters));
@@ -888,8 +966,18 @@ uint64_t Trainer::StateFingerprint() {
     XXH3_64bits_update(st, iv.dataset_sequences.data(),
                        iv.dataset_sequences.size() * sizeof(int64_t));
   }
-  const uint64_t h = XXH3_64bits_digest(st);
+  uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
+  if (local_only || comm_->world_size() == 1) return h;
+  // Every rank logs the hasher's value (the others' states are incomplete).
+  std::vector<std::string> all;
+  comm_->AllGatherBytes(hasher ? std::string(reinterpret_cast<const char*>(&h), sizeof h) : "",
+                        &all);
+  int from = -1;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r].size() == sizeof h) from = static_cast<int>(r);
+  KEEL_CHECK(from >= 0, "no rank hashed the state");
+  std::memcpy(&h, all[from].data(), sizeof h);
   return h;
 }
 

@@ -20,6 +20,7 @@
 #include "comm/gradient_reducer.h"
 #include "config/config.h"
 #include "guard/instability_detector.h"
+#include "model/generate.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
 #include "optim/batch_rampup.h"
@@ -252,12 +253,17 @@ class Trainer {
   int64_t NextGlobalBatch() const;
   // xxh3 over parameters, optimizer moments and the TrainState: equal fingerprints mean
   // bit-identical training state. The same value on every rank, whatever the sharding (a
-  // collective: every rank calls it). Tensor parallel: over the whole tensors, gathered from the
-  // slices in the one-rank model's order, so the value does not depend on the layout.
+  // collective: every rank calls it). Over the whole tensors in the one-rank model's order, so
+  // the value does not depend on the layout; streamed: one rank hashes, the others send it their
+  // slices one tensor at a time, so no rank holds more than about one whole tensor.
   uint64_t StateFingerprint();
-  // The weights as the one-rank model's buffer (ParamLayout(spec) order), joined from every
-  // tensor and pipeline rank's part (a collective over this rank's tensor and pipeline groups).
-  std::vector<float> WholeWeights();
+  // The most host bytes the last StateFingerprint held at once on this rank (its test's figure).
+  size_t fingerprint_peak_bytes() const { return fingerprint_peak_bytes_; }
+  // Generation from the current weights (model/generate.h), the same tokens as the one-rank
+  // model's: at P > 1 each token's forward runs through the stages and the last stage's choice
+  // is sent back to every stage. A collective over this rank's tensor and pipeline groups; every
+  // rank of them returns the tokens.
+  std::vector<int32_t> Generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts);
   double FlopsPerIteration(int64_t global_batch) const;
 
   // The guard's probes, between ComputeGradients and Update (every rank calls them together: a
@@ -313,9 +319,6 @@ class Trainer {
   // buffer: split tensors' elements each counted by the rank holding them, replicated tensors by
   // tensor rank 0 only; finiteness from every element.
   GradStats LocalGradStats(const float* grads, ShardRange own);
-  // Tensor parallel: this rank's buffer (its slices) as the whole tensors in the one-rank model's
-  // buffer order, gathered over the tensor group (a collective); `local` itself without.
-  std::vector<float> WholeTensors(const std::vector<float>& local);
 
   TrainConfig cfg_;
   Backend* backend_;
@@ -369,6 +372,7 @@ class Trainer {
   PhaseTracker* phases_ = nullptr;
   double last_update_ratio_ = NAN;  // ||w_new - w_old|| / ||w_new|| of the last update
   double last_max_v_ = NAN;         // max of Adam's second moment after the last update
+  size_t fingerprint_peak_bytes_ = 0;
 };
 
 }  // namespace keel

@@ -206,7 +206,7 @@ Status TrainingRun::Train(Outcome* outcome) {
     LogDataReadAhead();
   }
   Log("state fingerprint: {:016x}", trainer_->StateFingerprint());
-  health_->Stop();  // the loop is over: the sample below is rank 0's alone
+  health_->Stop();  // the loop is over: the sample below is data rank 0's model replica's
   if (store_)
     Log("checkpoints are in {} (sample with `keel sample --load {}`)", cfg_.save, cfg_.save);
   try {
@@ -293,7 +293,7 @@ std::string TrainingRun::LastCheckpointText() {
 }
 
 Status TrainingRun::PrintSample() {
-  // Tensor parallel: the tensor ranks of data rank 0 generate together (the model's forward is
+  // The tensor and pipeline ranks of data rank 0 generate together (the model's forward is
   // theirs); rank 0 logs.
   if (cfg_.sample_tokens <= 0 || trainer_->data_comm()->rank() != 0) return Status::OK();
   std::unique_ptr<Tokenizer> tok;
@@ -304,18 +304,9 @@ Status TrainingRun::PrintSample() {
   go.max_new_tokens = cfg_.sample_tokens;
   go.seed = cfg_.seed;
   go.window = cfg_.seq_length;
-  std::vector<int32_t> out;
-  if (trainer_->pipeline_size() > 1) {
-    // Pipeline parallel: the stages' weights joined into a whole model on rank 0, which
-    // generates alone (the others only send their tensors).
-    const std::vector<float> whole = trainer_->WholeWeights();
-    if (comm_->rank() != 0) return Status::OK();
-    GptModel model(backend_.get(), trainer_->model().spec());
-    backend_->CopyToDevice(model.mutable_param_data(), whole.data(), whole.size());
-    out = Generate(model, prompt, go);
-  } else {
-    out = Generate(trainer_->model(), prompt, go);
-  }
+  // Pipeline parallel: each token's forward runs through the stages, the last stage's choice
+  // sent back to all (no rank joins the whole model).
+  const std::vector<int32_t> out = trainer_->Generate(prompt, go);
   prompt.insert(prompt.end(), out.begin(), out.end());  // decoded together: see sample_cmd.cc
   if (comm_->rank() == 0)
     Log("sample (temperature {}, top-k {}):\n{}", go.temperature, go.top_k, tok->Decode(prompt));

@@ -1,5 +1,6 @@
 // Tensor x pipeline parallelism end to end under `mpirun -np 4` (T=2 x P=2, oversubscribed, one
-// thread per rank): a checkpoint saved at (T=2, P=2, D=1) resumed at (1,1,1), (1,2,2), (2,1,2)
+// thread per rank): the end of run's sample and fingerprint as one process's (no whole-model
+// join); a checkpoint saved at (T=2, P=2, D=1) resumed at (1,1,1), (1,2,2), (2,1,2)
 // and (4,1,1) with the reshard note; a missing or damaged piece refused naming it; the ckpt tools
 // and `ckpt import --hf` on that layout; a rank killed with SIGKILL (the job ends, the resume is
 // bit-exact); a rank hung inside a pipeline send (every rank dumps, exit 4, `keel hangs analyze`
@@ -78,6 +79,41 @@ std::vector<double> MetricsLosses(const std::string& run, size_t n) {
 }
 
 using keel_test::MaxDiff;
+
+// The end of run at P = 2 and T = 2 x P = 2 joins the model on no rank: the sample is generated
+// through the stages, each token sent back to all, and is the text the one-process run prints;
+// the fingerprint is streamed to one rank tensor by tensor, and on an untied model at T = 1 (the
+// same arithmetic bits) is the one-process value. Each is printed once.
+TEST(PipelineCheckpointCliTest, EndOfRunSampleAndFingerprintAreTheOneProcessRuns) {
+  const std::string args =
+      " --untie-embeddings-and-output-weights --train-iters 4 --sample-tokens 16 ";
+  auto sample = [](const std::string& out) {
+    std::smatch m;
+    if (!std::regex_search(out, m, std::regex(R"(sample \(temperature [^\n]*\n([^\n]*))")))
+      return std::string("(none)");
+    return m[1].str();
+  };
+  auto count = [](const std::string& out, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+    return n;
+  };
+  const KeelResult one = Train(1, args);
+  ASSERT_EQ(one.code, 0) << one.out;
+  ASSERT_NE(sample(one.out), "(none)") << one.out;
+  ASSERT_NE(Fingerprint(one.out), "(none)") << one.out;
+  const KeelResult pp = Train(2, "--pipeline-model-parallel-size 2" + args);
+  ASSERT_EQ(pp.code, 0) << pp.out;
+  EXPECT_EQ(sample(pp.out), sample(one.out)) << pp.out;
+  EXPECT_EQ(Fingerprint(pp.out), Fingerprint(one.out)) << pp.out;
+  const KeelResult tp = Train(4, kTp2Pp2 + args);
+  ASSERT_EQ(tp.code, 0) << tp.out;
+  EXPECT_EQ(sample(tp.out), sample(one.out)) << tp.out;
+  for (const KeelResult* r : {&pp, &tp}) {
+    EXPECT_EQ(count(r->out, "state fingerprint: "), 1u) << r->out;
+    EXPECT_EQ(count(r->out, "sample (temperature"), 1u) << r->out;
+  }
+}
 
 TEST(PipelineCheckpointCliTest, SavedAtTp2Pp2ResumesAtEveryOtherLayoutWithTheReshardNote) {
   const std::string dir = FreshTempDir("pp_resume");

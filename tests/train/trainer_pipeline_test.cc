@@ -7,8 +7,9 @@
 // run after run; a fresh model's fingerprint is the one-rank model's at every layout; Llama's
 // untied model at T=1 is the one-rank run bit for bit. The guard's rerun probe gives the
 // iteration's own loss bits, validation the one-rank losses; the replica check compares each
-// stage's tensors among that stage's ranks and names a drifted tied-embedding copy; the memory
-// estimate is what the ranks of each stage allocate.
+// stage's tensors among that stage's ranks and names a drifted tied-embedding copy; the
+// fingerprint holds about one whole tensor on any rank, and the sample generated through the
+// stages is the one-rank sample; the memory estimate is what the ranks of each stage allocate.
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -18,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "backend/backend.h"
 #include "comm/communicator.h"
 #include "comm/process_mesh.h"
+#include "model/generate.h"
 #include "pattern_data.h"
 #include "train/memory_estimate.h"
 #include "train/replica_check.h"
@@ -344,6 +347,76 @@ TEST(TrainerPipelineTest, ReplicaCheckNamesADriftedTiedEmbeddingCopy) {
     EXPECT_NE(s.message().find("layers.3.post_attention_layernorm.weight"), std::string::npos);
     EXPECT_NE(s.message().find(" tensors (dp 0, pp 1, tp 1): "), std::string::npos);
     EXPECT_EQ(s.message().find("rank 0 "), std::string::npos) << s.message();
+  }
+}
+
+// The end of run's fingerprint streams the whole tensors one at a time to one rank instead of
+// joining the model (and both moments) on every rank, which at 176B parameters is 2 TB a rank:
+// the most host bytes any rank holds for it is about one whole tensor (a slice and the joined
+// tensor at T = 2), far under the model; the value is the one-rank model's on the same state
+// (a fresh one), and the same on every rank, with ZeRO-1's sharded moments (P = 2 x D = 2) too.
+TEST(TrainerPipelineTest, FingerprintHoldsAboutOneWholeTensorNotTheModel) {
+  const uint64_t fresh = Train(Gpt2Config(), Layout{}, 0)[0].fresh_fingerprint;
+  for (const Layout& l : {Layout{}, Layout{2, 2, 1, 1, false, "T=2 x P=2"},
+                          Layout{1, 2, 2, 1, false, "P=2 x D=2 (ZeRO-1)"},
+                          Layout{2, 2, 1, 2, false, "T=2 x P=2 interleaved (V=2)"}}) {
+    SCOPED_TRACE(l.name);
+    std::vector<size_t> peak(l.world());
+    size_t largest = 0, model = 0;
+    const std::vector<RankRun> run = Train(Gpt2Config(), l, 2, [&](Trainer& tr, int r) {
+      EXPECT_EQ(tr.sharded_optimizer(), l.data > 1);
+      peak[r] = tr.fingerprint_peak_bytes();
+      if (r != 0) return;
+      for (const ParamInfo& p : GptModel::ParamLayout(tr.model().spec(), 1)) {
+        largest = std::max(largest, p.numel * sizeof(float));
+        model += p.numel * sizeof(float);
+      }
+    });
+    EXPECT_EQ(run[0].fresh_fingerprint, fresh);
+    ExpectRanksAgree(run, l.name);
+    ASSERT_GT(model, 8 * largest);  // a model of many tensors: the bound below means something
+    for (int r = 0; r < l.world(); ++r) {
+      std::printf(
+          "%s rank %d: the fingerprint held at most %zu bytes (largest tensor %zu, model %zu)\n",
+          l.name, r, peak[r], largest, model);
+      // Rank 0 always receives or joins whole tensors; the others may only send slices.
+      if (r == 0) {
+        EXPECT_GE(peak[r], largest);
+      }
+      EXPECT_LE(peak[r], l.tensor > 1 ? largest + largest / l.tensor : largest) << "rank " << r;
+    }
+  }
+}
+
+// The end of run's sample at P > 1 without joining the model anywhere: each token's forward runs
+// through the stages (the window padded to the sequence length; causal attention keeps the
+// padding out of the last real position's logits) and the last stage's choice goes back to every
+// stage. The text is the one-rank run's at P = 2, T = 2 x P = 2 and interleaved, on every rank,
+// in GPT-2's shape and Llama's, the window sliding past the sequence length.
+TEST(TrainerPipelineTest, SampleThroughTheStagesIsTheOneRankSample) {
+  GenerateOptions go;
+  go.max_new_tokens = 24;
+  go.seed = 7;
+  go.window = Gpt2Config().seq_length;  // 16: the prompt and 24 tokens slide past it
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+  for (const TrainConfig& cfg : {Gpt2Config(), LlamaConfig()}) {
+    auto sample = [&](const Layout& l) {
+      std::vector<std::vector<int32_t>> out(l.world());
+      Train(cfg, l, 10, [&](Trainer& tr, int r) { out[r] = tr.Generate(prompt, go); });
+      return out;
+    };
+    const std::vector<int32_t> one = sample(Layout{})[0];
+    ASSERT_EQ(one.size(), 24u);
+    std::string text;
+    for (int32_t t : one) text += std::to_string(t) + " ";
+    std::printf("%s one rank: %s\n", cfg.model.rope ? "Llama" : "GPT-2", text.c_str());
+    EXPECT_GT(std::set<int32_t>(one.begin(), one.end()).size(), 2u);  // not one token repeated
+    for (const Layout& l :
+         {Layout{1, 2, 1, 1, false, "P=2"}, Layout{2, 2, 1, 1, false, "T=2 x P=2"},
+          Layout{1, 2, 1, 2, false, "P=2 interleaved (V=2)"}}) {
+      const std::vector<std::vector<int32_t>> run = sample(l);
+      for (int r = 0; r < l.world(); ++r) EXPECT_EQ(run[r], one) << l.name << " rank " << r;
+    }
   }
 }
 
