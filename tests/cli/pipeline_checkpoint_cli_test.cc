@@ -306,15 +306,7 @@ const std::string kGuardModel =
     "--train-iters 150 --lr 5e-3 --guard-max-data-skips 3";
 
 std::vector<std::string> GuardEvents(const std::string& run) {
-  std::vector<std::string> v;
-  std::istringstream in(ReadText(run + "/events.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    const json j = json::parse(line);
-    const std::string e = j["event"];
-    if (e.rfind("throughput_", 0) == 0 || e.rfind("goodput", 0) == 0) continue;
-    v.push_back(e + " " + j.value("consumed_samples", json()).dump());
-  }
-  return v;
+  return keel_test::GuardDecisionEvents(ReadText(run + "/events.jsonl"));
 }
 
 std::vector<json> LossFields(const std::string& run) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../run_compare.h"
 #include "keel_process.h"
 
 namespace {
@@ -52,15 +53,7 @@ std::vector<json> MetricsField(const std::string& run, const std::string& key) {
 }
 
 std::vector<std::string> GuardEvents(const std::string& run) {
-  std::vector<std::string> v;
-  std::istringstream in(ReadText(run + "/events.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    const json j = json::parse(line);
-    const std::string e = j["event"];
-    if (e.rfind("throughput_", 0) == 0 || e.rfind("goodput", 0) == 0) continue;
-    v.push_back(e + " " + j.value("consumed_samples", json()).dump());
-  }
-  return v;
+  return keel_test::GuardDecisionEvents(ReadText(run + "/events.jsonl"));
 }
 
 TEST(TensorParallelGuardCliTest, PoisonedWindowIsHandledAsOnOneProcess) {
