@@ -304,17 +304,23 @@ std::vector<std::string> CommandForHosts(const std::vector<std::string>& command
   return out;
 }
 
+std::string CommandFlagValue(const std::vector<std::string>& command, const std::string& flag) {
+  std::string value;
+  for (size_t i = 0; i < command.size(); ++i) {
+    if (command[i] == flag && i + 1 < command.size())
+      value = command[++i];
+    else if (command[i].rfind(flag + "=", 0) == 0)
+      value = command[i].substr(flag.size() + 1);
+  }
+  return value;
+}
+
 int CommandModelParallelSize(const std::vector<std::string>& command) {
   int size = 1;
   // --model-parallel-size: Megatron's old name of the tensor-parallel size.
   for (const char* flag : {"--tensor-model-parallel-size", "--model-parallel-size",
                            "--pipeline-model-parallel-size"}) {
-    std::string v;
-    for (size_t i = 0; i < command.size(); ++i) {
-      if (command[i] == flag && i + 1 < command.size()) v = command[i + 1];
-      if (command[i].rfind(std::string(flag) + "=", 0) == 0)
-        v = command[i].substr(std::string(flag).size() + 1);
-    }
+    const std::string v = CommandFlagValue(command, flag);
     int n = 1;
     if (!v.empty() && ParseCount(v, &n)) size *= n;
   }

@@ -45,6 +45,11 @@ std::vector<std::string> CommandForHosts(const std::vector<std::string>& command
                                          const std::string& hostfile_path,
                                          const std::vector<HostEntry>& hosts, int ranks);
 
+// The value of `--flag X` or `--flag=X` in a command line ("" when absent; the last one given
+// wins, as in keel's own parser): launch reads the child's --save and --kill-switch-path so they
+// need not be given twice.
+std::string CommandFlagValue(const std::vector<std::string>& command, const std::string& flag);
+
 // The command's tensor and pipeline parallel sizes (Megatron's flags; 1 when absent).
 int CommandModelParallelSize(const std::vector<std::string>& command);
 

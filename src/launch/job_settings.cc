@@ -12,19 +12,9 @@
 namespace keel {
 namespace {
 
-// The value of `--flag X` or `--flag=X` ("" when absent; the last one given wins).
-std::string FlagValue(const std::vector<std::string>& command, const std::string& flag) {
-  std::string v;
-  for (size_t i = 0; i < command.size(); ++i) {
-    if (command[i] == flag && i + 1 < command.size()) v = command[i + 1];
-    if (command[i].rfind(flag + "=", 0) == 0) v = command[i].substr(flag.size() + 1);
-  }
-  return v;
-}
-
 // The flag's value as a positive number; 0 when absent or not one.
 int64_t FlagNumber(const std::vector<std::string>& command, const std::string& flag) {
-  const std::string v = FlagValue(command, flag);
+  const std::string v = CommandFlagValue(command, flag);
   char* end = nullptr;
   const long long n = std::strtoll(v.c_str(), &end, 10);
   return !v.empty() && *end == '\0' && n > 0 && n <= INT32_MAX ? n : 0;
@@ -55,7 +45,7 @@ Status ReadJobSettings(const std::vector<std::string>& command, int ranks, JobSe
         "the flags), and the job would fail the same way: fix the command",
         st.message()));
   const TrainConfig& c = parsed.config;
-  const std::string config = FlagValue(args, "--config");
+  const std::string config = CommandFlagValue(args, "--config");
   out->source = config.empty() ? "keel train's flags"
                                : fmt::format("keel train's --config {} and flags", config);
   out->tensor = c.tensor_model_parallel_size;

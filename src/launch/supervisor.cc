@@ -19,17 +19,6 @@
 
 namespace keel {
 
-std::string CommandFlagValue(const std::vector<std::string>& command, const std::string& flag) {
-  std::string value;  // the last one given wins, as in keel's own parser
-  for (size_t i = 0; i < command.size(); ++i) {
-    if (command[i] == flag && i + 1 < command.size())
-      value = command[++i];
-    else if (command[i].rfind(flag + "=", 0) == 0)
-      value = command[i].substr(flag.size() + 1);
-  }
-  return value;
-}
-
 ChildVerdict JudgeExit(const ChildExit& exit) {
   if (exit.signaled) return ChildVerdict::kRestart;
   switch (static_cast<ExitCode>(exit.code)) {

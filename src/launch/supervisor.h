@@ -79,10 +79,6 @@ struct LaunchOptions {
 // The file an operator writes host names into (one a line) to readmit them at the next restart.
 constexpr const char* kHostsReadmitFile = "hosts.readmit";
 
-// The value of `--flag X` or `--flag=X` in a command line ("" when absent): launch reads the
-// child's --save and --kill-switch-path so they need not be given twice.
-std::string CommandFlagValue(const std::vector<std::string>& command, const std::string& flag);
-
 // What one end of the child means (the table above).
 enum class ChildVerdict { kFinished, kConfigError, kGuardStopped, kRestart };
 ChildVerdict JudgeExit(const ChildExit& exit);
