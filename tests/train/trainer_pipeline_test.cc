@@ -28,6 +28,7 @@
 #include "backend/backend.h"
 #include "comm/communicator.h"
 #include "comm/process_mesh.h"
+#include "mesh_threads.h"
 #include "model/generate.h"
 #include "pattern_data.h"
 #include "train/memory_estimate.h"
@@ -37,6 +38,7 @@
 namespace keel {
 namespace {
 
+using keel_test::RunOnMesh;
 using test_data::PatternData;
 
 constexpr int kIters = 30;
@@ -105,33 +107,24 @@ std::vector<RankRun> Train(TrainConfig cfg, const Layout& l, int iters = kIters,
   std::vector<std::string> notes;
   const Status v = Validate(&cfg, &notes);
   EXPECT_TRUE(v.ok()) << l.name << ": " << v.ToString();
-  auto comms = MakeThreadGroup(l.world());
   std::vector<RankRun> out(l.world());
-  std::vector<std::thread> threads;
-  for (int r = 0; r < l.world(); ++r) {
-    threads.emplace_back([&, r] {
-      std::unique_ptr<ProcessMesh> mesh;
-      ASSERT_TRUE(ProcessMesh::Make(comms[r].get(), l.tensor, l.pipeline, &mesh).ok());
-      auto be = MakeCpuBackend(1);
-      TrainerGroups g{comms[r].get(), mesh->data(), mesh->tensor(), mesh->pipeline()};
-      Trainer tr(cfg, be.get(), g, {PatternData(1), PatternData(2)});
-      tr.InitializeWeights();
-      out[r].fresh_fingerprint = tr.StateFingerprint();
-      for (int i = 0; i < iters; ++i) {
-        const StepResult s = tr.TrainStep();
-        out[r].loss.push_back(s.loss);
-        out[r].grad_norm.push_back(s.grad_norm);
-        out[r].update_ratio.push_back(s.signals.update_ratio);
-      }
-      out[r].fingerprint = tr.StateFingerprint();
-      ValidationResult v;
-      EXPECT_TRUE(tr.Validate(&v).ok());
-      out[r].valid_loss = v.loss;
-      out[r].eval_loss = tr.Evaluate(2);
-      if (after) after(tr, r);
-    });
-  }
-  for (auto& t : threads) t.join();
+  RunOnMesh(l.world(), l.tensor, l.pipeline, [&](int r, const TrainerGroups& g, Backend* be) {
+    Trainer tr(cfg, be, g, {PatternData(1), PatternData(2)});
+    tr.InitializeWeights();
+    out[r].fresh_fingerprint = tr.StateFingerprint();
+    for (int i = 0; i < iters; ++i) {
+      const StepResult s = tr.TrainStep();
+      out[r].loss.push_back(s.loss);
+      out[r].grad_norm.push_back(s.grad_norm);
+      out[r].update_ratio.push_back(s.signals.update_ratio);
+    }
+    out[r].fingerprint = tr.StateFingerprint();
+    ValidationResult v;
+    EXPECT_TRUE(tr.Validate(&v).ok());
+    out[r].valid_loss = v.loss;
+    out[r].eval_loss = tr.Evaluate(2);
+    if (after) after(tr, r);
+  });
   return out;
 }
 
@@ -238,30 +231,21 @@ TEST(TrainerPipelineTest, GuardRerunGivesTheIterationsOwnLossBits) {
     cfg.pipeline_model_parallel_size = 2;
     std::vector<std::string> notes;
     ASSERT_TRUE(Validate(&cfg, &notes).ok());
-    auto comms = MakeThreadGroup(2);
     std::vector<std::vector<double>> loss(2), rerun(2), previous(2);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r) {
-      threads.emplace_back([&, r] {
-        std::unique_ptr<ProcessMesh> mesh;
-        ASSERT_TRUE(ProcessMesh::Make(comms[r].get(), 1, 2, &mesh).ok());
-        auto be = MakeCpuBackend(1);
-        TrainerGroups g{comms[r].get(), mesh->data(), mesh->tensor(), mesh->pipeline()};
-        Trainer tr(cfg, be.get(), g, {PatternData(1), PatternData(2)});
-        tr.InitializeWeights();
-        for (int i = 0; i < 4; ++i) {
-          const IterationPlan plan = tr.PlanIteration();
-          StepResult s;
-          ASSERT_TRUE(tr.ComputeGradients(plan, &s).ok());
-          loss[r].push_back(s.loss);
-          rerun[r].push_back(tr.RerunLoss());
-          previous[r].push_back(tr.PreviousBatchLoss());
-          tr.Update(true, &s);
-          tr.EndIteration(plan, &s);
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+    RunOnMesh(2, 1, 2, [&](int r, const TrainerGroups& g, Backend* be) {
+      Trainer tr(cfg, be, g, {PatternData(1), PatternData(2)});
+      tr.InitializeWeights();
+      for (int i = 0; i < 4; ++i) {
+        const IterationPlan plan = tr.PlanIteration();
+        StepResult s;
+        ASSERT_TRUE(tr.ComputeGradients(plan, &s).ok());
+        loss[r].push_back(s.loss);
+        rerun[r].push_back(tr.RerunLoss());
+        previous[r].push_back(tr.PreviousBatchLoss());
+        tr.Update(true, &s);
+        tr.EndIteration(plan, &s);
+      }
+    });
     for (int r = 0; r < 2; ++r) {
       EXPECT_TRUE(SameBits(rerun[r], loss[r])) << "rank " << r;
       EXPECT_TRUE(std::isnan(previous[r][0]));
@@ -448,34 +432,25 @@ TEST(TrainerPipelineTest, MemoryEstimateIsWhatTheRanksOfEachStageAllocate) {
     cfg.pipeline_model_parallel_size = l.pipeline;
     std::vector<std::string> notes;
     ASSERT_TRUE(Validate(&cfg, &notes).ok());
-    auto comms = MakeThreadGroup(l.world());
     size_t before = 0, after = 0;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < l.world(); ++r) {
-      threads.emplace_back([&, r] {
-        std::unique_ptr<ProcessMesh> mesh;
-        ASSERT_TRUE(ProcessMesh::Make(comms[r].get(), l.tensor, l.pipeline, &mesh).ok());
-        auto be = MakeCpuBackend(1);
-        TrainerGroups g{comms[r].get(), mesh->data(), mesh->tensor(), mesh->pipeline()};
-        {
-          // The process's first products make the backend's own scratch (not the run's).
-          Trainer warm(cfg, be.get(), g, {PatternData(1), PatternData(2)});
-          warm.TrainStep();
-        }
-        comms[r]->Barrier();
-        if (r == 0) before = heap();
-        comms[r]->Barrier();
-        {
-          Trainer tr(cfg, be.get(), g, {PatternData(1), PatternData(2)});
-          tr.InitializeWeights();
-          tr.TrainStep();
-          comms[r]->Barrier();
-          if (r == 0) after = heap();
-          comms[r]->Barrier();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+    RunOnMesh(l.world(), l.tensor, l.pipeline, [&](int r, const TrainerGroups& g, Backend* be) {
+      {
+        // The process's first products make the backend's own scratch (not the run's).
+        Trainer warm(cfg, be, g, {PatternData(1), PatternData(2)});
+        warm.TrainStep();
+      }
+      g.world->Barrier();
+      if (r == 0) before = heap();
+      g.world->Barrier();
+      {
+        Trainer tr(cfg, be, g, {PatternData(1), PatternData(2)});
+        tr.InitializeWeights();
+        tr.TrainStep();
+        g.world->Barrier();
+        if (r == 0) after = heap();
+        g.world->Barrier();
+      }
+    });
     double counted = 0, boundary = 0;
     for (int s = 0; s < l.pipeline; ++s) {
       const MemoryEstimate e = EstimateRunMemory(cfg, s);

@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "comm/communicator.h"
 #include "comm/process_mesh.h"
+#include "mesh_threads.h"
 #include "pattern_data.h"
 #include "train/memory_estimate.h"
 #include "train/replica_check.h"
@@ -30,6 +31,7 @@
 namespace keel {
 namespace {
 
+using keel_test::RunOnMesh;
 using test_data::PatternData;
 
 constexpr int kIters = 30;
@@ -86,30 +88,21 @@ std::vector<RankRun> Train(TrainConfig cfg, int tensor, int data, bool sp, int i
   const Status v = Validate(&cfg, &notes);
   EXPECT_TRUE(v.ok()) << v.ToString();
   const int world = tensor * data;
-  auto comms = MakeThreadGroup(world);
   std::vector<RankRun> out(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      std::unique_ptr<ProcessMesh> mesh;
-      ASSERT_TRUE(ProcessMesh::Make(comms[r].get(), tensor, 1, &mesh).ok());
-      auto be = MakeCpuBackend(1);
-      TrainerGroups g{comms[r].get(), mesh->data(), mesh->tensor()};
-      Trainer tr(cfg, be.get(), g, {PatternData(1), PatternData(2)});
-      tr.InitializeWeights();
-      out[r].fresh_fingerprint = tr.StateFingerprint();
-      for (int i = 0; i < iters; ++i) {
-        const StepResult s = tr.TrainStep();
-        out[r].loss.push_back(s.loss);
-        out[r].grad_norm.push_back(s.grad_norm);
-        out[r].update_ratio.push_back(tr.state().counters.iteration > 0 ? s.signals.update_ratio
-                                                                        : NAN);
-      }
-      out[r].fingerprint = tr.StateFingerprint();
-      if (after) after(tr, r);
-    });
-  }
-  for (auto& t : threads) t.join();
+  RunOnMesh(world, tensor, 1, [&](int r, const TrainerGroups& g, Backend* be) {
+    Trainer tr(cfg, be, g, {PatternData(1), PatternData(2)});
+    tr.InitializeWeights();
+    out[r].fresh_fingerprint = tr.StateFingerprint();
+    for (int i = 0; i < iters; ++i) {
+      const StepResult s = tr.TrainStep();
+      out[r].loss.push_back(s.loss);
+      out[r].grad_norm.push_back(s.grad_norm);
+      out[r].update_ratio.push_back(tr.state().counters.iteration > 0 ? s.signals.update_ratio
+                                                                      : NAN);
+    }
+    out[r].fingerprint = tr.StateFingerprint();
+    if (after) after(tr, r);
+  });
   return out;
 }
 
@@ -218,35 +211,25 @@ TEST(TrainerTensorParallelTest, MemoryEstimateIsWhatARankAllocates) {
     cfg.sequence_parallel = sp;
     std::vector<std::string> notes;
     ASSERT_TRUE(Validate(&cfg, &notes).ok());
-    auto comms = MakeThreadGroup(tensor);
     size_t before = 0, after = 0;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < tensor; ++r) {
-      threads.emplace_back([&, r] {
-        std::unique_ptr<ProcessMesh> mesh;
-        ASSERT_TRUE(ProcessMesh::Make(comms[r].get(), tensor, 1, &mesh).ok());
-        auto be = MakeCpuBackend(1);
-        {
-          // The process's first products make the backend's own scratch (not the run's).
-          TrainerGroups g{comms[r].get(), mesh->data(), mesh->tensor()};
-          Trainer warm(cfg, be.get(), g, {PatternData(1), PatternData(2)});
-          warm.TrainStep();
-        }
-        comms[r]->Barrier();
-        if (r == 0) before = heap();
-        comms[r]->Barrier();
-        {
-          TrainerGroups g{comms[r].get(), mesh->data(), mesh->tensor()};
-          Trainer tr(cfg, be.get(), g, {PatternData(1), PatternData(2)});
-          tr.InitializeWeights();
-          tr.TrainStep();
-          comms[r]->Barrier();
-          if (r == 0) after = heap();
-          comms[r]->Barrier();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+    RunOnMesh(tensor, tensor, 1, [&](int r, const TrainerGroups& g, Backend* be) {
+      {
+        // The process's first products make the backend's own scratch (not the run's).
+        Trainer warm(cfg, be, g, {PatternData(1), PatternData(2)});
+        warm.TrainStep();
+      }
+      g.world->Barrier();
+      if (r == 0) before = heap();
+      g.world->Barrier();
+      {
+        Trainer tr(cfg, be, g, {PatternData(1), PatternData(2)});
+        tr.InitializeWeights();
+        tr.TrainStep();
+        g.world->Barrier();
+        if (r == 0) after = heap();
+        g.world->Barrier();
+      }
+    });
     const MemoryEstimate e = EstimateRunMemory(cfg);
     // The run's read-ahead ring belongs to TrainingRun, not the trainer measured here.
     const double counted = static_cast<double>(e.total() - e.data);
